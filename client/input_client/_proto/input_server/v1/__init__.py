@@ -1,0 +1,1 @@
+"""Generated stubs; see scripts/gen_protos.py."""

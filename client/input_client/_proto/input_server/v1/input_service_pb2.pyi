@@ -1,0 +1,154 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Source(_message.Message):
+    __slots__ = ("paths", "format", "text_field", "record_format")
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    format: str
+    text_field: str
+    record_format: str
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., text_field: _Optional[str] = ..., record_format: _Optional[str] = ...) -> None: ...
+
+class Tokenizer(_message.Message):
+    __slots__ = ("model", "add_bos", "add_eos")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADD_BOS_FIELD_NUMBER: _ClassVar[int]
+    ADD_EOS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    add_bos: bool
+    add_eos: bool
+    def __init__(self, model: _Optional[str] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ...) -> None: ...
+
+class BatchShape(_message.Message):
+    __slots__ = ("seq_len", "size", "packing")
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PACKING_FIELD_NUMBER: _ClassVar[int]
+    seq_len: int
+    size: int
+    packing: str
+    def __init__(self, seq_len: _Optional[int] = ..., size: _Optional[int] = ..., packing: _Optional[str] = ...) -> None: ...
+
+class Order(_message.Message):
+    __slots__ = ("seed", "shuffle", "epochs")
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    shuffle: bool
+    epochs: int
+    def __init__(self, seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., epochs: _Optional[int] = ...) -> None: ...
+
+class Shard(_message.Message):
+    __slots__ = ("index", "count")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    count: int
+    def __init__(self, index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class Workers(_message.Message):
+    __slots__ = ("count", "ram_budget_mb")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    RAM_BUDGET_MB_FIELD_NUMBER: _ClassVar[int]
+    count: str
+    ram_budget_mb: int
+    def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ...) -> None: ...
+
+class PipelineSpec(_message.Message):
+    __slots__ = ("source", "tokenizer", "batch", "order", "shard", "workers")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    source: Source
+    tokenizer: Tokenizer
+    batch: BatchShape
+    order: Order
+    shard: Shard
+    workers: Workers
+    def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ...) -> None: ...
+
+class StreamBatchesRequest(_message.Message):
+    __slots__ = ("spec", "pipeline_name", "resume_state")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
+    spec: PipelineSpec
+    pipeline_name: str
+    resume_state: bytes
+    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("sequence_number", "tensors", "state", "end_of_data", "num_tokens")
+    SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    sequence_number: int
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    state: bytes
+    end_of_data: bool
+    num_tokens: int
+    def __init__(self, sequence_number: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., state: _Optional[bytes] = ..., end_of_data: _Optional[bool] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_THREADS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_REASON_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    pipeline: str
+    worker_processes: int
+    worker_threads: int
+    batches_sent: int
+    worker_reason: str
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ...) -> None: ...
+
+class GetInfoResponse(_message.Message):
+    __slots__ = ("server_version", "pipelines", "streams")
+    class PipelinesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: PipelineSpec
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[PipelineSpec, _Mapping]] = ...) -> None: ...
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    pipelines: _containers.MessageMap[str, PipelineSpec]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
+    def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,79 @@
+"""A real-text corpus and sentencepiece model built offline from the Python standard library.
+
+The demo and the tests use it: the standard library's docstrings are real English prose that
+every Python install carries, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pathlib
+import sysconfig
+
+MIN_CHARS = 40
+
+
+def stdlib_docstrings(max_docs: int | None = None) -> list[str]:
+    """Docstrings of the standard library's modules, classes and functions, in a fixed order."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    docs: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if rel[0] in ("site-packages", "dist-packages") or "test" in rel or "tests" in rel:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= MIN_CHARS:
+                    docs.append(doc)
+                    if max_docs is not None and len(docs) >= max_docs:
+                        return docs
+    return docs
+
+
+def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "text") -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, doc in enumerate(docs):
+            f.write(json.dumps({"id": i, text_field: doc}) + "\n")
+    return os.fspath(path)
+
+
+def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
+                        vocab_size: int = 1000) -> str:
+    """Trains a small unigram model; returns the `.model` path."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(docs), model_prefix=os.fspath(model_prefix),
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+        # 0 stays padding for the batches (MaxText's convention); unk moves to 3.
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+        input_sentence_size=20000, shuffle_input_sentence=True, num_threads=2,
+        minloglevel=2)
+    return f"{os.fspath(model_prefix)}.model"
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "input-server"
+
+
+def ensure_demo_assets(directory: str | os.PathLike | None = None, *, max_docs: int = 20000,
+                       vocab_size: int = 1000) -> tuple[str, str]:
+    """Builds (once, then cached) the docstring corpus and its tokenizer; returns their paths."""
+    d = pathlib.Path(directory) if directory else cache_dir() / f"demo-{max_docs}-{vocab_size}"
+    d.mkdir(parents=True, exist_ok=True)
+    corpus, model = d / "corpus.jsonl", d / "spm.model"
+    if not (corpus.exists() and model.exists()):
+        docs = stdlib_docstrings(max_docs)
+        tmp = d / "corpus.jsonl.tmp"
+        write_jsonl(docs, tmp)
+        train_sentencepiece(docs, d / "spm", vocab_size=vocab_size)
+        os.replace(tmp, corpus)  # last, so a half-built cache is never taken as complete
+    return os.fspath(corpus), os.fspath(model)
