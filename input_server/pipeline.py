@@ -189,6 +189,11 @@ class BatchStream:
         self._cursor = DocCursor(self._it, pos.doc, pos.offset)
         self._closed = False
 
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next batch will carry."""
+        return self._seq
+
     def __iter__(self) -> Iterator[Produced]:
         return self
 

@@ -1,0 +1,33 @@
+"""input_client: the thin client of the input server (grpcio, protobuf, numpy; jax lazily)."""
+
+from input_client.errors import InputClientError, SequenceError, StreamError
+from input_client.iterator import BatchIterator, InputClient
+from input_client.spec import (
+    BatchSpec,
+    OrderSpec,
+    PipelineSpec,
+    ShardSpec,
+    SourceSpec,
+    SpecError,
+    TokenizerSpec,
+    WorkersSpec,
+)
+from input_client.timing import StepRecord, StepTimer
+
+__all__ = [
+    "BatchIterator",
+    "BatchSpec",
+    "InputClient",
+    "InputClientError",
+    "OrderSpec",
+    "PipelineSpec",
+    "SequenceError",
+    "ShardSpec",
+    "SourceSpec",
+    "SpecError",
+    "StepRecord",
+    "StepTimer",
+    "StreamError",
+    "TokenizerSpec",
+    "WorkersSpec",
+]

@@ -1,0 +1,270 @@
+"""StepTimer on real jax (CPU): device time awaited, data wait apart, exclusions, derived rates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+from input_client import timing
+from input_client.timing import StepTimer
+
+
+@jax.jit
+def _matmul_chain(x):
+    # Enough device work (~0.1 s on one CPU core) that an unawaited dispatch returns far sooner.
+    for _ in range(12):
+        x = jnp.tanh(x @ x)
+    return x
+
+
+@jax.jit
+def _trivial(x):
+    return x + 1
+
+
+class FakeClock:
+    """Stands in for `perf_counter` so step times are exact; `advance` is called inside a step."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(timing, "perf_counter", c)
+    return c
+
+
+def _step_taking(clock: FakeClock, seconds: float):
+    """A real jax step during which the fake clock moves by `seconds`."""
+
+    def fn(x):
+        clock.advance(seconds)
+        return _trivial(x)
+
+    return fn
+
+
+class SleepingBatches:
+    """A data iterator that blocks `delay_s` per batch and counts it, as the client's does."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+        self.wait_time_s = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        time.sleep(self.delay_s)
+        self.wait_time_s += time.perf_counter() - start
+        return jnp.ones((4,))
+
+
+def test_step_waits_for_device_work_to_finish():
+    x = jnp.full((700, 700), 1e-3, jnp.float32)
+    jax.block_until_ready(_matmul_chain(x))  # compile outside the measurement
+    start = time.perf_counter()
+    dispatched = _matmul_chain(x)
+    dispatch_s = time.perf_counter() - start
+    jax.block_until_ready(dispatched)
+    full_s = time.perf_counter() - start
+    # The premise: dispatch alone is much shorter than the work, so timing it would be wrong.
+    assert dispatch_s < full_s / 5, (dispatch_s, full_s)
+
+    timer = StepTimer()
+    out = timer.step(_matmul_chain, x, name="train")
+    assert out.is_ready()
+    assert timer.records[0].step_s >= full_s / 2, (timer.records[0].step_s, full_s)
+
+
+def test_heavy_step_measures_longer_than_trivial_one():
+    x = jnp.full((700, 700), 1e-3, jnp.float32)
+    timer = StepTimer()
+    timer.step(_matmul_chain, x)  # compiles
+    timer.step(_trivial, x)  # compiles
+    timer.step(_matmul_chain, x, name="heavy")
+    timer.step(_trivial, x, name="light")
+    heavy, light = timer.records[2], timer.records[3]
+    assert heavy.step_s > 5 * light.step_s, (heavy.step_s, light.step_s)
+
+
+def test_host_callback_sleep_is_inside_step_time():
+    def slow_identity(v):
+        time.sleep(0.2)
+        return v
+
+    @jax.jit
+    def step(v):
+        return jax.pure_callback(slow_identity, jax.ShapeDtypeStruct(v.shape, v.dtype), v) * 2
+
+    timer = StepTimer()
+    timer.step(step, jnp.ones(3))
+    assert timer.records[0].step_s >= 0.2
+
+
+def test_data_wait_recorded_apart_from_step_time():
+    batches = SleepingBatches(0.3)
+    timer = StepTimer(data_source=batches)
+    for _ in range(3):
+        timer.step(_trivial, next(batches))
+    for r in timer.records:
+        assert r.data_wait_s == pytest.approx(0.3, abs=0.05)
+        assert r.step_s < 0.25, "the sleep in next() leaked into step time"
+    s = timer.summary()
+    assert s["steps"] == 2
+    assert s["total_data_wait_s"] == pytest.approx(0.6, abs=0.1)
+
+
+def test_waits_before_the_timer_existed_are_not_counted():
+    batches = SleepingBatches(0.0)
+    batches.wait_time_s = 5.0
+    timer = StepTimer(data_source=batches)
+    batches.wait_time_s += 0.25
+    timer.step(_trivial, jnp.ones(2))
+    timer.step(_trivial, jnp.ones(2))
+    assert [r.data_wait_s for r in timer.records] == pytest.approx([0.25, 0.0])
+
+
+def test_explicit_data_wait_overrides_source():
+    timer = StepTimer()
+    timer.step(_trivial, jnp.ones(2), data_wait_s=0.125)
+    assert timer.records[0].data_wait_s == 0.125
+
+
+def test_first_step_is_compile_and_excluded_by_default(clock):
+    timer = StepTimer()
+    timer.step(_step_taking(clock, 9.0), jnp.ones(2))
+    timer.step(_step_taking(clock, 1.0), jnp.ones(2))
+    timer.step(_step_taking(clock, 3.0), jnp.ones(2), name="profile")
+    assert [r.name for r in timer.records] == ["compile", "train", "profile"]
+    assert [r.index for r in timer.records] == [0, 1, 2]
+    assert [r.step_s for r in timer.records] == pytest.approx([9.0, 1.0, 3.0])
+
+    s = timer.summary()
+    assert (s["steps"], s["excluded"]) == (2, 1)
+    assert s["total_step_s"] == pytest.approx(4.0)
+
+    s = timer.summary(exclude=("compile", "profile"))
+    assert (s["steps"], s["excluded"]) == (1, 2)
+    assert s["median_step_s"] == pytest.approx(1.0)
+    assert s["p90_step_s"] == pytest.approx(1.0)
+    assert s["total_step_s"] == pytest.approx(1.0)
+
+    s = timer.summary(exclude=())
+    assert s["steps"] == 3
+    assert s["total_step_s"] == pytest.approx(13.0)
+
+
+def test_constructor_exclude_is_the_default(clock):
+    timer = StepTimer(exclude=("profile",))
+    timer.step(_step_taking(clock, 9.0), jnp.ones(2))
+    timer.step(_step_taking(clock, 3.0), jnp.ones(2), name="profile")
+    s = timer.summary()
+    assert (s["steps"], s["excluded"]) == (1, 1)
+    assert s["total_step_s"] == pytest.approx(9.0)
+
+
+def test_median_and_p90(clock):
+    timer = StepTimer(exclude=())
+    for seconds in [5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 6.0, 7.0, 8.0, 9.0, 0.5]:
+        timer.step(_step_taking(clock, seconds), jnp.ones(2))
+    s = timer.summary()
+    assert s["median_step_s"] == pytest.approx(5.0)
+    assert s["p90_step_s"] == pytest.approx(9.0)
+
+
+def test_input_bound_fraction_over_counted_steps_only(clock):
+    timer = StepTimer()
+    timer.step(_step_taking(clock, 50.0), jnp.ones(2), data_wait_s=50.0)  # compile: excluded
+    timer.step(_step_taking(clock, 1.0), jnp.ones(2), data_wait_s=3.0)
+    timer.step(_step_taking(clock, 1.0), jnp.ones(2), data_wait_s=1.0)
+    s = timer.summary()
+    assert s["total_data_wait_s"] == pytest.approx(4.0)
+    assert s["input_bound_fraction"] == pytest.approx(4.0 / 6.0)
+
+
+def test_tflops_and_tokens_from_step_time(clock):
+    timer = StepTimer(tokens_per_step=1000, flops_per_step=4e12, num_devices=2)
+    timer.step(_step_taking(clock, 2.0), jnp.ones(2))
+    timer.step(_step_taking(clock, 0.5), jnp.ones(2), num_tokens=200)
+    first, second = timer.records
+    assert first.tflops_per_device == pytest.approx(1.0)
+    assert first.tokens_per_s == pytest.approx(500.0)
+    assert second.tflops_per_device == pytest.approx(4.0)
+    assert second.num_tokens == 200
+    assert second.tokens_per_s == pytest.approx(400.0)
+    s = timer.summary(exclude=())
+    assert s["mean_tflops_per_device"] == pytest.approx(2.5)
+    assert s["mean_tokens_per_s"] == pytest.approx(450.0)
+
+
+def test_num_devices_defaults_to_local_device_count(clock):
+    timer = StepTimer(flops_per_step=1e12)
+    timer.step(_step_taking(clock, 1.0), jnp.ones(2))
+    assert timer.num_devices == jax.local_device_count()
+    assert timer.records[0].tflops_per_device == pytest.approx(1.0 / jax.local_device_count())
+
+
+def test_rates_unknown_without_counts(clock):
+    timer = StepTimer()
+    timer.step(_step_taking(clock, 1.0), jnp.ones(2))
+    r = timer.records[0]
+    assert r.tokens_per_s is None and r.tflops_per_device is None
+    s = timer.summary(exclude=())
+    assert s["mean_tokens_per_s"] is None and s["mean_tflops_per_device"] is None
+
+
+def test_summary_with_nothing_counted():
+    timer = StepTimer()
+    s = timer.summary()
+    assert s["steps"] == 0 and s["excluded"] == 0
+    assert s["median_step_s"] is None and s["input_bound_fraction"] is None
+    assert "n/a" in timer.format_summary()
+
+
+def test_format_summary_shows_the_figures(clock):
+    timer = StepTimer(tokens_per_step=4096, flops_per_step=2e12, num_devices=1)
+    timer.step(_step_taking(clock, 7.0), jnp.ones(2))
+    timer.step(_step_taking(clock, 0.25), jnp.ones(2), data_wait_s=0.25)
+    text = timer.format_summary()
+    assert "1 (1 excluded)" in text
+    assert "250.00 ms" in text
+    assert "50.0%" in text
+    assert "16,384" in text
+    assert "8" in text.splitlines()[-1]
+
+
+def test_returns_the_step_output_unchanged():
+    timer = StepTimer()
+    out = timer.step(lambda a, *, b: {"sum": _trivial(a) + b, "n": 3}, jnp.ones(2), b=1.0)
+    assert out["n"] == 3
+    assert out["sum"].tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("kwargs", [{"tokens_per_step": 0}, {"flops_per_step": -1.0},
+                                    {"num_devices": 0}, {"exclude": "compile"}])
+def test_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        StepTimer(**kwargs)
+
+
+def test_client_imports_without_jax():
+    code = ("import sys, input_client, input_client.timing; "
+            "t = input_client.timing.StepTimer(tokens_per_step=1); "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
