@@ -53,6 +53,7 @@ class StreamSession:
         self.name = name
         self.stream = stream
         self.batches_sent = 0
+        self.batches_produced = 0
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=f"stream-{stream_id}",
@@ -79,6 +80,7 @@ class StreamSession:
                                state=last_state, num_tokens=produced.num_tokens)
                 if not self._put((msg, None)):
                     return
+                self.batches_produced += 1
             self._put((pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state), None))
         except Exception as e:  # surfaced to the client as a status, and logged here in full
             log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
@@ -196,5 +198,6 @@ class InputServicer(pb_grpc.InputServiceServicer):
                                    worker_processes=s.stream.workers.processes,
                                    worker_threads=s.stream.workers.threads,
                                    worker_reason=s.stream.workers.reason,
-                                   batches_sent=s.batches_sent) for s in sessions],
+                                   batches_sent=s.batches_sent,
+                                   batches_produced=s.batches_produced) for s in sessions],
         )

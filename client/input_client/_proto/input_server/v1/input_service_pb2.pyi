@@ -121,20 +121,22 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     WORKER_THREADS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     WORKER_REASON_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
     worker_threads: int
     batches_sent: int
     worker_reason: str
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ...) -> None: ...
+    batches_produced: int
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
     __slots__ = ("server_version", "pipelines", "streams")

@@ -1,0 +1,320 @@
+"""`input-server demo`: a server, a client and a tiny JAX language model, all in one process.
+
+Offline and argument-free: it builds (once, then cached) a corpus of the standard library's
+docstrings and a sentencepiece model, serves them on a temporary Unix socket, streams packed
+MaxText-format batches through the real client, trains a one-layer decoder on them while
+`StepTimer` keeps device time and data wait apart, and prints what it measured. It fails (exit
+status 1) if the loss does not go down, so it doubles as an end-to-end smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+# The model: small enough to train 50 steps in seconds on two CPU cores, big enough to learn
+# the corpus's unigram and bigram statistics in that time (loss falls from ln(1000) ~ 6.9).
+VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.corpus)
+D_MODEL = 64
+NUM_HEADS = 4
+D_FF = 256
+LEARNING_RATE = 1e-2
+LOSS_WINDOW = 5  # steps averaged at each end to decide whether the loss went down
+
+
+def init_params(key: Any, *, seq_len: int, vocab_size: int = VOCAB_SIZE, d_model: int = D_MODEL,
+                d_ff: int = D_FF) -> dict[str, Any]:
+    """Random parameters of the one-layer decoder (scaled so activations start near unit size)."""
+    import jax
+    import jax.numpy as jnp
+
+    k = iter(jax.random.split(key, 12))
+
+    def dense(fan_in: int, fan_out: int) -> Any:
+        return jax.random.normal(next(k), (fan_in, fan_out), jnp.float32) / math.sqrt(fan_in)
+
+    return {
+        "embed": jax.random.normal(next(k), (vocab_size, d_model), jnp.float32) * 0.02,
+        "pos_embed": jax.random.normal(next(k), (seq_len, d_model), jnp.float32) * 0.02,
+        "attn": {"norm": jnp.ones(d_model), "wq": dense(d_model, d_model),
+                 "wk": dense(d_model, d_model), "wv": dense(d_model, d_model),
+                 "wo": dense(d_model, d_model)},
+        "mlp": {"norm": jnp.ones(d_model), "w1": dense(d_model, d_ff), "b1": jnp.zeros(d_ff),
+                "w2": dense(d_ff, d_model), "b2": jnp.zeros(d_model)},
+        "final_norm": jnp.ones(d_model),
+        "unembed": dense(d_model, vocab_size),
+    }
+
+
+def count_params(params: Any) -> int:
+    import jax
+
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def _rms_norm(x: Any, scale: Any) -> Any:
+    import jax
+
+    return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * scale
+
+
+def forward(params: dict[str, Any], tokens: Any, segment_ids: Any, positions: Any) -> Any:
+    """Logits [batch, seq, vocab] of a packed batch.
+
+    A token attends only to earlier tokens of its own document: packing puts several documents
+    in one row, and attending across them would let the model read a neighbour's text
+    (MaxText masks by segment ids the same way). Positions restart at each document.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    batch, seq = tokens.shape
+    head_dim = D_MODEL // NUM_HEADS
+    x = params["embed"][tokens] + params["pos_embed"][positions]
+
+    a = params["attn"]
+    h = _rms_norm(x, a["norm"])
+    q, k, v = ((h @ a[w]).reshape(batch, seq, NUM_HEADS, head_dim) for w in ("wq", "wk", "wv"))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    causal = jnp.tril(jnp.ones((seq, seq), bool))
+    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = (causal[None] & same_segment)[:, None]
+    # Finite, not -inf: padding rows (segment 0) still see themselves, so no row is all masked.
+    scores = jnp.where(mask, scores, -1e9)
+    attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    x = x + attn.reshape(batch, seq, D_MODEL) @ a["wo"]
+
+    m = params["mlp"]
+    h = _rms_norm(x, m["norm"])
+    x = x + jax.nn.gelu(h @ m["w1"] + m["b1"]) @ m["w2"] + m["b2"]
+    return _rms_norm(x, params["final_norm"]) @ params["unembed"]
+
+
+def loss_fn(params: dict[str, Any], batch: dict[str, Any]) -> Any:
+    """Mean cross-entropy over real target tokens (padding, segment 0, counts for nothing)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = forward(params, batch["inputs"], batch["inputs_segmentation"],
+                     batch["inputs_position"])
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+    weights = (batch["targets_segmentation"] != 0).astype(jnp.float32)
+    return (nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+
+def adam_init(params: Any) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return {"count": jnp.zeros((), jnp.int32), "mu": zeros, "nu": zeros}
+
+
+def adam_update(params: Any, grads: Any, opt: dict[str, Any], *, lr: float = LEARNING_RATE,
+                b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8) -> tuple[Any, dict]:
+    """One Adam step (optax.adam's arithmetic), written out so the demo needs no optax."""
+    import jax
+    import jax.numpy as jnp
+
+    count = opt["count"] + 1
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, opt["mu"], grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["nu"], grads)
+    t = count.astype(jnp.float32)
+    mu_scale, nu_scale = 1 / (1 - b1 ** t), 1 / (1 - b2 ** t)
+    params = jax.tree.map(
+        lambda p, m, v: p - lr * (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), params, mu, nu)
+    return params, {"count": count, "mu": mu, "nu": nu}
+
+
+def train_step(state: dict[str, Any], batch: dict[str, Any]) -> tuple[dict, dict]:
+    """Loss, gradients and an Adam update; returns the new state and the step's metrics."""
+    import jax
+
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
+    params, opt = adam_update(state["params"], grads, state["opt"])
+    return {"params": params, "opt": opt}, {"loss": loss}
+
+
+MODEL_KEYS = ("inputs", "inputs_segmentation", "inputs_position", "targets",
+              "targets_segmentation")
+
+
+def _workers_of(client: Any) -> tuple[str, str, str]:
+    """The worker processes, threads and reason the server reports for our stream."""
+    try:
+        streams = list(client.info().streams)
+    except Exception:  # the demo reports what it can; the info call is not what it shows
+        return "unknown", "unknown", ""
+    if not streams:
+        return "unknown", "unknown", ""
+    s = streams[-1]
+    return str(s.worker_processes), str(s.worker_threads), s.worker_reason
+
+
+def _ensure_absl_flags_parsed() -> None:
+    # Grain reads absl flags; this entry point does not use absl, so mark them parsed.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
+             workdir: str | os.PathLike | None = None, progress: bool = True,
+             assets_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Serves the demo corpus, streams it through the client and trains on it.
+
+    Args:
+      steps: train steps (the first compiles and is left out of the timing figures).
+      seq_len: tokens per packed row.
+      batch_size: rows per batch.
+      workdir: folder for the server's Unix socket; default a fresh temporary folder.
+      progress: show a progress bar (only on a terminal) and stage messages on stderr.
+      assets_dir: where the corpus and tokenizer are built; default the user's cache.
+
+    Returns:
+      What was measured: the `StepTimer` summary's figures, the worker counts the server
+      used, the losses, `first_loss` / `last_loss` (means of the first and last
+      `LOSS_WINDOW` steps), `loss_decreased` and `wall_s`.
+
+    Raises:
+      ValueError: a size is not positive.
+    """
+    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"`{name}` must be positive, got {value}.")
+    start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[demo {time.perf_counter() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    _ensure_absl_flags_parsed()
+    import jax
+    from input_client import InputClient, PipelineSpec, StepTimer
+    from tqdm import tqdm
+
+    from input_server.corpus import ensure_demo_assets
+    from input_server.server import Server, ServerConfig
+
+    say("building the corpus and tokenizer (cached after the first run)...")
+    corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)
+    spec = PipelineSpec(source={"paths": [corpus_jsonl]}, tokenizer={"model": spm_model},
+                        batch={"seq_len": seq_len, "size": batch_size}, order={"epochs": 0})
+
+    params = init_params(jax.random.PRNGKey(0), seq_len=seq_len)
+    num_params = count_params(params)
+    state = {"params": params, "opt": adam_init(params)}
+    tokens_per_step = batch_size * seq_len
+    # The usual dense-transformer estimate (forward + backward = 6 FLOPs per parameter per
+    # token); it leaves out attention's seq_len^2 term, small at this length.
+    flops_per_step = 6.0 * num_params * tokens_per_step
+    p_train_step = jax.jit(train_step)
+
+    losses: list[float] = []
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="input-server-"))
+        sock_path = os.path.join(os.fspath(workdir), "demo.sock")
+        server = stack.enter_context(Server(ServerConfig(listen=[f"unix://{sock_path}"])))
+        target = server.targets[0]
+        say(f"server listening on {target}")
+        client = stack.enter_context(InputClient(target))
+        it = stack.enter_context(client.batches(spec, prefetch=2))
+        timer = StepTimer(tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
+                          data_source=it)
+        say(f"training a {num_params:,}-parameter decoder for {steps} steps "
+            f"(batch {batch_size} x {seq_len} tokens)...")
+        workers = ("unknown", "unknown", "")
+        bar = stack.enter_context(tqdm(total=steps, desc="train", unit="step",
+                                       disable=not (progress and sys.stderr.isatty())))
+        for i in range(steps):
+            batch = next(it)
+            if i == 0:
+                # Asked while the stream runs, so the server lists it with its worker count.
+                workers = _workers_of(client)
+            inputs = {k: batch[k] for k in MODEL_KEYS}
+            state, metrics = timer.step(p_train_step, state, inputs)
+            losses.append(float(metrics["loss"]))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.update()
+
+    window = min(LOSS_WINDOW, max(1, steps // 2))
+    first_loss = sum(losses[:window]) / window
+    last_loss = sum(losses[-window:]) / window
+    summary = timer.summary()
+    return {
+        **summary,
+        "steps_run": steps,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "num_params": num_params,
+        "worker_processes": workers[0],
+        "worker_threads": workers[1],
+        "worker_reason": workers[2],
+        "losses": losses,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        "loss_window": window,
+        "loss_decreased": last_loss < first_loss,
+        "timing_table": timer.format_summary(),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The demo's result as a small table: the timer's figures, the workers, the loss."""
+    w = result["loss_window"]
+    verdict = "down" if result["loss_decreased"] else "NOT down"
+    rows = [line.split("  ", 1) for line in result["timing_table"].splitlines()]
+    rows += [
+        ("worker processes", str(result["worker_processes"])),
+        ("worker threads", str(result["worker_threads"])),
+        (f"loss, first {w} steps", f"{result['first_loss']:.4f}"),
+        (f"loss, last {w} steps", f"{result['last_loss']:.4f}  ({verdict})"),
+        ("wall time", f"{result['wall_s']:.1f} s"),
+    ]
+    width = max(len(label.strip()) for label, _ in rows)
+    lines = [f"input-server demo: {result['num_params']:,}-parameter decoder, batch "
+             f"{result['batch_size']} x {result['seq_len']}"]
+    lines += [f"  {label.strip():<{width}}  {value.strip()}" for label, value in rows]
+    if result["worker_reason"]:
+        lines.append(f"  (workers: {result['worker_reason']})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the demo and prints its report.
+
+    Args:
+      argv: optional `--steps N --seq-len L --batch-size B --no-progress`; none are needed.
+
+    Returns:
+      0 if the loss went down, 1 if it did not.
+    """
+    parser = argparse.ArgumentParser(prog="input-server demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(list(argv) if argv is not None else [])
+    result = run_demo(steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
+                      progress=not args.no_progress)
+    print(format_report(result))
+    if not result["loss_decreased"]:
+        print(f"error: the loss did not go down ({result['first_loss']:.4f} -> "
+              f"{result['last_loss']:.4f}).", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""Shared fixtures: a real-text corpus, a sentencepiece model trained on it, a running server."""
+
+from __future__ import annotations
+
+import os
+
+# Eight CPU devices for sharding tests; must be set before jax is first imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import pytest  # noqa: E402
+from absl import flags  # noqa: E402
+
+from input_client import InputClient, PipelineSpec  # noqa: E402
+from input_server.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
+
+# Grain reads absl flags; pytest does not parse them.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+NUM_DOCS = 1500
+
+
+@pytest.fixture(scope="session")
+def docs() -> list[str]:
+    """Real English: the standard library's docstrings (offline, the same on every machine)."""
+    return stdlib_docstrings(NUM_DOCS)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def corpus(docs, data_dir) -> str:
+    """The documents as plain jsonl."""
+    return write_jsonl(docs, os.path.join(data_dir, "corpus.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def spm_model(docs, data_dir) -> str:
+    """A real unigram sentencepiece model (vocab 1000, pad 0, bos 1, eos 2) trained on `docs`."""
+    return train_sentencepiece(docs, os.path.join(data_dir, "spm"), vocab_size=1000)
+
+
+@pytest.fixture(scope="session")
+def make_spec(corpus, spm_model):
+    """Small specs over the corpus: `make_spec(batch={"size": 2}, source={...})`."""
+
+    def make(**tables) -> PipelineSpec:
+        base = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": spm_model},
+                            batch={"seq_len": 128, "size": 4}, workers={"count": 0})
+        return base.replace(**tables) if tables else base
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One real server for the session, on a Unix socket and a loopback TCP port."""
+    from input_server.server import Server, ServerConfig
+
+    sock = tmp_path_factory.mktemp("sock") / "input.sock"
+    with Server(ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"])) as srv:
+        yield srv
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def target(request, server) -> str:
+    """The server's Unix-socket target, then its TCP target."""
+    return server.targets[0 if request.param == "unix" else 1]
+
+
+@pytest.fixture
+def client(target):
+    with InputClient(target, connect_timeout_s=10) as c:
+        yield c

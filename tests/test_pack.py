@@ -1,0 +1,138 @@
+"""Packing: MaxText's batch layout and each packing mode's promises, on generated documents."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from input_server.pack import FIELDS, DocCursor, pack_batch
+from input_server.tokenize import TokenGroup
+
+docs_strategy = st.lists(st.lists(st.integers(1, 999), min_size=0, max_size=40), min_size=1,
+                         max_size=40)
+
+
+def groups_of(docs: list[list[int]], group_size: int = 4):
+    for first in range(0, len(docs), group_size):
+        part = docs[first:first + group_size]
+        yield TokenGroup(first_doc=first,
+                         tokens=np.array([t for d in part for t in d], np.int32),
+                         lengths=np.array([len(d) for d in part], np.int64))
+
+
+def pack_all(docs, *, size, seq_len, packing):
+    cursor = DocCursor(groups_of(docs))
+    batches = []
+    while (b := pack_batch(cursor, size=size, seq_len=seq_len, packing=packing)) is not None:
+        batches.append(b)
+    return batches
+
+
+def segments(batch):
+    """Each row's segments as token lists, with their positions."""
+    out = []
+    for r in range(batch["inputs"].shape[0]):
+        seg, inp, pos = batch["inputs_segmentation"][r], batch["inputs"][r], batch["inputs_position"][r]
+        for s in range(1, int(seg.max(initial=0)) + 1):
+            mask = seg == s
+            out.append((inp[mask].tolist(), pos[mask].tolist()))
+    return out
+
+
+def check_layout(batch, size, seq_len):
+    """MaxText's meaning of the six arrays."""
+    assert set(batch) == set(FIELDS)
+    for a in batch.values():
+        assert a.dtype == np.int32 and a.shape == (size, seq_len)
+    inp, seg, pos = batch["inputs"], batch["inputs_segmentation"], batch["inputs_position"]
+    np.testing.assert_array_equal(batch["targets"][:, :-1], inp[:, 1:])
+    np.testing.assert_array_equal(batch["targets_segmentation"][:, :-1], seg[:, 1:])
+    np.testing.assert_array_equal(batch["targets_position"][:, :-1], pos[:, 1:])
+    for name in ("targets", "targets_segmentation", "targets_position"):
+        assert (batch[name][:, -1] == 0).all()
+    assert (inp[seg == 0] == 0).all() and (pos[seg == 0] == 0).all()
+    assert (batch["targets"][batch["targets_segmentation"] == 0] == 0).all()
+    for r in range(size):
+        used = np.flatnonzero(seg[r])
+        if len(used):  # segments are contiguous, numbered 1, 2, ... from the row's start
+            assert used[0] == 0 and (np.diff(used) == 1).all()
+            assert (np.diff(seg[r][used]) >= 0).all()
+            assert set(seg[r][used]) == set(range(1, seg[r].max() + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_strategy, size=st.integers(1, 4), seq_len=st.integers(2, 24))
+def test_first_fit_keeps_order_trims_and_fits(docs, size, seq_len):
+    batches = pack_all(docs, size=size, seq_len=seq_len, packing="first_fit")
+    placed = []
+    for b in batches:
+        check_layout(b, size, seq_len)
+        placed.extend(segments(b))
+    nonempty = [d[:seq_len] for d in docs if d]
+    # Every non-empty document is there once, trimmed, positions counting from 0.
+    assert sorted(map(tuple, (t for t, _ in placed))) == sorted(map(tuple, nonempty))
+    assert all(p == list(range(len(t))) for t, p in placed)
+    # Real-token count equals the trimmed documents' tokens: nothing padded is counted.
+    assert sum(len(d) for d in nonempty) == sum(int((b["inputs_segmentation"] > 0).sum())
+                                              for b in batches)
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_strategy, size=st.integers(1, 4), seq_len=st.integers(2, 24))
+def test_concat_then_split_loses_no_token(docs, size, seq_len):
+    batches = pack_all(docs, size=size, seq_len=seq_len, packing="concat_then_split")
+    stream = []
+    for b in batches:
+        check_layout(b, size, seq_len)
+        rows = b["inputs"][b["inputs_segmentation"] > 0]
+        stream.extend(rows.tolist())
+    assert stream == [t for d in docs for t in d]
+    for b in batches[:-1]:  # every batch but the last is full
+        assert (b["inputs_segmentation"] > 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_strategy, size=st.integers(1, 4), seq_len=st.integers(2, 24))
+def test_none_is_one_document_per_row(docs, size, seq_len):
+    batches = pack_all(docs, size=size, seq_len=seq_len, packing="none")
+    rows = []
+    for b in batches:
+        check_layout(b, size, seq_len)
+        for r in range(size):
+            n = int((b["inputs_segmentation"][r] > 0).sum())
+            rows.append(b["inputs"][r][:n].tolist())
+    assert rows[:len(docs)] == [d[:seq_len] for d in docs]
+    assert all(r == [] for r in rows[len(docs):])  # the last batch's spare rows are padding
+
+
+def test_first_fit_fills_rows_before_opening_a_batch():
+    docs = [[5] * 6, [6] * 3, [7] * 4, [8] * 2, [9] * 7]
+    (b, b2) = pack_all(docs, size=2, seq_len=8, packing="first_fit")
+    # 6 -> row 0; 3 -> row 1; 4 -> row 1 (3+4 <= 8); 2 -> row 0 (6+2); 7 fits nowhere -> next batch.
+    assert b["inputs"][0].tolist() == [5] * 6 + [8] * 2
+    assert b["inputs"][1].tolist() == [6] * 3 + [7] * 4 + [0]
+    assert b["inputs_segmentation"][1].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
+    assert b["inputs_position"][1].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
+    assert b2["inputs"][0].tolist() == [9] * 7 + [0]
+
+
+@pytest.mark.parametrize("packing", ["first_fit", "concat_then_split", "none"])
+def test_resuming_from_any_cursor_position_continues_exactly(packing):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 50, rng.integers(0, 30)).tolist() for _ in range(60)]
+    full = pack_all(docs, size=3, seq_len=16, packing=packing)
+    cursor = DocCursor(groups_of(docs))
+    for i in range(len(full)):
+        pack_batch(cursor, size=3, seq_len=16, packing=packing)
+        # A fresh cursor started at the saved position, on groups from the one holding it.
+        g = (cursor.doc // 4) * 4
+        resumed = DocCursor(groups_of(docs[g:], 4), cursor.doc - g, cursor.offset)
+        rest = []
+        while (b := pack_batch(resumed, size=3, seq_len=16, packing=packing)) is not None:
+            rest.append(b)
+        assert len(rest) == len(full) - i - 1
+        for x, y in zip(rest, full[i + 1:]):
+            for k in FIELDS:
+                np.testing.assert_array_equal(x[k], y[k])

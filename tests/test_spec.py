@@ -1,0 +1,149 @@
+"""The pipeline spec: TOML and keyword forms, validation messages, the proto round trip."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from input_client import PipelineSpec, SpecError
+from input_client.spec import validate
+
+ISSUE_EXAMPLE = """
+[source]
+paths = ["data/*.jsonl"]   # files or globs
+format = "jsonl"
+text_field = "text"
+record_format = "json"
+[tokenizer]
+model = "spm.model"
+add_bos = true
+add_eos = true
+[batch]
+seq_len = 1024
+size = 16
+packing = "first_fit"
+[order]
+seed = 0
+shuffle = true
+epochs = 1
+[shard]
+index = 0
+count = 1
+[workers]
+count = "auto"
+ram_budget_mb = 1024
+"""
+
+
+def test_toml_reads_every_table_and_resolves_relative_paths(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(ISSUE_EXAMPLE)
+    spec = PipelineSpec.from_toml(path)
+    assert spec.source.paths == (os.path.join(tmp_path, "data/*.jsonl"),)
+    assert spec.tokenizer.model == os.path.join(tmp_path, "spm.model")
+    assert (spec.batch.seq_len, spec.batch.size, spec.batch.packing) == (1024, 16, "first_fit")
+    assert (spec.order.seed, spec.order.shuffle, spec.order.epochs) == (0, True, 1)
+    assert (spec.shard.index, spec.shard.count) == (0, 1)
+    assert (spec.workers.count, spec.workers.ram_budget_mb) == ("auto", 1024)
+    validate(spec)
+
+
+def test_keyword_construction_equals_toml(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(ISSUE_EXAMPLE)
+    from_file = PipelineSpec.from_toml(path)
+    by_keyword = PipelineSpec(source={"paths": [str(tmp_path / "data/*.jsonl")]},
+                              tokenizer={"model": str(tmp_path / "spm.model")})
+    assert by_keyword == from_file
+
+
+def test_proto_round_trip_keeps_every_key():
+    spec = PipelineSpec(source={"paths": ["a.parquet", "b/*.parquet"], "format": "parquet",
+                                "text_field": "body"},
+                        tokenizer={"model": "m.model", "add_bos": False},
+                        batch={"seq_len": 64, "size": 3, "packing": "none"},
+                        order={"seed": 7, "shuffle": False, "epochs": 0},
+                        shard={"index": 1, "count": 4}, workers={"count": 3, "ram_budget_mb": 9})
+    assert PipelineSpec.from_proto(spec.to_proto()) == spec
+
+
+def test_data_fingerprint_ignores_workers_only():
+    base = PipelineSpec(source={"paths": ["a"]}, tokenizer={"model": "m"})
+    assert base.data_fingerprint() == base.replace(workers={"count": 5}).data_fingerprint()
+    assert base.data_fingerprint() != base.replace(order={"seed": 1}).data_fingerprint()
+
+
+@pytest.mark.parametrize("tables, key, value", [
+    ({"source": {"paths": []}}, "source.paths", "()"),
+    ({"source": {"format": "csv"}}, "source.format", "'csv'"),
+    ({"source": {"record_format": "xml"}}, "source.record_format", "'xml'"),
+    ({"source": {"text_field": ""}}, "source.text_field", "''"),
+    ({"tokenizer": {"model": ""}}, "tokenizer.model", "''"),
+    ({"tokenizer": {"add_bos": "yes"}}, "tokenizer.add_bos", "'yes'"),
+    ({"batch": {"seq_len": 0}}, "batch.seq_len", "0"),
+    ({"batch": {"size": -2}}, "batch.size", "-2"),
+    ({"batch": {"size": 2.5}}, "batch.size", "2.5"),
+    ({"batch": {"packing": "best_fit"}}, "batch.packing", "'best_fit'"),
+    ({"order": {"epochs": -1}}, "order.epochs", "-1"),
+    ({"order": {"seed": -5}}, "order.seed", "-5"),
+    ({"order": {"shuffle": 1}}, "order.shuffle", "1"),
+    ({"shard": {"index": 2, "count": 2}}, "shard.index", "2"),
+    ({"shard": {"count": 0}}, "shard.count", "0"),
+    ({"workers": {"count": "many"}}, "workers.count", "'many'"),
+    ({"workers": {"count": -1}}, "workers.count", "-1"),
+    ({"workers": {"ram_budget_mb": 0}}, "workers.ram_budget_mb", "0"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_invalid_value_names_key_and_value(tables, key, value):
+    spec = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m.model"})
+    with pytest.raises(SpecError) as e:
+        validate(spec.replace(**tables))
+    assert e.value.key == key
+    assert f"`{key}`" in str(e.value) and value in str(e.value)
+
+
+def test_unknown_key_and_table_are_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"`batch.sizee`.*known: packing, seq_len, size"):
+        PipelineSpec.from_dict({"source": {"paths": ["a"]}, "tokenizer": {"model": "m"},
+                                "batch": {"sizee": 3}})
+    with pytest.raises(SpecError, match=r"`btach` is not a spec table"):
+        PipelineSpec.from_dict({"source": {"paths": ["a"]}, "tokenizer": {"model": "m"},
+                                "btach": {}})
+    with pytest.raises(SpecError, match=r"`tokenizer` is a required table"):
+        PipelineSpec.from_dict({"source": {"paths": ["a"]}})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[source\npaths = 1")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        PipelineSpec.from_toml(bad)
+
+
+def test_missing_required_key_is_named():
+    with pytest.raises(SpecError, match=r"`source.paths` is required"):
+        PipelineSpec.from_dict({"source": {"format": "jsonl"}, "tokenizer": {"model": "m"}})
+
+
+def test_pipelines_file_names_specs_and_errors(tmp_path):
+    from input_server.cli import load_pipelines
+
+    path = tmp_path / "pipelines.toml"
+    path.write_text(textwrap.dedent("""
+        [wiki.source]
+        paths = ["wiki.jsonl"]
+        [wiki.tokenizer]
+        model = "spm.model"
+        [code.source]
+        paths = ["/abs/code.jsonl"]
+        [code.tokenizer]
+        model = "spm.model"
+        [code.batch]
+        size = 2
+    """))
+    pipelines = load_pipelines(str(path))
+    assert sorted(pipelines) == ["code", "wiki"]
+    assert pipelines["wiki"].source.paths == (str(tmp_path / "wiki.jsonl"),)
+    assert pipelines["code"].source.paths == ("/abs/code.jsonl",)
+    assert pipelines["code"].batch.size == 2
+    path.write_text("[wiki.source]\npaths = ['a']\nbogus = 1\n[wiki.tokenizer]\nmodel = 'm'\n")
+    with pytest.raises(SpecError, match=r"`wiki.source.bogus`"):
+        load_pipelines(str(path))
