@@ -93,7 +93,15 @@ class JsonlReader:
                 return gzip.decompress(raw)
             import zstandard
 
-            return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+            # Every frame (concatenated files, pzstd), and a cut-off frame is an error.
+            out, d = [], zstandard.ZstdDecompressor()
+            while raw:
+                obj = d.decompressobj()
+                out.append(obj.decompress(raw))
+                if not obj.eof:
+                    raise EOFError("the file ends inside a zstd frame (truncated?)")
+                raw = obj.unused_data
+            return b"".join(out)
         except Exception as e:  # corrupt archive: name the file, never a traceback
             raise RecordError(f"{self.path}: cannot decompress: {e}") from e
 
@@ -162,7 +170,11 @@ class ArrayRecordReader:
         self.record_format = record_format
         self._reader = None
         try:
-            self._len = self._open().num_records()
+            reader = self._open()
+            # A file that is not ArrayRecord opens with 0 records and `ok()` false.
+            if not reader.ok():
+                raise ValueError("the reader reports a corrupt file")
+            self._len = reader.num_records()
         except Exception as e:
             raise RecordError(f"{path}: not a readable ArrayRecord file ({e}).") from e
 

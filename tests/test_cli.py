@@ -1,0 +1,92 @@
+"""`input-server serve` as a real process: named pipelines, info, SIGTERM, refused addresses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from input_client import InputClient
+
+
+def start_serve(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_serve_named_pipeline_then_sigterm_stops_cleanly(tmp_path, corpus, spm_model):
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(f"""
+[tiny.source]
+paths = ["{corpus}"]
+[tiny.tokenizer]
+model = "{spm_model}"
+[tiny.batch]
+seq_len = 64
+size = 2
+[tiny.order]
+epochs = 0
+[tiny.workers]
+count = 1
+""")
+    sock = tmp_path / "serve.sock"
+    proc = start_serve("--listen", f"unix://{sock}", "--pipelines", str(pipelines))
+    try:
+        with InputClient(f"unix://{sock}", connect_timeout_s=60) as client:
+            it = client.batches("tiny")
+            batch = next(it)
+            assert batch["inputs"].shape == (2, 64)
+            info = client.info()
+            assert info.streams[0].worker_processes == 1
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            assert workers, "the stream runs a worker process"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            it.close()
+        assert not sock.exists()
+        time.sleep(0.5)
+        assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
+    sock = tmp_path / "info.sock"
+    proc = start_serve("--listen", f"unix://{sock}")
+    try:
+        InputClient(f"unix://{sock}", connect_timeout_s=60).wait_ready()
+        out = subprocess.run([sys.executable, "-m", "input_server.cli", "info", f"unix://{sock}"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert '"serverVersion"' in out.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--listen", "0.0.0.0:5999"], ["0.0.0.0:5999", "loopback"]),
+    (["--pipelines", "/no/such/pipelines.toml"], ["/no/such/pipelines.toml"]),
+])
+def test_serve_refuses_bad_start_with_message(args, words):
+    proc = start_serve(*args)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    for w in words:
+        assert w in err
+    assert "Traceback" not in err
+
+
+def test_serve_refuses_a_bad_named_pipeline_at_start(tmp_path, corpus):
+    pipelines = tmp_path / "p.toml"
+    pipelines.write_text(f'[x.source]\npaths = ["{corpus}"]\n[x.tokenizer]\nmodel = "nope.model"\n')
+    proc = start_serve("--listen", f"unix://{tmp_path}/x.sock", "--pipelines", str(pipelines))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert os.path.join(str(tmp_path), "nope.model") in err

@@ -1,0 +1,251 @@
+"""The real server over a Unix socket and TCP: data, resume, errors, limits, teardown."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from input_client import InputClient, StreamError
+from input_server.pack import FIELDS
+from input_server.pipeline import Pipeline, Workers
+from input_server.server import Server, ServerConfig, parse_address
+
+
+def in_process(spec):
+    with Pipeline(spec).stream(workers=Workers(0, 2, "test")) as stream:
+        return [p.arrays for p in stream]
+
+
+def assert_same(batches, reference):
+    assert len(batches) == len(reference)
+    for got, want in zip(batches, reference):
+        for k in FIELDS:
+            assert got[k].dtype == np.int32
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_client_batches_equal_in_process_pipeline(client, make_spec):
+    spec = make_spec()
+    with client.batches(spec) as it:
+        got = list(it)
+    assert_same(got, in_process(spec))
+    assert it.batches_yielded == len(got)
+    assert it.tokens_yielded == sum(int((b["inputs_segmentation"] > 0).sum()) for b in got)
+
+
+def test_get_state_is_last_yielded_and_resumes_exactly(client, make_spec):
+    spec = make_spec()
+    reference = in_process(spec)
+    with client.batches(spec, prefetch=4) as it:
+        assert it.get_state() is None
+        first = [next(it) for _ in range(5)]
+        time.sleep(0.3)  # let the prefetch thread run ahead of the caller
+        state = it.get_state()
+    assert state["seq"] == 5  # of the last batch yielded, not the last one received
+    state = json.loads(json.dumps(state))  # what a checkpoint keeps
+    with client.batches(spec, state=state) as it:
+        rest = list(it)
+    assert_same(first + rest, reference)
+
+
+def test_resume_with_different_worker_count_over_the_wire(client, make_spec):
+    spec = make_spec()
+    with client.batches(spec) as it:
+        head = [next(it) for _ in range(3)]
+        state = it.get_state()
+    with client.batches(make_spec(workers={"count": 1}), state=state) as it:
+        tail = list(it)
+    assert_same(head + tail, in_process(spec))
+
+
+def test_wait_time_is_recorded(client, make_spec):
+    with client.batches(make_spec()) as it:
+        next(it)
+        assert it.wait_time_s > 0
+
+
+def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
+    spec = make_spec()
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"],
+                             pipelines={"small": spec})) as srv, \
+            InputClient(srv.targets[0]) as client:
+        with client.batches("small") as it:
+            assert_same([next(it), next(it)], in_process(spec)[:2])
+            info = client.info()
+        assert info.server_version
+        assert list(info.pipelines) == ["small"]
+        assert info.pipelines["small"].batch.seq_len == spec.batch.seq_len
+        (stream,) = info.streams
+        assert stream.pipeline == "small"
+        assert stream.worker_processes == 0 and stream.worker_threads >= 1
+        assert stream.batches_sent >= 2
+        with pytest.raises(StreamError) as e:
+            next(client.batches("nope"))
+        assert e.value.code == grpc.StatusCode.NOT_FOUND and "'nope'" in e.value.details
+
+
+@pytest.mark.parametrize("tables, code, words", [
+    ({"batch": {"size": 0}}, "INVALID_ARGUMENT", ["`batch.size`", "0"]),
+    ({"batch": {"packing": "zigzag"}}, "INVALID_ARGUMENT", ["`batch.packing`", "zigzag"]),
+    ({"shard": {"index": 3, "count": 2}}, "INVALID_ARGUMENT", ["`shard.index`", "3"]),
+    ({"source": {"format": "csv"}}, "INVALID_ARGUMENT", ["`source.format`", "csv"]),
+    ({"source": {"text_field": "body"}}, "INVALID_ARGUMENT", ["text_field", "body"]),
+    ({"workers": {"count": "lots"}}, "INVALID_ARGUMENT", ["`workers.count`", "lots"]),
+    ({"source": {"paths": ["/no/such/file.jsonl"]}}, "NOT_FOUND", ["/no/such/file.jsonl"]),
+    ({"source": {"paths": ["/no/such/*.jsonl"]}}, "NOT_FOUND", ["glob", "/no/such/*.jsonl"]),
+    ({"tokenizer": {"model": "/no/such.model"}}, "NOT_FOUND", ["tokenizer.model",
+                                                               "/no/such.model"]),
+], ids=["size", "packing", "shard", "format", "text_field", "workers", "missing-file",
+        "empty-glob", "missing-model"])
+def test_invalid_spec_is_refused_with_status_and_message(client, make_spec, tables, code, words):
+    with pytest.raises(StreamError) as e:
+        next(client.batches(make_spec(**tables)))
+    assert e.value.code == getattr(grpc.StatusCode, code)
+    for w in words:
+        assert w in e.value.details
+    assert "Traceback" not in e.value.details
+
+
+def test_not_a_sentencepiece_model_is_invalid(client, make_spec, corpus):
+    with pytest.raises(StreamError) as e:
+        next(client.batches(make_spec(tokenizer={"model": corpus})))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a sentencepiece model" in e.value.details and corpus in e.value.details
+
+
+def test_bad_resume_state_is_invalid(client, make_spec):
+    with client.batches(make_spec()) as it:
+        next(it)
+        state = it.get_state()
+    with pytest.raises(StreamError) as e:
+        next(client.batches(make_spec(order={"seed": 3}), state=state))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "other data" in e.value.details
+
+
+def test_bad_record_mid_stream_is_data_loss_naming_file_and_line(client, make_spec, docs,
+                                                                 tmp_path):
+    path = tmp_path / "broken.jsonl"
+    lines = [json.dumps({"text": d}) for d in docs[:200]]
+    lines[150] = '{"text": "unterminated'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(StreamError) as e:
+        list(client.batches(make_spec(source={"paths": [str(path)]},
+                                      order={"shuffle": False})))
+    assert e.value.code == grpc.StatusCode.DATA_LOSS
+    assert f"{path} line 151" in e.value.details
+
+
+def test_concurrent_streams_each_get_their_own_data(server, make_spec):
+    a_spec, b_spec = make_spec(), make_spec(order={"seed": 5})
+    with InputClient(server.targets[0]) as c1, InputClient(server.targets[1]) as c2:
+        a, b = c1.batches(a_spec), c2.batches(b_spec)
+        got_a, got_b = [], []
+        for x, y in zip(a, b):  # interleaved: both streams open at once
+            got_a.append(x)
+            got_b.append(y)
+        got_a.extend(a)
+        got_b.extend(b)
+    assert_same(got_a, in_process(a_spec))
+    assert_same(got_b, in_process(b_spec))
+
+
+def test_stream_limit_gives_resource_exhausted_and_health_still_answers(tmp_path, make_spec):
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_streams=1)) as srv, \
+            InputClient(srv.targets[0]) as client:
+        with client.batches(make_spec(order={"epochs": 0})) as first:
+            next(first)
+            with pytest.raises(StreamError) as e:
+                next(client.batches(make_spec()))
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            with grpc.insecure_channel(srv.targets[0]) as ch:
+                reply = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service="input_server.v1.InputService"),
+                    timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_slow_client_keeps_server_queue_bounded(tmp_path, make_spec):
+    spec = make_spec(batch={"seq_len": 1024, "size": 16}, order={"epochs": 0})
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=2)) as srv, \
+            InputClient(srv.targets[0]) as client:
+        with client.batches(spec, prefetch=1) as it:
+            next(it)
+            time.sleep(3)  # a stalled trainer; unbounded, the pipeline would make hundreds
+            (stream,) = client.info().streams
+            produced_early = stream.batches_produced
+            time.sleep(1)
+            (stream,) = client.info().streams
+        # Bounded: the server queue, the client's prefetch and gRPC's flow-control window.
+        assert stream.batches_produced == produced_early
+        assert stream.batches_produced < 40
+
+
+def _grain_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_disconnect_tears_down_stream_and_worker_processes(server, make_spec):
+    before = {p.pid for p in _grain_children()}
+    client = InputClient(server.targets[0])
+    it = client.batches(make_spec(workers={"count": 2}, order={"epochs": 0}))
+    next(it)
+    workers = [p for p in _grain_children() if p.pid not in before]
+    assert len(workers) >= 2  # the stream really runs worker processes
+    it.close()
+    client.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        alive = [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive and not server._servicer._sessions:
+            break
+        time.sleep(0.2)
+    assert not alive, alive
+    assert not server._servicer._sessions
+
+
+def test_health_reports_serving(target):
+    with grpc.insecure_channel(target) as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_stop_ends_streams_with_unavailable(tmp_path, make_spec):
+    srv = Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], grace_s=2))
+    client = InputClient(srv.targets[0])
+    it = client.batches(make_spec(order={"epochs": 0}), prefetch=1)
+    next(it)
+    srv.stop()
+    assert not (tmp_path / "s.sock").exists()
+    with pytest.raises(StreamError) as e:
+        for _ in range(1000):
+            next(it)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    client.close()
+
+
+def test_missing_server_is_an_error_not_a_hang(tmp_path, make_spec):
+    client = InputClient(f"unix://{tmp_path}/nobody.sock", connect_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="nobody.sock"):
+        client.batches(make_spec())
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:5000", "10.1.2.3:5000", "[::]:5000",
+                                     "example.com:80"])
+def test_non_loopback_addresses_are_refused(address):
+    with pytest.raises(ValueError, match="loopback"):
+        parse_address(address)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "localhost:0", "[::1]:0", "unix:/tmp/x.sock",
+                                     "unix-abstract:input"])
+def test_loopback_and_unix_addresses_are_accepted(address):
+    assert parse_address(address).bind == address
