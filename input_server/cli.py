@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+
 import tomllib
 
 from input_client.spec import PipelineSpec, SpecError

@@ -199,9 +199,9 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
 
     _ensure_absl_flags_parsed()
     import jax
-    from input_client import InputClient, PipelineSpec, StepTimer
     from tqdm import tqdm
 
+    from input_client import InputClient, PipelineSpec, StepTimer
     from input_server.corpus import ensure_demo_assets
     from input_server.server import Server, ServerConfig
 

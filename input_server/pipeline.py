@@ -124,7 +124,8 @@ class Pipeline:
             version, fp = d["version"], d["fingerprint"]
             pos = Position(seq=int(d["seq"]), doc=int(d["doc"]), offset=int(d["offset"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise InvalidSpecError(f"`resume_state` is not a state this server wrote: {e!r}.") from e
+            raise InvalidSpecError(
+                f"`resume_state` is not a state this server wrote: {e!r}.") from e
         if version != STATE_VERSION:
             raise InvalidSpecError(f"`resume_state` has version {version!r}; this server reads "
                                    f"version {STATE_VERSION}.")

@@ -129,6 +129,7 @@ class Server:
             try:
                 port = self._server.add_insecure_port(a.bind)
             except RuntimeError as e:
+                self._server.stop(None)  # release the addresses already bound
                 raise OSError(f"--listen {a.bind!r}: cannot bind ({e}).") from e
             if a.is_unix:
                 self.targets.append(a.bind)
@@ -136,6 +137,7 @@ class Server:
                     self._unix_paths.append(a.bind.removeprefix("unix://").removeprefix("unix:"))
             else:
                 if port == 0:
+                    self._server.stop(None)
                     raise OSError(f"--listen {a.bind!r}: cannot bind (address in use?).")
                 self.targets.append(f"{a.host}:{port}")
         if start:

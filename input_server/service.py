@@ -1,4 +1,4 @@
-"""The gRPC servicer: glue that validates requests, runs pipelines and maps errors to status codes."""
+"""The gRPC servicer: glue that validates requests, runs pipelines, maps errors to statuses."""
 
 from __future__ import annotations
 
@@ -76,12 +76,14 @@ class StreamSession:
             for produced in self.stream:
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
-                msg = pb.Batch(sequence_number=produced.seq, tensors=encode_tensors(produced.arrays),
+                msg = pb.Batch(sequence_number=produced.seq,
+                               tensors=encode_tensors(produced.arrays),
                                state=last_state, num_tokens=produced.num_tokens)
                 if not self._put((msg, None)):
                     return
                 self.batches_produced += 1
-            self._put((pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state), None))
+            end = pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state)
+            self._put((end, None))
         except Exception as e:  # surfaced to the client as a status, and logged here in full
             log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
             self._put((None, e))

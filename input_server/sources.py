@@ -1,4 +1,4 @@
-"""Document sources: random access to the text of every record in jsonl, ArrayRecord or Parquet files.
+"""Document sources: random access to every record's text in jsonl, ArrayRecord or Parquet files.
 
 Each reader is picklable (Grain sends it to worker processes) and opens its file lazily in the
 process that reads. `DocumentSource` chains the readers of all files into one Grain

@@ -34,7 +34,8 @@ def segments(batch):
     """Each row's segments as token lists, with their positions."""
     out = []
     for r in range(batch["inputs"].shape[0]):
-        seg, inp, pos = batch["inputs_segmentation"][r], batch["inputs"][r], batch["inputs_position"][r]
+        seg, inp = batch["inputs_segmentation"][r], batch["inputs"][r]
+        pos = batch["inputs_position"][r]
         for s in range(1, int(seg.max(initial=0)) + 1):
             mask = seg == s
             out.append((inp[mask].tolist(), pos[mask].tolist()))
@@ -133,6 +134,6 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
         while (b := pack_batch(resumed, size=3, seq_len=16, packing=packing)) is not None:
             rest.append(b)
         assert len(rest) == len(full) - i - 1
-        for x, y in zip(rest, full[i + 1:]):
+        for x, y in zip(rest, full[i + 1:], strict=True):
             for k in FIELDS:
                 np.testing.assert_array_equal(x[k], y[k])

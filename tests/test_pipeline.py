@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from input_server.errors import InvalidSpecError
@@ -25,7 +24,7 @@ def run(spec, state=None, processes=0, threads=2, limit=None):
 def same_bytes(a, b):
     return len(a) == len(b) and all(
         x.seq == y.seq and all(x.arrays[k].tobytes() == y.arrays[k].tobytes() for k in FIELDS)
-        for x, y in zip(a, b))
+        for x, y in zip(a, b, strict=False))
 
 
 def test_batches_identical_for_0_1_2_3_worker_processes(make_spec):

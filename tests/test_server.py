@@ -24,7 +24,7 @@ def in_process(spec):
 
 def assert_same(batches, reference):
     assert len(batches) == len(reference)
-    for got, want in zip(batches, reference):
+    for got, want in zip(batches, reference, strict=True):
         for k in FIELDS:
             assert got[k].dtype == np.int32
             np.testing.assert_array_equal(got[k], want[k])
@@ -146,7 +146,7 @@ def test_concurrent_streams_each_get_their_own_data(server, make_spec):
     with InputClient(server.targets[0]) as c1, InputClient(server.targets[1]) as c2:
         a, b = c1.batches(a_spec), c2.batches(b_spec)
         got_a, got_b = [], []
-        for x, y in zip(a, b):  # interleaved: both streams open at once
+        for x, y in zip(a, b, strict=False):  # interleaved: both streams open at once
             got_a.append(x)
             got_b.append(y)
         got_a.extend(a)

@@ -9,6 +9,7 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
+
 from input_client import timing
 from input_client.timing import StepTimer
 

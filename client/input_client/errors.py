@@ -10,7 +10,7 @@ class InputClientError(Exception):
 
 
 class StreamError(InputClientError):
-    """The server ended the stream with an error; `code` is the gRPC status, the message its text."""
+    """The server ended the stream with an error: `code` is the gRPC status, `details` its text."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         self.code = code

@@ -209,6 +209,8 @@ class BatchIterator:
         self.close()
 
     def __del__(self):
-        if not self._stop.is_set():
-            self._stop.set()
-            self._call.cancel()
+        # Cancel the call of an iterator dropped without close(), so the server tears down.
+        stop, call = getattr(self, "_stop", None), getattr(self, "_call", None)
+        if stop is not None and call is not None and not stop.is_set():
+            stop.set()
+            call.cancel()

@@ -10,9 +10,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from typing import Any
+
+import tomllib
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 
@@ -83,7 +84,7 @@ class OrderSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardSpec:
-    """This stream reads documents `index, index + count, ...` (one shard per data-parallel host)."""
+    """This stream reads documents `index, index + count, ...` (one shard per data host)."""
 
     index: int = 0
     count: int = 1
@@ -199,7 +200,7 @@ class PipelineSpec:
         return out
 
     def data_fingerprint(self) -> str:
-        """A hash of everything that decides the data (all but [workers]), to match resume states."""
+        """A hash of all that decides the data (all but [workers]), to match resume states."""
         tables = self.to_dict()
         del tables["workers"]
         blob = json.dumps(tables, sort_keys=True).encode()
@@ -226,7 +227,7 @@ class PipelineSpec:
             return value if present else default
 
         s, t, b, o, sh, w = msg.source, msg.tokenizer, msg.batch, msg.order, msg.shard, msg.workers
-        d_batch, d_order, d_shard, d_workers = BatchSpec(), OrderSpec(), ShardSpec(), WorkersSpec()
+        d_batch, d_workers = BatchSpec(), WorkersSpec()
         count: int | str = w.count or d_workers.count
         if isinstance(count, str) and count.isdigit():
             count = int(count)
@@ -262,7 +263,8 @@ def validate(spec: PipelineSpec) -> None:
 
     File existence is the server's business (NOT_FOUND), not checked here.
     """
-    s, t, b, o, sh, w = spec.source, spec.tokenizer, spec.batch, spec.order, spec.shard, spec.workers
+    s, t, b, o = spec.source, spec.tokenizer, spec.batch, spec.order
+    sh, w = spec.shard, spec.workers
     _check(isinstance(s.paths, tuple) and len(s.paths) > 0, "source.paths", s.paths,
            "must list at least one file or glob")
     for p in s.paths:
