@@ -120,7 +120,8 @@ class JsonlReader:
         starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
         ends = np.concatenate((newlines, [size])).astype(np.int64)
         lines = np.arange(1, len(starts) + 1, dtype=np.int64)
-        # Skip blank lines ("" or "\r"); a line of spaces is still a record (and invalid JSON).
+        # Skip blank lines ("", "\r" or one space); any longer line is a record, so a line of
+        # spaces is reported as invalid JSON rather than silently dropped.
         keep = (ends - starts) > 1
         one = np.flatnonzero((ends - starts) == 1)
         for i in one:

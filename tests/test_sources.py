@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from array_record.python import array_record_module
-from input_client.spec import SourceSpec
 
+from input_client.spec import SourceSpec
 from input_server import tf_example_pb2
 from input_server.errors import DataNotFoundError, InvalidSpecError, RecordError
 from input_server.pack import FIELDS
