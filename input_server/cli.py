@@ -1,13 +1,15 @@
-"""The `input-server` command: serve, demo, info."""
+"""The `input-server` command: serve, demo, info, tune."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 
 import tomllib
 
@@ -79,6 +81,74 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.main([])
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from input_client.spec import validate
+    from input_server import autotune
+    from input_server.errors import InputServerError
+    from input_server.pipeline import Pipeline
+
+    spec = PipelineSpec.from_toml(args.spec)
+    overrides = {k: v for k, v in (("max_workers", args.max_workers),
+                                   ("target_batches_per_s", args.target_batches_per_s),
+                                   ("tune_seconds", args.tune_seconds)) if v is not None}
+    spec = spec.replace(workers=overrides) if overrides else spec
+    validate(spec)  # a bad flag is reported under its spec key, e.g. `workers.max_workers`
+    w = spec.workers
+    try:
+        pipeline = Pipeline(spec)
+    except InputServerError as e:
+        print(f"input-server: {e}", file=sys.stderr)
+        return 2
+    bar = tqdm(total=float(w.tune_seconds), desc="tuning", unit="s", disable=None,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} s {postfix}")
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick() -> None:  # the bar follows the clock, not only the candidates' ends
+        while not done.wait(0.25):
+            bar.n = min(bar.total, time.perf_counter() - start)
+            bar.refresh()
+
+    def progress(c, row) -> None:
+        if row is None:
+            bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr ...")
+        elif row.ran:
+            bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr: "
+                                f"{row.batches_per_s:.1f} batches/s")
+
+    ticker = threading.Thread(target=tick, name="tune-progress", daemon=True)
+    ticker.start()
+    try:
+        tuning = autotune.tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
+                               max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                               tune_seconds=float(w.tune_seconds), progress=progress)
+    except InputServerError as e:
+        print(f"input-server: {e}", file=sys.stderr)
+        return 2
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
+    print(tuning.table())
+    print(f"choice: {tuning.processes} processes x {tuning.threads} threads "
+          f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}")
+    print(f"tuned in {tuning.tune_seconds:.1f} s on {autotune.cpu_count()} CPUs; set "
+          f"`workers.count = {tuning.processes}` to fix the processes, or keep \"auto\".")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"spec": os.path.abspath(args.spec), "cpu_count": autotune.cpu_count(),
+                       **tuning.to_dict()}, f, indent=2)
+    if args.plot:
+        try:
+            autotune.plot(tuning, args.plot, title=os.path.basename(args.spec))
+        except ImportError as e:
+            print(f"input-server: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # Grain reads absl flags; this entry point does not use absl's parser.
     from absl import flags
@@ -108,6 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("address", help="the server's gRPC target")
     info.add_argument("--timeout-s", type=float, default=10.0)
     info.set_defaults(run=_info)
+
+    tune = sub.add_parser("tune", help="measure a spec's pipeline at candidate worker counts "
+                                       "and print the autotuner's choice")
+    tune.add_argument("spec", metavar="SPEC.toml", help="a pipeline spec file")
+    tune.add_argument("--max-workers", type=int, metavar="N",
+                      help="at most N workers (processes x threads); default the spec's "
+                           "workers.max_workers (0 = no cap)")
+    tune.add_argument("--target-batches-per-s", type=float, metavar="R",
+                      help="the consumer's demand: choose the fewest workers that deliver it; "
+                           "default the spec's workers.target_batches_per_s (0 = unknown)")
+    tune.add_argument("--tune-seconds", type=float, metavar="S",
+                      help="time bound; default the spec's workers.tune_seconds (20)")
+    tune.add_argument("--json", metavar="OUT", help="write the measurements and choice as JSON")
+    tune.add_argument("--plot", metavar="OUT.png",
+                      help="draw batches/s against workers, choice marked (needs matplotlib)")
+    tune.set_defaults(run=_tune)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

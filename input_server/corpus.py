@@ -37,6 +37,25 @@ def stdlib_docstrings(max_docs: int | None = None) -> list[str]:
     return docs
 
 
+def pydoc_topics() -> list[str]:
+    """The Python documentation's help topics (`pydoc_data`): few, long documents."""
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)]
+
+
+BUILTIN_CORPORA = {"stdlib-docstrings": stdlib_docstrings, "pydoc-topics": pydoc_topics}
+
+
+def build_builtin(name: str, directory: str | os.PathLike, *,
+                  vocab_size: int = 1000) -> tuple[str, str]:
+    """Writes a builtin corpus as jsonl and trains its tokenizer; returns (jsonl, model)."""
+    docs = BUILTIN_CORPORA[name]()
+    corpus = write_jsonl(docs, os.path.join(directory, f"{name}.jsonl"))
+    return corpus, train_sentencepiece(docs, os.path.join(directory, name),
+                                       vocab_size=vocab_size)
+
+
 def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "text") -> str:
     with open(path, "w", encoding="utf-8") as f:
         for i, doc in enumerate(docs):

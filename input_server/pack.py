@@ -3,14 +3,22 @@
 Every batch is built from the documents that follow the previous batch's last one, so the
 position `(doc, offset)` reached after a batch is the whole resume state: it does not depend on
 how many workers tokenized the documents.
+
+Speed: placement is decided with plain Python integers per document (no per-token Python
+work), each document is a slice (a view) of its group's token array, and the batch is one
+`np.concatenate` of those views and the padding. Segment ids, positions and targets are not
+built here: they follow from the segment lengths (`PackedBatch.arrays()`; the client derives
+them from the wire the same way).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
 
+from input_client.codec import expand_packed
 from input_server.tokenize import TokenGroup
 
 FIELDS = ("inputs", "inputs_segmentation", "inputs_position",
@@ -26,58 +34,163 @@ class DocCursor:
 
     def __init__(self, groups: Iterator[TokenGroup], doc: int = 0, offset: int = 0):
         self._groups = groups
-        self.doc = doc
         self.offset = offset
-        self._group: TokenGroup | None = None
-        self._starts: np.ndarray | None = None
+        self._doc = doc
+        self.group: TokenGroup | None = None
+        self.starts: list[int] = []
+        self.lengths: list[int] = []
+        self.index = 0  # of the current document within `group`
 
-    def peek(self) -> np.ndarray | None:
-        """The current document's unused tokens, or None when the stream has ended."""
-        while True:
-            g = self._group
-            if g is not None and self.doc < g.first_doc + len(g.lengths):
-                i = self.doc - g.first_doc
-                start = int(self._starts[i])
-                return g.tokens[start + self.offset:start + int(g.lengths[i])]
+    @property
+    def doc(self) -> int:
+        return self.group.first_doc + self.index if self.group is not None else self._doc
+
+    def load(self) -> bool:
+        """Makes `group` hold the current document; False once the stream has ended."""
+        while self.group is None or self.index >= len(self.lengths):
+            doc = self.doc
             g = next(self._groups, None)
             if g is None:
-                return None
-            self._group, self._starts = g, g.starts
-
-    def advance(self) -> None:
-        """Moves to the next document (whatever of this one is left is dropped)."""
-        self.doc += 1
-        self.offset = 0
-
-    def consume(self, n: int) -> None:
-        """Uses `n` more tokens of the current document, moving on when it is used up."""
-        remaining = len(self.peek())
-        if n >= remaining:
-            self.advance()
-        else:
-            self.offset += n
+                self._doc = doc
+                self.group = None
+                return False
+            if not g.first_doc <= doc <= g.first_doc + len(g.lengths):
+                raise ValueError(f"token group starting at document {g.first_doc} does not "
+                                 f"hold document {doc}.")
+            self.group, self.index = g, doc - g.first_doc
+            self.lengths = g.lengths.tolist()
+            self.starts = (np.cumsum(g.lengths) - g.lengths).tolist()
+        return True
 
 
-def _shift_left(a: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(a)
-    out[:, :-1] = a[:, 1:]
-    return out
+@dataclasses.dataclass(frozen=True)
+class PackedBatch:
+    """A batch in compact form: each row is its segments end to end, then padding.
+
+    `inputs` is [size, seq_len] int32; `segment_lengths` lists every row's segment lengths, row
+    after row, and `segments_per_row` how many belong to each row. `arrays()` gives MaxText's
+    six arrays (the client derives them the same way from the wire).
+    """
+
+    inputs: np.ndarray
+    segment_lengths: np.ndarray
+    segments_per_row: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens."""
+        return int(self.segment_lengths.sum())
+
+    def compact(self) -> dict[str, np.ndarray]:
+        return {"inputs": self.inputs, "segment_lengths": self.segment_lengths,
+                "segments_per_row": self.segments_per_row}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return expand_packed(self.inputs, self.segment_lengths, self.segments_per_row)
 
 
-def with_targets(inputs: np.ndarray, seg: np.ndarray, pos: np.ndarray) -> dict[str, np.ndarray]:
-    """MaxText's batch: targets are the inputs shifted left by one; padding stays 0 everywhere."""
-    return {
-        "inputs": inputs,
-        "inputs_segmentation": seg,
-        "inputs_position": pos,
-        "targets": _shift_left(inputs),
-        "targets_segmentation": _shift_left(seg),
-        "targets_position": _shift_left(pos),
-    }
+class _Rows:
+    """The batch being built: per row, the token slices of its segments, in order."""
+
+    def __init__(self, size: int, seq_len: int):
+        self.size, self.seq_len = size, seq_len
+        self.pieces: list[list[np.ndarray]] = [[] for _ in range(size)]
+        self.placed = False
+
+    def add(self, row: int, piece: np.ndarray) -> None:
+        self.pieces[row].append(piece)
+        self.placed = True
+
+    def batch(self) -> PackedBatch | None:
+        if not self.placed:
+            return None
+        seq_len = self.seq_len
+        zeros = np.zeros(seq_len, np.int32)
+        flat: list[np.ndarray] = []
+        lengths: list[int] = []
+        per_row: list[int] = []
+        for row in self.pieces:
+            used = 0
+            for piece in row:
+                flat.append(piece)
+                lengths.append(len(piece))
+                used += len(piece)
+            flat.append(zeros[:seq_len - used])
+            per_row.append(len(row))
+        # One copy of every token into place: the rows' pieces and padding, end to end.
+        inputs = np.concatenate(flat).reshape(self.size, seq_len)
+        return PackedBatch(inputs, np.array(lengths, np.int32), np.array(per_row, np.int32))
+
+
+def _first_fit(cursor: DocCursor, out: _Rows) -> None:
+    size, seq_len = out.size, out.seq_len
+    free = [seq_len] * size
+    rows = range(size)
+    while cursor.load():
+        tokens, starts, lengths = cursor.group.tokens, cursor.starts, cursor.lengths
+        i, count = cursor.index, len(lengths)
+        while i < count:
+            n = min(lengths[i], seq_len)
+            if n == 0:
+                i += 1
+                continue
+            for r in rows:
+                if free[r] >= n:
+                    break
+            else:  # fits no row: this document opens the next batch
+                cursor.index = i
+                return
+            out.add(r, tokens[starts[i]:starts[i] + n])
+            free[r] -= n
+            i += 1
+        cursor.index = i
+
+
+def _concat_then_split(cursor: DocCursor, out: _Rows) -> None:
+    seq_len = out.seq_len
+    row, fill = 0, 0
+    while row < out.size and cursor.load():
+        tokens, starts, lengths = cursor.group.tokens, cursor.starts, cursor.lengths
+        i, count = cursor.index, len(lengths)
+        while i < count and row < out.size:
+            remaining = lengths[i] - cursor.offset
+            n = min(remaining, seq_len - fill)
+            if n > 0:
+                start = starts[i] + cursor.offset
+                out.add(row, tokens[start:start + n])
+                fill += n
+            if n >= remaining:
+                i += 1
+                cursor.offset = 0
+            else:
+                cursor.offset += n
+            if fill == seq_len:
+                row, fill = row + 1, 0
+        cursor.index = i
+
+
+def _one_per_row(cursor: DocCursor, out: _Rows) -> None:
+    seq_len = out.seq_len
+    row = 0
+    while row < out.size and cursor.load():
+        tokens, starts, lengths = cursor.group.tokens, cursor.starts, cursor.lengths
+        i, count = cursor.index, len(lengths)
+        while i < count and row < out.size:
+            n = min(lengths[i], seq_len)
+            if n:
+                out.add(row, tokens[starts[i]:starts[i] + n])
+            out.placed = True  # an empty document still takes its row
+            row += 1
+            i += 1
+        cursor.index = i
+
+
+_PACKERS = {"first_fit": _first_fit, "concat_then_split": _concat_then_split,
+            "none": _one_per_row}
 
 
 def pack_batch(cursor: DocCursor, *, size: int, seq_len: int,
-               packing: str) -> dict[str, np.ndarray] | None:
+               packing: str) -> PackedBatch | None:
     """Builds the next batch from the cursor's documents; None once no document is left.
 
     first_fit: documents (trimmed to `seq_len`) go, in order, into the first row with room; the
@@ -87,58 +200,10 @@ def pack_batch(cursor: DocCursor, *, size: int, seq_len: int,
     none: one document per row, trimmed or padded.
     The last batch of a finite stream may have empty (all-padding) rows.
     """
-    inputs = np.zeros((size, seq_len), np.int32)
-    seg = np.zeros((size, seq_len), np.int32)
-    pos = np.zeros((size, seq_len), np.int32)
-    arange = np.arange(seq_len, dtype=np.int32)
-    placed = False
-    if packing == "first_fit":
-        free = np.full(size, seq_len)
-        segments = np.zeros(size, np.int32)
-        while (toks := cursor.peek()) is not None:
-            n = min(len(toks), seq_len)
-            if n == 0:
-                cursor.advance()
-                continue
-            fits = free >= n
-            if not fits.any():
-                break
-            r = int(np.argmax(fits))
-            o = seq_len - int(free[r])
-            segments[r] += 1
-            inputs[r, o:o + n] = toks[:n]
-            seg[r, o:o + n] = segments[r]
-            pos[r, o:o + n] = arange[:n]
-            free[r] -= n
-            cursor.advance()
-            placed = True
-    elif packing == "concat_then_split":
-        for r in range(size):
-            o, segment = 0, 0
-            while o < seq_len and (toks := cursor.peek()) is not None:
-                n = min(len(toks), seq_len - o)
-                if n:
-                    segment += 1
-                    inputs[r, o:o + n] = toks[:n]
-                    seg[r, o:o + n] = segment
-                    pos[r, o:o + n] = arange[:n]
-                    o += n
-                    placed = True
-                cursor.consume(n)
-            if o < seq_len:  # the stream ended inside this row
-                break
-    elif packing == "none":
-        for r in range(size):
-            toks = cursor.peek()
-            if toks is None:
-                break
-            n = min(len(toks), seq_len)
-            inputs[r, :n] = toks[:n]
-            seg[r, :n] = 1
-            pos[r, :n] = arange[:n]
-            cursor.advance()
-            placed = True
-    else:
+    packer = _PACKERS.get(packing)
+    if packer is None:
         raise ValueError(f"`batch.packing` must be first_fit, concat_then_split or none, "
                          f"got {packing!r}.")
-    return with_targets(inputs, seg, pos) if placed else None
+    out = _Rows(size, seq_len)
+    packer(cursor, out)
+    return out.batch()

@@ -20,13 +20,16 @@ import numpy as np
 from input_client.codec import decode_state
 from input_client.spec import PipelineSpec, SpecError, validate
 from input_server.errors import InvalidSpecError
-from input_server.pack import DocCursor, pack_batch
+from input_server.order import DocumentOrder
+from input_server.pack import DocCursor, PackedBatch, pack_batch
 from input_server.sources import DocumentSource
 from input_server.tokenize import TokenGroup, Tokenizer
 
-# Documents per sentencepiece call: big enough that the batch call amortizes Python overhead,
-# small enough that a resume re-tokenizes little (DESIGN.md measured groups of 64).
-GROUP_SIZE = 64
+# Text per sentencepiece call: sentencepiece starts its threads at every call, so bigger calls
+# amortize that; 1024 short documents (~256 KiB) ran 1.6x faster than 64 here. The documents
+# per group follow from the corpus's mean document size; the data never depends on it.
+GROUP_CHARS = 256 * 1024
+MIN_GROUP, MAX_GROUP = 8, 4096
 STATE_VERSION = 1
 cpu_count = os.cpu_count
 
@@ -50,11 +53,16 @@ class Position:
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
-    """The parallelism a stream runs with; `reason` says how it was chosen."""
+    """The parallelism a stream runs with; `reason` says how it was chosen.
+
+    `tuning` is the autotuner's `autotune.Tuning` (its measurements and choice) for "auto",
+    else None.
+    """
 
     processes: int
     threads: int
     reason: str
+    tuning: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,24 +70,38 @@ class Produced:
     """One packed batch with its sequence number and the resume state after it."""
 
     seq: int
-    arrays: dict[str, np.ndarray]
+    batch: PackedBatch
     state: dict[str, Any]
-    num_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch.num_tokens
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """MaxText's six arrays (derived from the compact batch on each access)."""
+        return self.batch.arrays()
 
 
 class _EncodeGroup:
     """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
 
-    def __init__(self, docs: grain.MapDataset, size: int, tokenizer: Tokenizer):
-        self.docs = docs
+    def __init__(self, order: DocumentOrder, source: DocumentSource, size: int,
+                 tokenizer: Tokenizer, processes: int = 0):
+        self.order = order
+        self.source = source
         self.size = size
         self.tokenizer = tokenizer
+        self.processes = processes
 
     def __call__(self, g: int) -> TokenGroup:
         first = g * self.size
-        last = min(first + self.size, len(self.docs))
-        texts = [self.docs[i] for i in range(first, last)]
-        return self.tokenizer.encode(texts, first_doc=first)
+        indices = self.order.source_indices(first, first + self.size).tolist()
+        read_many = getattr(self.source, "read_many", None)
+        texts = read_many(indices) if read_many else [self.source[i] for i in indices]
+        # Each process splits its cores between its documents' sentencepiece threads.
+        threads = max(1, (cpu_count() or 1) // max(1, self.processes))
+        return self.tokenizer.encode(texts, first_doc=first, num_threads=threads)
 
 
 def default_threads(processes: int) -> int:
@@ -95,7 +117,9 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    def __init__(self, spec: PipelineSpec):
+    def __init__(self, spec: PipelineSpec, *, source: DocumentSource | None = None):
+        # `source` replaces the spec's files with another random-access source of strings,
+        # e.g. tests' stand-in for slow remote storage; it must pickle for worker processes.
         try:
             validate(spec)
         except SpecError as e:
@@ -103,17 +127,19 @@ class Pipeline:
         self.spec = spec
         self.fingerprint = spec.data_fingerprint()
         self.tokenizer = Tokenizer(spec.tokenizer)
-        self.source = DocumentSource.from_spec(spec.source)
+        self.source = source if source is not None else DocumentSource.from_spec(spec.source)
         shard, order = spec.shard, spec.order
-        docs = grain.MapDataset.source(self.source)[shard.index::shard.count]
-        if len(docs) == 0:
+        self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
+                                   shard_count=shard.count, seed=order.seed,
+                                   shuffle=order.shuffle, epochs=order.epochs)
+        if self.order.per_epoch == 0:
             raise InvalidSpecError(
                 f"`shard.index` {shard.index} of `shard.count` {shard.count} holds no documents "
                 f"({len(self.source)} in all); use fewer shards.")
-        self.docs_per_epoch = len(docs)
-        if order.shuffle:
-            docs = docs.shuffle(seed=order.seed)
-        self._docs = docs.repeat(order.epochs if order.epochs else None)
+        self.docs_per_epoch = self.order.per_epoch
+        sample = [len(self.source[i]) for i in range(min(64, len(self.source)))]
+        mean_chars = max(1, sum(sample) // max(1, len(sample)))
+        self.group_size = min(MAX_GROUP, max(MIN_GROUP, GROUP_CHARS // mean_chars))
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """Reads a resume state sent back by a client; refuses one made for other data."""
@@ -133,7 +159,7 @@ class Pipeline:
             raise InvalidSpecError(
                 f"`resume_state` was made for other data (fingerprint {fp!r}, this spec's is "
                 f"{self.fingerprint!r}): resume with the spec that produced it.")
-        if min(pos.seq, pos.doc, pos.offset) < 0 or pos.doc > len(self._docs):
+        if min(pos.seq, pos.doc, pos.offset) < 0 or pos.doc > len(self.order):
             raise InvalidSpecError(f"`resume_state` position {dataclasses.asdict(pos)} is out of "
                                    f"range.")
         return pos
@@ -142,11 +168,12 @@ class Pipeline:
         return {"version": STATE_VERSION, "fingerprint": self.fingerprint, "seq": pos.seq,
                 "doc": pos.doc, "offset": pos.offset}
 
-    def groups(self, first_doc: int = 0) -> grain.MapDataset:
+    def groups(self, first_doc: int = 0, processes: int = 0) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on."""
-        num_groups = math.ceil(len(self._docs) / GROUP_SIZE)
-        encode = _EncodeGroup(self._docs, GROUP_SIZE, self.tokenizer)
-        return grain.MapDataset.range(first_doc // GROUP_SIZE, num_groups).map(encode)
+        size = self.group_size
+        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer, processes)
+        return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
+            encode)
 
     def _parallel(self, groups: grain.MapDataset, workers: Workers) -> grain.IterDataset:
         ds = groups.to_iter_dataset(grain.ReadOptions(
@@ -157,19 +184,17 @@ class Pipeline:
         return ds
 
     def resolve_workers(self) -> Workers:
-        """The spec's worker count, or for "auto" Grain's `pick_performance_config`."""
+        """The spec's worker count, or for "auto" the autotuner's measured choice.
+
+        "auto" runs this pipeline at candidate processes x threads (`autotune.tune`) once per
+        `Pipeline` (a named pipeline tunes at its first stream; later streams reuse it).
+        """
         count = self.spec.workers.count
         if count != "auto":
             return Workers(count, default_threads(count), "fixed by workers.count")
-        from grain.experimental import pick_performance_config
+        from input_server import autotune
 
-        probe = self.groups().to_iter_dataset()
-        config = pick_performance_config(probe, ram_budget_mb=self.spec.workers.ram_budget_mb,
-                                         max_workers=None, max_buffer_size=None)
-        processes = config.multiprocessing_options.num_workers
-        return Workers(processes, default_threads(processes),
-                       "auto: Grain pick_performance_config (RAM budget / element size, "
-                       "capped at the CPU count)")
+        return autotune.auto_workers(self)
 
     def stream(self, state: bytes | dict[str, Any] | None = None, *,
                workers: Workers | None = None) -> BatchStream:
@@ -186,7 +211,7 @@ class BatchStream:
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
-        self._it = iter(pipeline._parallel(pipeline.groups(pos.doc), workers))
+        self._it = iter(pipeline._parallel(pipeline.groups(pos.doc, workers.processes), workers))
         self._cursor = DocCursor(self._it, pos.doc, pos.offset)
         self._closed = False
 
@@ -202,15 +227,14 @@ class BatchStream:
         if self._closed:
             raise StopIteration
         b = self.pipeline.spec.batch
-        arrays = pack_batch(self._cursor, size=b.size, seq_len=b.seq_len, packing=b.packing)
-        if arrays is None:
+        batch = pack_batch(self._cursor, size=b.size, seq_len=b.seq_len, packing=b.packing)
+        if batch is None:
             self.close()
             raise StopIteration
         seq = self._seq
         self._seq += 1
         state = self.pipeline.state_of(Position(self._seq, self._cursor.doc, self._cursor.offset))
-        num_tokens = int(np.count_nonzero(arrays["inputs_segmentation"]))
-        return Produced(seq=seq, arrays=arrays, state=state, num_tokens=num_tokens)
+        return Produced(seq=seq, batch=batch, state=state)
 
     def close(self) -> None:
         if not self._closed:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import re
+import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
+from multiprocessing.process import BaseProcess
+from typing import Any
 
+import grain
 import grpc
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
@@ -25,12 +31,26 @@ from input_server.pipeline import BatchStream, Pipeline
 
 log = logging.getLogger(__name__)
 
+
+
+class WorkerDiedError(InputServerError):
+    """A worker process of the stream died (INTERNAL); the message names it."""
+
+
 _STATUS = {
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
     DataNotFoundError: grpc.StatusCode.NOT_FOUND,
     RecordError: grpc.StatusCode.DATA_LOSS,
+    WorkerDiedError: grpc.StatusCode.INTERNAL,
 }
 _POLL_S = 0.1
+# How often a stream with worker processes checks that they are alive, and how long after
+# finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
+_WATCH_S = 0.5
+_UNSTICK_S = 5.0
+# Grain's own report of a dead worker (it names neither the worker nor its pid).
+_GRAIN_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code "
+                                r"(-?\d+)")
 
 
 def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -41,11 +61,51 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
 
 
+def _worker_processes(stream: BatchStream) -> list[tuple[int, Any, Any]]:
+    """(worker index, process, buffer queue) of each Grain worker process the stream runs now.
+
+    Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
+    at the worker's index in the interleave's lists) and lists them nowhere public, so this
+    walks the iterator graph. A worker whose iterator the interleave has not taken up yet is
+    not found; it is found once the stream waits on it, which is when its death matters.
+    """
+    found, seen = [], set()
+    todo = [(v, 0) for v in vars(stream).values() if isinstance(v, grain.DatasetIterator)]
+    while todo:
+        node, slot = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name, value in list(vars(node).items()):
+            if name == "_prefetch_process" and isinstance(value, BaseProcess):
+                found.append((slot, value, getattr(node, "_buffer", None)))
+            children = [(value, slot)]
+            if isinstance(value, list):
+                children = [(v, i) for i, v in enumerate(value)]
+            for child, child_slot in children:
+                for c in child if isinstance(child, tuple) else (child,):
+                    if isinstance(c, grain.DatasetIterator):
+                        todo.append((c, child_slot))
+    return found
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
 class StreamSession:
     """Runs one stream's pipeline on a thread, ahead of the sender by at most `depth` batches.
 
     The bounded queue is the backpressure: a slow client stalls the producer, so server memory
     stays flat. `stop()` (client gone, server draining) ends the thread and the Grain workers.
+    With worker processes, a watchdog thread checks they are alive: Grain notices a dead worker
+    only while no half-sent element is in its pipe (else it waits forever), so the watchdog
+    ends the stream itself with a `WorkerDiedError` naming the worker.
     """
 
     def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int):
@@ -54,11 +114,54 @@ class StreamSession:
         self.stream = stream
         self.batches_sent = 0
         self.batches_produced = 0
+        self.failure: WorkerDiedError | None = None
+        self._failed_at = 0.0
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._closing = False
+        self._workers_seen: dict[int, tuple[int, Any, Any]] = {}  # by pid
         self._thread = threading.Thread(target=self._produce, name=f"stream-{stream_id}",
                                         daemon=True)
         self._thread.start()
+        if stream.workers.processes > 0:
+            threading.Thread(target=self._watch, name=f"stream-{stream_id}-watch",
+                             daemon=True).start()
+
+    def _dead_worker(self) -> WorkerDiedError | None:
+        for slot, process, _ in list(self._workers_seen.values()):
+            code = process.exitcode
+            # Read after the exit code: Grain's own teardown kills workers it stops.
+            if code not in (None, 0) and not self._closing:
+                return WorkerDiedError(
+                    f"worker process {slot + 1} of {self.stream.workers.processes} (pid "
+                    f"{process.pid}) of stream {self.stream_id} died with {_exit_words(code)}; "
+                    f"the stream cannot continue. Resume from the last state in a new stream; "
+                    f"if it recurs, look for the kernel's OOM killer (it sends SIGKILL) or a "
+                    f"crash in the server's log.")
+        return None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_WATCH_S) and not self._closing:
+            try:
+                for slot, process, buffer in _worker_processes(self.stream):
+                    self._workers_seen.setdefault(process.pid, (slot, process, buffer))
+            except RuntimeError:  # the graph changed under the walk; look again next time
+                continue
+            failure = self._dead_worker()
+            if failure is None:
+                continue
+            log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
+            self._failed_at = time.monotonic()
+            self.failure = failure
+            # A worker killed halfway through writing an element leaves the reader waiting for
+            # the rest; with the server's copy of the pipe's write end closed, it reads EOF.
+            for _, process, buffer in list(self._workers_seen.values()):
+                if process.exitcode not in (None, 0) and buffer is not None:
+                    try:
+                        buffer._writer.close()
+                    except (AttributeError, OSError):
+                        pass
+            return
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -77,7 +180,7 @@ class StreamSession:
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
                 msg = pb.Batch(sequence_number=produced.seq,
-                               tensors=encode_tensors(produced.arrays),
+                               tensors=encode_tensors(produced.batch.compact()),
                                state=last_state, num_tokens=produced.num_tokens)
                 if not self._put((msg, None)):
                     return
@@ -85,9 +188,17 @@ class StreamSession:
             end = pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state)
             self._put((end, None))
         except Exception as e:  # surfaced to the client as a status, and logged here in full
-            log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
-            self._put((None, e))
+            failure = self.failure or self._dead_worker()
+            if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
+                failure = WorkerDiedError(
+                    f"a worker process of stream {self.stream_id} died with "
+                    f"{_exit_words(int(m.group(1)))}; the stream cannot continue. Resume from "
+                    f"the last state in a new stream.")
+            if failure is None:
+                log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
+            self._put((None, failure or e))
         finally:
+            self._closing = True
             self.stream.close()
 
     def __iter__(self) -> Iterator[tuple[pb.Batch | None, BaseException | None]]:
@@ -97,6 +208,9 @@ class StreamSession:
                 item = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
                 if self._stop.is_set() or not self._thread.is_alive() and self._queue.empty():
+                    return
+                if self.failure is not None and time.monotonic() - self._failed_at > _UNSTICK_S:
+                    yield None, self.failure  # the producer is still stuck in Grain: end anyway
                     return
                 yield None, None  # a tick, so the caller can check for cancellation
                 continue
@@ -184,7 +298,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         finally:
             if session is not None:
                 session.stop()
-                session.join()
+                session.join(None if session.failure is None else _UNSTICK_S)
                 with self._lock:
                     self._sessions.pop(session.stream_id, None)
             self._slots.release()

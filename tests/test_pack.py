@@ -26,7 +26,7 @@ def pack_all(docs, *, size, seq_len, packing):
     cursor = DocCursor(groups_of(docs))
     batches = []
     while (b := pack_batch(cursor, size=size, seq_len=seq_len, packing=packing)) is not None:
-        batches.append(b)
+        batches.append(b.arrays())
     return batches
 
 
@@ -132,7 +132,7 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
         resumed = DocCursor(groups_of(docs[g:], 4), cursor.doc - g, cursor.offset)
         rest = []
         while (b := pack_batch(resumed, size=3, seq_len=16, packing=packing)) is not None:
-            rest.append(b)
+            rest.append(b.arrays())
         assert len(rest) == len(full) - i - 1
         for x, y in zip(rest, full[i + 1:], strict=True):
             for k in FIELDS:

@@ -1,4 +1,9 @@
-"""Batch codec: named numpy arrays <-> `Tensor` messages of raw little-endian bytes."""
+"""Batch codec: named numpy arrays <-> `Tensor` messages of raw little-endian bytes.
+
+A packed batch travels compact: `inputs` plus each row's segment lengths. Segment ids,
+positions and the three shifted `targets*` arrays follow from those, so the client derives them
+(`expand_packed`) instead of the server computing and sending five more arrays per batch.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from typing import Any
 import numpy as np
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
+
+# The compact form's tensors: every row is its segments end to end, then padding.
+PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
 
 
 def encode_tensors(arrays: Mapping[str, np.ndarray]) -> list[pb.Tensor]:
@@ -27,6 +35,63 @@ def decode_tensors(tensors: Any) -> dict[str, np.ndarray]:
         dtype = np.dtype(t.dtype).newbyteorder("<")
         out[t.name] = np.frombuffer(t.data, dtype=dtype).reshape(tuple(t.shape))
     return out
+
+
+def _shift_left(a: np.ndarray) -> np.ndarray:
+    out = np.empty_like(a)
+    out[:, :-1] = a[:, 1:]
+    out[:, -1] = 0
+    return out
+
+
+def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
+                  segments_per_row: np.ndarray) -> dict[str, np.ndarray]:
+    """MaxText's six arrays from the compact form.
+
+    `segment_lengths` lists every row's segment lengths, row after row; `segments_per_row`
+    says how many belong to each row. Segment ids count 1, 2, ... within a row (0 = padding),
+    positions 0, 1, ... within a segment; targets are the inputs shifted left by one, the last
+    position 0, and so are targets_segmentation and targets_position.
+    """
+    rows, seq_len = inputs.shape
+    lengths = segment_lengths.astype(np.int64)
+    per_row = segments_per_row.astype(np.int64)
+    # Each row is its segments then one padding run; lay out all runs of the batch in order.
+    row_ends = np.cumsum(per_row)
+    cum = np.concatenate(([0], np.cumsum(lengths)))
+    used = cum[row_ends] - cum[row_ends - per_row]  # real tokens per row
+    slots = per_row + 1
+    run_len = np.empty(int(slots.sum()), np.int64)
+    run_id = np.empty_like(run_len)
+    pad_slot = np.cumsum(slots) - 1
+    is_pad = np.zeros(len(run_len), bool)
+    is_pad[pad_slot] = True
+    run_len[~is_pad] = lengths
+    run_len[pad_slot] = seq_len - used
+    first_slot = pad_slot - per_row
+    run_id[:] = np.arange(len(run_len)) - np.repeat(first_slot, slots) + 1
+    run_id[pad_slot] = 0
+    seg = np.repeat(run_id.astype(np.int32), run_len).reshape(rows, seq_len)
+    run_start = np.cumsum(run_len) - run_len
+    pos = np.arange(rows * seq_len, dtype=np.int32) - np.repeat(run_start, run_len).astype(np.int32)
+    pos = pos.reshape(rows, seq_len)
+    pos[seg == 0] = 0
+    return {
+        "inputs": inputs,
+        "inputs_segmentation": seg,
+        "inputs_position": pos,
+        "targets": _shift_left(inputs),
+        "targets_segmentation": _shift_left(seg),
+        "targets_position": _shift_left(pos),
+    }
+
+
+def decode_batch(tensors: Any) -> dict[str, np.ndarray]:
+    """A batch message's arrays, expanded to MaxText's six when it came in compact form."""
+    arrays = decode_tensors(tensors)
+    if set(arrays) == set(PACKED_KEYS):
+        return expand_packed(**arrays)
+    return arrays
 
 
 def encode_state(state: Mapping[str, Any]) -> bytes:

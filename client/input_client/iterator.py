@@ -12,7 +12,7 @@ import grpc
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-from input_client.codec import decode_state, decode_tensors, encode_state
+from input_client.codec import decode_batch, decode_state, encode_state
 from input_client.errors import SequenceError, StreamError
 from input_client.spec import PipelineSpec
 
@@ -137,7 +137,7 @@ class BatchIterator:
                 if msg.end_of_data:
                     self._put((_END, msg.sequence_number, None, 0))
                     return
-                arrays = self._place(decode_tensors(msg.tensors))
+                arrays = self._place(decode_batch(msg.tensors))
                 if not self._put((arrays, msg.sequence_number, decode_state(msg.state),
                                   msg.num_tokens)):
                     return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,8 @@ FORMATS = ("jsonl", "arrayrecord", "parquet")
 RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
 MAX_WORKERS = 1024
+# A stream waits for its tuning before its first batch; ten minutes is already far too long.
+MAX_TUNE_SECONDS = 600
 
 
 class SpecError(ValueError):
@@ -94,14 +97,30 @@ class ShardSpec:
 class WorkersSpec:
     """Parallelism of the per-document work. Never changes the data.
 
+    A "worker" is one document group being read and tokenized at a time: a fixed `count`
+    runs `count` processes (0 = inside the server process) with the default threads each;
+    "auto" measures the pipeline and picks both, processes and threads per process
+    (workers = max(1, processes) x threads).
+
     Attributes:
       count: "auto" or worker processes (0 = inside the server process).
       ram_budget_mb: memory the workers may use (Grain's `pick_performance_config` default is
-        per call; 1 GiB keeps a sidecar well inside a TPU host's memory).
+        per call; 1 GiB keeps a sidecar well inside a TPU host's memory). "auto" checks it
+        against the measured RSS of each candidate.
+      max_workers: "auto" only: at most this many workers; 0 = no cap beyond what the
+        measurement supports.
+      target_batches_per_s: "auto" only: the consumer's demand; the fewest workers that meet it
+        are chosen, leaving the rest of the host's CPUs to training. 0 = unknown: the
+        throughput plateau is chosen.
+      tune_seconds: "auto" only: the most time the measurement may take before the first batch
+        (the issue's bound; a plateau usually ends it in a few seconds).
     """
 
     count: int | str = "auto"
     ram_budget_mb: int = 1024
+    max_workers: int = 0
+    target_batches_per_s: float = 0.0
+    tune_seconds: float = 20.0
 
 
 _TABLES: dict[str, type] = {
@@ -216,7 +235,10 @@ class PipelineSpec:
             batch=pb.BatchShape(seq_len=b.seq_len, size=b.size, packing=b.packing),
             order=pb.Order(seed=o.seed, shuffle=o.shuffle, epochs=o.epochs),
             shard=pb.Shard(index=sh.index, count=sh.count),
-            workers=pb.Workers(count=str(w.count), ram_budget_mb=w.ram_budget_mb),
+            workers=pb.Workers(count=str(w.count), ram_budget_mb=w.ram_budget_mb,
+                               max_workers=w.max_workers,
+                               target_batches_per_s=w.target_batches_per_s,
+                               tune_seconds=w.tune_seconds),
         )
 
     @classmethod
@@ -244,13 +266,20 @@ class PipelineSpec:
                                if msg.HasField("order") else {})),
             shard=ShardSpec(**({"index": sh.index, "count": sh.count}
                                if msg.HasField("shard") else {})),
-            workers=WorkersSpec(count=count, ram_budget_mb=w.ram_budget_mb
-                                or d_workers.ram_budget_mb),
+            workers=WorkersSpec(count=count,
+                                ram_budget_mb=w.ram_budget_mb or d_workers.ram_budget_mb,
+                                max_workers=w.max_workers,
+                                target_batches_per_s=w.target_batches_per_s,
+                                tune_seconds=w.tune_seconds or d_workers.tune_seconds),
         )
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check(ok: bool, key: str, value: Any, reason: str) -> None:
@@ -297,3 +326,11 @@ def validate(spec: PipelineSpec) -> None:
            "workers.count", w.count, f'must be "auto" or an integer from 0 to {MAX_WORKERS}')
     _check(_is_int(w.ram_budget_mb) and w.ram_budget_mb >= 1, "workers.ram_budget_mb",
            w.ram_budget_mb, "must be a positive integer (MiB)")
+    _check(_is_int(w.max_workers) and 0 <= w.max_workers <= MAX_WORKERS, "workers.max_workers",
+           w.max_workers, f"must be an integer from 0 (no cap) to {MAX_WORKERS}")
+    _check(_is_number(w.target_batches_per_s) and 0 <= w.target_batches_per_s < math.inf,
+           "workers.target_batches_per_s", w.target_batches_per_s,
+           "must be a non-negative number (batches/s; 0 = unknown)")
+    _check(_is_number(w.tune_seconds) and 0 < w.tune_seconds <= MAX_TUNE_SECONDS,
+           "workers.tune_seconds", w.tune_seconds,
+           f"must be a number of seconds above 0 and at most {MAX_TUNE_SECONDS}")

@@ -57,12 +57,18 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Workers(_message.Message):
-    __slots__ = ("count", "ram_budget_mb")
+    __slots__ = ("count", "ram_budget_mb", "max_workers", "target_batches_per_s", "tune_seconds")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     RAM_BUDGET_MB_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TUNE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     count: str
     ram_budget_mb: int
-    def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ...) -> None: ...
+    max_workers: int
+    target_batches_per_s: float
+    tune_seconds: float
+    def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ..., max_workers: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ...) -> None: ...
 
 class PipelineSpec(_message.Message):
     __slots__ = ("source", "tokenizer", "batch", "order", "shard", "workers")
@@ -121,7 +127,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +135,8 @@ class StreamInfo(_message.Message):
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     WORKER_REASON_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TUNING_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -136,7 +144,45 @@ class StreamInfo(_message.Message):
     batches_sent: int
     worker_reason: str
     batches_produced: int
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ...) -> None: ...
+    worker_tuning: WorkerTuning
+    consumed_batches_per_s: float
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ...) -> None: ...
+
+class WorkerMeasurement(_message.Message):
+    __slots__ = ("processes", "threads", "batches_per_s", "tokens_per_s", "rss_mb_per_worker", "cpu_cores", "startup_s", "skipped")
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RSS_MB_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_S_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    processes: int
+    threads: int
+    batches_per_s: float
+    tokens_per_s: float
+    rss_mb_per_worker: float
+    cpu_cores: float
+    startup_s: float
+    skipped: str
+    def __init__(self, processes: _Optional[int] = ..., threads: _Optional[int] = ..., batches_per_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., rss_mb_per_worker: _Optional[float] = ..., cpu_cores: _Optional[float] = ..., startup_s: _Optional[float] = ..., skipped: _Optional[str] = ...) -> None: ...
+
+class WorkerTuning(_message.Message):
+    __slots__ = ("reason", "measurements", "processes", "threads", "target_batches_per_s", "tune_seconds")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TUNE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    measurements: _containers.RepeatedCompositeFieldContainer[WorkerMeasurement]
+    processes: int
+    threads: int
+    target_batches_per_s: float
+    tune_seconds: float
+    def __init__(self, reason: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[WorkerMeasurement, _Mapping]]] = ..., processes: _Optional[int] = ..., threads: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
     __slots__ = ("server_version", "pipelines", "streams")

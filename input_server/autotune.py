@@ -1,0 +1,811 @@
+"""Autotune: picks a stream's worker processes and threads by measuring its real pipeline.
+
+Grain's `pick_performance_config` divides a RAM budget by the size of five sampled elements
+and caps at the CPU count; it never measures speed. This module runs the stream's own pipeline
+(read + tokenize in parallel, pack in order) at candidate (processes, threads), times
+production after a warm-up, and stops on a plateau, once the consumer's demand is met, at the
+RAM budget (measured RSS) or at the time bound. `measure` runs one candidate; `next_candidate`
+(what to run next) and `decide` (what to choose) are pure functions of the measurement table,
+so the policy is testable on synthetic tables as well as on real runs.
+
+A "worker" is one document group being read and tokenized at a time: a candidate has
+`max(1, processes) * threads` of them. Threads in the server process are the cheap knob
+(sentencepiece releases the GIL; a thread waiting on remote storage costs no CPU); processes
+pay off when per-record Python work holds the GIL, so they are tried only when the in-process
+candidates leave cores idle or fall short of the target.
+
+The tuning run's batches are discarded, never served: the stream then starts from its
+requested position with the chosen workers, and the choice cannot change the data (the
+batches are the same bytes for any processes and threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import queue
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from input_server.pipeline import Pipeline, Workers, default_threads
+
+log = logging.getLogger(__name__)
+
+# Module-level aliases so tests can pretend another host (STYLE.md item 4).
+cpu_count = os.cpu_count
+clock = time.perf_counter
+
+# A step to more workers must add at least this much to count as progress ("a few percent");
+# the choice is then within this fraction of the best rate measured.
+PLATEAU_GAIN = 0.05
+# With a target, the choice must measure this much above it, so the jitter of a shared host
+# (and of the consumer) does not starve the trainer.
+TARGET_HEADROOM = 1.2
+# Production is timed after the first batch and this warm-up (thread pools filled, worker
+# processes started and importing), over a window of at least WINDOW_S and MIN_BATCHES.
+WARMUP_S = 0.3
+WINDOW_S = 1.0
+MIN_BATCHES = 4
+# Groups of documents arrive whole, their batches together; a gap this many times the median
+# between batches marks a new burst. The window then spans at least BURSTS burst starts (to
+# time whole groups), stretching to at most MAX_WINDOW x WINDOW_S for slow ones.
+BURST_GAP = 5.0
+BURSTS = 3
+MAX_WINDOW = 3.0
+# Threads per process: latency-bound sources want many; past this, use processes.
+MAX_THREADS = 128
+# More workers than cores must gain this much: past the cores, extra threads only pay for
+# waiting (remote storage gains ~2x a doubling); a CPU-bound gain that small is within the
+# noise of a shared host, and oversubscribing the cores takes CPU from the trainer.
+OVERSUBSCRIBE_GAIN = 0.2
+# Below the core count, one step that gains nothing (noise on a busy host) does not end the
+# thread search; a second one does. Past the cores, or for processes (a spawn each), one does.
+THREAD_PATIENCE = 2
+# After the search, the choice and the candidates within this band of it are measured once
+# more, side by side, and decided on the better of each one's two windows: one window on a
+# busy host is noisy (+-15 % and worse on the shared 2-core development machine).
+CONFIRM_BAND = 0.15
+CONFIRM_MAX = 2
+# Processes are tried when the in-process candidates keep fewer than this share of the cores
+# busy: their per-record Python work holds the GIL.
+GIL_BOUND_SHARE = 0.8
+TUNE_SECONDS = 20.0
+REASONS = ("target met", "plateau", "ram cap", "max workers", "time limit", "fastest")
+_MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One candidate's measured production, or why it was skipped.
+
+    Attributes:
+      processes: worker processes (0 = inside the server process).
+      threads: threads per process.
+      batches_per_s: packed batches per second after warm-up (0 when skipped).
+      tokens_per_s: real (non-padding) tokens per second after warm-up.
+      rss_mb: memory the candidate added, in MiB: its worker processes' RSS plus the server
+        process's RSS growth while it ran; predicted from a smaller candidate when skipped.
+      cpu_cores: CPU seconds per second of the server process and its worker processes.
+      startup_s: seconds from opening the stream to its first batch.
+      seconds: length of the timed window(s).
+      batches: batches in the timed window(s).
+      samples: timed windows taken (2 after the second look; the rates are the faster's).
+      skipped: "" when run, else why not: "ram cap", "max workers" or "time limit".
+    """
+
+    processes: int
+    threads: int
+    batches_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    rss_mb: float = 0.0
+    cpu_cores: float = 0.0
+    startup_s: float = 0.0
+    seconds: float = 0.0
+    batches: int = 0
+    samples: int = 1
+    skipped: str = ""
+
+    @property
+    def workers(self) -> int:
+        """Document groups in flight at once: processes x threads (threads alone in-process)."""
+        return max(1, self.processes) * self.threads
+
+    @property
+    def rss_mb_per_worker(self) -> float:
+        return self.rss_mb / self.workers
+
+    @property
+    def ran(self) -> bool:
+        return not self.skipped
+
+    def label(self) -> str:
+        where = f"{self.processes} proc" if self.processes else "in-proc"
+        return f"{where} x {self.threads} thr"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "workers": self.workers,
+                "rss_mb_per_worker": self.rss_mb_per_worker}
+
+    def to_proto(self):
+        from input_client._proto.input_server.v1 import input_service_pb2 as pb
+
+        return pb.WorkerMeasurement(
+            processes=self.processes, threads=self.threads, batches_per_s=self.batches_per_s,
+            tokens_per_s=self.tokens_per_s, rss_mb_per_worker=self.rss_mb_per_worker,
+            cpu_cores=self.cpu_cores, startup_s=self.startup_s, skipped=self.skipped)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tuning:
+    """The autotuner's choice, why, and the measurements behind it.
+
+    Attributes:
+      processes: chosen worker processes (0 = inside the server process).
+      threads: chosen threads per process.
+      reason: one of `REASONS`: "target met" (the fewest workers that meet the demand),
+        "plateau" (more workers gained under `plateau_gain`), "ram cap", "max workers" or
+        "time limit" (the cap or the time bound stopped a search still gaining), "fastest"
+        (every candidate ran; the choice is the fastest).
+      detail: the reason in a sentence, with the figures.
+      measurements: every candidate in the order it ran (or was skipped).
+      target_batches_per_s: the demand the choice had to meet (0 = unknown).
+      ram_budget_mb: the memory budget the candidates were held to.
+      max_workers: the cap on workers (0 = none).
+      tune_seconds: seconds the tuning took.
+    """
+
+    processes: int
+    threads: int
+    reason: str
+    detail: str
+    measurements: tuple[Measurement, ...]
+    target_batches_per_s: float = 0.0
+    ram_budget_mb: float = math.inf
+    max_workers: int = 0
+    tune_seconds: float = 0.0
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.processes) * self.threads
+
+    @property
+    def chosen(self) -> Measurement:
+        """The measurement of the chosen candidate."""
+        return next(m for m in self.measurements
+                    if m.ran and (m.processes, m.threads) == (self.processes, self.threads))
+
+    def summary(self) -> str:
+        """One line for logs and `StreamInfo.worker_reason`."""
+        return (f"{self.processes} processes x {self.threads} threads ({self.reason}: "
+                f"{self.detail}; {sum(m.ran for m in self.measurements)} candidates measured "
+                f"in {self.tune_seconds:.1f} s)")
+
+    def table(self) -> str:
+        """The measurements as a text table; the choice is marked with `*`."""
+        lines = [f"  {'workers':>7} {'processes':>9} {'threads':>7} {'batches/s':>10} "
+                 f"{'tokens/s':>10} {'RSS/worker':>11} {'CPU cores':>9} {'start s':>7}"]
+        for m in self.measurements:
+            mark = "*" if m.ran and (m.processes, m.threads) == (self.processes,
+                                                                  self.threads) else " "
+            if m.ran:
+                rates = f"{m.batches_per_s:>10.1f} {_si(m.tokens_per_s):>10}"
+                tail = f" {m.cpu_cores:>9.2f} {m.startup_s:>7.2f}"
+            else:
+                rates = f"{'-':>10} {'-':>10}"
+                tail = f"  skipped: {m.skipped}"
+            lines.append(f"{mark} {m.workers:>7} {m.processes:>9} {m.threads:>7} {rates} "
+                         f"{m.rss_mb_per_worker:>7.1f} MiB{tail}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["measurements"] = [m.to_dict() for m in self.measurements]
+        d["workers"] = self.workers
+        if math.isinf(self.ram_budget_mb):
+            d["ram_budget_mb"] = None
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_proto(self):
+        """The `WorkerTuning` message the info RPC reports."""
+        from input_client._proto.input_server.v1 import input_service_pb2 as pb
+
+        return pb.WorkerTuning(reason=self.reason,
+                               measurements=[m.to_proto() for m in self.measurements],
+                               processes=self.processes, threads=self.threads,
+                               target_batches_per_s=self.target_batches_per_s,
+                               tune_seconds=self.tune_seconds)
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f}"
+
+
+def _cost(m: Measurement) -> tuple[int, int]:
+    # In-process threads before any process (no spawn, no copies, no per-process memory),
+    # then fewer before more.
+    return (m.processes, m.threads)
+
+
+# --- Deciding -------------------------------------------------------------------------------
+
+
+def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.inf,
+           target_batches_per_s: float = 0.0, max_workers: int = 0, cpus: int | None = None,
+           plateau_gain: float = PLATEAU_GAIN, oversubscribe_gain: float = OVERSUBSCRIBE_GAIN,
+           headroom: float = TARGET_HEADROOM) -> Tuning:
+    """Chooses among measured candidates; pure, so it runs on synthetic tables too.
+
+    With a target, the cheapest candidate whose rate is at least `headroom` x the target;
+    otherwise (or when none meets it) the cheapest candidate within `plateau_gain` of the best
+    rate, where candidates with more workers than `cpus` count only if the best of them beats
+    the best within the cores by `oversubscribe_gain`. Candidates above `max_workers` or whose
+    measured RSS exceeds `ram_budget_mb` are out. "Cheapest" orders in-process threads before
+    processes, then by count.
+
+    Args:
+      measurements: the table, as `tune` builds it (skipped rows say why they were skipped).
+      ram_budget_mb: memory the workers may add, MiB.
+      target_batches_per_s: the consumer's demand; 0 = unknown.
+      max_workers: the most workers (processes x threads); 0 = no cap.
+      cpus: the host's cores; default `cpu_count()`.
+      plateau_gain: the relative gain that counts as progress.
+      oversubscribe_gain: the gain that justifies more workers than cores.
+      headroom: the factor over the target a choice must measure.
+
+    Returns:
+      The `Tuning` (its `tune_seconds` is left 0 for the caller to fill).
+
+    Raises:
+      ValueError: no candidate was measured.
+    """
+    ran = sorted((m for m in measurements if m.ran), key=_cost)
+    if not ran:
+        raise ValueError("no candidate was measured; give the tuning more time "
+                         "(`workers.tune_seconds`).")
+    common = dict(measurements=tuple(measurements), target_batches_per_s=target_batches_per_s,
+                  ram_budget_mb=ram_budget_mb, max_workers=max_workers)
+
+    def why_out(m: Measurement) -> str:
+        if max_workers and m.workers > max_workers:
+            return "max workers"
+        return "ram cap" if m.rss_mb > ram_budget_mb else ""
+
+    fits = [m for m in ran if not why_out(m)]
+    if not fits:
+        least = min(ran, key=lambda m: (m.workers, m.rss_mb))
+        return Tuning(processes=least.processes, threads=least.threads,
+                      reason=why_out(least) or "ram cap",
+                      detail=f"no candidate fits (ram_budget_mb={ram_budget_mb:g}, "
+                             f"max_workers={max_workers}); the smallest, {least.label()}, "
+                             f"adds {least.rss_mb:.0f} MiB", **common)
+    best = max(fits, key=lambda m: m.batches_per_s)
+    if target_batches_per_s > 0:
+        need = headroom * target_batches_per_s
+        meeting = [m for m in fits if m.batches_per_s >= need]
+        if meeting:
+            c = meeting[0]
+            return Tuning(processes=c.processes, threads=c.threads, reason="target met",
+                          detail=f"the fewest workers ({c.workers}) that give {headroom:g} x the "
+                                 f"target {target_batches_per_s:g} batches/s: "
+                                 f"{c.batches_per_s:.1f} batches/s (best measured "
+                                 f"{best.batches_per_s:.1f})", **common)
+    cpus = cpus or cpu_count() or 1
+    inside = [m for m in fits if m.workers <= cpus] or fits
+    best_in = max(inside, key=lambda m: m.batches_per_s)
+    pool = (fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
+            else inside)
+    best = max(pool, key=lambda m: m.batches_per_s)
+    c = next(m for m in pool if m.batches_per_s * (1 + plateau_gain) >= best.batches_per_s)
+    rate = f"{c.batches_per_s:.1f} batches/s, {_si(c.tokens_per_s)} tokens/s"
+    # Why nothing beyond the choice: a cap or the time bound cut a search still gaining, or
+    # the rate stopped growing.
+    faster_out = [m for m in ran if why_out(m) and m.batches_per_s
+                  > (1 + plateau_gain) * c.batches_per_s]
+    beyond = [m for m in measurements if _cost(m) > _cost(c)]
+    cut = [why_out(m) or m.skipped for m in beyond if why_out(m) or m.skipped]
+    if faster_out:
+        reason = why_out(faster_out[0])
+        detail = (f"{rate}; {faster_out[0].label()} was faster "
+                  f"({faster_out[0].batches_per_s:.1f}) but over the {reason}")
+    elif any(_cost(m) > _cost(c) for m in fits):
+        reason = "plateau"
+        detail = (f"{rate}; more workers added under {plateau_gain:.0%} "
+                  f"(best {best.batches_per_s:.1f} batches/s, {best.label()})")
+        if pool is inside and len(inside) < len(fits):
+            detail += (f", more than the {cpus} cores under {oversubscribe_gain:.0%}")
+    elif cut:
+        reason = cut[0]
+        detail = f"{rate}; the {reason} stopped a search that was still gaining"
+    else:
+        reason = "fastest"
+        detail = f"{rate}; the fastest of every candidate tried"
+    if target_batches_per_s > 0:
+        detail += (f"; the target {target_batches_per_s:g} batches/s (x {headroom:g} headroom) "
+                   f"was not reached")
+    return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail,
+                  **common)
+
+
+# --- Searching ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """What to run next; `skip` says why it will not run ("ram cap", "max workers")."""
+
+    processes: int
+    threads: int
+    skip: str = ""
+
+
+def _stalled(rows: Sequence[Measurement], gain: float, patience: int) -> bool:
+    """Whether the last `patience` rows each failed to beat all rows before them by `gain`."""
+    if len(rows) <= patience:
+        return False
+    best = max(m.batches_per_s for m in rows[:-patience])
+    return all(m.batches_per_s < (1 + gain) * best for m in rows[-patience:])
+
+
+def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
+                   ram_budget_mb: float = math.inf, target_batches_per_s: float = 0.0,
+                   max_workers: int = 0, plateau_gain: float = PLATEAU_GAIN,
+                   headroom: float = TARGET_HEADROOM,
+                   max_threads: int = MAX_THREADS) -> Candidate | None:
+    """What to measure next, given the table so far; None when the search is over. Pure.
+
+    In-process threads first, doubling (1, 2, 4, ...) until a doubling gains under
+    `plateau_gain` (below the core count, two in a row: noise). Then processes (2, 4, ... up
+    to `cpus`, the in-process choice's threads shared among them) only if the in-process runs
+    left cores idle (per-record Python work holds the GIL) or fell short of the target; they
+    stop after one doubling without gain. One process is not tried: it adds a copy of every
+    group for no more parallelism than the server's own threads. A target met ends
+    everything. A candidate over `max_workers`, or whose RSS predicted from the last run of
+    its kind exceeds the budget, comes back with `skip` set (the caller records it), which
+    ends its kind's search.
+    """
+    fits = [m for m in measurements if m.ran and m.rss_mb <= ram_budget_mb
+            and not (max_workers and m.workers > max_workers)]
+    if target_batches_per_s > 0 and any(
+            m.batches_per_s >= headroom * target_batches_per_s for m in fits):
+        return None
+    inproc = [m for m in measurements if m.processes == 0]
+    procs = [m for m in measurements if m.processes > 0]
+
+    def check(c: Candidate, kind: list[Measurement]) -> Candidate:
+        workers = max(1, c.processes) * c.threads
+        if max_workers and workers > max_workers:
+            return dataclasses.replace(c, skip="max workers")
+        last = next((m for m in reversed(kind) if m.ran), None)
+        if last is not None and last.rss_mb_per_worker * workers > ram_budget_mb:
+            return dataclasses.replace(c, skip="ram cap")
+        return c
+
+    if not procs:
+        ran = [m for m in inproc if m.ran]
+        if not inproc:
+            return check(Candidate(0, 1), inproc)
+        threads = 2 * inproc[-1].threads
+        patience = THREAD_PATIENCE if inproc[-1].threads < cpus else 1
+        if (inproc[-1].ran and threads <= max_threads
+                and not _stalled(ran, plateau_gain, patience)):
+            return check(Candidate(0, threads), inproc)
+        # The in-process search is over; are processes worth their cost?
+        gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
+        short = target_batches_per_s > 0
+        if cpus < 2 or not ran or not (gil_bound or short):
+            return None
+        return check(Candidate(2, _threads_per_process(ran, 2, plateau_gain)), inproc)
+    ran = [m for m in procs if m.ran]
+    processes = 2 * procs[-1].processes
+    if not procs[-1].ran or processes > cpus or _stalled(ran, plateau_gain, 1):
+        return None
+    return check(Candidate(processes, _threads_per_process(
+        [m for m in inproc if m.ran], processes, plateau_gain)), procs)
+
+
+def _threads_per_process(inproc: Sequence[Measurement], processes: int, gain: float) -> int:
+    # Keep the in-process choice's concurrency (what latency needs), spread over processes
+    # (what the GIL needs).
+    if not inproc:
+        return 1
+    best = max(m.batches_per_s for m in inproc)
+    threads = next(m.threads for m in sorted(inproc, key=_cost)
+                   if m.batches_per_s * (1 + gain) >= best)
+    return max(1, threads // processes)
+
+
+# --- Measuring ------------------------------------------------------------------------------
+
+
+def _produce(pipeline: Pipeline, workers: Workers, out: queue.Queue,
+             stop: threading.Event) -> None:
+    """Runs the stream from its start, again and again for short data, until `stop`."""
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        while not stop.is_set():
+            produced = 0
+            with pipeline.stream(None, workers=workers) as stream:
+                for batch in stream:
+                    produced += 1
+                    if not put((clock(), batch.num_tokens, None)):
+                        return
+            if produced == 0:
+                put((clock(), 0, StopIteration()))
+                return
+    except Exception as e:  # noqa: BLE001 - re-raised by the measuring thread
+        put((clock(), 0, e))
+
+
+def _burst_starts(times: Sequence[float]) -> list[int]:
+    """Indices of batches that end a wait: a group's batches come together, then a pause."""
+    if len(times) < 3:
+        return []
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    threshold = max(BURST_GAP * statistics.median(gaps), 1e-3)
+    return [i + 1 for i, g in enumerate(gaps) if g > threshold]
+
+
+def _rate(times: Sequence[float], tokens: Sequence[int]) -> tuple[float, float] | None:
+    """(batches/s, tokens/s) from arrival times; `times[0]` is the window's start, no batch.
+
+    Over whole bursts when production is bursty (first burst's start to the last one's: a
+    window cut mid-burst would count part of a group as if it took no time), else over the
+    whole window.
+    """
+    starts = _burst_starts(times)
+    a, b = (starts[0], starts[-1]) if len(starts) >= 2 else (0, len(times) - 1)
+    if len(starts) >= 2 and times[b] - times[a] < 0.5 * (times[-1] - times[0]):
+        a, b = 0, len(times) - 1
+    seconds = times[b] - times[a]
+    if b <= a or seconds <= 0:
+        return None
+    # Batches a+1..b arrived after times[a] (bursts: batch b starts the next burst, so the
+    # batches a..b-1 of the whole bursts are counted instead; the same number).
+    return (b - a) / seconds, sum(tokens[a + 1:b + 1] if a == 0 else tokens[a:b]) / seconds
+
+
+def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
+    """CPU seconds, RSS bytes of this process, and of worker processes started since."""
+    import psutil
+
+    me = psutil.Process()
+    cpu = sum(me.cpu_times()[:2])
+    child_rss = 0
+    for child in me.children(recursive=True):
+        if child.pid in pids_before:
+            continue
+        try:
+            cpu += sum(child.cpu_times()[:2])
+            child_rss += child.memory_info().rss
+        except psutil.Error:  # ended meanwhile
+            continue
+    return cpu, me.memory_info().rss, child_rss
+
+
+def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float = WARMUP_S,
+            window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES,
+            deadline: float | None = None) -> Measurement | None:
+    """Runs the pipeline's stream with `processes` x `threads` and times its production.
+
+    The batches are counted and dropped. The stream runs on its own thread, so the deadline
+    holds even when one batch takes longer than the time left (that thread then ends, and
+    closes its workers, after its batch).
+
+    Args:
+      pipeline: the stream's pipeline; the candidate runs its real stream from the start.
+      processes, threads: the candidate.
+      warmup_s: seconds after the first batch before timing starts.
+      window_s, min_batches: the timed window lasts at least this long and this many batches.
+      deadline: a `clock()` time at which to stop, timed or not.
+
+    Returns:
+      The measurement, or None when no batch was timed before the deadline.
+
+    Raises:
+      Whatever the pipeline raises (a bad record fails the tuning as it would the stream).
+    """
+    import psutil
+
+    pids_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rss_before = psutil.Process().memory_info().rss
+    out: queue.Queue = queue.Queue(maxsize=256)
+    stop = threading.Event()
+    opened = clock()
+    thread = threading.Thread(target=_produce, name=f"autotune-{processes}x{threads}",
+                              args=(pipeline, Workers(processes, threads, "autotune candidate"),
+                                    out, stop), daemon=True)
+    thread.start()
+
+    def take(until: float | None):
+        while True:
+            left = None if until is None else until - clock()
+            if left is not None and left <= 0:
+                return None
+            try:
+                t, tokens, err = out.get(timeout=left)
+            except queue.Empty:
+                return None
+            if isinstance(err, StopIteration):
+                return None
+            if err is not None:
+                raise err
+            return t, tokens
+
+    try:
+        item = take(deadline)
+        if item is None:
+            return None
+        first = last = item[0]
+        seen = 1
+        while last - first < warmup_s or seen < 2:  # warm-up: dropped, not timed
+            item = take(deadline)
+            if item is None:
+                return None
+            last = item[0]
+            seen += 1
+        cpu0 = _process_usage(pids_before)[0]
+        wall0 = clock()
+        times, counts = [last], [0]
+        while True:
+            elapsed = times[-1] - times[0]
+            if elapsed >= window_s and len(times) > min_batches:
+                # Long enough, unless production comes in bursts (a group's batches at once)
+                # and fewer than BURSTS of them were seen: then up to MAX_WINDOW x longer.
+                starts = len(_burst_starts(times))
+                if starts == 0 or starts >= BURSTS or elapsed >= MAX_WINDOW * window_s:
+                    break
+            item = take(deadline)
+            if item is None:
+                break
+            times.append(item[0])
+            counts.append(item[1])
+        rate = _rate(times, counts)
+        if rate is None or times[-1] - times[0] < 0.25 * window_s:  # cut short by the deadline
+            return None
+        batches_per_s, tokens_per_s = rate
+        cpu1, rss, child_rss = _process_usage(pids_before)
+        return Measurement(
+            processes=processes, threads=threads, batches_per_s=batches_per_s,
+            tokens_per_s=tokens_per_s, rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
+            cpu_cores=(cpu1 - cpu0) / max(clock() - wall0, 1e-9),
+            startup_s=first - opened, seconds=times[-1] - times[0], batches=len(times) - 1)
+    finally:
+        stop.set()
+        # Unblock the producer's put, then give it a moment to close its workers.
+        while True:
+            try:
+                out.get_nowait()
+            except queue.Empty:
+                break
+        thread.join(timeout=5.0 if deadline is None else max(0.0, min(5.0, deadline - clock())))
+
+
+# --- Tuning ---------------------------------------------------------------------------------
+
+# One tuning at a time per server process: two at once would measure each other.
+_lock = threading.RLock()
+_decided: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: int = 0,
+         ram_budget_mb: float = math.inf, tune_seconds: float = TUNE_SECONDS,
+         warmup_s: float = WARMUP_S, window_s: float = WINDOW_S,
+         candidates: Sequence[tuple[int, int]] | None = None,
+         progress: Callable[[Candidate, Measurement | None], None] | None = None) -> Tuning:
+    """Measures candidates (`next_candidate`'s search, or the given ones) and decides.
+
+    Args:
+      pipeline: the pipeline to tune; its batches during tuning are discarded.
+      target_batches_per_s: the consumer's demand; 0 = unknown (choose the plateau).
+      max_workers: the most workers (processes x threads); 0 = no cap.
+      ram_budget_mb: the most memory a candidate may add (measured RSS), MiB.
+      tune_seconds: the time bound; the candidate running at that moment is cut short.
+      warmup_s, window_s: per candidate, see `measure`.
+      candidates: (processes, threads) to run in this order instead of searching (each still
+        skipped when predicted over `ram_budget_mb` or `max_workers`).
+      progress: called with each candidate before it runs (None) and after (its row).
+
+    Returns:
+      The `Tuning`; its choice never changes the data, only the speed.
+    """
+    cpus = cpu_count() or 1
+    listed = list(candidates or [])
+    with _lock:
+        start = clock()
+        deadline = start + tune_seconds
+        rows: list[Measurement] = []
+        while True:
+            if candidates is None:
+                c = next_candidate(rows, cpus=cpus, ram_budget_mb=ram_budget_mb,
+                                   target_batches_per_s=target_batches_per_s,
+                                   max_workers=max_workers)
+            elif listed:
+                p, t = listed.pop(0)
+                same_kind = [m for m in rows if m.ran and (m.processes > 0) == (p > 0)]
+                c = Candidate(p, t)
+                if max_workers and max(1, p) * t > max_workers:
+                    c = Candidate(p, t, "max workers")
+                elif same_kind and (same_kind[-1].rss_mb_per_worker * max(1, p) * t
+                                    > ram_budget_mb):
+                    c = Candidate(p, t, "ram cap")
+            else:
+                c = None
+            if c is None:
+                break
+            if progress is not None:
+                progress(c, None)
+            if c.skip:
+                row = _skipped(c, rows)
+            elif deadline - clock() < warmup_s + 0.25 * window_s:
+                row = _skipped(dataclasses.replace(c, skip="time limit"), rows)
+            else:
+                row = measure(pipeline, c.processes, c.threads, warmup_s=warmup_s,
+                              window_s=window_s, deadline=deadline)
+                if row is None:
+                    row = _skipped(dataclasses.replace(c, skip="time limit"), rows)
+            rows.append(row)
+            log.debug("autotune: %s", row)
+            if progress is not None:
+                progress(c, row)
+            if row.skipped == "time limit":
+                break
+        settings = dict(ram_budget_mb=ram_budget_mb, target_batches_per_s=target_batches_per_s,
+                        max_workers=max_workers, cpus=cpus)
+        tuning = decide(rows, **settings)
+        # A second look: the choice and its close contenders once more, side by side.
+        again = contenders(rows, tuning)
+        for m in (tuning.chosen, *again) if again else ():
+            if deadline - clock() < m.startup_s + warmup_s + window_s:
+                continue
+            c = Candidate(m.processes, m.threads)
+            if progress is not None:
+                progress(c, None)
+            more = measure(pipeline, m.processes, m.threads, warmup_s=warmup_s,
+                           window_s=window_s, deadline=deadline)
+            if more is not None:
+                i = next(i for i, r in enumerate(rows) if r is m)
+                rows[i] = best_of(m, more)
+                if progress is not None:
+                    progress(c, rows[i])
+        if again:
+            tuning = decide(rows, **settings)
+        tuning = dataclasses.replace(tuning, tune_seconds=clock() - start)
+    log.info("autotune chose %s\n%s", tuning.summary(), tuning.table())
+    return tuning
+
+
+def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
+               band: float = CONFIRM_BAND, limit: int = CONFIRM_MAX,
+               headroom: float = TARGET_HEADROOM) -> list[Measurement]:
+    """The candidates one more window might show to be the better choice. Pure.
+
+    For "target met": cheaper candidates within `band` below the needed rate. Otherwise:
+    candidates whose rate is within `band` of the choice's. The nearest `limit` of them.
+    """
+    c = tuning.chosen
+    fits = [m for m in measurements if m.ran and m is not c and m.rss_mb <= tuning.ram_budget_mb
+            and not (tuning.max_workers and m.workers > tuning.max_workers)]
+    if tuning.reason == "target met":
+        need = headroom * tuning.target_batches_per_s
+        close = [m for m in fits if _cost(m) < _cost(c) and m.batches_per_s * (1 + band) >= need]
+        key = lambda m: need - m.batches_per_s  # noqa: E731
+    else:
+        close = [m for m in fits if abs(m.batches_per_s - c.batches_per_s)
+                 <= band * c.batches_per_s]
+        key = lambda m: abs(m.batches_per_s - c.batches_per_s)  # noqa: E731
+    return sorted(close, key=key)[:limit]
+
+
+def best_of(a: Measurement, b: Measurement) -> Measurement:
+    """Two measurements of one candidate as one: the faster window, the larger memory.
+
+    Other work on the host can only slow a window down, so the faster of two is the closer
+    estimate of what the candidate can do; the choice and its contenders all get this second
+    chance (the rest were more than `CONFIRM_BAND` away).
+    """
+    fast = a if a.batches_per_s >= b.batches_per_s else b
+    return dataclasses.replace(fast, rss_mb=max(a.rss_mb, b.rss_mb),
+                               startup_s=max(a.startup_s, b.startup_s),
+                               samples=a.samples + b.samples)
+
+
+def _skipped(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
+    workers = max(1, c.processes) * c.threads
+    same_kind = [m for m in rows if m.ran and (m.processes > 0) == (c.processes > 0)]
+    per_worker = same_kind[-1].rss_mb_per_worker if same_kind else 0.0
+    return Measurement(processes=c.processes, threads=c.threads, rss_mb=per_worker * workers,
+                       skipped=c.skip)
+
+
+def auto_workers(pipeline: Pipeline) -> Workers:
+    """The workers for a `workers.count = "auto"` stream: tuned once per `Pipeline`.
+
+    A named pipeline is built once at server start, so its first stream tunes and later
+    streams (a trainer resuming after preemption) start at once with the same choice.
+    """
+    with _lock:
+        workers = _decided.get(pipeline)
+        if workers is None:
+            w = pipeline.spec.workers
+            tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
+                          max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                          tune_seconds=float(w.tune_seconds))
+            workers = Workers(tuning.processes, tuning.threads, f"auto: {tuning.summary()}",
+                              tuning=tuning)
+            _decided[pipeline] = workers
+        return workers
+
+
+def grain_choice(pipeline: Pipeline, *, ram_budget_mb: int | None = None) -> tuple[int, int]:
+    """The anchor this replaces: Grain's `pick_performance_config` (RAM budget / the size of
+    five sampled elements, capped at the CPU count), with the default threads per process.
+
+    Returns:
+      (processes, threads).
+    """
+    from grain.experimental import pick_performance_config
+
+    budget = pipeline.spec.workers.ram_budget_mb if ram_budget_mb is None else ram_budget_mb
+    config = pick_performance_config(pipeline.groups().to_iter_dataset(),
+                                     ram_budget_mb=budget, max_workers=None,
+                                     max_buffer_size=None)
+    processes = config.multiprocessing_options.num_workers
+    return processes, default_threads(processes)
+
+
+def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
+    """Draws batches/s against workers, in-process and per process count, choice marked.
+
+    Raises:
+      ImportError: matplotlib is not installed (`pip install matplotlib`).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from e
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ran = [m for m in tuning.measurements if m.ran]
+    for processes in sorted({m.processes for m in ran}):
+        pts = sorted((m for m in ran if m.processes == processes), key=lambda m: m.workers)
+        label = "in-process threads" if processes == 0 else f"{processes} processes"
+        ax.plot([m.workers for m in pts], [m.batches_per_s for m in pts], "o-", label=label)
+    c = tuning.chosen
+    ax.plot([c.workers], [c.batches_per_s], "r*", markersize=16,
+            label=f"choice: {c.label()} ({tuning.reason})")
+    if tuning.target_batches_per_s:
+        ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--",
+                   label="target")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers (processes x threads)")
+    ax.set_ylabel("batches/s")
+    ax.set_title(title or f"autotune: {tuning.tune_seconds:.1f} s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,251 @@
+"""Throughput benchmark: this project's pipeline against the tokenizer's limit and a MaxText-style
+Grain reference, in one run on the same corpus and cores (ratios, since machines are noisy).
+
+Counts real (non-padding) tokens per second. `input-server bench SPEC.toml` and
+`scripts/bench.py --corpus FILE --model SPM` both land here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from input_client.spec import PipelineSpec
+from input_server.pipeline import Pipeline, Workers, default_threads
+
+cpu_count = os.cpu_count
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def corpus_texts(spec: PipelineSpec) -> list[str]:
+    """All documents of the spec's source, in file order."""
+    source = Pipeline(spec).source
+    return [source[i] for i in range(len(source))]
+
+
+def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: float) -> dict:
+    """The limit: sentencepiece's own batch encode over the corpus on all cores."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
+    threads = cpu_count() or 1
+    tokens, start = 0, time.perf_counter()
+    while True:
+        ids = sp.encode(texts, add_bos=spec.tokenizer.add_bos, add_eos=spec.tokenizer.add_eos,
+                        num_threads=threads)
+        tokens += sum(map(len, ids))
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": _rate(tokens, elapsed),
+                    "threads": threads}
+
+
+class _TokenizeAndTrim:
+    """MaxText's per-document map: tokenize one text and trim it to the sequence length."""
+
+    def __init__(self, model: str, seq_len: int, add_bos: bool, add_eos: bool):
+        self.model, self.seq_len, self.add_bos, self.add_eos = model, seq_len, add_bos, add_eos
+        self._sp = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_sp": None}
+
+    def __call__(self, text: str) -> dict[str, np.ndarray]:
+        if self._sp is None:
+            import sentencepiece as spm
+
+            self._sp = spm.SentencePieceProcessor(model_file=self.model)
+        ids = self._sp.encode(text, add_bos=self.add_bos, add_eos=self.add_eos)
+        ids = np.asarray(ids[:self.seq_len], dtype=np.int32)
+        return {"inputs": ids, "targets": ids}
+
+
+def _shift_left(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """MaxText's ShiftData, so the reference does the same per-batch work as ours."""
+    out = dict(batch)
+    for k in ("targets", "targets_segment_ids", "targets_positions"):
+        shifted = np.zeros_like(batch[k])
+        shifted[:, :-1] = batch[k][:, 1:]
+        out[k] = shifted
+    return out
+
+
+def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
+    """A MaxText-style Grain pipeline: per-document tokenize-and-trim map, first-fit packing
+    (`FirstFitPackIterDataset`, bins = batch size), batch, shift, multiprocess prefetch."""
+    import grain
+
+    b = spec.batch
+    ds = grain.MapDataset.source(texts_source)
+    if spec.order.shuffle:
+        ds = ds.shuffle(seed=spec.order.seed)
+    ds = ds.repeat(spec.order.epochs or None)
+    ds = ds.map(_TokenizeAndTrim(spec.tokenizer.model, b.seq_len, spec.tokenizer.add_bos,
+                                 spec.tokenizer.add_eos))
+    ds = ds.to_iter_dataset()
+    ds = grain.experimental.FirstFitPackIterDataset(
+        ds, length_struct={"inputs": b.seq_len, "targets": b.seq_len},
+        num_packing_bins=b.size, shuffle_bins=False)
+    ds = ds.batch(b.size, drop_remainder=True).map(_shift_left)
+    if processes > 0:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))
+    return ds
+
+
+def _consume(batches, count_tokens) -> dict:
+    """Times a batch iterator after its first batch (start-up is not throughput)."""
+    it = iter(batches)
+    first = next(it)
+    tokens, rows, slots = 0, 0, 0
+    start = time.perf_counter()
+    for batch in it:
+        seg = count_tokens(batch)
+        tokens += int(np.count_nonzero(seg))
+        rows += 1
+        slots += seg.size
+    elapsed = time.perf_counter() - start
+    del first
+    return {"tokens": tokens, "batches": rows, "seconds": elapsed,
+            "tokens_per_s": _rate(tokens, elapsed),
+            "packing_efficiency": tokens / slots if slots else 0.0}
+
+
+def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dict:
+    ds = reference_dataset(spec, texts, processes)
+    it = iter(ds)
+    try:
+        result = _consume(it, lambda b: b["inputs_segment_ids"])
+    finally:
+        close = getattr(it, "close", None)
+        if close:
+            close()
+    return {**result, "processes": processes}
+
+
+def bench_pipeline(spec: PipelineSpec, workers: Workers) -> dict:
+    with Pipeline(spec).stream(workers=workers) as stream:
+        result = _consume((p.arrays for p in stream), lambda b: b["inputs_segmentation"])
+    return {**result, "processes": workers.processes, "threads": workers.threads}
+
+
+def bench_server(spec: PipelineSpec, transport: str) -> dict:
+    """The same pipeline through a real server process and the client, as a sidecar runs:
+    `input-server serve` in its own process, over a Unix socket or loopback TCP."""
+    import socket
+    import subprocess
+    import sys
+
+    from input_client import InputClient
+    from input_client._proto.input_server.v1 import input_service_pb2 as pb
+    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+        if transport == "unix":
+            target = f"unix://{tmp}/bench.sock"
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                target = f"127.0.0.1:{s.getsockname()[1]}"
+        server = subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve",
+                                   "--listen", target], stdout=subprocess.DEVNULL)
+        stack.callback(server.wait, 30)
+        stack.callback(server.terminate)
+        client = stack.enter_context(InputClient(target, connect_timeout_s=60))
+        it = stack.enter_context(client.batches(spec, prefetch=2))
+        result = _consume(it, lambda b: b["inputs_segmentation"])
+        # Wire size, from the raw messages of a short second stream.
+        stub = pb_grpc.InputServiceStub(client._channel)
+        wire, tokens = 0, 0
+        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=spec.to_proto()))
+        for i, msg in enumerate(call):
+            wire += msg.ByteSize()
+            tokens += msg.num_tokens
+            if i >= 20 or msg.end_of_data:
+                break
+        call.cancel()
+    return {**result, "transport": transport,
+            "wire_bytes_per_token": wire / tokens if tokens else 0.0}
+
+
+def run(spec: PipelineSpec, *, min_tokens: int = 4_000_000, min_seconds: float = 2.0,
+        progress: bool = True) -> dict[str, Any]:
+    """Runs every measurement on `spec`'s corpus and returns figures and ratios."""
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[bench] {msg}", flush=True)
+
+    texts = corpus_texts(spec)
+    limit = bench_sentencepiece(texts, spec, min_seconds=min_seconds)
+    say(f"sentencepiece limit: {limit['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
+    epoch_tokens = sum(map(len, sp.encode(texts, add_bos=spec.tokenizer.add_bos,
+                                          add_eos=spec.tokenizer.add_eos,
+                                          num_threads=cpu_count() or 1)))
+    epochs = max(1, -(-min_tokens // max(1, epoch_tokens)))
+    spec = spec.replace(order={"epochs": epochs})
+    say(f"{len(texts)} documents, {epoch_tokens} tokens per epoch, {epochs} epochs per run")
+
+    cores = cpu_count() or 1
+    reference = {}
+    for processes in sorted({0, 1, cores}):
+        reference[processes] = bench_reference(spec, texts, processes)
+        say(f"MaxText-style reference, {processes} processes: "
+            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    ours = bench_pipeline(spec, Workers(0, default_threads(0), "bench"))
+    say(f"this pipeline, in process: {ours['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    served = {t: bench_server(spec.replace(workers={"count": 0}), t) for t in ("unix", "tcp")}
+    for t, r in served.items():
+        say(f"through the server ({t}): {r['tokens_per_s'] / 1e6:.2f} M tokens/s")
+
+    best_ref = max(reference.values(), key=lambda r: r["tokens_per_s"])
+    return {
+        "corpus": {"paths": list(spec.source.paths), "documents": len(texts),
+                   "tokens_per_epoch": epoch_tokens, "epochs": epochs},
+        "spec": dataclasses.asdict(spec.batch),
+        "cores": cores,
+        "sentencepiece_limit": limit,
+        "reference": {str(k): v for k, v in reference.items()},
+        "pipeline_in_process": ours,
+        "server": served,
+        "ratios": {
+            "in_process_over_limit": ours["tokens_per_s"] / limit["tokens_per_s"],
+            "server_unix_over_in_process": served["unix"]["tokens_per_s"] / ours["tokens_per_s"],
+            "server_tcp_over_in_process": served["tcp"]["tokens_per_s"] / ours["tokens_per_s"],
+            "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
+            "best_reference_processes": best_ref["processes"],
+            "packing_efficiency": ours["packing_efficiency"],
+            "reference_packing_efficiency": best_ref["packing_efficiency"],
+        },
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    rows = [("sentencepiece batch encode (limit)", result["sentencepiece_limit"])]
+    rows += [(f"MaxText-style reference, {k} processes", v)
+             for k, v in result["reference"].items()]
+    rows.append(("this pipeline, in process", result["pipeline_in_process"]))
+    rows += [(f"through server + client, {k}", v) for k, v in result["server"].items()]
+    lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}"]
+    for name, r in rows:
+        eff = r.get("packing_efficiency")
+        lines.append(f"{name:<42} {r['tokens_per_s'] / 1e6:>10.2f} "
+                     f"{'' if eff is None else f'{eff:.3f}':>8}")
+    ratios = result["ratios"]
+    lines += ["", *(f"{k:<42} {v:>10.3f}" if isinstance(v, float) else f"{k:<42} {v:>10}"
+                    for k, v in ratios.items())]
+    for t, r in result["server"].items():
+        lines.append(f"{'wire bytes per token, ' + t:<42} {r['wire_bytes_per_token']:>10.2f}")
+    return "\n".join(lines)
