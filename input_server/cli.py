@@ -75,6 +75,20 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from input_server import bench
+
+    spec = PipelineSpec.from_toml(args.spec)
+    result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
+    print(bench.format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from input_server import demo
 
@@ -173,6 +187,16 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="train a tiny JAX model through the server, offline")
     demo.set_defaults(run=_demo)
+
+    bench = sub.add_parser("bench", help="measure a spec's throughput against the tokenizer's "
+                                         "limit and a MaxText-style Grain pipeline")
+    bench.add_argument("spec", help="pipeline spec TOML")
+    bench.add_argument("--json", metavar="OUT", help="also write the result as JSON")
+    bench.add_argument("--min-tokens", type=int, default=4_000_000,
+                       help="tokens each measured run delivers")
+    bench.add_argument("--rounds", type=int, default=3,
+                       help="interleaved rounds; each figure keeps its best")
+    bench.set_defaults(run=_bench)
 
     info = sub.add_parser("info", help="print a running server's info")
     info.add_argument("address", help="the server's gRPC target")

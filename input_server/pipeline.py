@@ -87,12 +87,15 @@ class _EncodeGroup:
     """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
 
     def __init__(self, order: DocumentOrder, source: DocumentSource, size: int,
-                 tokenizer: Tokenizer, processes: int = 0):
+                 tokenizer: Tokenizer, processes: int = 0, *, packing: str = "first_fit",
+                 seq_len: int | None = None):
         self.order = order
         self.source = source
         self.size = size
         self.tokenizer = tokenizer
         self.processes = processes
+        # Packings that keep only a document's first seq_len tokens need no more from it.
+        self.trim_to = None if packing == "concat_then_split" else seq_len
 
     def __call__(self, g: int) -> TokenGroup:
         first = g * self.size
@@ -101,7 +104,8 @@ class _EncodeGroup:
         texts = read_many(indices) if read_many else [self.source[i] for i in indices]
         # Each process splits its cores between its documents' sentencepiece threads.
         threads = max(1, (cpu_count() or 1) // max(1, self.processes))
-        return self.tokenizer.encode(texts, first_doc=first, num_threads=threads)
+        return self.tokenizer.encode(texts, first_doc=first, num_threads=threads,
+                                     trim_to=self.trim_to)
 
 
 def default_threads(processes: int) -> int:
@@ -171,7 +175,8 @@ class Pipeline:
     def groups(self, first_doc: int = 0, processes: int = 0) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on."""
         size = self.group_size
-        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer, processes)
+        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer, processes,
+                              packing=self.spec.batch.packing, seq_len=self.spec.batch.seq_len)
         return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
             encode)
 

@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--min-tokens", type=int, default=4_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     if args.builtin:
@@ -39,7 +40,7 @@ def main() -> int:
     spec = PipelineSpec(source={"paths": [args.corpus]}, tokenizer={"model": args.model},
                         batch={"seq_len": args.seq_len, "size": args.batch_size},
                         workers={"count": 0})
-    result = bench.run(spec, min_tokens=args.min_tokens)
+    result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
     print(bench.format_table(result))
     text = json.dumps(result, indent=2)
     if args.json:

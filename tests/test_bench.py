@@ -1,0 +1,34 @@
+"""`input-server bench` runs end to end and reports every figure (speed itself is not asserted:
+it is measured by the benchmark, side by side, not by unit tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
+                    f'[batch]\nseq_len = 256\nsize = 8\n')
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "-m", "input_server.cli", "bench", str(spec),
+                          "--json", str(out_json), "--min-tokens", "100000", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out_json.read_text())
+    assert set(result["reference"]) >= {"0", "1"}
+    for figure in (result["sentencepiece_limit"], result["pipeline_in_process"],
+                   result["server"]["unix"], result["server"]["tcp"],
+                   *result["reference"].values()):
+        assert figure["tokens_per_s"] > 0
+    assert result["pipeline_in_process"]["tokens"] >= 100_000
+    ratios = result["ratios"]
+    assert ratios["in_process_over_limit"] > 0 and ratios["server_unix_over_in_process"] > 0
+    # Same algorithm on the same document order: the same packing.
+    assert ratios["packing_efficiency_same_order"] == ratios[
+        "reference_packing_efficiency_same_order"]
+    # The compact wire form: int32 inputs plus a little per segment.
+    assert 4.0 <= result["server"]["unix"]["wire_bytes_per_token"] < 5.0
+    assert "in_process_over_limit" in out.stdout

@@ -1,0 +1,53 @@
+"""Tokenizing document groups: cutting long documents before tokenizing never changes tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from input_client.spec import TokenizerSpec
+from input_server.tokenize import CUT_CHARS_PER_TOKEN, Tokenizer
+
+
+def doc_tokens(group, i):
+    start = int(group.starts[i])
+    return group.tokens[start:start + int(group.lengths[i])]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(spm_model):
+    return Tokenizer(TokenizerSpec(model=spm_model))
+
+
+def test_group_holds_each_documents_tokens(tokenizer, docs):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=tokenizer.spec.model)
+    group = tokenizer.encode(docs[:50], first_doc=100, num_threads=2)
+    assert group.first_doc == 100 and len(group.lengths) == 50
+    for i, text in enumerate(docs[:50]):
+        assert doc_tokens(group, i).tolist() == sp.encode(text, add_bos=True, add_eos=True)
+
+
+@pytest.mark.parametrize("trim_to", [2, 8, 40, 300])
+def test_cut_documents_keep_their_first_tokens(tokenizer, docs, trim_to):
+    # Long documents: the corpus's own, joined so that many exceed the cut length.
+    texts = docs[:200] + [" ".join(docs[i:i + 30]) for i in range(0, 300, 30)]
+    assert tokenizer.word_local
+    assert any(len(t) > trim_to * CUT_CHARS_PER_TOKEN for t in texts)
+    full = tokenizer.encode(texts, num_threads=2)
+    cut = tokenizer.encode(texts, num_threads=2, trim_to=trim_to)
+    assert cut.tokens.size < full.tokens.size  # work was saved
+    for i in range(len(texts)):
+        np.testing.assert_array_equal(doc_tokens(cut, i)[:trim_to],
+                                      doc_tokens(full, i)[:trim_to])
+        assert len(doc_tokens(cut, i)) >= min(trim_to, len(doc_tokens(full, i)))
+
+
+def test_cut_prefix_too_short_falls_back_to_the_whole_document(tokenizer):
+    # One space near the start, then a single long "word": the cut prefix holds 1 word only.
+    text = "a " + "x" * 5000
+    full = tokenizer.encode([text])
+    cut = tokenizer.encode([text], trim_to=64)
+    np.testing.assert_array_equal(doc_tokens(cut, 0)[:64], doc_tokens(full, 0)[:64])
+    assert len(doc_tokens(cut, 0)) >= 64
