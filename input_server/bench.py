@@ -275,6 +275,7 @@ def run(spec: PipelineSpec, *, min_tokens: int = 4_000_000, min_seconds: float =
                    "tokens_per_epoch": epoch_tokens, "kept_tokens_per_epoch": kept,
                    "epochs": epochs},
         "spec": dataclasses.asdict(spec.batch),
+        "vocab_size": sp.vocab_size(),
         "cores": cores,
         "rounds": rounds,
         "sentencepiece_limit": limit,

@@ -97,7 +97,7 @@ class _EncodeGroup:
         # Packings that keep only a document's first seq_len tokens need no more from it.
         self.trim_to = None if packing == "concat_then_split" else seq_len
 
-    def __call__(self, g: int) -> TokenGroup:
+    def __call__(self, g: int) -> dict[str, np.ndarray]:
         first = g * self.size
         indices = self.order.source_indices(first, first + self.size).tolist()
         read_many = getattr(self.source, "read_many", None)
@@ -105,7 +105,7 @@ class _EncodeGroup:
         # Each process splits its cores between its documents' sentencepiece threads.
         threads = max(1, (cpu_count() or 1) // max(1, self.processes))
         return self.tokenizer.encode(texts, first_doc=first, num_threads=threads,
-                                     trim_to=self.trim_to)
+                                     trim_to=self.trim_to).to_element()
 
 
 def default_threads(processes: int) -> int:
@@ -217,7 +217,8 @@ class BatchStream:
         self.workers = workers
         self._seq = pos.seq
         self._it = iter(pipeline._parallel(pipeline.groups(pos.doc, workers.processes), workers))
-        self._cursor = DocCursor(self._it, pos.doc, pos.offset)
+        groups = (TokenGroup.from_element(e) for e in self._it)
+        self._cursor = DocCursor(groups, pos.doc, pos.offset)
         self._closed = False
 
     @property

@@ -27,6 +27,18 @@ class TokenGroup:
     def starts(self) -> np.ndarray:
         return np.cumsum(self.lengths) - self.lengths
 
+    def to_element(self) -> dict[str, np.ndarray]:
+        """A Grain element: a dict of arrays, which Grain's worker processes hand over through
+        shared memory (a dataclass would be pickled through a pipe, and a group of several MB
+        left in a pipe keeps a worker from exiting when its stream closes)."""
+        return {"first_doc": np.int64(self.first_doc), "tokens": self.tokens,
+                "lengths": self.lengths}
+
+    @classmethod
+    def from_element(cls, element: dict[str, np.ndarray]) -> TokenGroup:
+        return cls(first_doc=int(element["first_doc"]), tokens=element["tokens"],
+                   lengths=element["lengths"])
+
 
 # A document that will be trimmed to `n` tokens is cut to `n * CUT_CHARS_PER_TOKEN` characters
 # (at a space) before tokenizing: sentencepiece's speed is per character, and a long document's

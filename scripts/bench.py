@@ -26,6 +26,8 @@ def main() -> int:
     parser.add_argument("--corpus", help="jsonl file with a 'text' field")
     parser.add_argument("--model", help="sentencepiece model")
     parser.add_argument("--builtin", choices=sorted(corpus.BUILTIN_CORPORA))
+    parser.add_argument("--vocab-size", type=int, default=1000,
+                        help="vocabulary of the tokenizer trained for --builtin")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--min-tokens", type=int, default=4_000_000)
@@ -34,7 +36,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.builtin:
         work = tempfile.mkdtemp(prefix="bench-")
-        args.corpus, args.model = corpus.build_builtin(args.builtin, work)
+        args.corpus, args.model = corpus.build_builtin(args.builtin, work,
+                                                       vocab_size=args.vocab_size)
     if not (args.corpus and args.model):
         parser.error("give --corpus and --model, or --builtin")
     spec = PipelineSpec(source={"paths": [args.corpus]}, tokenizer={"model": args.model},
