@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import grain
 import grpc
@@ -61,8 +60,8 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
 
 
-def _worker_processes(stream: BatchStream) -> list[tuple[int, Any, Any]]:
-    """(worker index, process, buffer queue) of each Grain worker process the stream runs now.
+def _worker_processes(stream: BatchStream) -> list[tuple[int, BaseProcess]]:
+    """(worker index, process) of each Grain worker process the stream runs now.
 
     Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
     at the worker's index in the interleave's lists) and lists them nowhere public, so this
@@ -78,7 +77,7 @@ def _worker_processes(stream: BatchStream) -> list[tuple[int, Any, Any]]:
         seen.add(id(node))
         for name, value in list(vars(node).items()):
             if name == "_prefetch_process" and isinstance(value, BaseProcess):
-                found.append((slot, value, getattr(node, "_buffer", None)))
+                found.append((slot, value))
             children = [(value, slot)]
             if isinstance(value, list):
                 children = [(v, i) for i, v in enumerate(value)]
@@ -103,9 +102,10 @@ class StreamSession:
 
     The bounded queue is the backpressure: a slow client stalls the producer, so server memory
     stays flat. `stop()` (client gone, server draining) ends the thread and the Grain workers.
-    With worker processes, a watchdog thread checks they are alive: Grain notices a dead worker
-    only while no half-sent element is in its pipe (else it waits forever), so the watchdog
-    ends the stream itself with a `WorkerDiedError` naming the worker.
+    With worker processes, a watchdog thread checks they are alive, so that a dead one ends the
+    stream with a `WorkerDiedError` naming it (Grain's own error names neither worker nor pid)
+    and, should Grain's reader never notice (a worker killed halfway through writing an
+    element into its pipe leaves the reader waiting for the rest), the stream still ends.
     """
 
     def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int):
@@ -119,7 +119,7 @@ class StreamSession:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._closing = False
-        self._workers_seen: dict[int, tuple[int, Any, Any]] = {}  # by pid
+        self._workers_seen: dict[int, tuple[int, BaseProcess]] = {}  # pid: (index, process)
         self._thread = threading.Thread(target=self._produce, name=f"stream-{stream_id}",
                                         daemon=True)
         self._thread.start()
@@ -128,9 +128,10 @@ class StreamSession:
                              daemon=True).start()
 
     def _dead_worker(self) -> WorkerDiedError | None:
-        for slot, process, _ in list(self._workers_seen.values()):
+        for slot, process in list(self._workers_seen.values()):
             code = process.exitcode
-            # Read after the exit code: Grain's own teardown kills workers it stops.
+            # `_closing` is read after the exit code: once the stream closes, Grain's teardown
+            # may kill workers itself.
             if code not in (None, 0) and not self._closing:
                 return WorkerDiedError(
                     f"worker process {slot + 1} of {self.stream.workers.processes} (pid "
@@ -143,8 +144,8 @@ class StreamSession:
     def _watch(self) -> None:
         while not self._stop.wait(_WATCH_S) and not self._closing:
             try:
-                for slot, process, buffer in _worker_processes(self.stream):
-                    self._workers_seen.setdefault(process.pid, (slot, process, buffer))
+                for slot, process in _worker_processes(self.stream):
+                    self._workers_seen.setdefault(process.pid, (slot, process))
             except RuntimeError:  # the graph changed under the walk; look again next time
                 continue
             failure = self._dead_worker()
@@ -153,14 +154,6 @@ class StreamSession:
             log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
             self._failed_at = time.monotonic()
             self.failure = failure
-            # A worker killed halfway through writing an element leaves the reader waiting for
-            # the rest; with the server's copy of the pipe's write end closed, it reads EOF.
-            for _, process, buffer in list(self._workers_seen.values()):
-                if process.exitcode not in (None, 0) and buffer is not None:
-                    try:
-                        buffer._writer.close()
-                    except (AttributeError, OSError):
-                        pass
             return
 
     def _put(self, item) -> bool:
@@ -185,6 +178,10 @@ class StreamSession:
                 if not self._put((msg, None)):
                     return
                 self.batches_produced += 1
+            failure = self.failure or self._dead_worker()
+            if failure is not None:  # never a clean end after a dead worker
+                self._put((None, failure))
+                return
             end = pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state)
             self._put((end, None))
         except Exception as e:  # surfaced to the client as a status, and logged here in full
@@ -196,10 +193,19 @@ class StreamSession:
                     f"the last state in a new stream.")
             if failure is None:
                 log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
+            elif self.failure is None:
+                log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
+                self._failed_at = time.monotonic()
+                self.failure = failure
             self._put((None, failure or e))
         finally:
             self._closing = True
-            self.stream.close()
+            try:
+                self.stream.close()
+            except Exception:  # after a dead worker, Grain's teardown may trip over its pipe
+                if self.failure is None:
+                    raise
+                log.debug("stream %d: closing after a dead worker", self.stream_id, exc_info=True)
 
     def __iter__(self) -> Iterator[tuple[pb.Batch | None, BaseException | None]]:
         """Yields (batch, None) or, at a failure, (None, error); polls so `stop()` is noticed."""

@@ -1,6 +1,6 @@
 """input_client: the thin client of the input server (grpcio, protobuf, numpy; jax lazily)."""
 
-from input_client.errors import InputClientError, SequenceError, StreamError
+from input_client.errors import InputClientError, ReconnectError, SequenceError, StreamError
 from input_client.iterator import BatchIterator, InputClient
 from input_client.spec import (
     BatchSpec,
@@ -21,6 +21,7 @@ __all__ = [
     "InputClientError",
     "OrderSpec",
     "PipelineSpec",
+    "ReconnectError",
     "SequenceError",
     "ShardSpec",
     "SourceSpec",

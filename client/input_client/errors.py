@@ -20,3 +20,24 @@ class StreamError(InputClientError):
 
 class SequenceError(InputClientError):
     """A batch arrived out of sequence (a gap or a repeat): data would be lost or duplicated."""
+
+
+class ReconnectError(StreamError):
+    """The stream broke and the server stayed unreachable for the whole reconnect deadline.
+
+    `code` and `details` are those of the last failure; the iterator's `get_state()` still
+    holds the position after the last batch yielded, to resume from once the server is back.
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, address: str, waited_s: float,
+                 attempts: int, deadline_s: float):
+        self.code = code
+        self.details = details
+        self.address = address
+        self.waited_s = waited_s
+        self.attempts = attempts
+        InputClientError.__init__(
+            self, f"gave up reconnecting to {address!r} after {waited_s:.1f} s and {attempts} "
+                  f"attempts (reconnect_deadline_s={deadline_s:g}); the last error was "
+                  f"{code.name}: {details} Resume later with `state=` the iterator's "
+                  f"get_state(), or allow a longer `reconnect_deadline_s`.")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -13,11 +15,28 @@ import grpc
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client.codec import decode_batch, decode_state, encode_state
-from input_client.errors import SequenceError, StreamError
+from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
 
 # Batches can be tens of MB; gRPC's default 4 MiB receive limit would refuse them.
 MESSAGE_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# gRPC redials a lost server with its own backoff, up to 120 s between tries by default: a
+# server restarted on the same address would then wait that long to be noticed.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+# Failures a new stream from the last state can cure: the server went away, restarted or is
+# draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an
+# answer about the request or the data (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS), or a server
+# failure a retry would repeat (INTERNAL: an unexpected exception, a dead worker process).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+# While reconnecting, a full server is retried too: the broken stream's slot may not be free yet.
+RETRYABLE_WHILE_RECONNECTING = RETRYABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+# Backoff between reconnect attempts: exponential from 0.1 s, at most 5 s, with jitter so that
+# many clients of one restarted server do not retry in step.
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 5.0
 _POLL_S = 0.1
 _END = object()
 
@@ -34,7 +53,8 @@ class InputClient:
     def __init__(self, address: str, *, connect_timeout_s: float = 30.0):
         self.address = address
         self.connect_timeout_s = connect_timeout_s
-        self._channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS)
+        self._channel = grpc.insecure_channel(address,
+                                              options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
         self._stub = pb_grpc.InputServiceStub(self._channel)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -59,7 +79,8 @@ class InputClient:
             raise StreamError(e.code(), e.details()) from None
 
     def batches(self, spec: PipelineSpec | str, *, state: dict[str, Any] | None = None,
-                prefetch: int = 2, sharding: Any = None) -> BatchIterator:
+                prefetch: int = 2, sharding: Any = None,
+                reconnect_deadline_s: float = 300.0) -> BatchIterator:
         """Streams the batches of `spec` (or of the pipeline the server knows by that name).
 
         Args:
@@ -68,17 +89,28 @@ class InputClient:
           prefetch: batches fetched and decoded ahead of the training loop.
           sharding: a `jax.sharding.Sharding`; when given, batches are global `jax.Array`s
             built from this process's data (`jax.make_array_from_process_local_data`).
+          reconnect_deadline_s: when the stream breaks (the server is killed, restarts, drains,
+            or the connection drops), the iterator reconnects by itself and continues right
+            after the last batch it received, for at most this long per outage; then `next()`
+            raises `ReconnectError`. 0 = never reconnect: the failure raises at once. Five
+            minutes covers a rescheduled server process, not a lost host.
+
+        Raises:
+          ConnectionError: no server reachable within `connect_timeout_s`.
         """
         if prefetch < 1:
             raise ValueError(f"`prefetch` must be at least 1, got {prefetch}.")
-        request = pb.StreamBatchesRequest(resume_state=encode_state(state) if state else b"")
+        if not reconnect_deadline_s >= 0:
+            raise ValueError(f"`reconnect_deadline_s` must be 0 (off) or positive, got "
+                             f"{reconnect_deadline_s}.")
+        request = pb.StreamBatchesRequest()
         if isinstance(spec, str):
             request.pipeline_name = spec
         else:
             request.spec.CopyFrom(spec.to_proto())
         self.wait_ready()
-        return BatchIterator(self._stub.StreamBatches(request), state=state, prefetch=prefetch,
-                             sharding=sharding)
+        return BatchIterator(self, request, state=state, prefetch=prefetch, sharding=sharding,
+                             reconnect_deadline_s=reconnect_deadline_s)
 
     def close(self) -> None:
         self._channel.close()
@@ -93,26 +125,62 @@ class InputClient:
 class BatchIterator:
     """Yields batches (dicts of arrays) while a background thread fetches the next ones.
 
+    The fetch thread also reconnects: a stream that breaks for a retryable reason (`RETRYABLE`,
+    or a stream that ends without its end-of-data marker) is reopened from the state of the
+    last batch it received, after a backoff, until `reconnect_deadline_s` has passed. Batches
+    received before the break stay in the queue and are yielded as usual: each carries its
+    sequence number, and the caller's checks see one unbroken sequence.
+
     Attributes:
       wait_time_s: total seconds the caller spent blocked in `next()` (data-wait time).
+      longest_stall_s: the longest single wait in `next()`, e.g. across a server restart (the
+        first wait includes the pipeline's start-up).
+      reconnects: how many times a broken stream was reopened and delivered again.
       batches_yielded / tokens_yielded: what the caller has received so far.
     """
 
-    def __init__(self, call: Any, *, state: dict[str, Any] | None, prefetch: int,
-                 sharding: Any):
-        self._call = call
+    def __init__(self, client: InputClient, request: pb.StreamBatchesRequest, *,
+                 state: dict[str, Any] | None, prefetch: int, sharding: Any,
+                 reconnect_deadline_s: float = 0.0):
+        self._client = client
+        self._request = request
         self._sharding = sharding
+        self._reconnect_deadline_s = reconnect_deadline_s
         self._state = dict(state) if state else None
+        # The state the fetch thread resumes from: that of the last batch it received.
+        self._resume = encode_state(state) if state else b""
         self._expected_seq = int(state.get("seq", 0)) if state else 0
+        self._outage_start: float | None = None  # when the stream broke, while reconnecting
+        self._attempts = 0
+        self._delay = BACKOFF_INITIAL_S
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # orders close() against the fetch thread's new calls
+        self._call: Any = self._open()
         self._done = False
         self.wait_time_s = 0.0
+        self.longest_stall_s = 0.0
+        self.reconnects = 0
         self.batches_yielded = 0
         self.tokens_yielded = 0
         self._thread = threading.Thread(target=self._fetch, name="input-client-fetch",
                                         daemon=True)
         self._thread.start()
+
+    def _open(self) -> Any:
+        request = pb.StreamBatchesRequest()
+        request.CopyFrom(self._request)
+        request.resume_state = self._resume
+        return self._client._stub.StreamBatches(request)
+
+    def _track(self, call: Any) -> bool:
+        """Makes `call` the one `close()` cancels; False (and cancelled) if closed already."""
+        with self._lock:
+            if self._stop.is_set():
+                call.cancel()
+                return False
+            self._call = call
+            return True
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -131,24 +199,107 @@ class BatchIterator:
         return {k: jax.make_array_from_process_local_data(self._sharding, v)
                 for k, v in arrays.items()}
 
-    def _fetch(self) -> None:
+    def _pump(self, call: Any) -> StreamError | None:
+        """Moves one stream's batches into the queue; returns the failure that ended it, if any.
+
+        Raises whatever decoding or placement raises.
+        """
         try:
-            for msg in self._call:
+            for msg in call:
+                if self._outage_start is not None:
+                    self._reconnected()
                 if msg.end_of_data:
                     self._put((_END, msg.sequence_number, None, 0))
-                    return
+                    return None
                 arrays = self._place(decode_batch(msg.tensors))
                 if not self._put((arrays, msg.sequence_number, decode_state(msg.state),
                                   msg.num_tokens)):
-                    return
-            # A stream that stops without its end-of-data marker lost something.
-            self._put((StreamError(grpc.StatusCode.UNAVAILABLE,
-                                   "the stream ended without its end-of-data marker."), 0, None, 0))
+                    return None
+                self._resume = msg.state
         except grpc.RpcError as e:
-            if not self._stop.is_set():
-                self._put((StreamError(e.code(), e.details()), 0, None, 0))
+            if self._stop.is_set():
+                return None
+            return StreamError(e.code(), e.details())
+        if self._stop.is_set():
+            return None
+        # A stream that stops without its end-of-data marker lost something (a proxy or a
+        # transport that closed the stream cleanly): treated like a dropped connection.
+        return StreamError(grpc.StatusCode.UNAVAILABLE,
+                           "the stream ended without its end-of-data marker.")
+
+    def _reconnected(self) -> None:
+        seq = decode_state(self._resume).get("seq", 0) if self._resume else 0
+        log.warning("input stream to %s resumed at batch %d after %.1f s (%d attempts)",
+                    self._client.address, seq, time.monotonic() - self._outage_start,
+                    self._attempts)
+        self.reconnects += 1
+        self._outage_start = None
+
+    def _fetch(self) -> None:
+        call = self._call
+        try:
+            while True:
+                error = self._pump(call)
+                if error is None:
+                    return
+                call = self._reopen(error)
+                if call is None:
+                    return
+        except StreamError as e:  # gave up: hand it to the caller
+            self._put((e, 0, None, 0))
         except Exception as e:  # decoding or placement failed: hand it to the caller
             self._put((e, 0, None, 0))
+
+    def _reopen(self, error: StreamError) -> Any:
+        """Waits, backing off, until a new stream from the last state is open; None if closed.
+
+        Raises:
+          StreamError: `error`, if it is not retryable or reconnecting is off.
+          ReconnectError: the deadline passed.
+        """
+        reconnecting = self._outage_start is not None
+        retryable = RETRYABLE_WHILE_RECONNECTING if reconnecting else RETRYABLE
+        if error.code not in retryable or self._reconnect_deadline_s <= 0:
+            raise error
+        if not reconnecting:
+            self._outage_start = time.monotonic()
+            self._attempts = 0
+            self._delay = BACKOFF_INITIAL_S
+            log.warning("input stream to %s broke (%s: %s); reconnecting for up to %g s",
+                        self._client.address, error.code.name, error.details,
+                        self._reconnect_deadline_s)
+        deadline = self._outage_start + self._reconnect_deadline_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ReconnectError(error.code, error.details, address=self._client.address,
+                                     waited_s=time.monotonic() - self._outage_start,
+                                     attempts=self._attempts,
+                                     deadline_s=self._reconnect_deadline_s)
+            pause = min(remaining, self._delay * random.uniform(0.5, 1.0))
+            self._delay = min(2 * self._delay, BACKOFF_MAX_S)
+            if self._stop.wait(pause):
+                return None
+            self._attempts += 1
+            # Wait for the server to be reachable again, up to the deadline (gRPC redials it
+            # within RECONNECT_OPTIONS' backoff); the future lets close() cancel the wait.
+            probe = self._client._stub.GetInfo.future(
+                pb.GetInfoRequest(), timeout=max(deadline - time.monotonic(), 0.001),
+                wait_for_ready=True)
+            if not self._track(probe):
+                return None
+            try:
+                probe.result()
+            except grpc.FutureCancelledError:
+                return None
+            except grpc.RpcError as e:
+                if self._stop.is_set():
+                    return None
+                if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    error = StreamError(e.code(), e.details())
+                continue
+            call = self._open()
+            return call if self._track(call) else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
@@ -168,7 +319,9 @@ class BatchIterator:
                         raise StreamError(grpc.StatusCode.CANCELLED,
                                           "the iterator was closed.") from None
         finally:
-            self.wait_time_s += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            self.wait_time_s += waited
+            self.longest_stall_s = max(self.longest_stall_s, waited)
         if isinstance(arrays, BaseException):
             self.close()
             raise arrays
@@ -195,12 +348,14 @@ class BatchIterator:
     def close(self) -> None:
         """Cancels the stream (the server tears its pipeline down) and stops the fetch thread."""
         self._done = True
-        if not self._stop.is_set():
+        with self._lock:
+            if self._stop.is_set():
+                return
             self._stop.set()
             self._call.cancel()
-            self._thread.join(timeout=10)
-            while not self._queue.empty():  # free prefetched batches now
-                self._queue.get_nowait()
+        self._thread.join(timeout=10)
+        while not self._queue.empty():  # free prefetched batches now
+            self._queue.get_nowait()
 
     def __enter__(self) -> BatchIterator:
         return self

@@ -1,0 +1,353 @@
+"""Chaos run: SIGKILL the server and the trainer during one long stream; prints JSON.
+
+  python scripts/chaos.py [--kills 5] [--restarts 3] [--batches 400] [--transport unix|tcp]
+                          [--workers 0[,1,...]] [--seed 0] [--json OUT]
+
+The server runs as a subprocess (`input-server serve`) and is SIGKILLed with its worker
+processes, then started again on the same address; the trainer's iterator reconnects by
+itself. The trainer is a subprocess too (this script's `trainer` mode): it appends every
+batch's bytes to a log and every few steps saves a checkpoint (the log's length and the
+iterator's JSON state, written atomically); it is SIGKILLed and restarted from its checkpoint,
+truncating the log back to it, as a model would be restored. Trainer incarnations cycle
+through `--workers`, so a resume may also change the worker count. The kills come in random
+order, each a random number of steps after the previous one took effect; once all happened and
+`--batches` steps are reached, the trainer is stopped with SIGTERM (it checkpoints and exits)
+and its log is compared, batch by batch and byte for byte, with an uninterrupted in-process
+run of the same spec (`Pipeline(spec).stream()`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The stream must never stall this long without a batch (the server restarts take ~1 s).
+PROGRESS_TIMEOUT_S = 120.0
+
+
+def batch_bytes(batch) -> bytes:
+    """A batch as bytes: its arrays in name order (what the trainer logs and the check reads)."""
+    import numpy as np
+
+    return b"".join(np.ascontiguousarray(np.asarray(batch[k])).tobytes() for k in sorted(batch))
+
+
+# --- the trainer (a subprocess the driver kills) -----------------------------------------------
+
+def trainer(args: argparse.Namespace) -> int:
+    """Consumes batches, logging each and checkpointing every `--checkpoint-every` steps.
+
+    Runs until `--batches` steps (0 = until SIGTERM, which, like a preemption notice, makes it
+    checkpoint and exit). Prints `batch STEP WAIT_S RECONNECTS` after each step.
+    """
+    from input_client import InputClient, PipelineSpec
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with open(args.spec) as f:
+        spec = PipelineSpec.from_dict(json.load(f))
+    step, state, log_len = 0, None, 0
+    if os.path.exists(args.ckpt):  # restore: the model (here, the log) goes back with the data
+        with open(args.ckpt) as f:
+            ckpt = json.load(f)
+        step, state, log_len = ckpt["step"], ckpt["state"], ckpt["log_bytes"]
+    with open(args.log, "r+b" if os.path.exists(args.log) else "wb") as log:
+        log.truncate(log_len)
+        log.seek(log_len)
+
+        def checkpoint() -> None:
+            log.flush()
+            os.fsync(log.fileno())
+            tmp = args.ckpt + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"step": step, "state": it.get_state(), "log_bytes": log.tell()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, args.ckpt)  # atomic: a kill leaves the old or the new checkpoint
+
+        with InputClient(args.target, connect_timeout_s=60) as client, \
+                client.batches(spec, state=state, reconnect_deadline_s=args.reconnect_deadline_s) \
+                as it:
+            while not stop.is_set() and (args.batches == 0 or step < args.batches):
+                t = time.perf_counter()
+                batch = next(it)
+                wait = time.perf_counter() - t
+                log.write(batch_bytes(batch))
+                step += 1
+                if step % args.checkpoint_every == 0:
+                    checkpoint()
+                print(f"batch {step} {wait:.4f} {it.reconnects}", flush=True)
+            checkpoint()
+    print("done", flush=True)
+    return 0
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    """A subprocess in its own process group (so a kill takes its worker processes too).
+
+    Its stderr (and, with `pipe=False`, its stdout) goes to the file `log`.
+    """
+
+    def __init__(self, argv: list[str], *, log: str, pipe: bool = False):
+        self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE if pipe else self._log,
+                                  stderr=self._log, start_new_session=True, cwd=ROOT,
+                                  text=pipe)
+        self.lines: queue.Queue = queue.Queue()
+        if pipe:
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait(timeout=30)
+        self._log.close()
+
+
+def reference(spec, batches: int) -> list[bytes]:
+    """The first `batches` batches of an uninterrupted in-process run."""
+    from input_server.pipeline import Pipeline, Workers
+
+    out = []
+    with Pipeline(spec).stream(workers=Workers(0, 2, "reference")) as stream:
+        for produced in stream:
+            if len(out) == batches:
+                break
+            out.append(batch_bytes(produced.arrays))
+    return out
+
+
+def compare(logged: bytes, ref: list[bytes]) -> dict:
+    """Batch-by-batch comparison of the trainer's log with the reference."""
+    size = len(ref[0]) if ref else 1
+    got = [logged[i:i + size] for i in range(0, len(logged), size)]
+    index = {}
+    for i, b in enumerate(ref):
+        index.setdefault(hashlib.sha256(b).digest(), i)
+    positions = [index.get(hashlib.sha256(b).digest()) for b in got]
+    counts = collections.Counter(p for p in positions if p is not None)
+    return {
+        "batches_lost": sum(1 for i in range(len(ref)) if counts[i] == 0),
+        "batches_duplicated": sum(c - 1 for c in counts.values() if c > 1),
+        "batches_unknown": positions.count(None),
+        "identical_to_reference": logged == b"".join(ref),
+    }
+
+
+def run(*, kills: int, restarts: int, batches: int, transport: str, workers: list[int],
+        seed: int, checkpoint_every: int, seq_len: int, batch_size: int, max_gap: int,
+        reconnect_deadline_s: float) -> dict:
+    """Streams at least `batches` batches through `kills` server kills and `restarts` trainer
+    kills, in random order, each at a random 1..`max_gap` steps after the previous one took
+    effect (a server kill takes effect when the trainer's stream broke and reconnected: gRPC
+    lets a few MB arrive ahead of the caller, so a kill is felt only once that is used)."""
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
+    from input_client import PipelineSpec
+    from input_server.corpus import ensure_demo_assets
+
+    start = time.monotonic()
+    corpus, model = ensure_demo_assets()
+    spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
+                        batch={"seq_len": seq_len, "size": batch_size},
+                        order={"epochs": 0, "seed": seed}, workers={"count": workers[0]})
+    rng = random.Random(seed)
+    work = tempfile.mkdtemp(prefix="chaos-")
+    target = (f"unix://{work}/input.sock" if transport == "unix"
+              else f"127.0.0.1:{_free_port()}")
+    paths = {k: os.path.join(work, k) for k in ("ckpt", "log", "server.log", "trainer.log")}
+    events = ["server kill"] * kills + ["trainer kill"] * restarts
+    rng.shuffle(events)
+
+    def serve() -> _Proc:
+        return _Proc([sys.executable, "-m", "input_server.cli", "serve", "--listen", target],
+                     log=paths["server.log"])
+
+    def train(incarnation: int) -> _Proc:
+        spec_path = os.path.join(work, "spec.json")
+        with open(spec_path, "w") as f:
+            count = workers[incarnation % len(workers)]
+            json.dump(spec.replace(workers={"count": count}).to_dict(), f)
+        return _Proc([sys.executable, os.path.abspath(__file__), "trainer", "--target", target,
+                      "--spec", spec_path, "--ckpt", paths["ckpt"], "--log", paths["log"],
+                      "--batches", "0", "--checkpoint-every", str(checkpoint_every),
+                      "--reconnect-deadline-s", str(reconnect_deadline_s)],
+                     log=paths["trainer.log"], pipe=True)
+
+    server = serve()
+    incarnation = 0
+    trainer_proc = train(incarnation)
+    done_events = []  # [step, event, trainer incarnation]
+    reconnects = collections.Counter()  # by trainer incarnation, as last reported
+    felt = True  # the last event took effect
+    next_event = rng.randint(1, max_gap)
+    lines_since_event = 0
+    longest_stall = longest_startup = 0.0
+    first_batch = True
+    stopping = False
+    error = None
+    try:
+        while True:
+            try:
+                line = trainer_proc.lines.get(timeout=PROGRESS_TIMEOUT_S)
+            except queue.Empty:
+                error = f"no progress for {PROGRESS_TIMEOUT_S:g} s"
+                break
+            if line is None:
+                error = f"the trainer exited with {trainer_proc.p.wait()} before finishing"
+                break
+            if line == "done":
+                break
+            if not line.startswith("batch ") or stopping:
+                continue
+            _, step, wait, n_reconnects = line.split()
+            step, wait = int(step), float(wait)
+            if first_batch:
+                longest_startup = max(longest_startup, wait)
+                first_batch = False
+            else:
+                longest_stall = max(longest_stall, wait)
+            lines_since_event += 1
+            if lines_since_event > 100_000:
+                error = f"{done_events[-1]} never took effect"
+                break
+            if not felt:
+                last = done_events[-1]
+                felt = (last[1] == "trainer kill"  # the new trainer delivers
+                        or int(n_reconnects) > reconnects[incarnation])
+                if felt:
+                    next_event = step + rng.randint(1, max_gap)
+            reconnects[incarnation] = int(n_reconnects)
+            if not felt or step < next_event:
+                continue
+            if not events:
+                if step >= batches:
+                    trainer_proc.p.send_signal(signal.SIGTERM)  # checkpoint and stop
+                    stopping = True
+                continue
+            event = events.pop(0)
+            done_events.append([step, event, incarnation])
+            felt, lines_since_event = False, 0
+            if event == "server kill":
+                server.kill()
+                time.sleep(rng.uniform(0.0, 0.5))  # down for a while, then rescheduled
+                server = serve()
+            else:
+                trainer_proc.kill()
+                incarnation += 1
+                trainer_proc = train(incarnation)
+                first_batch = True
+    finally:
+        if error is not None:
+            trainer_proc.kill()
+        else:
+            trainer_proc.p.wait(timeout=60)
+        server.kill()
+    with open(paths["ckpt"]) as f:
+        delivered = json.load(f)["step"]
+    with open(paths["log"], "rb") as f:
+        logged = f.read()
+    ref = reference(spec, delivered)
+    result = {
+        "transport": transport,
+        "workers": workers,
+        "batch_shape": [batch_size, seq_len],
+        "server_kills": sum(e[1] == "server kill" for e in done_events),
+        "kills_survived": 0,
+        "trainer_restarts": sum(e[1] == "trainer kill" for e in done_events),
+        "events": done_events,
+        "reconnects": sum(reconnects.values()),
+        "batches_delivered": delivered,
+        **compare(logged, ref),
+        "longest_stall_s": round(longest_stall, 3),
+        "longest_trainer_startup_s": round(longest_startup, 3),
+        "wall_s": round(time.monotonic() - start, 1),
+        "error": error,
+    }
+    result["ok"] = (error is None and result["identical_to_reference"] and not events
+                    and result["batches_lost"] == 0 and result["batches_duplicated"] == 0)
+    # A kill is survived when the stream it broke went on and the run ended exactly once.
+    result["kills_survived"] = result["server_kills"] if result["ok"] else 0
+    if result["ok"]:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        result["work_dir"] = work  # logs and checkpoint, to see what happened
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode")
+    t = sub.add_parser("trainer", help="(internal) the trainer process the driver kills")
+    t.add_argument("--target", required=True)
+    t.add_argument("--spec", required=True)
+    t.add_argument("--ckpt", required=True)
+    t.add_argument("--log", required=True)
+    t.add_argument("--batches", type=int, default=0, help="steps to run; 0 = until SIGTERM")
+    t.add_argument("--checkpoint-every", type=int, default=5)
+    t.add_argument("--reconnect-deadline-s", type=float, default=60.0)
+    parser.add_argument("--kills", type=int, default=5, help="server SIGKILLs")
+    parser.add_argument("--restarts", type=int, default=3, help="trainer SIGKILLs + restarts")
+    parser.add_argument("--batches", type=int, default=400,
+                        help="batches the run delivers at least")
+    parser.add_argument("--max-gap", type=int, default=40,
+                        help="at most this many steps between one event taking effect and the "
+                             "next")
+    parser.add_argument("--transport", choices=("unix", "tcp"), default="unix")
+    parser.add_argument("--workers", default="0",
+                        help="worker processes, comma-separated: trainer incarnations cycle "
+                             "through them (e.g. 0,1,2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--reconnect-deadline-s", type=float, default=60.0)
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.mode == "trainer":
+        return trainer(args)
+    result = run(kills=args.kills, restarts=args.restarts, batches=args.batches,
+                 transport=args.transport, workers=[int(w) for w in args.workers.split(",")],
+                 seed=args.seed, checkpoint_every=args.checkpoint_every, seq_len=args.seq_len,
+                 batch_size=args.batch_size, max_gap=args.max_gap,
+                 reconnect_deadline_s=args.reconnect_deadline_s)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
