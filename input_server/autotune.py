@@ -21,6 +21,7 @@ batches are the same bytes for any processes and threads).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -54,10 +55,12 @@ WARMUP_S = 0.3
 WINDOW_S = 1.0
 MIN_BATCHES = 4
 # Groups of documents arrive whole, their batches together; a gap this many times the median
-# between batches marks a new burst. The window then spans at least BURSTS burst starts (to
-# time whole groups), stretching to at most MAX_WINDOW x WINDOW_S for slow ones.
+# between batches marks a new burst. Warm-up lasts until the first such wait (at most
+# MAX_WARMUP_S), and the window then spans BURSTS production cycles (at most MAX_WINDOW x
+# WINDOW_S): a window shorter than a cycle times packing, not production.
 BURST_GAP = 5.0
 BURSTS = 3
+MAX_WARMUP_S = 2.0
 MAX_WINDOW = 3.0
 # Threads per process: latency-bound sources want many; past this, use processes.
 MAX_THREADS = 128
@@ -68,14 +71,15 @@ OVERSUBSCRIBE_GAIN = 0.2
 # Below the core count, one step that gains nothing (noise on a busy host) does not end the
 # thread search; a second one does. Past the cores, or for processes (a spawn each), one does.
 THREAD_PATIENCE = 2
-# After the search, the choice and the candidates within this band of it are measured once
-# more, side by side, and decided on the better of each one's two windows: one window on a
-# busy host is noisy (+-15 % and worse on the shared 2-core development machine).
+# After the search, the choice and the candidates within this band of it (and, when it has
+# more workers than cores, the best within the cores) are measured once more, side by side,
+# and decided on both windows: one window on a busy host is noisy (+-15 % and worse on the
+# shared 2-core development machine).
 CONFIRM_BAND = 0.15
 CONFIRM_MAX = 2
 # Processes are tried when the in-process candidates keep fewer than this share of the cores
-# busy: their per-record Python work holds the GIL.
-GIL_BOUND_SHARE = 0.8
+# busy: their per-record Python work (and the packer, in the server) holds the GIL.
+GIL_BOUND_SHARE = 0.9
 TUNE_SECONDS = 20.0
 REASONS = ("target met", "plateau", "ram cap", "max workers", "time limit", "fastest")
 _MIB = 1 << 20
@@ -96,7 +100,7 @@ class Measurement:
       startup_s: seconds from opening the stream to its first batch.
       seconds: length of the timed window(s).
       batches: batches in the timed window(s).
-      samples: timed windows taken (2 after the second look; the rates are the faster's).
+      samples: timed windows pooled into the rates (2 after the second look).
       skipped: "" when run, else why not: "ram cap", "max workers" or "time limit".
     """
 
@@ -314,8 +318,7 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
     # the rate stopped growing.
     faster_out = [m for m in ran if why_out(m) and m.batches_per_s
                   > (1 + plateau_gain) * c.batches_per_s]
-    beyond = [m for m in measurements if _cost(m) > _cost(c)]
-    cut = [why_out(m) or m.skipped for m in beyond if why_out(m) or m.skipped]
+    cut = [m.skipped for m in measurements if m.skipped and _cost(m) > _cost(c)]
     if faster_out:
         reason = why_out(faster_out[0])
         detail = (f"{rate}; {faster_out[0].label()} was faster "
@@ -467,23 +470,24 @@ def _burst_starts(times: Sequence[float]) -> list[int]:
     return [i + 1 for i, g in enumerate(gaps) if g > threshold]
 
 
-def _rate(times: Sequence[float], tokens: Sequence[int]) -> tuple[float, float] | None:
-    """(batches/s, tokens/s) from arrival times; `times[0]` is the window's start, no batch.
+def _rate(times: Sequence[float], tokens: Sequence[int], *,
+          aligned: bool = False) -> tuple[float, float] | None:
+    """(batches/s, tokens/s) from the arrival times and tokens of the window's batches.
 
-    Over whole bursts when production is bursty (first burst's start to the last one's: a
-    window cut mid-burst would count part of a group as if it took no time), else over the
-    whole window.
+    Over whole bursts when production is bursty (a burst's first batch to a later burst's
+    first: a window cut mid-burst would count part of a group as if it took no time), else
+    over the whole window (the batches after the first). `aligned`: batch 0 starts a burst.
     """
-    starts = _burst_starts(times)
-    a, b = (starts[0], starts[-1]) if len(starts) >= 2 else (0, len(times) - 1)
-    if len(starts) >= 2 and times[b] - times[a] < 0.5 * (times[-1] - times[0]):
-        a, b = 0, len(times) - 1
-    seconds = times[b] - times[a]
-    if b <= a or seconds <= 0:
+    starts = ([0] if aligned else []) + _burst_starts(times)
+    n = len(times) - 1
+    if len(starts) >= 2 and times[starts[-1]] - times[starts[0]] >= 0.5 * (times[n] - times[0]):
+        a, b = starts[0], starts[-1]
+        seconds = times[b] - times[a]
+        return (b - a) / seconds, sum(tokens[a:b]) / seconds
+    seconds = times[n] - times[0]
+    if n < 1 or seconds <= 0:
         return None
-    # Batches a+1..b arrived after times[a] (bursts: batch b starts the next burst, so the
-    # batches a..b-1 of the whole bursts are counted instead; the same number).
-    return (b - a) / seconds, sum(tokens[a + 1:b + 1] if a == 0 else tokens[a:b]) / seconds
+    return n / seconds, sum(tokens[1:]) / seconds
 
 
 def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
@@ -506,6 +510,7 @@ def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
 
 def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float = WARMUP_S,
             window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES,
+            max_warmup_s: float = MAX_WARMUP_S,
             deadline: float | None = None) -> Measurement | None:
     """Runs the pipeline's stream with `processes` x `threads` and times its production.
 
@@ -516,8 +521,10 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
     Args:
       pipeline: the stream's pipeline; the candidate runs its real stream from the start.
       processes, threads: the candidate.
-      warmup_s: seconds after the first batch before timing starts.
-      window_s, min_batches: the timed window lasts at least this long and this many batches.
+      warmup_s: seconds after the first batch before timing may start; it starts at the
+        first wait for a batch after that, or at `max_warmup_s` at the latest.
+      window_s, min_batches: the timed window lasts at least this long and this many batches
+        (longer, up to `MAX_WINDOW` x, to span `BURSTS` cycles of bursty production).
       deadline: a `clock()` time at which to stop, timed or not.
 
     Returns:
@@ -557,31 +564,36 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
         item = take(deadline)
         if item is None:
             return None
-        first = last = item[0]
-        seen = 1
-        while last - first < warmup_s or seen < 2:  # warm-up: dropped, not timed
+        first = item[0]
+        # Warm-up, dropped: until the consumer has waited once after `warmup_s` (the groups
+        # the workers finished together before the first batch are drained; timing them
+        # would measure packing, not production), or at most the warm-up cap (smooth flow).
+        cap = max(warmup_s, min(max_warmup_s, 2 * (first - opened)))
+        last, gaps, cycle = item, [], 0.0
+        while last[0] - first < cap:
             item = take(deadline)
             if item is None:
                 return None
-            last = item[0]
-            seen += 1
+            gap = item[0] - last[0]
+            waited = len(gaps) >= 2 and gap > max(BURST_GAP * gaps[len(gaps) // 2], 1e-3)
+            bisect.insort(gaps, gap)
+            last = item
+            if waited and last[0] - first >= warmup_s:
+                cycle = last[0] - first
+                break
+        # The window: long enough for BURSTS production cycles when production is bursty;
+        # it starts with the batch that ended the wait, a burst's first.
+        length = min(max(window_s, BURSTS * cycle), MAX_WINDOW * window_s)
         cpu0 = _process_usage(pids_before)[0]
         wall0 = clock()
-        times, counts = [last], [0]
-        while True:
-            elapsed = times[-1] - times[0]
-            if elapsed >= window_s and len(times) > min_batches:
-                # Long enough, unless production comes in bursts (a group's batches at once)
-                # and fewer than BURSTS of them were seen: then up to MAX_WINDOW x longer.
-                starts = len(_burst_starts(times))
-                if starts == 0 or starts >= BURSTS or elapsed >= MAX_WINDOW * window_s:
-                    break
+        times, counts = [last[0]], [last[1]]
+        while times[-1] - times[0] < length or len(times) <= min_batches:
             item = take(deadline)
             if item is None:
                 break
             times.append(item[0])
             counts.append(item[1])
-        rate = _rate(times, counts)
+        rate = _rate(times, counts, aligned=cycle > 0)
         if rate is None or times[-1] - times[0] < 0.25 * window_s:  # cut short by the deadline
             return None
         batches_per_s, tokens_per_s = rate
@@ -675,7 +687,7 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                         max_workers=max_workers, cpus=cpus)
         tuning = decide(rows, **settings)
         # A second look: the choice and its close contenders once more, side by side.
-        again = contenders(rows, tuning)
+        again = contenders(rows, tuning, cpus=cpus)
         for m in (tuning.chosen, *again) if again else ():
             if deadline - clock() < m.startup_s + warmup_s + window_s:
                 continue
@@ -686,7 +698,7 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                            window_s=window_s, deadline=deadline)
             if more is not None:
                 i = next(i for i, r in enumerate(rows) if r is m)
-                rows[i] = best_of(m, more)
+                rows[i] = pool(rows[i], more)
                 if progress is not None:
                     progress(c, rows[i])
         if again:
@@ -696,13 +708,15 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
     return tuning
 
 
-def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
+def contenders(measurements: Sequence[Measurement], tuning: Tuning, *, cpus: int,
                band: float = CONFIRM_BAND, limit: int = CONFIRM_MAX,
                headroom: float = TARGET_HEADROOM) -> list[Measurement]:
     """The candidates one more window might show to be the better choice. Pure.
 
     For "target met": cheaper candidates within `band` below the needed rate. Otherwise:
-    candidates whose rate is within `band` of the choice's. The nearest `limit` of them.
+    candidates whose rate is within `band` of the choice's, the nearest `limit` of them, and
+    when the choice has more workers than `cpus`, the fastest within the cores (the
+    comparison that let it oversubscribe them).
     """
     c = tuning.chosen
     fits = [m for m in measurements if m.ran and m is not c and m.rss_mb <= tuning.ram_budget_mb
@@ -715,20 +729,29 @@ def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
         close = [m for m in fits if abs(m.batches_per_s - c.batches_per_s)
                  <= band * c.batches_per_s]
         key = lambda m: abs(m.batches_per_s - c.batches_per_s)  # noqa: E731
+        inside = [m for m in fits if m.workers <= cpus]
+        if c.workers > cpus and inside:
+            best_in = max(inside, key=lambda m: m.batches_per_s)
+            return [best_in, *[m for m in sorted(close, key=key) if m is not best_in]][:limit]
     return sorted(close, key=key)[:limit]
 
 
-def best_of(a: Measurement, b: Measurement) -> Measurement:
-    """Two measurements of one candidate as one: the faster window, the larger memory.
+def pool(a: Measurement, b: Measurement) -> Measurement:
+    """Two measurements of one candidate as one: rates over both windows, the larger memory.
 
-    Other work on the host can only slow a window down, so the faster of two is the closer
-    estimate of what the candidate can do; the choice and its contenders all get this second
-    chance (the rest were more than `CONFIRM_BAND` away).
+    Not the faster window: a window can also read fast (a burst timed short), and a high
+    reading that only the choice got a second chance to keep would stick.
     """
-    fast = a if a.batches_per_s >= b.batches_per_s else b
-    return dataclasses.replace(fast, rss_mb=max(a.rss_mb, b.rss_mb),
-                               startup_s=max(a.startup_s, b.startup_s),
-                               samples=a.samples + b.samples)
+    seconds = a.seconds + b.seconds
+
+    def mean(x: float, y: float) -> float:
+        return (x * a.seconds + y * b.seconds) / seconds
+
+    return dataclasses.replace(
+        a, batches_per_s=mean(a.batches_per_s, b.batches_per_s),
+        tokens_per_s=mean(a.tokens_per_s, b.tokens_per_s), rss_mb=max(a.rss_mb, b.rss_mb),
+        cpu_cores=mean(a.cpu_cores, b.cpu_cores), startup_s=max(a.startup_s, b.startup_s),
+        seconds=seconds, batches=a.batches + b.batches, samples=a.samples + b.samples)
 
 
 def _skipped(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
@@ -786,6 +809,7 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as e:
         raise ImportError("--plot needs matplotlib: pip install matplotlib") from e
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -801,6 +825,8 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
         ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--",
                    label="target")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_ylim(bottom=0)  # ratios read true from the height
     ax.set_xlabel("workers (processes x threads)")
     ax.set_ylabel("batches/s")
     ax.set_title(title or f"autotune: {tuning.tune_seconds:.1f} s")

@@ -113,6 +113,7 @@ class StreamSession:
         self.name = name
         self.stream = stream
         self.batches_sent = 0
+        self.first_sent_s: float | None = None  # time.monotonic() when the first batch went
         self.batches_produced = 0
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
@@ -224,6 +225,12 @@ class StreamSession:
             if item[0] is None or item[0].end_of_data:
                 return
 
+    def consumed_batches_per_s(self) -> float:
+        """Batches the client took per second since the first: its demand, once it is fed."""
+        if self.first_sent_s is None or self.batches_sent < 2:
+            return 0.0
+        return (self.batches_sent - 1) / max(time.monotonic() - self.first_sent_s, 1e-9)
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -301,6 +308,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     continue
                 yield msg
                 session.batches_sent += 1
+                if session.first_sent_s is None:
+                    session.first_sent_s = time.monotonic()
         finally:
             if session is not None:
                 session.stop()
@@ -321,5 +330,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
                                    worker_threads=s.stream.workers.threads,
                                    worker_reason=s.stream.workers.reason,
                                    batches_sent=s.batches_sent,
-                                   batches_produced=s.batches_produced) for s in sessions],
+                                   batches_produced=s.batches_produced,
+                                   worker_tuning=(s.stream.workers.tuning.to_proto()
+                                                  if s.stream.workers.tuning else None),
+                                   consumed_batches_per_s=s.consumed_batches_per_s())
+                     for s in sessions],
         )

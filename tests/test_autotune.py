@@ -16,6 +16,7 @@ from input_client import PipelineSpec
 from input_client.spec import SpecError, validate
 from input_server import autotune
 from input_server.autotune import Measurement, decide, next_candidate
+from input_server.corpus import write_jsonl
 from input_server.pack import FIELDS
 from input_server.pipeline import Pipeline, Workers
 from input_server.sources import DocumentSource
@@ -64,14 +65,33 @@ def search(curve, *, cpus, **settings) -> list[Measurement]:
     return rows
 
 
-def side_by_side(pipeline, configs, rounds) -> dict[tuple[int, int], float]:
+def side_by_side(pipeline, configs, rounds, **window) -> dict[tuple[int, int], float]:
     """Batches/s of each (processes, threads): the best of `rounds` interleaved windows."""
     best = dict.fromkeys(configs, 0.0)
     for _ in range(rounds):
         for c in configs:
-            m = autotune.measure(pipeline, *c, **WINDOW)
+            m = autotune.measure(pipeline, *c, **{**WINDOW, **window})
             best[c] = max(best[c], m.batches_per_s)
     return best
+
+
+def best_of_ratios(pipeline, choice, others, rounds, **window):
+    """For each other configuration: the choice's best rate over interleaved rounds / its best.
+
+    Rounds interleave the configurations, so a burst of load elsewhere on the host hits each
+    of them in some round; a shared host only ever slows a measurement down, so each keeps its
+    fastest round.
+    """
+    def rate(c):
+        return autotune.measure(pipeline, *c, **{**WINDOW, **window}).batches_per_s
+
+    rates: dict[tuple[int, int], list[float]] = {c: [] for c in (choice, *others)}
+    for _ in range(rounds):
+        for c in rates:
+            rates[c].append(rate(c))
+    best = {c: max(r) for c, r in rates.items()}
+    spread = min(rates[choice]) / max(rates[choice])
+    return {c: best[choice] / best[c] for c in others}, spread
 
 
 def same_bytes(a, b) -> bool:
@@ -127,6 +147,19 @@ def test_max_workers_caps_the_choice():
     rows = [row(0, 1, 100), row(0, 2, 200), row(0, 4, 400)]
     t = decide(rows, max_workers=2, cpus=8)
     assert t.workers == 2 and t.reason == "max workers"
+
+
+def test_second_look_takes_close_candidates_and_the_best_within_the_cores():
+    rows = [row(0, 1, 100), row(0, 2, 150), row(0, 4, 170), row(0, 8, 260), row(0, 16, 250)]
+    t = decide(rows, cpus=2)
+    assert t.threads == 8  # 260 > 1.2 x 150: past the cores, on one window each
+    again = autotune.contenders(rows, t, cpus=2)
+    assert [m.threads for m in again] == [2, 16]  # the comparison that allowed it, then 16
+    # Pooled with a second, slower window each, more threads no longer beat the cores by 20 %.
+    rows[3] = autotune.pool(rows[3], row(0, 8, 100))
+    rows[4] = autotune.pool(rows[4], row(0, 16, 100))
+    assert rows[3].batches_per_s == 180 and rows[3].samples == 2
+    assert decide(rows, cpus=2).threads == 2
 
 
 def test_nothing_measured_is_an_error_that_says_what_to_do():
@@ -226,14 +259,27 @@ def cpu_pipeline(make_spec):
 
 
 @pytest.fixture(scope="module")
-def slow_pipeline(make_spec):
-    spec = make_spec(batch={"seq_len": 512, "size": 8}, order={"epochs": 0})
+def long_docs(docs, tmp_path_factory) -> str:
+    """The docstrings joined into ~4 KB documents (web pages' size), ~60 to a group."""
+    joined, part = [], []
+    for doc in docs:
+        part.append(doc)
+        if sum(map(len, part)) >= 4000:
+            joined.append("\n\n".join(part))
+            part = []
+    return write_jsonl(joined, tmp_path_factory.mktemp("long") / "long.jsonl")
+
+
+@pytest.fixture(scope="module")
+def slow_pipeline(make_spec, long_docs):
+    spec = make_spec(source={"paths": [long_docs]}, batch={"seq_len": 512, "size": 8},
+                     order={"epochs": 0})
     return Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source), DELAY_S))
 
 
 @pytest.fixture(scope="module")
 def slow_tuning(slow_pipeline):
-    return autotune.tune(slow_pipeline, ram_budget_mb=1024)
+    return autotune.tune(slow_pipeline, ram_budget_mb=1024, tune_seconds=12)
 
 
 def test_cpu_bound_choice_is_within_the_cores_and_5_percent_of_the_best(cpu_pipeline):
@@ -242,9 +288,18 @@ def test_cpu_bound_choice_is_within_the_cores_and_5_percent_of_the_best(cpu_pipe
     assert t.workers <= cpus, t.table()
     assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
     choice = (t.processes, t.threads)
-    sweep = {(0, 1), (0, 2), (0, 2 * cpus), (cpus, 1), choice}
-    rates = side_by_side(cpu_pipeline, sorted(sweep), rounds=3)
-    assert rates[choice] >= 0.95 * max(rates.values()), (rates, t.table())
+    others = sorted({(0, 1), (0, cpus), (0, 2 * cpus)} - {choice})
+    # Windows several groups long, so the bursts in which batches arrive (a group at a time)
+    # average out.
+    ratios, spread = best_of_ratios(cpu_pipeline, choice, others, rounds=3, window_s=1.5,
+                                    max_warmup_s=0.5)
+    for (processes, threads), ratio in ratios.items():
+        # Past the cores the tuner wants 20 % (OVERSUBSCRIBE_GAIN) before it takes CPU from
+        # the trainer; on a busy host that is all extra threads win: a share of the CPU.
+        bar = 0.95 if max(1, processes) * threads <= cpus else 1 / 1.2
+        # Within 5 % beyond what repeating the choice's own measurement varies by (`spread`,
+        # its slowest round over its fastest): no finer difference is measurable on this host.
+        assert ratio >= bar * spread, (ratios, spread, t.table())
 
 
 def test_latency_bound_choice_exceeds_the_cores_and_doubles_grain(slow_pipeline, slow_tuning):
@@ -252,7 +307,7 @@ def test_latency_bound_choice_exceeds_the_cores_and_doubles_grain(slow_pipeline,
     assert t.workers > autotune.cpu_count(), t.table()
     grain = autotune.grain_choice(slow_pipeline)
     choice = (t.processes, t.threads)
-    rates = side_by_side(slow_pipeline, [choice, grain], rounds=2)
+    rates = side_by_side(slow_pipeline, [choice, grain], rounds=1)
     assert rates[choice] >= 2 * rates[grain], (rates, grain, t.table())
 
 
@@ -300,9 +355,11 @@ def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"],
                              pipelines={"auto": spec})) as srv, \
             InputClient(srv.targets[0]) as client, client.batches("auto") as it:
-        next(it)
+        for _ in range(3):
+            next(it)
         (stream,) = client.info().streams
     assert stream.worker_reason.startswith("auto: ")
+    assert stream.consumed_batches_per_s > 0  # the consumer's demand, learned from the stream
     tuning = stream.worker_tuning
     assert tuning.reason in autotune.REASONS
     assert (tuning.processes, tuning.threads) == (stream.worker_processes,
