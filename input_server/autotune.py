@@ -46,6 +46,10 @@ clock = time.perf_counter
 # A step to more workers must add at least this much to count as progress ("a few percent");
 # the choice is then within this fraction of the best rate measured.
 PLATEAU_GAIN = 0.05
+# Choosing among measured candidates: the cheapest within this of the fastest. Tighter than
+# the search's plateau, since a candidate 5 % slower in a noisy window may be 15 % slower in
+# truth (measured on a shared 2-core host), and an in-process thread costs no memory.
+CHOICE_GAIN = 0.02
 # With a target, the choice must measure this much above it, so the jitter of a shared host
 # (and of the consumer) does not starve the trainer.
 TARGET_HEADROOM = 1.2
@@ -312,7 +316,8 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
     pool = (fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
             else inside)
     best = max(pool, key=lambda m: m.batches_per_s)
-    c = next(m for m in pool if m.batches_per_s * (1 + plateau_gain) >= best.batches_per_s)
+    c = next(m for m in pool if m.batches_per_s * (1 + min(plateau_gain, CHOICE_GAIN))
+             >= best.batches_per_s)
     rate = f"{c.batches_per_s:.1f} batches/s, {_si(c.tokens_per_s)} tokens/s"
     # Why nothing beyond the choice: a cap or the time bound cut a search still gaining, or
     # the rate stopped growing.

@@ -109,10 +109,14 @@ def first(pipeline, n, workers=None):
 
 
 def test_plateau_picks_the_fewest_workers_within_a_few_percent_of_the_best():
-    rows = [row(0, 1, 100), row(0, 2, 190), row(0, 4, 380), row(0, 8, 395), row(0, 16, 398)]
+    rows = [row(0, 1, 100), row(0, 2, 190), row(0, 4, 392), row(0, 8, 395), row(0, 16, 398)]
     t = decide(rows, cpus=16)
     assert (t.processes, t.threads, t.reason) == (0, 4, "plateau")
-    assert t.chosen.batches_per_s >= 0.95 * 398
+    assert t.chosen.batches_per_s >= 0.98 * 398
+    # 5 % below the best is within the search's plateau but too far to choose: a noisy window
+    # hides a real difference that size.
+    rows[2] = row(0, 4, 380)
+    assert decide(rows, cpus=16).threads == 8
 
 
 @pytest.mark.parametrize("gain_past_cores, threads", [(1.10, 2), (2.0, 8)],
