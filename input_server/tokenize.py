@@ -40,12 +40,14 @@ class TokenGroup:
                    lengths=element["lengths"])
 
 
-# A document that will be trimmed to `n` tokens is cut to `n * CUT_CHARS_PER_TOKEN` characters
-# (at a space) before tokenizing: sentencepiece's speed is per character, and a long document's
-# tail would be thrown away. 8 is about twice the characters per token of English with a
-# 1000-piece vocabulary, so the cut prefix almost always still holds enough tokens; when it does
-# not, the whole document is tokenized again.
-CUT_CHARS_PER_TOKEN = 8
+# A document that will be trimmed to `n` tokens is cut (at a space) before tokenizing:
+# sentencepiece's time is per character, and a long document's tail would be thrown away. The
+# cut keeps CUT_MARGIN times the characters that `n` tokens took on average in this process's
+# earlier documents (starting from CUT_CHARS_PER_TOKEN), so the prefix almost always still
+# holds `n` tokens; when it does not, the whole document is tokenized again. The cut only
+# saves work: the tokens kept are the same either way.
+CUT_CHARS_PER_TOKEN = 8.0
+CUT_MARGIN = 1.5
 
 
 class Tokenizer:
@@ -59,6 +61,7 @@ class Tokenizer:
         self._sp = None
         self.vocab_size = self.processor().vocab_size()
         self.word_local = self._pieces_are_word_local()
+        self._chars_per_token = CUT_CHARS_PER_TOKEN / CUT_MARGIN
 
     def processor(self):
         if self._sp is None:
@@ -102,7 +105,7 @@ class Tokenizer:
         sp, add_bos, add_eos = self.processor(), self.spec.add_bos, self.spec.add_eos
         whole: dict[int, str] = {}  # documents cut short, by position
         if trim_to is not None and self.word_local:
-            limit = trim_to * CUT_CHARS_PER_TOKEN
+            limit = int(trim_to * CUT_MARGIN * self._chars_per_token)
             for i, text in enumerate(texts):
                 if len(text) > limit:
                     space = text.rfind(" ", 0, limit)
@@ -113,6 +116,12 @@ class Tokenizer:
                         texts[i] = text[:space]
         ids = sp.encode(texts, out_type=int, add_bos=add_bos, add_eos=add_eos,
                         num_threads=num_threads)
+        if trim_to is not None:
+            # Learn this data's characters per token from the documents tokenized whole.
+            chars = sum(len(t) for i, t in enumerate(texts) if i not in whole)
+            tokens = sum(len(x) for i, x in enumerate(ids) if i not in whole)
+            if tokens > 1000:
+                self._chars_per_token = 0.8 * self._chars_per_token + 0.2 * chars / tokens
         for i, text in whole.items():
             # Enough whole-word tokens: the first `trim_to` are the full text's (an EOS, if
             # any, is last and falls past them). Too few: tokenize the whole text after all.
