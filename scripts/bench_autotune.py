@@ -20,35 +20,17 @@ import os
 import platform
 import sys
 import tempfile
-import time
 
 from absl import flags
 
 from input_client import PipelineSpec
 from input_server import autotune
 from input_server.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
+from input_server.fakes import SlowSource
 from input_server.pipeline import Pipeline
 from input_server.sources import DocumentSource
 
 DOC_CHARS = 4000
-
-
-class SlowSource:
-    """Every record takes `delay_s` to arrive (sleeping, no CPU): remote storage's latency."""
-
-    def __init__(self, inner: DocumentSource, delay_s: float):
-        self.inner = inner
-        self.delay_s = delay_s
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> str:
-        time.sleep(self.delay_s)
-        return self.inner[index]
-
-    def where(self, index: int) -> str:
-        return self.inner.where(index)
 
 
 def corpus(directory: str) -> tuple[str, str]:

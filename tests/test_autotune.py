@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from input_client.spec import SpecError, validate
 from input_server import autotune
 from input_server.autotune import Measurement, decide, next_candidate
 from input_server.corpus import write_jsonl
+from input_server.fakes import SlowSource
 from input_server.pack import FIELDS
 from input_server.pipeline import Pipeline, Workers
 from input_server.sources import DocumentSource
@@ -24,27 +24,6 @@ from input_server.sources import DocumentSource
 # Shorter windows than the server's defaults for the side-by-side checks, to bound test time.
 WINDOW = {"warmup_s": 0.2, "window_s": 0.6}
 DELAY_S = 0.002  # per record: remote storage's latency, scaled down
-
-
-class SlowSource:
-    """Stand-in for remote storage: every record takes `delay_s` to arrive (sleeping, no CPU).
-
-    Module-level, so it pickles into Grain's worker processes.
-    """
-
-    def __init__(self, inner: DocumentSource, delay_s: float):
-        self.inner = inner
-        self.delay_s = delay_s
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> str:
-        time.sleep(self.delay_s)
-        return self.inner[index]
-
-    def where(self, index: int) -> str:
-        return self.inner.where(index)
 
 
 def row(processes, threads, rate, *, rss=0.0, cpu=1.0) -> Measurement:

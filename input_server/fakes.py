@@ -1,0 +1,29 @@
+"""Stand-ins for what lies outside the project, for benchmarks and tests."""
+
+from __future__ import annotations
+
+import time
+
+from input_server.sources import DocumentSource
+
+
+class SlowSource:
+    """Remote storage's latency: every record takes `delay_s` to arrive (sleeping, no CPU).
+
+    Module-level, so it pickles into Grain's worker processes. No `read_many`: records arrive
+    one by one, as from a store that serves single objects.
+    """
+
+    def __init__(self, inner: DocumentSource, delay_s: float):
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> str:
+        time.sleep(self.delay_s)
+        return self.inner[index]
+
+    def where(self, index: int) -> str:
+        return self.inner.where(index)
