@@ -26,10 +26,12 @@ from input_server.sources import DocumentSource
 from input_server.tokenize import TokenGroup, Tokenizer
 
 # Text per sentencepiece call: sentencepiece starts its threads at every call, so bigger calls
-# amortize that; 1024 short documents ran 1.6x faster than 64 here, and 1 MiB of long
-# documents per call 1.35x faster than 256 KiB. The documents per group follow from the
-# corpus's mean document size; the data never depends on it.
-GROUP_CHARS = 1 << 20
+# amortize that; 1024 short documents (~256 KiB) ran 1.6x faster than 64 here, and 1 MiB of
+# long documents 1.35x faster than 256 KiB. But a group's records are read one after another,
+# so from slow (remote) storage a bigger group is a longer wait for each thread, and the
+# autotuner's windows stretch past its time bound: 256 KiB. The documents per group follow
+# from the corpus's mean document size; the data never depends on it.
+GROUP_CHARS = 256 << 10
 MIN_GROUP, MAX_GROUP = 8, 4096
 STATE_VERSION = 1
 cpu_count = os.cpu_count
