@@ -267,7 +267,8 @@ def slow_tuning(slow_pipeline):
 
 def test_cpu_bound_choice_is_within_the_cores_and_5_percent_of_the_best(cpu_pipeline):
     cpus = autotune.cpu_count()
-    t = autotune.tune(cpu_pipeline, ram_budget_mb=1024)
+    # Longer windows than the default: the comparison below needs steadier readings.
+    t = autotune.tune(cpu_pipeline, ram_budget_mb=1024, window_s=1.5)
     assert t.workers <= cpus, t.table()
     assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
     choice = (t.processes, t.threads)
