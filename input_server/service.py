@@ -17,6 +17,7 @@ import grpc
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+from input_client._queues import put_unless_stopped
 from input_client.codec import encode_state, encode_tensors
 from input_client.spec import PipelineSpec, SpecError
 from input_server import __version__
@@ -158,13 +159,7 @@ class StreamSession:
             return
 
     def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._stop, _POLL_S)
 
     def _produce(self) -> None:
         last_state = b""

@@ -14,6 +14,7 @@ import grpc
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+from input_client._queues import put_unless_stopped
 from input_client.codec import decode_batch, decode_state, encode_state
 from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec
@@ -183,13 +184,7 @@ class BatchIterator:
             return True
 
     def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._stop, _POLL_S)
 
     def _place(self, arrays: dict[str, Any]) -> dict[str, Any]:
         if self._sharding is None:
