@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import grain
@@ -258,6 +259,35 @@ class BatchStream:
         self._seq += 1
         state = self.pipeline.state_of(Position(self._seq, self._cursor.doc, self._cursor.offset))
         return Produced(seq=seq, batch=batch, state=state)
+
+    def worker_processes(self) -> list[tuple[int, BaseProcess]]:
+        """(worker index, process) of each Grain worker process this stream runs now.
+
+        Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
+        at the worker's index in the interleave's lists) and lists them nowhere public, so this
+        walks the iterator graph (checked against grain 0.2.18). A worker whose iterator the
+        interleave has not taken up yet is not found; it is found once the stream waits on it,
+        which is when its death matters. May raise RuntimeError if the graph changes under the
+        walk; call again.
+        """
+        found, seen = [], set()
+        todo = [(self._it, 0)]
+        while todo:
+            node, slot = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for name, value in list(vars(node).items()):
+                if name == "_prefetch_process" and isinstance(value, BaseProcess):
+                    found.append((slot, value))
+                children = [(value, slot)]
+                if isinstance(value, list):
+                    children = [(v, i) for i, v in enumerate(value)]
+                for child, child_slot in children:
+                    for c in child if isinstance(child, tuple) else (child,):
+                        if isinstance(c, grain.DatasetIterator):
+                            todo.append((c, child_slot))
+        return found
 
     def close(self) -> None:
         if not self._closed:

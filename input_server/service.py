@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator, Mapping
 from multiprocessing.process import BaseProcess
 
-import grain
 import grpc
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
@@ -59,34 +58,6 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
         if isinstance(e, cls):
             return code, str(e)
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
-
-
-def _worker_processes(stream: BatchStream) -> list[tuple[int, BaseProcess]]:
-    """(worker index, process) of each Grain worker process the stream runs now.
-
-    Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
-    at the worker's index in the interleave's lists) and lists them nowhere public, so this
-    walks the iterator graph. A worker whose iterator the interleave has not taken up yet is
-    not found; it is found once the stream waits on it, which is when its death matters.
-    """
-    found, seen = [], set()
-    todo = [(v, 0) for v in vars(stream).values() if isinstance(v, grain.DatasetIterator)]
-    while todo:
-        node, slot = todo.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for name, value in list(vars(node).items()):
-            if name == "_prefetch_process" and isinstance(value, BaseProcess):
-                found.append((slot, value))
-            children = [(value, slot)]
-            if isinstance(value, list):
-                children = [(v, i) for i, v in enumerate(value)]
-            for child, child_slot in children:
-                for c in child if isinstance(child, tuple) else (child,):
-                    if isinstance(c, grain.DatasetIterator):
-                        todo.append((c, child_slot))
-    return found
 
 
 def _exit_words(code: int) -> str:
@@ -146,7 +117,7 @@ class StreamSession:
     def _watch(self) -> None:
         while not self._stop.wait(_WATCH_S) and not self._closing:
             try:
-                for slot, process in _worker_processes(self.stream):
+                for slot, process in self.stream.worker_processes():
                     self._workers_seen.setdefault(process.pid, (slot, process))
             except RuntimeError:  # the graph changed under the walk; look again next time
                 continue
