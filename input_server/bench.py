@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from input_client.codec import shift_left
 from input_client.spec import PipelineSpec
 from input_server.pipeline import Pipeline, Workers, default_threads
 
@@ -69,14 +70,10 @@ class _TokenizeAndTrim:
         return {"inputs": ids, "targets": ids}
 
 
-def _shift_left(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """MaxText's ShiftData, so the reference does the same per-batch work as ours."""
-    out = dict(batch)
-    for k in ("targets", "targets_segment_ids", "targets_positions"):
-        shifted = np.zeros_like(batch[k])
-        shifted[:, :-1] = batch[k][:, 1:]
-        out[k] = shifted
-    return out
+    return {**batch, **{k: shift_left(batch[k])
+                        for k in ("targets", "targets_segment_ids", "targets_positions")}}
 
 
 def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
@@ -95,7 +92,7 @@ def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
     ds = grain.experimental.FirstFitPackIterDataset(
         ds, length_struct={"inputs": b.seq_len, "targets": b.seq_len},
         num_packing_bins=b.size, shuffle_bins=False)
-    ds = ds.batch(b.size, drop_remainder=True).map(_shift_left)
+    ds = ds.batch(b.size, drop_remainder=True).map(_shift_data)
     if processes > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))
     return ds

@@ -159,14 +159,6 @@ def _workers_of(client: Any) -> tuple[str, str, str]:
     return str(s.worker_processes), str(s.worker_threads), s.worker_reason
 
 
-def _ensure_absl_flags_parsed() -> None:
-    # Grain reads absl flags; this entry point does not use absl, so mark them parsed.
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
 def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
              workdir: str | os.PathLike | None = None, progress: bool = True,
              assets_dir: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -197,7 +189,9 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
         if progress:
             print(f"[demo {time.perf_counter() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    _ensure_absl_flags_parsed()
+    from input_server.pipeline import ensure_absl_flags_parsed
+
+    ensure_absl_flags_parsed()
     import jax
     from tqdm import tqdm
 

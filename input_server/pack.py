@@ -59,7 +59,7 @@ class DocCursor:
                                  f"hold document {doc}.")
             self.group, self.index = g, doc - g.first_doc
             self.lengths = g.lengths.tolist()
-            self.starts = (np.cumsum(g.lengths) - g.lengths).tolist()
+            self.starts = g.starts.tolist()
         return True
 
 

@@ -38,7 +38,7 @@ STATE_VERSION = 1
 cpu_count = os.cpu_count
 
 
-def _ensure_absl_flags_parsed() -> None:
+def ensure_absl_flags_parsed() -> None:
     # Grain reads absl flags; entry points that do not use absl must mark them parsed.
     from absl import flags
 
@@ -201,7 +201,7 @@ class Pipeline:
         ds = groups.to_iter_dataset(grain.ReadOptions(
             num_threads=workers.threads, prefetch_buffer_size=2 * workers.threads))
         if workers.processes > 0:
-            _ensure_absl_flags_parsed()
+            ensure_absl_flags_parsed()
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers.processes),
                                 worker_init_fn=_die_with_parent)
         return ds

@@ -37,7 +37,8 @@ def decode_tensors(tensors: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _shift_left(a: np.ndarray) -> np.ndarray:
+def shift_left(a: np.ndarray) -> np.ndarray:
+    """`a[:, t + 1]` at `t`, 0 at the last position: MaxText's targets from its inputs."""
     out = np.empty_like(a)
     out[:, :-1] = a[:, 1:]
     out[:, -1] = 0
@@ -80,9 +81,9 @@ def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
         "inputs": inputs,
         "inputs_segmentation": seg,
         "inputs_position": pos,
-        "targets": _shift_left(inputs),
-        "targets_segmentation": _shift_left(seg),
-        "targets_position": _shift_left(pos),
+        "targets": shift_left(inputs),
+        "targets_segmentation": shift_left(seg),
+        "targets_position": shift_left(pos),
     }
 
 
