@@ -13,7 +13,10 @@ import pytest
 
 import input_client
 from input_client import InputClient
-from input_server.pack import FIELDS
+from input_client._proto.input_server.v1 import input_service_pb2 as pb
+from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+from input_client.codec import encode_tensors
+from input_server.pack import FIELDS, PackedBatch
 
 
 def test_public_names_import():
@@ -63,16 +66,43 @@ def test_sharding_places_global_jax_arrays(server, make_spec):
         assert {s.data.shape for s in placed[k].addressable_shards} == {(2, 128)}
 
 
-def test_sequence_gap_raises(server, make_spec):
-    """A resumed stream whose state claims another position is caught by the sequence check."""
+class _MisnumberingServicer(pb_grpc.InputServiceServicer):
+    """A server that sends the given sequence numbers: a stand-in for a broken or foreign one."""
+
+    def __init__(self, seqs):
+        self.seqs = seqs
+
+    def GetInfo(self, request, context):
+        return pb.GetInfoResponse(server_version="test")
+
+    def StreamBatches(self, request, context):
+        batch = PackedBatch(np.ones((1, 4), np.int32), np.array([4], np.int32),
+                            np.array([1], np.int32))
+        for seq in self.seqs:
+            yield pb.Batch(sequence_number=seq, tensors=encode_tensors(batch.compact()),
+                           state=b'{"seq": %d}' % (seq + 1), num_tokens=4)
+
+
+@pytest.mark.parametrize("seqs, words", [([0, 1, 3], "expected batch 2, got batch 3: a gap"),
+                                         ([0, 1, 1], "expected batch 2, got batch 1: a repeat")],
+                         ids=["gap", "repeat"])
+def test_sequence_gap_or_repeat_raises(tmp_path, seqs, words):
+    from concurrent import futures
+
+    import grpc
+
     from input_client import SequenceError
 
-    with InputClient(server.targets[0]) as c:
-        with c.batches(make_spec()) as it:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_InputServiceServicer_to_server(_MisnumberingServicer(seqs), server)
+    server.add_insecure_port(f"unix://{tmp_path}/bad.sock")
+    server.start()
+    try:
+        with InputClient(f"unix://{tmp_path}/bad.sock", connect_timeout_s=10) as c, \
+                c.batches("any", reconnect_deadline_s=0) as it:
             next(it)
-            state = it.get_state()
-        # A client that expects batch 7 next while the server resumes at 1: the check must fire.
-        it = c.batches(make_spec(), state=state)
-        it._expected_seq = 7
-        with pytest.raises(SequenceError, match="expected batch 7, got batch 1"):
             next(it)
+            with pytest.raises(SequenceError, match=words):
+                next(it)
+    finally:
+        server.stop(None)
