@@ -10,7 +10,8 @@ so the policy is testable on synthetic tables as well as on real runs.
 
 A "worker" is one document group being read and tokenized at a time: a candidate has
 `max(1, processes) * threads` of them. Threads in the server process are the cheap knob
-(sentencepiece releases the GIL; a thread waiting on remote storage costs no CPU); processes
+(no memory of their own; each group's sentencepiece call runs on its own C++ threads, and a
+thread waiting on remote storage costs no CPU); processes
 pay off when per-record Python work holds the GIL, so they are tried only when the in-process
 candidates leave cores idle or fall short of the target.
 

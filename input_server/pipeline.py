@@ -126,7 +126,9 @@ class _EncodeGroup:
 
 
 def default_threads(processes: int) -> int:
-    """Tokenizer threads per process: sentencepiece releases the GIL, so threads fill cores."""
+    """Grain threads per process, each reading and tokenizing a group: they overlap reads
+    (slow storage) and the packer; the tokenizing itself runs on sentencepiece's own threads
+    (its `encode` holds the GIL)."""
     return max(1, min(8, (cpu_count() or 1) // max(1, processes)))
 
 
