@@ -26,14 +26,15 @@ from input_server.pack import DocCursor, PackedBatch, pack_batch
 from input_server.sources import DocumentSource
 from input_server.tokenize import TokenGroup, Tokenizer
 
-# Text per sentencepiece call: sentencepiece starts its threads at every call, so bigger calls
-# amortize that; 1024 short documents (~256 KiB) ran 1.6x faster than 64 here, and 1 MiB of
-# long documents 1.35x faster than 256 KiB. But a group's records are read one after another,
-# so from slow (remote) storage a bigger group is a longer wait for each thread, and the
-# autotuner's windows stretch past its time bound: 256 KiB. The documents per group follow
-# from the corpus's mean document size; the data never depends on it.
+# Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN): bigger
+# calls amortize each group's fixed costs; 1024 short documents (~256 KiB) ran 1.6x faster
+# than 64 here, and on long documents 119 per group ran 1.1-1.2x faster than 47. But a group's
+# records are read one after another, so from slow (remote) storage a bigger group is a longer
+# wait for each thread, and the autotuner's windows stretch past its time bound: 256 KiB. The
+# documents per group follow from a sample of the corpus; the data never depends on it.
 GROUP_CHARS = 256 << 10
 MIN_GROUP, MAX_GROUP = 8, 4096
+SAMPLE_DOCS = 64
 STATE_VERSION = 1
 cpu_count = os.cpu_count
 
@@ -104,31 +105,30 @@ class _EncodeGroup:
     """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
 
     def __init__(self, order: DocumentOrder, source: DocumentSource, size: int,
-                 tokenizer: Tokenizer, processes: int = 0, *, packing: str = "first_fit",
-                 seq_len: int | None = None):
+                 tokenizer: Tokenizer, *, trim_to: int | None = None):
         self.order = order
         self.source = source
         self.size = size
         self.tokenizer = tokenizer
-        self.processes = processes
         # Packings that keep only a document's first seq_len tokens need no more from it.
-        self.trim_to = None if packing == "concat_then_split" else seq_len
+        self.trim_to = trim_to
 
     def __call__(self, g: int) -> dict[str, np.ndarray]:
         first = g * self.size
         indices = self.order.source_indices(first, first + self.size).tolist()
         read_many = getattr(self.source, "read_many", None)
         texts = read_many(indices) if read_many else [self.source[i] for i in indices]
-        # Each process splits its cores between its documents' sentencepiece threads.
-        threads = max(1, (cpu_count() or 1) // max(1, self.processes))
-        return self.tokenizer.encode(texts, first_doc=first, num_threads=threads,
+        # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
+        # processes) are the tokenizing parallelism, which the autotuner sizes. Measured on 2
+        # cores: 2 Grain threads x 1 ran 1.0-1.15x as fast as 2 x 2.
+        return self.tokenizer.encode(texts, first_doc=first, num_threads=1,
                                      trim_to=self.trim_to).to_element()
 
 
 def default_threads(processes: int) -> int:
-    """Grain threads per process, each reading and tokenizing a group: they overlap reads
-    (slow storage) and the packer; the tokenizing itself runs on sentencepiece's own threads
-    (its `encode` holds the GIL)."""
+    """Grain threads per process, each reading and tokenizing a group: one per core, since
+    sentencepiece's `encode` releases the GIL; more only pay off to overlap slow reads,
+    which the autotuner finds by measuring."""
     return max(1, min(8, (cpu_count() or 1) // max(1, processes)))
 
 
@@ -160,9 +160,23 @@ class Pipeline:
                 f"`shard.index` {shard.index} of `shard.count` {shard.count} holds no documents "
                 f"({len(self.source)} in all); use fewer shards.")
         self.docs_per_epoch = self.order.per_epoch
-        sample = [len(self.source[i]) for i in range(min(64, len(self.source)))]
-        mean_chars = max(1, sum(sample) // max(1, len(sample)))
-        self.group_size = min(MAX_GROUP, max(MIN_GROUP, GROUP_CHARS // mean_chars))
+        self.group_size = self._group_size()
+
+    def _trim_to(self) -> int | None:
+        """Tokens the packer keeps of a document, if it keeps only a document's first ones."""
+        b = self.spec.batch
+        return None if b.packing == "concat_then_split" else b.seq_len
+
+    def _group_size(self) -> int:
+        """Documents per group, so that a group is about GROUP_CHARS of text to tokenize,
+        from a sample of the data (which also teaches the tokenizer its characters per token,
+        used for cutting long documents before tokenizing)."""
+        sample = [self.source[i] for i in range(min(SAMPLE_DOCS, len(self.source)))]
+        self.tokenizer.learn_chars_per_token(sample)
+        trim_to = self._trim_to()
+        chars = [self.tokenizer.tokenized_chars(len(t), trim_to) for t in sample]
+        mean_chars = max(1, sum(chars) // max(1, len(chars)))
+        return min(MAX_GROUP, max(MIN_GROUP, GROUP_CHARS // mean_chars))
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """Reads a resume state sent back by a client; refuses one made for other data."""
@@ -191,11 +205,11 @@ class Pipeline:
         return {"version": STATE_VERSION, "fingerprint": self.fingerprint, "seq": pos.seq,
                 "doc": pos.doc, "offset": pos.offset}
 
-    def groups(self, first_doc: int = 0, processes: int = 0) -> grain.MapDataset:
+    def groups(self, first_doc: int = 0) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on."""
         size = self.group_size
-        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer, processes,
-                              packing=self.spec.batch.packing, seq_len=self.spec.batch.seq_len)
+        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer,
+                              trim_to=self._trim_to())
         return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
             encode)
 
@@ -236,7 +250,7 @@ class BatchStream:
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
-        self._it = iter(pipeline._parallel(pipeline.groups(pos.doc, workers.processes), workers))
+        self._it = iter(pipeline._parallel(pipeline.groups(pos.doc), workers))
         groups = (TokenGroup.from_element(e) for e in self._it)
         self._cursor = DocCursor(groups, pos.doc, pos.offset)
         self._closed = False

@@ -41,7 +41,7 @@ def test_cut_documents_keep_their_first_tokens(tokenizer, docs, trim_to):
     for i in range(len(texts)):
         np.testing.assert_array_equal(doc_tokens(cut, i)[:trim_to],
                                       doc_tokens(full, i)[:trim_to])
-        assert len(doc_tokens(cut, i)) >= min(trim_to, len(doc_tokens(full, i)))
+        assert len(doc_tokens(cut, i)) == min(trim_to, len(doc_tokens(full, i)))
 
 
 def test_cut_prefix_too_short_falls_back_to_the_whole_document(tokenizer):
@@ -49,5 +49,17 @@ def test_cut_prefix_too_short_falls_back_to_the_whole_document(tokenizer):
     text = "a " + "x" * 5000
     full = tokenizer.encode([text])
     cut = tokenizer.encode([text], trim_to=64)
-    np.testing.assert_array_equal(doc_tokens(cut, 0)[:64], doc_tokens(full, 0)[:64])
-    assert len(doc_tokens(cut, 0)) >= 64
+    np.testing.assert_array_equal(doc_tokens(cut, 0), doc_tokens(full, 0)[:64])
+
+
+def test_prefix_with_many_characters_per_token_is_cut_again_further_on(tokenizer, docs):
+    # Learn the corpus's rate, then a document whose start takes far more characters per token
+    # (long words), so its first cut holds too few tokens and it is cut again, maybe twice.
+    tokenizer.encode(docs[:300], trim_to=64)
+    words = " ".join("x" * 40 + str(i) for i in range(400))
+    texts = [words + " " + docs[0], docs[1] + " " + words]
+    full = tokenizer.encode(texts)
+    cut = tokenizer.encode(texts, trim_to=64)
+    for i in range(len(texts)):
+        np.testing.assert_array_equal(doc_tokens(cut, i), doc_tokens(full, i)[:64])
+    assert cut.tokens.size == 128
