@@ -192,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                                          "limit and a MaxText-style Grain pipeline")
     bench.add_argument("spec", help="pipeline spec TOML")
     bench.add_argument("--json", metavar="OUT", help="also write the result as JSON")
-    bench.add_argument("--min-tokens", type=int, default=4_000_000,
+    bench.add_argument("--min-tokens", type=int, default=8_000_000,
                        help="tokens each measured run delivers")
-    bench.add_argument("--rounds", type=int, default=3,
-                       help="interleaved rounds; each figure keeps its best")
+    bench.add_argument("--rounds", type=int, default=5,
+                       help="rounds, each measuring everything back to back; a ratio is the "
+                            "median of the rounds' ratios, a rate the best round's")
     bench.set_defaults(run=_bench)
 
     info = sub.add_parser("info", help="print a running server's info")

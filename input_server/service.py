@@ -135,12 +135,13 @@ class StreamSession:
     def _produce(self) -> None:
         last_state = b""
         next_seq = self.stream.next_seq
+        vocab_size = self.stream.pipeline.tokenizer.vocab_size
         try:
             for produced in self.stream:
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
                 msg = pb.Batch(sequence_number=produced.seq,
-                               tensors=encode_tensors(produced.batch.compact()),
+                               tensors=encode_tensors(produced.batch.compact(vocab_size)),
                                state=last_state, num_tokens=produced.num_tokens)
                 if not self._put((msg, None)):
                     return

@@ -30,8 +30,8 @@ def main() -> int:
                         help="vocabulary of the tokenizer trained for --builtin")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--min-tokens", type=int, default=4_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-tokens", type=int, default=8_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     if args.builtin:

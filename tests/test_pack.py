@@ -137,3 +137,21 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
         for x, y in zip(rest, full[i + 1:], strict=True):
             for k in FIELDS:
                 np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize("vocab_size, wire_dtype", [(1000, np.uint16), (65536, np.uint16),
+                                                    (65537, np.int32), (256_000, np.int32)])
+def test_wire_form_narrows_ids_only_when_the_vocabulary_fits_uint16(vocab_size, wire_dtype):
+    from input_client.codec import expand_packed
+
+    top = vocab_size - 1
+    docs = [[top, 1, 2], [top] * 5, [3, top]]
+    cursor = DocCursor(groups_of(docs))
+    batch = pack_batch(cursor, size=2, seq_len=8, packing="first_fit")
+    wire = batch.compact(vocab_size)
+    assert wire["inputs"].dtype == wire_dtype
+    got = expand_packed(**wire)
+    check_layout(got, 2, 8)  # widened back: all six int32
+    for k, want in batch.arrays().items():
+        np.testing.assert_array_equal(got[k], want)
+    assert int(got["inputs"].max()) == top

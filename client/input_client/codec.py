@@ -49,12 +49,14 @@ def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
                   segments_per_row: np.ndarray) -> dict[str, np.ndarray]:
     """MaxText's six arrays from the compact form.
 
+    `inputs` may hold uint16 ids (a small vocabulary's wire form); all six arrays are int32.
     `segment_lengths` lists every row's segment lengths, row after row; `segments_per_row`
     says how many belong to each row. Segment ids count 1, 2, ... within a row (0 = padding),
     positions 0, 1, ... within a segment; targets are the inputs shifted left by one, the last
     position 0, and so are targets_segmentation and targets_position.
     """
     rows, seq_len = inputs.shape
+    inputs = inputs.astype(np.int32, copy=False)  # ids may travel as uint16
     lengths = segment_lengths.astype(np.int64)
     per_row = segments_per_row.astype(np.int64)
     # Each row is its segments then one padding run; lay out all runs of the batch in order.
