@@ -40,7 +40,7 @@ def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: fl
 
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
     threads = cpu_count() or 1
-    tokens, start = 0, time.perf_counter()
+    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
         ids = sp.encode(texts, add_bos=spec.tokenizer.add_bos, add_eos=spec.tokenizer.add_eos,
                         num_threads=threads, return_type="numpy")
@@ -48,7 +48,8 @@ def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: fl
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
             return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": _rate(tokens, elapsed),
-                    "threads": threads}
+                    "threads": threads,
+                    "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens}
 
 
 class _TokenizeAndTrim:
@@ -99,22 +100,33 @@ def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
     return ds
 
 
-def _consume(batches, count_tokens) -> dict:
-    """Times a batch iterator after its first batch (start-up is not throughput)."""
+def _consume(batches, count_tokens, other_process=None) -> dict:
+    """Times a batch iterator after its first batch (start-up is not throughput), with the CPU
+    time it took per real token: this process's (all threads), and `other_process`'s (a
+    psutil.Process, the server) apart."""
+
+    def other_cpu() -> float:
+        return sum(other_process.cpu_times()[:2]) if other_process is not None else 0.0
+
     it = iter(batches)
     first = next(it)
     tokens, rows, slots = 0, 0, 0
-    start = time.perf_counter()
+    start, cpu, other = time.perf_counter(), time.process_time(), other_cpu()
     for batch in it:
         seg = count_tokens(batch)
         tokens += int(np.count_nonzero(seg))
         rows += 1
         slots += seg.size
     elapsed = time.perf_counter() - start
+    cpu, other = time.process_time() - cpu, other_cpu() - other
     del first
-    return {"tokens": tokens, "batches": rows, "seconds": elapsed,
-            "tokens_per_s": _rate(tokens, elapsed),
-            "packing_efficiency": tokens / slots if slots else 0.0}
+    result = {"tokens": tokens, "batches": rows, "seconds": elapsed,
+              "tokens_per_s": _rate(tokens, elapsed),
+              "packing_efficiency": tokens / slots if slots else 0.0,
+              "cpu_ns_per_token": 1e9 * cpu / tokens if tokens else 0.0}
+    if other_process is not None:
+        result["other_cpu_ns_per_token"] = 1e9 * other / tokens if tokens else 0.0
+    return result
 
 
 def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dict:
@@ -122,6 +134,8 @@ def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dic
     it = iter(ds)
     try:
         result = _consume(it, lambda b: b["inputs_segment_ids"])
+        if processes:  # the work ran in worker processes this process's CPU time misses
+            del result["cpu_ns_per_token"]
     finally:
         close = getattr(it, "close", None)
         if close:
@@ -142,6 +156,8 @@ def bench_server(spec: PipelineSpec, transport: str) -> dict:
     import subprocess
     import sys
 
+    import psutil
+
     from input_client import InputClient
     from input_client._proto.input_server.v1 import input_service_pb2 as pb
     from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
@@ -160,7 +176,10 @@ def bench_server(spec: PipelineSpec, transport: str) -> dict:
         stack.callback(server.terminate)
         client = stack.enter_context(InputClient(target, connect_timeout_s=60))
         it = stack.enter_context(client.batches(spec, prefetch=2))
-        result = _consume(it, lambda b: b["inputs_segmentation"])
+        result = _consume(it, lambda b: b["inputs_segmentation"], psutil.Process(server.pid))
+        # This process is the client; the server's CPU is the other process's.
+        result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
+        result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")
         # Wire size, from the raw messages of a short second stream.
         stub = pb_grpc.InputServiceStub(client._channel)
         wire, tokens = 0, 0
@@ -312,11 +331,16 @@ def format_table(result: dict[str, Any]) -> str:
              for k, v in result["reference"].items()]
     rows.append(("this pipeline, in process", result["pipeline_in_process"]))
     rows += [(f"through server + client, {k}", v) for k, v in result["server"].items()]
-    lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}"]
+    lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}  CPU ns/token"]
     for name, r in rows:
         eff = r.get("packing_efficiency")
+        if "server_cpu_ns_per_token" in r:
+            cpu = (f"{r['server_cpu_ns_per_token']:.0f} server + "
+                   f"{r['client_cpu_ns_per_token']:.0f} client")
+        else:
+            cpu = f"{r['cpu_ns_per_token']:.0f}" if "cpu_ns_per_token" in r else ""
         lines.append(f"{name:<42} {r['tokens_per_s'] / 1e6:>10.2f} "
-                     f"{'' if eff is None else f'{eff:.3f}':>8}")
+                     f"{'' if eff is None else f'{eff:.3f}':>8}  {cpu}")
     ratios, per_round = result["ratios"], result.get("ratios_per_round", {})
     lines.append("")
     for k, v in ratios.items():
