@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from input_client.spec import TokenizerSpec
 from input_server.tokenize import CUT_CHARS_PER_TOKEN, Tokenizer
@@ -52,9 +54,14 @@ def test_cut_prefix_too_short_falls_back_to_the_whole_document(tokenizer):
     np.testing.assert_array_equal(doc_tokens(cut, 0), doc_tokens(full, 0)[:64])
 
 
-def test_prefix_with_many_characters_per_token_is_cut_again_further_on(tokenizer, docs):
+@pytest.mark.parametrize("extendable", [True, False], ids=["grow-by-the-added-text",
+                                                         "tokenize-the-longer-prefix"])
+def test_prefix_with_many_characters_per_token_is_grown_further_on(spm_model, docs, extendable):
+    tokenizer = Tokenizer(TokenizerSpec(model=spm_model))
+    assert tokenizer.extendable  # the fixture's model has sentencepiece's default normalizer
+    tokenizer.extendable = extendable  # as for a model without it
     # Learn the corpus's rate, then a document whose start takes far more characters per token
-    # (long words), so its first cut holds too few tokens and it is cut again, maybe twice.
+    # (long words), so its first cut holds too few tokens and it grows, maybe twice.
     tokenizer.encode(docs[:300], trim_to=64)
     words = " ".join("x" * 40 + str(i) for i in range(400))
     texts = [words + " " + docs[0], docs[1] + " " + words]
@@ -63,3 +70,23 @@ def test_prefix_with_many_characters_per_token_is_cut_again_further_on(tokenizer
     for i in range(len(texts)):
         np.testing.assert_array_equal(doc_tokens(cut, i), doc_tokens(full, i)[:64])
     assert cut.tokens.size == 128
+
+
+# Words and the whitespace and characters a normalizer treats specially: runs of spaces,
+# newlines and tabs, combining marks, compatibility characters NFKC rewrites (ligature,
+# full-width, diaeresis that decomposes to a space and a mark), non-Latin scripts.
+_pieces = st.sampled_from(["the", "data", "token", "x" * 30, " ", "  ", "\n", "\t", " \n ",
+                           "e\u0301", "\u00a8", "\ufb01le", "\uff21\uff22", "\u4e2d\u6587",
+                           "\u00e9t\u00e9", "(", ").", "42", "\u00a0", "--"])
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.lists(_pieces, min_size=1, max_size=400), min_size=1, max_size=6),
+       trim_to=st.integers(1, 80))
+def test_cut_and_grown_documents_keep_the_whole_documents_tokens(tokenizer, words, trim_to):
+    texts = ["".join(w) for w in words]
+    full = tokenizer.encode(texts)
+    cut = tokenizer.encode(texts, trim_to=trim_to)
+    for i in range(len(texts)):
+        np.testing.assert_array_equal(doc_tokens(cut, i), doc_tokens(full, i)[:trim_to])
