@@ -186,7 +186,7 @@ def bench_server(spec: PipelineSpec, transport: str) -> dict:
         call = stub.StreamBatches(pb.StreamBatchesRequest(spec=spec.to_proto()))
         for i, msg in enumerate(call):
             wire += msg.ByteSize()
-            tokens += msg.num_tokens
+            tokens += msg.num_tokens + sum(b.num_tokens for b in msg.following)
             if i >= 20 or msg.end_of_data:
                 break
         call.cancel()

@@ -263,3 +263,40 @@ def test_non_loopback_addresses_are_refused(address):
                                      "unix-abstract:input"])
 def test_loopback_and_unix_addresses_are_accepted(address):
     assert parse_address(address).bind == address
+
+
+def _raw_messages(target, spec, pause_s=0.0):
+    """The stream's messages as they arrive on the wire (no client iterator in between)."""
+    from input_client._proto.input_server.v1 import input_service_pb2 as pb
+    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(
+            pb.StreamBatchesRequest(spec=spec.to_proto()))
+        messages = [next(call)]
+        time.sleep(pause_s)  # the server's queue fills meanwhile
+        messages += list(call)
+    return messages
+
+
+def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec):
+    from input_client.codec import decode_batch
+    from input_server.service import MESSAGE_TOKENS
+
+    spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: many per message
+    messages = _raw_messages(target, spec, pause_s=0.5)
+    assert any(len(m.following) > 0 for m in messages)  # coalesced...
+    assert all(len(m.following) + 1 <= MESSAGE_TOKENS // 128 for m in messages)
+    assert all(not f.following for m in messages for f in m.following)  # ...never nested
+    batches = [b for m in messages for b in (m, *m.following)]
+    assert [b.sequence_number for b in batches] == list(range(len(batches)))
+    assert batches[-1].end_of_data and not messages[-1].following  # the end marker alone
+    assert_same([decode_batch(b.tensors) for b in batches[:-1]], in_process(spec))
+    states = [json.loads(b.state) for b in batches[:-1]]
+    assert [s["seq"] for s in states] == list(range(1, len(batches)))  # each its own state
+
+
+def test_batches_of_a_full_message_travel_alone(target, make_spec):
+    spec = make_spec(batch={"seq_len": 1024, "size": 64}, order={"epochs": 3})  # 65,536 tokens
+    messages = _raw_messages(target, spec, pause_s=0.5)
+    assert len(messages) > 2 and not any(m.following for m in messages)

@@ -200,17 +200,19 @@ class BatchIterator:
         Raises whatever decoding or placement raises.
         """
         try:
-            for msg in call:
+            for message in call:
                 if self._outage_start is not None:
                     self._reconnected()
-                if msg.end_of_data:
-                    self._put((_END, msg.sequence_number, None, 0))
-                    return None
-                arrays = self._place(decode_batch(msg.tensors))
-                if not self._put((arrays, msg.sequence_number, decode_state(msg.state),
-                                  msg.num_tokens)):
-                    return None
-                self._resume = msg.state
+                # Small batches share a message: the first, then `following`, in order.
+                for msg in (message, *message.following):
+                    if msg.end_of_data:
+                        self._put((_END, msg.sequence_number, None, 0))
+                        return None
+                    arrays = self._place(decode_batch(msg.tensors))
+                    if not self._put((arrays, msg.sequence_number, decode_state(msg.state),
+                                      msg.num_tokens)):
+                        return None
+                    self._resume = msg.state
         except grpc.RpcError as e:
             if self._stop.is_set():
                 return None

@@ -109,18 +109,20 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("sequence_number", "tensors", "state", "end_of_data", "num_tokens")
+    __slots__ = ("sequence_number", "tensors", "state", "end_of_data", "num_tokens", "following")
     SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWING_FIELD_NUMBER: _ClassVar[int]
     sequence_number: int
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     state: bytes
     end_of_data: bool
     num_tokens: int
-    def __init__(self, sequence_number: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., state: _Optional[bytes] = ..., end_of_data: _Optional[bool] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    following: _containers.RepeatedCompositeFieldContainer[Batch]
+    def __init__(self, sequence_number: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., state: _Optional[bytes] = ..., end_of_data: _Optional[bool] = ..., num_tokens: _Optional[int] = ..., following: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
