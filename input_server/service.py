@@ -47,10 +47,11 @@ _POLL_S = 0.1
 # finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
 _WATCH_S = 0.5
 _UNSTICK_S = 5.0
-# gRPC's Python streaming costs ~100-140 µs of CPU per message on each side, mostly fixed, so
-# as many batches as fit this many tokens (padding included) travel together in one message
-# (`Batch.following`), each whole with its own sequence number and state: 16,384-token
-# batches took ~21 ns of client CPU per token alone, 65,536-token ones ~10 (scripts/bench.py).
+# gRPC's Python streaming costs ~90-210 µs of CPU per message on each side, mostly fixed
+# (scripts/bench_grpc.py), so as many batches as fit this many tokens (padding included)
+# travel together in one message (`Batch.following`), each whole with its own sequence number
+# and state: 16,384-token batches alone took ~21 ns of client CPU per token, 15-18 four to a
+# message; 65,536-token ones 10-12 (scripts/bench.py).
 # A batch waits at most COALESCE_WAIT_S for company, so a slow pipeline's batches still go
 # one by one, promptly.
 MESSAGE_TOKENS = 1 << 16
