@@ -33,3 +33,18 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     # per segment.
     assert 2.0 <= result["server"]["unix"]["wire_bytes_per_token"] < 3.0
     assert "in_process_over_limit" in out.stdout
+
+
+def test_grpc_message_cost_script_reports_each_api():
+    out = subprocess.run([sys.executable, "scripts/bench_grpc.py", "--rows", "4", "--seq-len",
+                          "256", "--messages", "200"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["tokens_per_message"] == 1024
+    assert result["message_bytes"] > 2 * 1024  # uint16 ids
+    runs = {(r["server"], r["client"]) for r in result["results"]}
+    assert runs == {("sync", "sync"), ("sync", "sync-single-threaded"), ("aio", "aio")}
+    for r in result["results"]:
+        assert r["messages_per_s"] > 0 and r["client_cpu_us_per_message"] > 0
+        assert r["server_cpu_us_per_message"] > 0
