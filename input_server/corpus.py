@@ -64,15 +64,15 @@ def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "tex
 
 
 def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
-                        vocab_size: int = 1000) -> str:
-    """Trains a small unigram model; returns the `.model` path."""
+                        vocab_size: int = 1000, model_type: str = "unigram") -> str:
+    """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path."""
     import sentencepiece as spm
 
     # Train on lines: sentencepiece skips "sentences" over 4192 bytes, and caps their count.
     lines = (line for doc in docs for line in doc.splitlines() if line.strip())
     spm.SentencePieceTrainer.train(
         sentence_iterator=lines, model_prefix=os.fspath(model_prefix),
-        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+        vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
         # 0 stays padding for the batches (MaxText's convention); unk moves to 3.
         pad_id=0, bos_id=1, eos_id=2, unk_id=3,
         input_sentence_size=200000, shuffle_input_sentence=True, num_threads=2,

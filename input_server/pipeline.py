@@ -26,7 +26,7 @@ from input_server.pack import DocCursor, PackedBatch, pack_batch
 from input_server.sources import DocumentSource
 from input_server.tokenize import TokenGroup, Tokenizer
 
-# Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN): bigger
+# Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs; 1024 short documents (~256 KiB) ran 1.6x faster
 # than 64 here, and on long documents 119 per group ran 1.1-1.2x faster than 47. But a group's
 # records are read one after another, so from slow (remote) storage a bigger group is a longer

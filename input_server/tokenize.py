@@ -42,14 +42,17 @@ class TokenGroup:
 
 # A document that will be trimmed to `n` tokens is cut (at a space) before tokenizing:
 # sentencepiece's time is per character, and a long document's tail would be thrown away. The
-# cut keeps CUT_MARGIN times the characters that `n` tokens took on average (learned from a
+# cut keeps a margin times the characters that `n` tokens took on average (learned from a
 # sample of the data, then from every group; CUT_CHARS_PER_TOKEN before any). A prefix that
 # proves to hold too few tokens grows at a further space, sized from its own characters per
-# token. The cut only saves work: the tokens kept are the same either way. Characters tokenized
-# per epoch of pydoc topics (160k spanned by the kept tokens): 169k at 1.05, 176k at 1.15,
-# 184k at 1.25; a lower margin only adds small calls for the prefixes that grow.
+# token. The cut only saves work: the tokens kept are the same either way.
+# Growing by tokenizing only the added text (BPE, word and char models) is cheap, so a small
+# margin pays: characters tokenized per epoch of pydoc topics (160k spanned by the kept
+# tokens) were 169k at 1.05, 176k at 1.15, 184k at 1.25. Growing by tokenizing the longer
+# prefix again (unigram models) costs more per miss: 197k at 1.15, 194k at 1.25, 198k at 1.3.
 CUT_CHARS_PER_TOKEN = 8.0
-CUT_MARGIN = 1.05
+CUT_MARGIN_GROW_ADDED = 1.05
+CUT_MARGIN_RETOKENIZE = 1.25
 
 
 class Tokenizer:
@@ -93,16 +96,28 @@ class Tokenizer:
     def _text_after_a_space_tokenizes_alike(self) -> bool:
         """True when the text after a space, tokenized alone, gives the tokens it has inside
         the whole text (given word-local pieces): the normalizer strips the leading space and
-        adds the "▁" the space would have become (sentencepiece's defaults). Then a prefix
-        that proved too short is grown by tokenizing only what follows it."""
+        adds the "▁" the space would have become (sentencepiece's defaults), and the model
+        segments each word on its own. Then a prefix that proved too short is grown by
+        tokenizing only what follows it.
+
+        Not unigram models: their Viterbi search breaks exact ties between segmentations by
+        floating-point sums from the text's start, so a word's tokens can depend on the text
+        before it (found by review: " ***************" became "▁** ** ***********" after one
+        prefix and "▁** *********** **" after another). BPE merges, word and char models never
+        look across a "▁".
+        """
         from sentencepiece import sentencepiece_model_pb2
 
         model = sentencepiece_model_pb2.ModelProto()
         model.ParseFromString(self.processor().serialized_model_proto())
-        norm = model.normalizer_spec
-        return bool(norm.add_dummy_prefix and norm.remove_extra_whitespaces
-                    and norm.escape_whitespaces
-                    and not model.trainer_spec.treat_whitespace_as_suffix)
+        norm, trainer = model.normalizer_spec, model.trainer_spec
+        return bool(trainer.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+                    and norm.add_dummy_prefix and norm.remove_extra_whitespaces
+                    and norm.escape_whitespaces and not trainer.treat_whitespace_as_suffix)
+
+    @property
+    def cut_margin(self) -> float:
+        return CUT_MARGIN_GROW_ADDED if self.extendable else CUT_MARGIN_RETOKENIZE
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -117,10 +132,10 @@ class Tokenizer:
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         """About how many of a document's `text_chars` characters get tokenized when the
-        packer keeps `trim_to` of its tokens (see CUT_MARGIN)."""
+        packer keeps `trim_to` of its tokens (see CUT_MARGIN_*)."""
         if trim_to is None or not self.word_local:
             return text_chars
-        return min(text_chars, int(trim_to * CUT_MARGIN * self._chars_per_token))
+        return min(text_chars, int(trim_to * self.cut_margin * self._chars_per_token))
 
     def encode(self, texts: list[str], first_doc: int = 0, num_threads: int = 1,
                trim_to: int | None = None, learn: bool = False) -> TokenGroup:
@@ -164,11 +179,11 @@ class Tokenizer:
             self._chars_per_token += w * (sum(map(len, texts)) / tokens - self._chars_per_token)
 
     def _encode_cut(self, encode, texts: list[str], trim_to: int) -> list[np.ndarray]:
-        """Encodes `texts`, each long one cut at a space first (see CUT_MARGIN). A prefix that
+        """Encodes `texts`, each long one cut at a space first (see CUT_MARGIN_*). A prefix that
         proves to hold fewer than `trim_to` tokens grows, at a further space, until it holds
         enough or the document is whole: only the added text is tokenized when the model
         allows it (`self.extendable`), else the longer prefix is tokenized again."""
-        limit = int(trim_to * CUT_MARGIN * self._chars_per_token)
+        limit = int(trim_to * self.cut_margin * self._chars_per_token)
         work = list(texts)
         ends: dict[int, int] = {}  # documents cut short: where their tokenized text ends
         for i, text in enumerate(texts):
@@ -192,7 +207,7 @@ class Tokenizer:
                 text, start = texts[i], ends[i]
                 # Characters for the missing tokens at this prefix's own rate, with margin.
                 rate = start / max(1, len(body[i]) - bos)
-                end = start + max(64, int((trim_to - len(body[i])) * CUT_MARGIN * rate))
+                end = start + max(64, int((trim_to - len(body[i])) * self.cut_margin * rate))
                 if end < len(text):
                     space = text.rfind(" ", start + 1, end)
                     end = space if space > start else text.find(" ", end)
