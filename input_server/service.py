@@ -97,7 +97,8 @@ class StreamSession:
         shape = stream.pipeline.spec.batch
         # Batches per message: as many as fit MESSAGE_TOKENS (padding included).
         self.per_message = max(1, MESSAGE_TOKENS // (shape.size * shape.seq_len))
-        self.first_sent_s: float | None = None  # time.monotonic() when the first batch went
+        self.first_sent_s: float | None = None  # time.monotonic() when the first message went
+        self.first_message_batches = 0  # the batches that message held
         self.batches_produced = 0
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
@@ -232,10 +233,11 @@ class StreamSession:
         return None
 
     def consumed_batches_per_s(self) -> float:
-        """Batches the client took per second since the first: its demand, once it is fed."""
-        if self.first_sent_s is None or self.batches_sent < 2:
+        """Batches the client took per second since the first message: its demand, once fed."""
+        if self.first_sent_s is None or self.batches_sent <= self.first_message_batches:
             return 0.0
-        return (self.batches_sent - 1) / max(time.monotonic() - self.first_sent_s, 1e-9)
+        return ((self.batches_sent - self.first_message_batches)
+                / max(time.monotonic() - self.first_sent_s, 1e-9))
 
     def stop(self) -> None:
         self._stop.set()
@@ -316,6 +318,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 session.batches_sent += 1 + len(msg.following)
                 if session.first_sent_s is None:
                     session.first_sent_s = time.monotonic()
+                    session.first_message_batches = session.batches_sent
         finally:
             if session is not None:
                 session.stop()
