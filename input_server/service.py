@@ -54,7 +54,10 @@ _UNSTICK_S = 5.0
 # message; 65,536-token ones 10-12 (scripts/bench.py).
 # A batch waits at most COALESCE_WAIT_S for company, so a slow pipeline's batches still go
 # one by one, promptly.
+# At most this many batches a message, so tiny batches still flow (and show the consumer's
+# pace) message by message: 8 already spreads the fixed cost thin.
 MESSAGE_TOKENS = 1 << 16
+MAX_BATCHES_PER_MESSAGE = 8
 COALESCE_WAIT_S = 0.02
 # Grain's own report of a dead worker (it names neither the worker nor its pid).
 _GRAIN_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code "
@@ -95,8 +98,9 @@ class StreamSession:
         self.stream = stream
         self.batches_sent = 0
         shape = stream.pipeline.spec.batch
-        # Batches per message: as many as fit MESSAGE_TOKENS (padding included).
-        self.per_message = max(1, MESSAGE_TOKENS // (shape.size * shape.seq_len))
+        # Batches per message: as many as fit MESSAGE_TOKENS (padding included), at most 8.
+        self.per_message = max(1, min(MAX_BATCHES_PER_MESSAGE,
+                                      MESSAGE_TOKENS // (shape.size * shape.seq_len)))
         self.first_sent_s: float | None = None  # time.monotonic() when the first message went
         self.first_message_batches = 0  # the batches that message held
         self.batches_produced = 0

@@ -281,12 +281,12 @@ def _raw_messages(target, spec, pause_s=0.0):
 
 def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec):
     from input_client.codec import decode_batch
-    from input_server.service import MESSAGE_TOKENS
+    from input_server.service import MAX_BATCHES_PER_MESSAGE
 
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: many per message
     messages = _raw_messages(target, spec, pause_s=0.5)
     assert any(len(m.following) > 0 for m in messages)  # coalesced...
-    assert all(len(m.following) + 1 <= MESSAGE_TOKENS // 128 for m in messages)
+    assert all(len(m.following) + 1 <= MAX_BATCHES_PER_MESSAGE for m in messages)
     assert all(not f.following for m in messages for f in m.following)  # ...never nested
     batches = [b for m in messages for b in (m, *m.following)]
     assert [b.sequence_number for b in batches] == list(range(len(batches)))
