@@ -50,7 +50,7 @@ _UNSTICK_S = 5.0
 # gRPC's Python streaming costs ~90-210 µs of CPU per message on each side, mostly fixed
 # (scripts/bench_grpc.py), so as many batches as fit this many tokens (padding included)
 # travel together in one message (`Batch.following`), each whole with its own sequence number
-# and state: 16,384-token batches alone took ~21 ns of client CPU per token, 15-18 four to a
+# and state: 16,384-token batches alone took ~21 ns of client CPU per token, 15-20 four to a
 # message; 65,536-token ones 10-12 (scripts/bench.py).
 # A batch waits at most COALESCE_WAIT_S for company, so a slow pipeline's batches still go
 # one by one, promptly.
