@@ -33,6 +33,7 @@ from input_server.tokenize import TokenGroup, Tokenizer
 # wait for each thread, and the autotuner's windows stretch past its time bound: 256 KiB. The
 # documents per group follow from a sample of the corpus; the data never depends on it.
 GROUP_CHARS = 256 << 10
+GROUP_RAW_CHARS = 4 << 20
 MIN_GROUP, MAX_GROUP = 8, 4096
 SAMPLE_DOCS = 64
 STATE_VERSION = 1
@@ -176,7 +177,12 @@ class Pipeline:
         trim_to = self._trim_to()
         chars = [self.tokenizer.tokenized_chars(len(t), trim_to) for t in sample]
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
-        return min(MAX_GROUP, max(MIN_GROUP, GROUP_CHARS // mean_chars))
+        # Cutting makes long documents cheap to tokenize, not to read or hold: the whole text
+        # of a group stays bounded too (with a short seq_len a group of long documents would
+        # otherwise grow to MAX_GROUP of them).
+        mean_raw = max(1, sum(map(len, sample)) // max(1, len(sample)))
+        size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
+        return min(MAX_GROUP, max(MIN_GROUP, size))
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """Reads a resume state sent back by a client; refuses one made for other data."""

@@ -102,3 +102,24 @@ def test_real_tokens_are_counted_and_rows_well_formed(make_spec, spm_model):
     first = row[seg == 1]
     assert first[0] == sp.bos_id()  # add_bos; a trimmed document may end without eos
     assert len(sp.decode(first.tolist())) > 20  # real text comes back out
+
+
+def test_group_size_bounds_the_text_tokenized_and_the_text_held(make_spec, docs, tmp_path):
+    from input_server.corpus import write_jsonl
+    from input_server.pipeline import GROUP_CHARS, GROUP_RAW_CHARS, MIN_GROUP
+
+    # Long documents (~120k characters): with a short seq_len little of each is tokenized, so
+    # the tokenized text alone would allow thousands a group; the text held must bound it.
+    long_docs = [" ".join(docs[i:i + 300]) for i in range(0, 600, 20)]
+    mean_raw = sum(map(len, long_docs)) / len(long_docs)
+    assert mean_raw > 50_000
+    spec = make_spec(source={"paths": [write_jsonl(long_docs, str(tmp_path / "long.jsonl"))]},
+                     batch={"seq_len": 16, "size": 4})
+    pipeline = Pipeline(spec)
+    assert MIN_GROUP <= pipeline.group_size <= max(MIN_GROUP, GROUP_RAW_CHARS / mean_raw * 1.5)
+    # Short documents, none cut (seq_len 2048): about GROUP_CHARS of text a group.
+    short = Pipeline(make_spec(batch={"seq_len": 2048, "size": 2}))
+    mean_short = sum(map(len, docs[:64])) / 64
+    assert abs(short.group_size - GROUP_CHARS / mean_short) <= 0.2 * GROUP_CHARS / mean_short
+    # Either way the batches are the same as with any other group size (the data never
+    # depends on it): covered by the worker-count and resume tests above.
