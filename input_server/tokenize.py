@@ -127,7 +127,9 @@ class Tokenizer:
     def learn_chars_per_token(self, texts: list[str]) -> float:
         """Tokenizes a sample of the data to learn its characters per token (pickled with the
         tokenizer, so worker processes start from it rather than CUT_CHARS_PER_TOKEN)."""
-        self.encode(texts, trim_to=None, learn=True)
+        sp = self.processor()
+        self._learn(texts, sp.encode(texts, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos,
+                                     return_type="numpy"))
         return self._chars_per_token
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
@@ -138,7 +140,7 @@ class Tokenizer:
         return min(text_chars, int(trim_to * self.cut_margin * self._chars_per_token))
 
     def encode(self, texts: list[str], first_doc: int = 0, num_threads: int = 1,
-               trim_to: int | None = None, learn: bool = False) -> TokenGroup:
+               trim_to: int | None = None) -> TokenGroup:
         """Tokenizes `texts` in one sentencepiece call, on `num_threads` of its C++ threads.
 
         Tokens come back as numpy arrays (sentencepiece's `return_type="numpy"`): no Python
@@ -149,16 +151,12 @@ class Tokenizer:
         Args:
           trim_to: the packer keeps only this many tokens of a document; documents longer than
             that come back trimmed to exactly `trim_to` tokens, their first ones.
-          learn: update the characters per token learned for cutting (always done when
-            `trim_to` is given).
         """
         encode = functools.partial(
             self.processor().encode, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos,
             num_threads=num_threads, return_type="numpy")
         if trim_to is None or not self.word_local:
             ids = encode(texts)
-            if learn:
-                self._learn(texts, ids)
         else:
             ids = self._encode_cut(encode, texts, trim_to)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
