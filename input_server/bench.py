@@ -19,6 +19,7 @@ import numpy as np
 from input_client.codec import shift_left
 from input_client.spec import PipelineSpec
 from input_server.pipeline import Pipeline, Workers, default_threads
+from input_server.sources import DocumentSource
 
 cpu_count = os.cpu_count
 
@@ -29,8 +30,8 @@ def _rate(tokens: int, seconds: float) -> float:
 
 def corpus_texts(spec: PipelineSpec) -> list[str]:
     """All documents of the spec's source, in file order."""
-    source = Pipeline(spec).source
-    return [source[i] for i in range(len(source))]
+    source = DocumentSource.from_spec(spec.source)
+    return source.read_many(range(len(source)))
 
 
 def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: float) -> dict:
