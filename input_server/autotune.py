@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from input_client._queues import put_unless_stopped
 from input_server.pipeline import Pipeline, Workers, default_threads
 
 log = logging.getLogger(__name__)
@@ -220,9 +220,6 @@ class Tuning:
         if math.isinf(self.ram_budget_mb):
             d["ram_budget_mb"] = None
         return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
     def to_proto(self):
         """The `WorkerTuning` message the info RPC reports."""
@@ -444,13 +441,7 @@ def _produce(pipeline: Pipeline, workers: Workers, out: queue.Queue,
     """Runs the stream from its start, again and again for short data, until `stop`."""
 
     def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(out, item, stop, 0.05)
 
     try:
         while not stop.is_set():

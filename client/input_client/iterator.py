@@ -242,9 +242,7 @@ class BatchIterator:
                 call = self._reopen(error)
                 if call is None:
                     return
-        except StreamError as e:  # gave up: hand it to the caller
-            self._put((e, 0, None, 0))
-        except Exception as e:  # decoding or placement failed: hand it to the caller
+        except Exception as e:  # gave up (StreamError), or decoding or placement failed
             self._put((e, 0, None, 0))
 
     def _reopen(self, error: StreamError) -> Any:
