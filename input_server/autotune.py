@@ -615,7 +615,13 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
 
 # One tuning at a time per server process: two at once would measure each other.
 _lock = threading.RLock()
-_decided: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Decisions by spec, for pipelines that read the spec's own files: each stream that sends its
+# spec builds a new `Pipeline`, and a trainer resuming (or reconnecting) must not wait for a
+# second tuning. Pipelines with a substitute source (tests' slow storage) are kept apart, by
+# object. The oldest decisions go first beyond _DECIDED_MAX specs.
+_DECIDED_MAX = 64
+_decided: dict[Any, Workers] = {}
+_decided_substitute: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: int = 0,
@@ -760,13 +766,15 @@ def _skipped(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
 
 
 def auto_workers(pipeline: Pipeline) -> Workers:
-    """The workers for a `workers.count = "auto"` stream: tuned once per `Pipeline`.
+    """The workers for a `workers.count = "auto"` stream: tuned once per spec in this process.
 
-    A named pipeline is built once at server start, so its first stream tunes and later
-    streams (a trainer resuming after preemption) start at once with the same choice.
+    The first stream of a spec tunes; later streams of it (a trainer resuming after
+    preemption, a client reconnecting) start at once with the same choice.
     """
+    cache = _decided_substitute if pipeline.substitute_source else _decided
+    key = pipeline if pipeline.substitute_source else pipeline.spec
     with _lock:
-        workers = _decided.get(pipeline)
+        workers = cache.get(key)
         if workers is None:
             w = pipeline.spec.workers
             tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
@@ -774,7 +782,9 @@ def auto_workers(pipeline: Pipeline) -> Workers:
                           tune_seconds=float(w.tune_seconds))
             workers = Workers(tuning.processes, tuning.threads, f"auto: {tuning.summary()}",
                               tuning=tuning)
-            _decided[pipeline] = workers
+            cache[key] = workers
+            if len(_decided) > _DECIDED_MAX:
+                del _decided[next(iter(_decided))]
         return workers
 
 

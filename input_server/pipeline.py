@@ -151,6 +151,7 @@ class Pipeline:
         self.spec = spec
         self.fingerprint = spec.data_fingerprint()
         self.tokenizer = Tokenizer(spec.tokenizer)
+        self.substitute_source = source is not None
         self.source = source if source is not None else DocumentSource.from_spec(spec.source)
         shard, order = spec.shard, spec.order
         self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
@@ -232,7 +233,7 @@ class Pipeline:
         """The spec's worker count, or for "auto" the autotuner's measured choice.
 
         "auto" runs this pipeline at candidate processes x threads (`autotune.tune`) once per
-        `Pipeline` (a named pipeline tunes at its first stream; later streams reuse it).
+        spec in the server process (its first stream tunes; later streams reuse the choice).
         """
         count = self.spec.workers.count
         if count != "auto":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -327,8 +328,12 @@ def test_auto_gives_the_same_batches_as_the_chosen_count_fixed(make_spec):
     fixed = first(pipeline, 40, Workers(workers.processes, workers.threads, "fixed"))
     assert same_bytes(auto, fixed)
     assert same_bytes(auto, first(pipeline, 40, Workers(0, 1, "one thread")))
-    # The pipeline keeps its decision: a second stream starts without tuning again.
+    # The decision is kept: a second stream, even one that sends the spec again (a new
+    # Pipeline, as every request-spec stream and every reconnect builds), starts without tuning.
     assert pipeline.resolve_workers() is workers
+    start = time.monotonic()
+    assert Pipeline(spec).resolve_workers() is workers
+    assert time.monotonic() - start < 2  # no second tuning (this one took seconds)
 
 
 def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
