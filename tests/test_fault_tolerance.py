@@ -247,28 +247,6 @@ def _health(target: str) -> int:
             timeout=5).status
 
 
-def test_corrupt_record_in_a_worker_process_is_data_loss_not_retried(server, make_spec, docs,
-                                                                     tmp_path):
-    path = tmp_path / "broken.jsonl"
-    lines = [json.dumps({"text": d}) for d in docs[:300]]
-    lines[150] = '{"text": "unterminated'
-    path.write_text("\n".join(lines) + "\n")
-    with InputClient(server.targets[0]) as client:
-        it = client.batches(make_spec(source={"paths": [str(path)]}, order={"shuffle": False},
-                                      workers={"count": 1}), reconnect_deadline_s=60)
-        start = time.monotonic()
-        with pytest.raises(StreamError) as e:
-            list(it)
-        assert time.monotonic() - start < 30  # not retried until the deadline
-        assert e.value.code == grpc.StatusCode.DATA_LOSS
-        assert f"{path} line 151" in e.value.details
-        assert it.reconnects == 0
-        # The server is fine for the next stream.
-        assert _health(server.targets[0]) == health_pb2.HealthCheckResponse.SERVING
-        with client.batches(make_spec()) as again:
-            assert batch_bytes(next(again)) == reference(make_spec())[0]
-
-
 def _worker_processes(before: set[int]) -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):

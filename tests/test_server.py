@@ -129,17 +129,25 @@ def test_bad_resume_state_is_invalid(client, make_spec):
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "other data" in e.value.details
 
 
-def test_bad_record_mid_stream_is_data_loss_naming_file_and_line(client, make_spec, docs,
-                                                                 tmp_path):
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "worker-process"])
+def test_bad_record_mid_stream_is_data_loss_naming_file_and_line_not_retried(
+        client, make_spec, docs, tmp_path, workers):
     path = tmp_path / "broken.jsonl"
-    lines = [json.dumps({"text": d}) for d in docs[:200]]
+    lines = [json.dumps({"text": d}) for d in docs[:300]]
     lines[150] = '{"text": "unterminated'
     path.write_text("\n".join(lines) + "\n")
+    it = client.batches(make_spec(source={"paths": [str(path)]}, order={"shuffle": False},
+                                  workers={"count": workers}), reconnect_deadline_s=60)
+    start = time.monotonic()
     with pytest.raises(StreamError) as e:
-        list(client.batches(make_spec(source={"paths": [str(path)]},
-                                      order={"shuffle": False})))
+        list(it)
+    assert time.monotonic() - start < 30  # not retried until the reconnect deadline
     assert e.value.code == grpc.StatusCode.DATA_LOSS
     assert f"{path} line 151" in e.value.details
+    assert it.reconnects == 0
+    # The server is fine for the next stream.
+    with client.batches(make_spec()) as again:
+        assert_same([next(again)], in_process(make_spec())[:1])
 
 
 def test_concurrent_streams_each_get_their_own_data(server, make_spec):
