@@ -36,7 +36,7 @@ def corpus_texts(spec: PipelineSpec) -> list[str]:
 
 def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: float) -> dict:
     """The limit: sentencepiece's own batch encode over the corpus on all cores, in its
-    fastest output form (numpy arrays; lists of Python ints measured 1.15-1.2x slower)."""
+    fastest output form (numpy arrays; see scripts/bench_tokenize.py)."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)

@@ -27,8 +27,8 @@ from input_server.sources import DocumentSource
 from input_server.tokenize import TokenGroup, Tokenizer
 
 # Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
-# calls amortize each group's fixed costs; 1024 short documents (~256 KiB) ran 1.6x faster
-# than 64 here, and on long documents 119 per group ran 1.1-1.2x faster than 47. But a group's
+# calls amortize each group's fixed costs; groups of this size (1713 short documents, 119 long
+# ones) ran 1.35x and 1.09x as fast as groups of 64 (scripts/bench_tokenize.py). But a group's
 # records are read one after another, so from slow (remote) storage a bigger group is a longer
 # wait for each thread, and the autotuner's windows stretch past its time bound: 256 KiB. The
 # documents per group follow from a sample of the corpus; the data never depends on it.
@@ -120,8 +120,8 @@ class _EncodeGroup:
         read_many = getattr(self.source, "read_many", None)
         texts = read_many(indices) if read_many else [self.source[i] for i in indices]
         # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
-        # processes) are the tokenizing parallelism, which the autotuner sizes. Measured on 2
-        # cores: 2 Grain threads x 1 ran 1.0-1.15x as fast as 2 x 2.
+        # processes) are the tokenizing parallelism, which the autotuner sizes (2 threads x 1
+        # ran 0.93-1.06x as fast as 2 x 2, scripts/bench_tokenize.py).
         return self.tokenizer.encode(texts, first_doc=first, num_threads=1,
                                      trim_to=self.trim_to).to_element()
 

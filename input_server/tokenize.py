@@ -47,9 +47,9 @@ class TokenGroup:
 # proves to hold too few tokens grows at a further space, sized from its own characters per
 # token. The cut only saves work: the tokens kept are the same either way.
 # Growing by tokenizing only the added text (BPE, word and char models) is cheap, so a small
-# margin pays: characters tokenized per epoch of pydoc topics (160k spanned by the kept
-# tokens) were 169k at 1.05, 176k at 1.15, 184k at 1.25. Growing by tokenizing the longer
-# prefix again (unigram models) costs more per miss: 197k at 1.15, 194k at 1.25, 198k at 1.3.
+# margin pays; growing by tokenizing the longer prefix again (unigram models) costs more per
+# miss. Each margin tokenized the fewest characters per epoch of pydoc topics in a sweep done
+# while writing this (scripts/bench_tokenize.py reports the characters tokenized).
 CUT_CHARS_PER_TOKEN = 8.0
 CUT_MARGIN_GROW_ADDED = 1.05
 CUT_MARGIN_RETOKENIZE = 1.25
@@ -144,9 +144,9 @@ class Tokenizer:
         """Tokenizes `texts` in one sentencepiece call, on `num_threads` of its C++ threads.
 
         Tokens come back as numpy arrays (sentencepiece's `return_type="numpy"`): no Python
-        int is made per token, which measured 1.2-1.6x faster than lists of ints once flattened.
-        The call releases the GIL (measured: two Python threads encoding at once ran 1.8x as
-        fast as one), so Grain's threads also tokenize in parallel.
+        int is made per token, 1.26-1.40x as fast as lists of ints once flattened. The call
+        releases the GIL (two Python threads encoding at once ran 1.76-1.83x as fast as one),
+        so Grain's threads tokenize in parallel (scripts/bench_tokenize.py).
 
         Args:
           trim_to: the packer keeps only this many tokens of a document; documents longer than

@@ -48,3 +48,19 @@ def test_grpc_message_cost_script_reports_each_api():
     for r in result["results"]:
         assert r["messages_per_s"] > 0 and r["client_cpu_us_per_message"] > 0
         assert r["server_cpu_us_per_message"] > 0
+
+
+def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
+    out = subprocess.run([sys.executable, "scripts/bench_tokenize.py", "--corpus", corpus,
+                          "--model", spm_model, "--seq-len", "32", "--seconds", "0.2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)
+    assert set(result["ratios"]) == {"numpy_over_ints", "two_threads_over_one",
+                                     "threads_x1_over_x2", "pipeline_group_over_64"}
+    assert all(r > 0 for r in result["ratios"].values())
+    cut = result["cut"]
+    # Cutting at seq_len 32 tokenizes far less than the whole text, and never less than the
+    # text the kept tokens span (the cut never drops a kept token).
+    assert cut["characters_kept_tokens_span"] <= cut["characters_tokenized"]
+    assert cut["characters_tokenized"] < cut["characters_in_all"]

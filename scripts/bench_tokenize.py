@@ -1,0 +1,161 @@
+"""The tokenizer-side measurements behind docs/architecture.md "Speed", side by side in one run;
+prints JSON.
+
+  python scripts/bench_tokenize.py --builtin pydoc-topics [--seq-len 1024]
+  python scripts/bench_tokenize.py --corpus FILE.jsonl --model SPM.model
+
+- numpy output against lists of Python ints (flattened to one array, as a group needs);
+- two Python threads encoding at once against one (does `encode` release the GIL?);
+- 2 threads x 1 sentencepiece thread against 2 x 2;
+- groups of 64 documents against the pipeline's group size;
+- characters tokenized per epoch when long documents are cut, against the characters the kept
+  tokens span (found by bisection) and the whole text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import threading
+import time
+
+
+def _rate(fn, tokens: int, seconds: float) -> float:
+    """Tokens per second of `fn`, best of repeated runs for at least `seconds`."""
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        fn()
+        best = max(best, tokens / (time.perf_counter() - t))
+    return best
+
+
+def _kept_span(sp, text: str, seq_len: int) -> int:
+    """Characters of `text` whose tokens are its first `seq_len` (the shortest prefix, at a
+    space, that tokenizes to at least that many)."""
+    if len(sp.encode(text)) <= seq_len:
+        return len(text)
+    spaces = [i for i, c in enumerate(text) if c == " "] + [len(text)]
+    lo, hi = 0, len(spaces) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(sp.encode(text[:spaces[mid]])) >= seq_len:
+            hi = mid
+        else:
+            lo = mid + 1
+    return spaces[lo]
+
+
+def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
+    import numpy as np
+    import sentencepiece as spm
+
+    from input_client import PipelineSpec
+    from input_server.pipeline import Pipeline
+    from input_server.sources import DocumentSource
+    from input_server.tokenize import Tokenizer
+
+    spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
+                        batch={"seq_len": seq_len})
+    source = DocumentSource.from_spec(spec.source)
+    texts = source.read_many(range(len(source)))
+    sp = spm.SentencePieceProcessor(model_file=model)
+    tokens = sum(map(len, sp.encode(texts)))
+    half = len(texts) // 2
+
+    def as_ints():
+        ids = sp.encode(texts)
+        np.fromiter(itertools.chain.from_iterable(ids), np.int32, tokens)
+
+    def as_numpy():
+        np.concatenate(sp.encode(texts, return_type="numpy"))
+
+    def threads(count: int, sp_threads: int):
+        def go():
+            parts = [texts[:half], texts[half:]] if count == 2 else [texts]
+            workers = [threading.Thread(target=sp.encode, args=(p,),
+                                        kwargs={"return_type": "numpy",
+                                                "num_threads": sp_threads}) for p in parts]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        return go
+
+    group_size = Pipeline(spec).group_size
+
+    def in_groups(size: int):
+        return lambda: [sp.encode(texts[i:i + size], return_type="numpy")
+                        for i in range(0, len(texts), size)]
+
+    tokenizer = Tokenizer(spec.tokenizer)
+    tokenizer.learn_chars_per_token(texts[:64])
+    tokenized = 0
+    real = tokenizer.processor()
+
+    class Counting:  # counts the characters handed to sentencepiece
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def encode(self, batch, **kwargs):
+            nonlocal tokenized
+            tokenized += sum(map(len, batch))
+            return real.encode(batch, **kwargs)
+
+    tokenizer._sp = Counting()
+    for i in range(0, len(texts), group_size):
+        tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
+    kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
+
+    r = {
+        "ints_flattened": _rate(as_ints, tokens, seconds),
+        "numpy_concatenated": _rate(as_numpy, tokens, seconds),
+        "one_python_thread": _rate(threads(1, 1), tokens, seconds),
+        "two_python_threads": _rate(threads(2, 1), tokens, seconds),
+        "two_python_threads_x2": _rate(threads(2, 2), tokens, seconds),
+        "groups_of_64": _rate(in_groups(64), tokens, seconds),
+        "groups_of_pipeline_size": _rate(in_groups(group_size), tokens, seconds),
+    }
+    return {
+        "corpus": corpus, "documents": len(texts), "tokens": tokens, "seq_len": seq_len,
+        "tokens_per_s": r,
+        "ratios": {
+            "numpy_over_ints": r["numpy_concatenated"] / r["ints_flattened"],
+            "two_threads_over_one": r["two_python_threads"] / r["one_python_thread"],
+            "threads_x1_over_x2": r["two_python_threads"] / r["two_python_threads_x2"],
+            "pipeline_group_over_64": r["groups_of_pipeline_size"] / r["groups_of_64"],
+        },
+        "pipeline_group_size": group_size,
+        "cut": {"grows_by_added_text": tokenizer.extendable,
+                "characters_tokenized": tokenized, "characters_kept_tokens_span": kept_span,
+                "characters_in_all": sum(map(len, texts))},
+    }
+
+
+def main() -> int:
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
+    from input_server import corpus
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus")
+    parser.add_argument("--model")
+    parser.add_argument("--builtin", choices=sorted(corpus.BUILTIN_CORPORA))
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
+    args = parser.parse_args()
+    if args.builtin:
+        args.corpus, args.model = corpus.build_builtin(args.builtin,
+                                                       tempfile.mkdtemp(prefix="bench-"))
+    if not (args.corpus and args.model):
+        parser.error("give --corpus and --model, or --builtin")
+    print(json.dumps(run(args.corpus, args.model, args.seq_len, args.seconds), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
