@@ -157,18 +157,19 @@ class StreamSession:
             for produced in self.stream:
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
-                msg = pb.Batch(sequence_number=produced.seq,
-                               tensors=encode_tensors(produced.batch.compact(vocab_size)),
-                               state=last_state, num_tokens=produced.num_tokens)
-                if not self._put((msg, None)):
+                # The tensors are added by the sender, into the message the batch travels in
+                # (alone or in another's `following`): appending a whole message copies it.
+                msg = pb.Batch(sequence_number=produced.seq, state=last_state,
+                               num_tokens=produced.num_tokens)
+                if not self._put((msg, None, produced.batch.compact(vocab_size))):
                     return
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker
-                self._put((None, failure))
+                self._put((None, failure, None))
                 return
             end = pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state)
-            self._put((end, None))
+            self._put((end, None, None))
         except Exception as e:  # surfaced to the client as a status, and logged here in full
             failure = self.failure or self._dead_worker()
             if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
@@ -182,7 +183,7 @@ class StreamSession:
                 log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
                 self._failed_at = time.monotonic()
                 self.failure = failure
-            self._put((None, failure or e))
+            self._put((None, failure or e, None))
         finally:
             self._closing = True
             try:
@@ -214,15 +215,17 @@ class StreamSession:
                         return
                     yield None, None  # a tick, so the caller can check for cancellation
                     continue
-            msg = item[0]
-            if msg is not None and not msg.end_of_data and self.per_message > 1:
-                pending = self._coalesce(msg)
-            yield item
+            msg, error, arrays = item
+            if arrays is not None:
+                encode_tensors(arrays, into=msg.tensors)
+                if self.per_message > 1:
+                    pending = self._coalesce(msg)
+            yield msg, error
             if msg is None or msg.end_of_data:
                 return
 
-    def _coalesce(self, first: pb.Batch) -> tuple[pb.Batch | None, BaseException | None] | None:
-        """Appends to `first.following` the batches queued or arriving within COALESCE_WAIT_S,
+    def _coalesce(self, first: pb.Batch) -> tuple | None:
+        """Adds to `first.following` the batches queued or arriving within COALESCE_WAIT_S,
         up to `per_message` in all; returns an item taken from the queue but not joined."""
         deadline = time.monotonic() + COALESCE_WAIT_S
         while len(first.following) + 1 < self.per_message:
@@ -230,10 +233,12 @@ class StreamSession:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return None
-            msg = item[0]
-            if msg is None or msg.end_of_data:
+            msg, _, arrays = item
+            if arrays is None:  # the end marker or an error: goes alone, next
                 return item
-            first.following.append(msg)
+            joined = first.following.add()
+            joined.CopyFrom(msg)  # no tensors yet: a few fields
+            encode_tensors(arrays, into=joined.tensors)
         return None
 
     def consumed_batches_per_s(self) -> float:

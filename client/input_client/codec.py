@@ -19,12 +19,17 @@ from input_client._proto.input_server.v1 import input_service_pb2 as pb
 PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
 
 
-def encode_tensors(arrays: Mapping[str, np.ndarray]) -> list[pb.Tensor]:
-    """One `Tensor` per array, in little-endian byte order."""
-    out = []
+def encode_tensors(arrays: Mapping[str, np.ndarray], into: Any = None) -> Any:
+    """One `Tensor` per array, in little-endian byte order: a list, or added to `into` (a
+    message's repeated `tensors` field), which saves copying the bytes into it later."""
+    out = [] if into is None else into
     for name, a in arrays.items():
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-        out.append(pb.Tensor(name=name, dtype=a.dtype.name, shape=a.shape, data=a.tobytes()))
+        fields = {"name": name, "dtype": a.dtype.name, "shape": a.shape, "data": a.tobytes()}
+        if into is None:
+            out.append(pb.Tensor(**fields))
+        else:
+            into.add(**fields)
     return out
 
 
