@@ -159,7 +159,7 @@ class Tuning:
       processes: chosen worker processes (0 = inside the server process).
       threads: chosen threads per process.
       reason: one of `REASONS`: "target met" (the fewest workers that meet the demand),
-        "plateau" (more workers gained under `plateau_gain`), "ram cap", "max workers" or
+        "plateau" (more workers gained under PLATEAU_GAIN), "ram cap", "max workers" or
         "time limit" (the cap or the time bound stopped a search still gaining), "fastest"
         (every candidate ran; the choice is the fastest).
       detail: the reason in a sentence, with the figures.
@@ -249,15 +249,14 @@ def _cost(m: Measurement) -> tuple[int, int]:
 
 
 def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.inf,
-           target_batches_per_s: float = 0.0, max_workers: int = 0, cpus: int | None = None,
-           plateau_gain: float = PLATEAU_GAIN, oversubscribe_gain: float = OVERSUBSCRIBE_GAIN,
-           headroom: float = TARGET_HEADROOM) -> Tuning:
+           target_batches_per_s: float = 0.0, max_workers: int = 0,
+           cpus: int | None = None) -> Tuning:
     """Chooses among measured candidates; pure, so it runs on synthetic tables too.
 
-    With a target, the cheapest candidate whose rate is at least `headroom` x the target;
-    otherwise (or when none meets it) the cheapest candidate within `plateau_gain` of the best
+    With a target, the cheapest candidate whose rate is at least TARGET_HEADROOM x the target;
+    otherwise (or when none meets it) the cheapest candidate within CHOICE_GAIN of the best
     rate, where candidates with more workers than `cpus` count only if the best of them beats
-    the best within the cores by `oversubscribe_gain`. Candidates above `max_workers` or whose
+    the best within the cores by OVERSUBSCRIBE_GAIN. Candidates above `max_workers` or whose
     measured RSS exceeds `ram_budget_mb` are out. "Cheapest" orders in-process threads before
     processes, then by count.
 
@@ -267,9 +266,6 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
       target_batches_per_s: the consumer's demand; 0 = unknown.
       max_workers: the most workers (processes x threads); 0 = no cap.
       cpus: the host's cores; default `cpu_count()`.
-      plateau_gain: the relative gain that counts as progress.
-      oversubscribe_gain: the gain that justifies more workers than cores.
-      headroom: the factor over the target a choice must measure.
 
     Returns:
       The `Tuning` (its `tune_seconds` is left 0 for the caller to fill).
@@ -285,9 +281,8 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
                   ram_budget_mb=ram_budget_mb, max_workers=max_workers)
 
     def why_out(m: Measurement) -> str:
-        if max_workers and m.workers > max_workers:
-            return "max workers"
-        return "ram cap" if m.rss_mb > ram_budget_mb else ""
+        return _over_cap(m.workers, m.rss_mb, max_workers=max_workers,
+                         ram_budget_mb=ram_budget_mb)
 
     fits = [m for m in ran if not why_out(m)]
     if not fits:
@@ -299,28 +294,27 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
                              f"adds {least.rss_mb:.0f} MiB", **common)
     best = max(fits, key=lambda m: m.batches_per_s)
     if target_batches_per_s > 0:
-        need = headroom * target_batches_per_s
+        need = TARGET_HEADROOM * target_batches_per_s
         meeting = [m for m in fits if m.batches_per_s >= need]
         if meeting:
-            c = meeting[0]
+            c, h = meeting[0], TARGET_HEADROOM
             return Tuning(processes=c.processes, threads=c.threads, reason="target met",
-                          detail=f"the fewest workers ({c.workers}) that give {headroom:g} x the "
+                          detail=f"the fewest workers ({c.workers}) that give {h:g} x the "
                                  f"target {target_batches_per_s:g} batches/s: "
                                  f"{c.batches_per_s:.1f} batches/s (best measured "
                                  f"{best.batches_per_s:.1f})", **common)
     cpus = cpus or cpu_count() or 1
     inside = [m for m in fits if m.workers <= cpus] or fits
     best_in = max(inside, key=lambda m: m.batches_per_s)
-    pool = (fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
+    pool = (fits if best.batches_per_s > (1 + OVERSUBSCRIBE_GAIN) * best_in.batches_per_s
             else inside)
     best = max(pool, key=lambda m: m.batches_per_s)
-    c = next(m for m in pool if m.batches_per_s * (1 + min(plateau_gain, CHOICE_GAIN))
-             >= best.batches_per_s)
+    c = next(m for m in pool if m.batches_per_s * (1 + CHOICE_GAIN) >= best.batches_per_s)
     rate = f"{c.batches_per_s:.1f} batches/s, {_si(c.tokens_per_s)} tokens/s"
     # Why nothing beyond the choice: a cap or the time bound cut a search still gaining, or
     # the rate stopped growing.
     faster_out = [m for m in ran if why_out(m) and m.batches_per_s
-                  > (1 + plateau_gain) * c.batches_per_s]
+                  > (1 + PLATEAU_GAIN) * c.batches_per_s]
     cut = [m.skipped for m in measurements if m.skipped and _cost(m) > _cost(c)]
     if faster_out:
         reason = why_out(faster_out[0])
@@ -328,10 +322,10 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
                   f"({faster_out[0].batches_per_s:.1f}) but over the {reason}")
     elif any(_cost(m) > _cost(c) for m in fits):
         reason = "plateau"
-        detail = (f"{rate}; more workers added under {plateau_gain:.0%} "
+        detail = (f"{rate}; more workers added under {PLATEAU_GAIN:.0%} "
                   f"(best {best.batches_per_s:.1f} batches/s, {best.label()})")
         if pool is inside and len(inside) < len(fits):
-            detail += (f", more than the {cpus} cores under {oversubscribe_gain:.0%}")
+            detail += (f", more than the {cpus} cores under {OVERSUBSCRIBE_GAIN:.0%}")
     elif cut:
         reason = cut[0]
         detail = f"{rate}; the {reason} stopped a search that was still gaining"
@@ -339,8 +333,8 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
         reason = "fastest"
         detail = f"{rate}; the fastest of every candidate tried"
     if target_batches_per_s > 0:
-        detail += (f"; the target {target_batches_per_s:g} batches/s (x {headroom:g} headroom) "
-                   f"was not reached")
+        detail += (f"; the target {target_batches_per_s:g} batches/s (x {TARGET_HEADROOM:g} "
+                   f"headroom) was not reached")
     return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail,
                   **common)
 
@@ -356,6 +350,34 @@ class Candidate:
     threads: int
     skip: str = ""
 
+    @property
+    def workers(self) -> int:
+        return max(1, self.processes) * self.threads
+
+
+def _over_cap(workers: int, rss_mb: float, *, max_workers: int, ram_budget_mb: float) -> str:
+    """Why a candidate of `workers` that adds `rss_mb` is out: "max workers", "ram cap", or ""
+    when it fits. The one cap check, for measured rows and for candidates not yet run."""
+    if max_workers and workers > max_workers:
+        return "max workers"
+    return "ram cap" if rss_mb > ram_budget_mb else ""
+
+
+def _predicted_rss_mb(c: Candidate, rows: Sequence[Measurement]) -> float:
+    """The memory `c` would add: per worker, as the last measured row of its kind (in-process
+    threads, or processes), times its workers. 0 before a row of its kind ran: a thread's
+    memory says nothing of a process's (a whole interpreter), known only by running one."""
+    same_kind = [m for m in rows if m.ran and (m.processes > 0) == (c.processes > 0)]
+    return same_kind[-1].rss_mb_per_worker * c.workers if same_kind else 0.0
+
+
+def _capped(c: Candidate, rows: Sequence[Measurement], *, max_workers: int,
+            ram_budget_mb: float) -> Candidate:
+    """`c`, with `skip` saying which cap it is over by its workers or predicted memory."""
+    skip = _over_cap(c.workers, _predicted_rss_mb(c, rows), max_workers=max_workers,
+                     ram_budget_mb=ram_budget_mb)
+    return dataclasses.replace(c, skip=skip) if skip else c
+
 
 def _stalled(rows: Sequence[Measurement], gain: float, patience: int) -> bool:
     """Whether the last `patience` rows each failed to beat all rows before them by `gain`."""
@@ -367,69 +389,60 @@ def _stalled(rows: Sequence[Measurement], gain: float, patience: int) -> bool:
 
 def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
                    ram_budget_mb: float = math.inf, target_batches_per_s: float = 0.0,
-                   max_workers: int = 0, plateau_gain: float = PLATEAU_GAIN,
-                   headroom: float = TARGET_HEADROOM,
-                   max_threads: int = MAX_THREADS) -> Candidate | None:
+                   max_workers: int = 0) -> Candidate | None:
     """What to measure next, given the table so far; None when the search is over. Pure.
 
-    In-process threads first, doubling (1, 2, 4, ...) until a doubling gains under
-    `plateau_gain` (below the core count, two in a row: noise). Then processes (2, 4, ... up
+    In-process threads first, doubling (1, 2, 4, ... MAX_THREADS) until a doubling gains under
+    PLATEAU_GAIN (below the core count, two in a row: noise). Then processes (2, 4, ... up
     to `cpus`, the in-process choice's threads shared among them) only if the in-process runs
     left cores idle (per-record Python work holds the GIL) or fell short of the target; they
     stop after one doubling without gain. One process is not tried: it adds a copy of every
     group for no more parallelism than the server's own threads. A target met ends
-    everything. A candidate over `max_workers`, or whose RSS predicted from the last run of
-    its kind exceeds the budget, comes back with `skip` set (the caller records it), which
-    ends its kind's search.
+    everything. A candidate over a cap (`_capped`) comes back with `skip` set (the caller
+    records it), which ends its kind's search.
     """
-    fits = [m for m in measurements if m.ran and m.rss_mb <= ram_budget_mb
-            and not (max_workers and m.workers > max_workers)]
+    caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
+    fits = [m for m in measurements if m.ran and not _over_cap(m.workers, m.rss_mb, **caps)]
     if target_batches_per_s > 0 and any(
-            m.batches_per_s >= headroom * target_batches_per_s for m in fits):
+            m.batches_per_s >= TARGET_HEADROOM * target_batches_per_s for m in fits):
         return None
     inproc = [m for m in measurements if m.processes == 0]
     procs = [m for m in measurements if m.processes > 0]
 
-    def check(c: Candidate, kind: list[Measurement]) -> Candidate:
-        workers = max(1, c.processes) * c.threads
-        if max_workers and workers > max_workers:
-            return dataclasses.replace(c, skip="max workers")
-        last = next((m for m in reversed(kind) if m.ran), None)
-        if last is not None and last.rss_mb_per_worker * workers > ram_budget_mb:
-            return dataclasses.replace(c, skip="ram cap")
-        return c
+    def check(c: Candidate) -> Candidate:
+        return _capped(c, measurements, **caps)
 
     if not procs:
         ran = [m for m in inproc if m.ran]
         if not inproc:
-            return check(Candidate(0, 1), inproc)
+            return check(Candidate(0, 1))
         threads = 2 * inproc[-1].threads
         patience = THREAD_PATIENCE if inproc[-1].threads < cpus else 1
-        if (inproc[-1].ran and threads <= max_threads
-                and not _stalled(ran, plateau_gain, patience)):
-            return check(Candidate(0, threads), inproc)
+        if (inproc[-1].ran and threads <= MAX_THREADS
+                and not _stalled(ran, PLATEAU_GAIN, patience)):
+            return check(Candidate(0, threads))
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
         short = target_batches_per_s > 0
         if cpus < 2 or not ran or not (gil_bound or short):
             return None
-        return check(Candidate(2, _threads_per_process(ran, 2, plateau_gain)), inproc)
+        return check(Candidate(2, _threads_per_process(ran, 2)))
     ran = [m for m in procs if m.ran]
     processes = 2 * procs[-1].processes
-    if not procs[-1].ran or processes > cpus or _stalled(ran, plateau_gain, 1):
+    if not procs[-1].ran or processes > cpus or _stalled(ran, PLATEAU_GAIN, 1):
         return None
-    return check(Candidate(processes, _threads_per_process(
-        [m for m in inproc if m.ran], processes, plateau_gain)), procs)
+    return check(Candidate(processes, _threads_per_process([m for m in inproc if m.ran],
+                                                           processes)))
 
 
-def _threads_per_process(inproc: Sequence[Measurement], processes: int, gain: float) -> int:
+def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
     # Keep the in-process choice's concurrency (what latency needs), spread over processes
     # (what the GIL needs).
     if not inproc:
         return 1
     best = max(m.batches_per_s for m in inproc)
     threads = next(m.threads for m in sorted(inproc, key=_cost)
-                   if m.batches_per_s * (1 + gain) >= best)
+                   if m.batches_per_s * (1 + PLATEAU_GAIN) >= best)
     return max(1, threads // processes)
 
 
@@ -463,8 +476,13 @@ def _burst_starts(times: Sequence[float]) -> list[int]:
     if len(times) < 3:
         return []
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    threshold = max(BURST_GAP * statistics.median(gaps), 1e-3)
-    return [i + 1 for i, g in enumerate(gaps) if g > threshold]
+    median = statistics.median(gaps)
+    return [i + 1 for i, g in enumerate(gaps) if _ends_a_wait(g, median)]
+
+
+def _ends_a_wait(gap: float, median_gap: float) -> bool:
+    """Whether a gap between batches is a wait for the next group, not packing's pace."""
+    return gap > max(BURST_GAP * median_gap, 1e-3)
 
 
 def _rate(times: Sequence[float], tokens: Sequence[int], *,
@@ -506,7 +524,7 @@ def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
 
 
 def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float = WARMUP_S,
-            window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES,
+            window_s: float = WINDOW_S,
             max_warmup_s: float = MAX_WARMUP_S,
             deadline: float | None = None) -> Measurement | None:
     """Runs the pipeline's stream with `processes` x `threads` and times its production.
@@ -520,8 +538,8 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
       processes, threads: the candidate.
       warmup_s: seconds after the first batch before timing may start; it starts at the
         first wait for a batch after that, or at `max_warmup_s` at the latest.
-      window_s, min_batches: the timed window lasts at least this long and this many batches
-        (longer, up to `MAX_WINDOW` x, to span `BURSTS` cycles of bursty production).
+      window_s: the timed window lasts at least this long and MIN_BATCHES batches (longer,
+        up to `MAX_WINDOW` x, to span `BURSTS` cycles of bursty production).
       deadline: a `clock()` time at which to stop, timed or not.
 
     Returns:
@@ -572,7 +590,7 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
             if item is None:
                 return None
             gap = item[0] - last[0]
-            waited = len(gaps) >= 2 and gap > max(BURST_GAP * gaps[len(gaps) // 2], 1e-3)
+            waited = len(gaps) >= 2 and _ends_a_wait(gap, gaps[len(gaps) // 2])
             bisect.insort(gaps, gap)
             last = item
             if waited and last[0] - first >= warmup_s:
@@ -584,7 +602,7 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
         cpu0 = _process_usage(pids_before)[0]
         wall0 = clock()
         times, counts = [last[0]], [last[1]]
-        while times[-1] - times[0] < length or len(times) <= min_batches:
+        while times[-1] - times[0] < length or len(times) <= MIN_BATCHES:
             item = take(deadline)
             if item is None:
                 break
@@ -657,14 +675,8 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                                    target_batches_per_s=target_batches_per_s,
                                    max_workers=max_workers)
             elif listed:
-                p, t = listed.pop(0)
-                same_kind = [m for m in rows if m.ran and (m.processes > 0) == (p > 0)]
-                c = Candidate(p, t)
-                if max_workers and max(1, p) * t > max_workers:
-                    c = Candidate(p, t, "max workers")
-                elif same_kind and (same_kind[-1].rss_mb_per_worker * max(1, p) * t
-                                    > ram_budget_mb):
-                    c = Candidate(p, t, "ram cap")
+                c = _capped(Candidate(*listed.pop(0)), rows, max_workers=max_workers,
+                            ram_budget_mb=ram_budget_mb)
             else:
                 c = None
             if c is None:
@@ -711,21 +723,21 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
     return tuning
 
 
-def contenders(measurements: Sequence[Measurement], tuning: Tuning, *, cpus: int,
-               band: float = CONFIRM_BAND, limit: int = CONFIRM_MAX,
-               headroom: float = TARGET_HEADROOM) -> list[Measurement]:
+def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
+               cpus: int) -> list[Measurement]:
     """The candidates one more window might show to be the better choice. Pure.
 
-    For "target met": cheaper candidates within `band` below the needed rate. Otherwise:
-    candidates whose rate is within `band` of the choice's, the nearest `limit` of them, and
+    For "target met": cheaper candidates within CONFIRM_BAND below the needed rate. Otherwise:
+    candidates whose rate is within CONFIRM_BAND of the choice's, the nearest CONFIRM_MAX, and
     when the choice has more workers than `cpus`, the fastest within the cores (the
     comparison that let it oversubscribe them).
     """
     c = tuning.chosen
-    fits = [m for m in measurements if m.ran and m is not c and m.rss_mb <= tuning.ram_budget_mb
-            and not (tuning.max_workers and m.workers > tuning.max_workers)]
+    fits = [m for m in measurements if m.ran and m is not c and not _over_cap(
+        m.workers, m.rss_mb, max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb)]
+    band, limit = CONFIRM_BAND, CONFIRM_MAX
     if tuning.reason == "target met":
-        need = headroom * tuning.target_batches_per_s
+        need = TARGET_HEADROOM * tuning.target_batches_per_s
         close = [m for m in fits if _cost(m) < _cost(c) and m.batches_per_s * (1 + band) >= need]
         key = lambda m: need - m.batches_per_s  # noqa: E731
     else:
@@ -758,11 +770,8 @@ def pool(a: Measurement, b: Measurement) -> Measurement:
 
 
 def _skipped(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
-    workers = max(1, c.processes) * c.threads
-    same_kind = [m for m in rows if m.ran and (m.processes > 0) == (c.processes > 0)]
-    per_worker = same_kind[-1].rss_mb_per_worker if same_kind else 0.0
-    return Measurement(processes=c.processes, threads=c.threads, rss_mb=per_worker * workers,
-                       skipped=c.skip)
+    return Measurement(processes=c.processes, threads=c.threads,
+                       rss_mb=_predicted_rss_mb(c, rows), skipped=c.skip)
 
 
 def auto_workers(pipeline: Pipeline) -> Workers:

@@ -21,8 +21,6 @@ from input_client.spec import PipelineSpec
 from input_server.pipeline import Pipeline, Workers, default_threads
 from input_server.sources import DocumentSource
 
-cpu_count = os.cpu_count
-
 
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
@@ -40,7 +38,7 @@ def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: fl
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
-    threads = cpu_count() or 1
+    threads = os.cpu_count() or 1
     tokens, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
         ids = sp.encode(texts, add_bos=spec.tokenizer.add_bos, add_eos=spec.tokenizer.add_eos,
@@ -263,7 +261,7 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
     lengths = [len(x) for x in sp.encode(texts, add_bos=spec.tokenizer.add_bos,
                                          add_eos=spec.tokenizer.add_eos,
-                                         num_threads=cpu_count() or 1)]
+                                         num_threads=os.cpu_count() or 1)]
     epoch_tokens = sum(lengths)
     # Enough epochs that each measured run delivers `min_tokens` (trimmed documents count
     # only what the batches keep).
@@ -276,7 +274,7 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
     say(f"{len(texts)} documents, {epoch_tokens} tokens per epoch ({kept} kept), "
         f"{epochs} epochs per run")
 
-    cores = cpu_count() or 1
+    cores = os.cpu_count() or 1
     reference = {}
     ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
     for processes in sorted({0, 1, cores}):
