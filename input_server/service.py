@@ -106,6 +106,7 @@ class StreamSession:
         self.batches_produced = 0
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
+        self._failure_lock = threading.Lock()  # the watchdog and the producer both record
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._closing = False
@@ -117,19 +118,31 @@ class StreamSession:
             threading.Thread(target=self._watch, name=f"stream-{stream_id}-watch",
                              daemon=True).start()
 
+    def _worker_died(self, which: str, code: int) -> WorkerDiedError:
+        return WorkerDiedError(
+            f"{which} of stream {self.stream_id} died with {_exit_words(code)}; the stream "
+            f"cannot continue. Resume from the last state in a new stream; if it recurs, look "
+            f"for the kernel's OOM killer (it sends SIGKILL) or a crash in the server's log.")
+
     def _dead_worker(self) -> WorkerDiedError | None:
         for slot, process in list(self._workers_seen.values()):
             code = process.exitcode
             # `_closing` is read after the exit code: once the stream closes, Grain's teardown
             # may kill workers itself.
             if code not in (None, 0) and not self._closing:
-                return WorkerDiedError(
-                    f"worker process {slot + 1} of {self.stream.workers.processes} (pid "
-                    f"{process.pid}) of stream {self.stream_id} died with {_exit_words(code)}; "
-                    f"the stream cannot continue. Resume from the last state in a new stream; "
-                    f"if it recurs, look for the kernel's OOM killer (it sends SIGKILL) or a "
-                    f"crash in the server's log.")
+                return self._worker_died(f"worker process {slot + 1} of "
+                                         f"{self.stream.workers.processes} (pid {process.pid})",
+                                         code)
         return None
+
+    def _record(self, failure: WorkerDiedError) -> None:
+        """Keeps the stream's first dead-worker failure, and when it was found, logged once."""
+        with self._failure_lock:
+            if self.failure is not None:
+                return
+            log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
+            self._failed_at = time.monotonic()
+            self.failure = failure
 
     def _watch(self) -> None:
         while not self._stop.wait(_WATCH_S) and not self._closing:
@@ -139,12 +152,9 @@ class StreamSession:
             except RuntimeError:  # the graph changed under the walk; look again next time
                 continue
             failure = self._dead_worker()
-            if failure is None:
-                continue
-            log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
-            self._failed_at = time.monotonic()
-            self.failure = failure
-            return
+            if failure is not None:
+                self._record(failure)
+                return
 
     def _put(self, item) -> bool:
         return put_unless_stopped(self._queue, item, self._stop, _POLL_S)
@@ -173,16 +183,11 @@ class StreamSession:
         except Exception as e:  # surfaced to the client as a status, and logged here in full
             failure = self.failure or self._dead_worker()
             if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
-                failure = WorkerDiedError(
-                    f"a worker process of stream {self.stream_id} died with "
-                    f"{_exit_words(int(m.group(1)))}; the stream cannot continue. Resume from "
-                    f"the last state in a new stream.")
+                failure = self._worker_died("a worker process", int(m.group(1)))
             if failure is None:
                 log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
-            elif self.failure is None:
-                log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
-                self._failed_at = time.monotonic()
-                self.failure = failure
+            else:
+                self._record(failure)
             self._put((None, failure or e, None))
         finally:
             self._closing = True
