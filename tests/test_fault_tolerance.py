@@ -20,6 +20,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from input_client import InputClient, ReconnectError, StreamError
+from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+from input_client.iterator import MESSAGE_OPTIONS
 from input_server.pipeline import Pipeline, Workers
 from input_server.server import Server, ServerConfig
 
@@ -238,6 +240,101 @@ def test_server_gone_for_good_raises_after_the_deadline_not_a_hang(tmp_path, mak
     assert e.value.code == grpc.StatusCode.UNAVAILABLE  # a StreamError with the last status
     assert f"unix://{tmp_path}/s.sock" in str(e.value)
     assert "reconnect_deadline_s=1.5" in str(e.value)
+
+
+class _CuttingProxy(pb_grpc.InputServiceServicer):
+    """A gRPC proxy in front of the real server (what a load balancer or sidecar proxy is): it
+    ends its first stream cleanly after `cut_after` messages, without the end marker, as a
+    proxy closing streams would. With `hog_s`, it first takes the server's only stream slot
+    for that long (another trainer's stream, say), so the client's reconnects meet
+    RESOURCE_EXHAUSTED, which the proxy passes on, counted in `refused`."""
+
+    def __init__(self, upstream: str, cut_after: int, hog_s: float = 0.0):
+        self._channel = grpc.insecure_channel(upstream, options=MESSAGE_OPTIONS)
+        self._stub = pb_grpc.InputServiceStub(self._channel)
+        self._cut_after, self._hog_s = cut_after, hog_s
+        self.streams = self.refused = 0
+
+    def GetInfo(self, request, context):
+        return self._stub.GetInfo(request)
+
+    def StreamBatches(self, request, context):
+        self.streams += 1
+        first = self.streams == 1
+        call = self._stub.StreamBatches(request)
+        try:
+            for i, message in enumerate(call):
+                if first and i == self._cut_after:
+                    call.cancel()
+                    if self._hog_s:
+                        self._hog(request)
+                    return  # a clean end: OK status, no end-of-data marker
+                yield message
+        except grpc.RpcError as e:
+            self.refused += e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            context.abort(e.code(), e.details())
+        finally:
+            call.cancel()
+
+    def _hog(self, request) -> None:
+        """Takes the slot the cut stream frees (once the server has let it go), for hog_s."""
+        deadline = time.monotonic() + 10
+        while True:
+            hog = self._stub.StreamBatches(request)
+            try:
+                next(hog)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert time.monotonic() < deadline, "the cut stream's slot was never freed"
+                time.sleep(0.02)
+        threading.Timer(self._hog_s, hog.cancel).start()
+
+
+@pytest.fixture
+def proxied(tmp_path):
+    """`proxied(cut_after, hog_s)`: the target of a `_CuttingProxy` in front of a real server
+    that runs one stream at a time."""
+    from concurrent import futures
+
+    stack = []
+
+    def start(cut_after: int, hog_s: float = 0.0) -> tuple[str, _CuttingProxy]:
+        srv = Server(ServerConfig(listen=[f"unix://{tmp_path}/server.sock"], max_streams=1))
+        stack.append(lambda: srv.stop(0))
+        proxy = _CuttingProxy(srv.targets[0], cut_after, hog_s)
+        front = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=MESSAGE_OPTIONS)
+        pb_grpc.add_InputServiceServicer_to_server(proxy, front)
+        front.add_insecure_port(f"unix://{tmp_path}/proxy.sock")
+        front.start()
+        stack.append(lambda: front.stop(0))
+        return f"unix://{tmp_path}/proxy.sock", proxy
+
+    yield start
+    for stop in reversed(stack):
+        stop()
+
+
+def test_stream_ended_without_its_end_marker_is_resumed_not_taken_as_the_end(proxied,
+                                                                             make_spec):
+    spec = make_spec(order={"epochs": 2})
+    target, proxy = proxied(cut_after=3)
+    with InputClient(target) as client, client.batches(spec, reconnect_deadline_s=30) as it:
+        got = [batch_bytes(b) for b in it]
+        assert it.reconnects == 1 and proxy.streams == 2
+    assert_stream_equal(got, reference(spec))  # the whole stream: nothing lost or repeated
+
+
+def test_full_server_while_reconnecting_is_retried_until_a_slot_frees(proxied, make_spec):
+    # Endless, so the other stream holds its slot (a finite one could finish in the window).
+    spec = make_spec(order={"epochs": 0})
+    target, proxy = proxied(cut_after=3, hog_s=1.0)
+    with InputClient(target) as client, client.batches(spec, reconnect_deadline_s=30) as it:
+        got = [batch_bytes(next(it)) for _ in range(100)]
+        assert it.reconnects == 1
+        assert it.longest_stall_s >= 0.5  # it waited out the other stream's slot
+    assert proxy.refused >= 1  # the reconnect did meet a full server
+    assert_stream_equal(got, reference_prefix(spec, len(got)))
 
 
 def _health(target: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import grpc
@@ -308,3 +309,48 @@ def test_batches_of_a_full_message_travel_alone(target, make_spec):
     spec = make_spec(batch={"seq_len": 1024, "size": 64}, order={"epochs": 3})  # 65,536 tokens
     messages = _raw_messages(target, spec, pause_s=0.5)
     assert len(messages) > 2 and not any(m.following for m in messages)
+
+
+def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
+    """Batches that come slower than COALESCE_WAIT_S apart go without waiting for company:
+    each message leaves within the bound (plus scheduling) of its first batch being made."""
+    from input_server.fakes import SlowSource
+    from input_server.pipeline import MIN_GROUP
+    from input_server.service import COALESCE_WAIT_S, StreamSession
+    from input_server.sources import DocumentSource
+
+    spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 8 a message if they wait
+    pipeline = Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source), 0.02))
+    pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
+    session = StreamSession(1, "slow", pipeline.stream(workers=Workers(0, 1, "test")), depth=16)
+    made: dict[int, float] = {}  # batches made so far -> when that count was first seen
+
+    def watch():
+        while not stop:
+            made.setdefault(session.batches_produced, time.monotonic())
+            time.sleep(0.001)
+
+    stop = False
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    waits, sizes = [], []
+    try:
+        for msg, error in session:
+            assert error is None
+            if msg is None:
+                continue
+            sent = time.monotonic()
+            first = msg.sequence_number
+            # When batch `first` was made: when the count first reached past it.
+            waits.append(sent - min(t for n, t in list(made.items()) if n > first))
+            sizes.append(1 + len(msg.following))
+            if len(sizes) == 12:
+                break
+    finally:
+        stop = True
+        watcher.join()
+        session.stop()
+        session.join(5)
+    # Unbounded, a message would wait for 8 batches: ~3 groups, 0.3 s and more.
+    assert max(waits) < COALESCE_WAIT_S + 0.06, (waits, sizes)
+    assert max(sizes) < 8, sizes
