@@ -14,6 +14,7 @@ import time
 import tomllib
 
 from input_client.spec import PipelineSpec, SpecError
+from input_server import demo as demo_module
 
 
 def load_pipelines(path: str) -> dict[str, PipelineSpec]:
@@ -92,7 +93,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from input_server import demo
 
-    return demo.main([])
+    return demo.run_from_args(args)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="train a tiny JAX model through the server, offline")
+    demo_module.add_arguments(demo)
     demo.set_defaults(run=_demo)
 
     bench = sub.add_parser("bench", help="measure a spec's throughput against the tokenizer's "

@@ -285,21 +285,24 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the demo and prints its report.
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
-    Args:
-      argv: optional `--steps N --seq-len L --batch-size B --no-progress`; none are needed.
 
-    Returns:
-      0 if the loss went down, 1 if it did not.
-    """
-    parser = argparse.ArgumentParser(prog="input-server demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(list(argv) if argv is not None else [])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options (all optional), for `input-server demo` and this module's `main`."""
+    parser.add_argument("--steps", type=_positive, default=50,
+                        help="train steps (the first compiles and is not timed)")
+    parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per row")
+    parser.add_argument("--batch-size", type=_positive, default=8, help="rows per batch")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs the demo and prints its report; 0 if the loss went down, 1 if it did not."""
     result = run_demo(steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
                       progress=not args.no_progress)
     print(format_report(result))
@@ -308,6 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result['last_loss']:.4f}).", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m input_server.demo [--steps N --seq-len L --batch-size B --no-progress]`."""
+    parser = argparse.ArgumentParser(prog="input-server demo", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(list(argv) if argv is not None else []))
 
 
 if __name__ == "__main__":
