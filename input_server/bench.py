@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from input_client.codec import shift_left
+from input_client.codec import PROTOCOL_VERSION, shift_left
 from input_client.spec import PipelineSpec
 from input_server.pipeline import Pipeline, Workers, default_threads
 from input_server.sources import DocumentSource
@@ -182,7 +182,8 @@ def bench_server(spec: PipelineSpec, transport: str) -> dict:
         # Wire size, from the raw messages of a short second stream.
         stub = pb_grpc.InputServiceStub(client._channel)
         wire, tokens = 0, 0
-        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=spec.to_proto()))
+        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=spec.to_proto(),
+                                                          protocol_version=PROTOCOL_VERSION))
         for i, msg in enumerate(call):
             wire += msg.ByteSize()
             tokens += msg.num_tokens + sum(b.num_tokens for b in msg.following)

@@ -17,7 +17,7 @@ import grpc
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client._queues import put_unless_stopped
-from input_client.codec import encode_state, encode_tensors
+from input_client.codec import PROTOCOL_VERSION, encode_state, encode_tensors
 from input_client.spec import PipelineSpec, SpecError
 from input_server import __version__
 from input_server.errors import (
@@ -299,6 +299,13 @@ class InputServicer(pb_grpc.InputServiceServicer):
 
     def StreamBatches(self, request: pb.StreamBatchesRequest,
                       context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+        if request.protocol_version != PROTOCOL_VERSION:
+            # Batches laid out another way would be misread (or raise out of sequence).
+            theirs = request.protocol_version or "one from before versions were sent"
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"this server (input-server {__version__}) speaks wire protocol "
+                          f"{PROTOCOL_VERSION}; the client speaks {theirs}. Use the client of "
+                          f"the same input-server release as the server.")
         if self._draining.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
         if not self._slots.acquire(blocking=False):
@@ -347,6 +354,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             sessions = list(self._sessions.values())
         return pb.GetInfoResponse(
             server_version=__version__,
+            protocol_version=PROTOCOL_VERSION,
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
             streams=[pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
                                    worker_processes=s.stream.workers.processes,

@@ -15,7 +15,7 @@ import input_client
 from input_client import InputClient
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-from input_client.codec import encode_tensors
+from input_client.codec import PROTOCOL_VERSION, encode_tensors
 from input_server.pack import FIELDS, PackedBatch
 
 
@@ -73,7 +73,7 @@ class _MisnumberingServicer(pb_grpc.InputServiceServicer):
         self.seqs = seqs
 
     def GetInfo(self, request, context):
-        return pb.GetInfoResponse(server_version="test")
+        return pb.GetInfoResponse(server_version="test", protocol_version=PROTOCOL_VERSION)
 
     def StreamBatches(self, request, context):
         batch = PackedBatch(np.ones((1, 4), np.int32), np.array([4], np.int32),
@@ -106,3 +106,46 @@ def test_sequence_gap_or_repeat_raises(tmp_path, seqs, words):
                 next(it)
     finally:
         server.stop(None)
+
+
+class _OtherProtocolServicer(pb_grpc.InputServiceServicer):
+    """A server of another release: it speaks wire protocol `version` (0 = sends none)."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.streams = 0
+
+    def GetInfo(self, request, context):
+        return pb.GetInfoResponse(server_version="0.0.1", protocol_version=self.version)
+
+    def StreamBatches(self, request, context):
+        self.streams += 1
+        yield pb.Batch(sequence_number=0, end_of_data=True)
+
+
+@pytest.mark.parametrize("version, words", [(0, "speaks wire protocol one from before"),
+                                            (PROTOCOL_VERSION + 1, "speaks wire protocol "
+                                             f"{PROTOCOL_VERSION + 1}; this client speaks "
+                                             f"{PROTOCOL_VERSION}")], ids=["older", "newer"])
+def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, version, words):
+    from concurrent import futures
+
+    import grpc
+
+    from input_client import StreamError
+
+    servicer = _OtherProtocolServicer(version)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_InputServiceServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{tmp_path}/old.sock")
+    server.start()
+    try:
+        with InputClient(f"unix://{tmp_path}/old.sock", connect_timeout_s=10) as c:
+            with pytest.raises(StreamError) as e:
+                c.batches("any")
+            assert c.info().server_version == "0.0.1"  # info still answers, for diagnosis
+    finally:
+        server.stop(None)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert words in e.value.details and "input-server 0.0.1" in e.value.details
+    assert servicer.streams == 0  # refused before any batch could be misread

@@ -278,10 +278,11 @@ def _raw_messages(target, spec, pause_s=0.0):
     """The stream's messages as they arrive on the wire (no client iterator in between)."""
     from input_client._proto.input_server.v1 import input_service_pb2 as pb
     from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.codec import PROTOCOL_VERSION
 
     with grpc.insecure_channel(target) as channel:
         call = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=spec.to_proto()))
+            pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION))
         messages = [next(call)]
         time.sleep(pause_s)  # the server's queue fills meanwhile
         messages += list(call)
@@ -354,3 +355,22 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     # Unbounded, a message would wait for 8 batches: ~3 groups, 0.3 s and more.
     assert max(waits) < COALESCE_WAIT_S + 0.06, (waits, sizes)
     assert max(sizes) < 8, sizes
+
+
+@pytest.mark.parametrize("version", [0, 1, 99])
+def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, version):
+    from input_client._proto.input_server.v1 import input_service_pb2 as pb
+    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.codec import PROTOCOL_VERSION
+
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=make_spec().to_proto(),
+                                                          protocol_version=version))
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert stub.GetInfo(pb.GetInfoRequest()).protocol_version == PROTOCOL_VERSION
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    theirs = "one from before versions were sent" if version == 0 else str(version)
+    assert (f"speaks wire protocol {PROTOCOL_VERSION}; the client speaks {theirs}"
+            in e.value.details())

@@ -15,6 +15,13 @@ import numpy as np
 
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 
+# The wire protocol: what a client must understand to read a server's batches. Client and
+# server both say theirs (the stream request, the info reply), and refuse another.
+#   1: compact packed batches (`inputs` + segment lengths), one batch a message.
+#   2: token ids as uint16 when the vocabulary fits; small batches share a message
+#      (`Batch.following`).
+PROTOCOL_VERSION = 2
+
 # The compact form's tensors: every row is its segments end to end, then padding.
 PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
 

@@ -15,7 +15,7 @@ import grpc
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client._queues import put_unless_stopped
-from input_client.codec import decode_batch, decode_state, encode_state
+from input_client.codec import PROTOCOL_VERSION, decode_batch, decode_state, encode_state
 from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec
 
@@ -59,17 +59,31 @@ class InputClient:
         self._stub = pb_grpc.InputServiceStub(self._channel)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Blocks until the server is reachable; raises `ConnectionError` after the timeout."""
+        """Blocks until the server is reachable and checks that it speaks this client's wire
+        protocol.
+
+        Raises:
+          ConnectionError: no server reachable within the timeout.
+          StreamError: FAILED_PRECONDITION, the server speaks another wire protocol.
+        """
         timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
         # A cheap call that waits for the connection (channel_ready_future leaves a polling
         # thread behind that fails once the channel closes).
         try:
-            self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s, wait_for_ready=True)
+            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s,
+                                      wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise ConnectionError(f"no input server reachable at {self.address!r} after "
                                       f"{timeout_s:g} s.") from None
             raise StreamError(e.code(), e.details()) from None
+        if info.protocol_version != PROTOCOL_VERSION:
+            theirs = info.protocol_version or "one from before versions were sent"
+            raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"the server at {self.address!r} (input-server "
+                              f"{info.server_version or 'unknown'}) speaks wire protocol "
+                              f"{theirs}; this client speaks {PROTOCOL_VERSION}. Use the client "
+                              f"of the same input-server release as the server.")
 
     def info(self) -> pb.GetInfoResponse:
         """Server version, configured pipelines and the streams running now."""
@@ -104,7 +118,7 @@ class InputClient:
         if not reconnect_deadline_s >= 0:
             raise ValueError(f"`reconnect_deadline_s` must be 0 (off) or positive, got "
                              f"{reconnect_deadline_s}.")
-        request = pb.StreamBatchesRequest()
+        request = pb.StreamBatchesRequest(protocol_version=PROTOCOL_VERSION)
         if isinstance(spec, str):
             request.pipeline_name = spec
         else:

@@ -87,14 +87,16 @@ class PipelineSpec(_message.Message):
     def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("spec", "pipeline_name", "resume_state")
+    __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     spec: PipelineSpec
     pipeline_name: str
     resume_state: bytes
-    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape", "data")
@@ -187,7 +189,7 @@ class WorkerTuning(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[WorkerMeasurement, _Mapping]]] = ..., processes: _Optional[int] = ..., threads: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("server_version", "pipelines", "streams")
+    __slots__ = ("server_version", "pipelines", "streams", "protocol_version")
     class PipelinesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,7 +200,9 @@ class GetInfoResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     pipelines: _containers.MessageMap[str, PipelineSpec]
     streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
-    def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
