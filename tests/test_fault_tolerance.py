@@ -318,10 +318,10 @@ def proxied(tmp_path):
 def test_stream_ended_without_its_end_marker_is_resumed_not_taken_as_the_end(proxied,
                                                                              make_spec):
     spec = make_spec(order={"epochs": 2})
-    target, proxy = proxied(cut_after=3)
+    target, _ = proxied(cut_after=3)
     with InputClient(target) as client, client.batches(spec, reconnect_deadline_s=30) as it:
         got = [batch_bytes(b) for b in it]
-        assert it.reconnects == 1 and proxy.streams == 2
+        assert it.reconnects == 1  # (a reopen may meet the cut stream's slot not yet free)
     assert_stream_equal(got, reference(spec))  # the whole stream: nothing lost or repeated
 
 
