@@ -9,7 +9,9 @@ prints JSON.
 - 2 threads x 1 sentencepiece thread against 2 x 2;
 - groups of 64 documents against the pipeline's group size;
 - characters tokenized per epoch when long documents are cut, against the characters the kept
-  tokens span (found by bisection) and the whole text.
+  tokens span (found by bisection) and the whole text;
+- reading the records (JSON parsed whole, holding the GIL) against tokenizing them as the
+  pipeline does (cut, in its groups), both on one thread.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
         tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
     kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
 
+    cutting = Tokenizer(spec.tokenizer)
+    cutting.learn_chars_per_token(texts[:64])
+
+    def read_all():
+        source.read_many(range(len(source)))
+
+    def tokenize_cut():
+        for i in range(0, len(texts), group_size):
+            cutting.encode(texts[i:i + group_size], trim_to=seq_len)
+
+    read_s = 1 / _rate(read_all, 1, seconds)
+    tokenize_s = 1 / _rate(tokenize_cut, 1, seconds)
+
     r = {
         "ints_flattened": _rate(as_ints, tokens, seconds),
         "numpy_concatenated": _rate(as_numpy, tokens, seconds),
@@ -132,6 +147,8 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
         "cut": {"grows_by_added_text": tokenizer.extendable,
                 "characters_tokenized": tokenized, "characters_kept_tokens_span": kept_span,
                 "characters_in_all": sum(map(len, texts))},
+        "reading": {"seconds_per_epoch": read_s, "cut_tokenizing_seconds_per_epoch": tokenize_s,
+                    "over_cut_tokenizing": read_s / tokenize_s},
     }
 
 

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     spec = tmp_path / "spec.toml"
@@ -64,3 +66,7 @@ def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
     # text the kept tokens span (the cut never drops a kept token).
     assert cut["characters_kept_tokens_span"] <= cut["characters_tokenized"]
     assert cut["characters_tokenized"] < cut["characters_in_all"]
+    reading = result["reading"]
+    assert reading["seconds_per_epoch"] > 0 and reading["cut_tokenizing_seconds_per_epoch"] > 0
+    assert reading["over_cut_tokenizing"] == pytest.approx(
+        reading["seconds_per_epoch"] / reading["cut_tokenizing_seconds_per_epoch"])
