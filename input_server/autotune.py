@@ -90,6 +90,11 @@ REASONS = ("target met", "plateau", "ram cap", "max workers", "time limit", "fas
 _MIB = 1 << 20
 
 
+def _workers(processes: int, threads: int) -> int:
+    """Document groups in flight at once: processes x threads (threads alone in-process)."""
+    return max(1, processes) * threads
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Measurement:
     """One candidate's measured production, or why it was skipped.
@@ -123,8 +128,7 @@ class Measurement:
 
     @property
     def workers(self) -> int:
-        """Document groups in flight at once: processes x threads (threads alone in-process)."""
-        return max(1, self.processes) * self.threads
+        return _workers(self.processes, self.threads)
 
     @property
     def rss_mb_per_worker(self) -> float:
@@ -182,7 +186,7 @@ class Tuning:
 
     @property
     def workers(self) -> int:
-        return max(1, self.processes) * self.threads
+        return _workers(self.processes, self.threads)
 
     @property
     def chosen(self) -> Measurement:
@@ -352,7 +356,7 @@ class Candidate:
 
     @property
     def workers(self) -> int:
-        return max(1, self.processes) * self.threads
+        return _workers(self.processes, self.threads)
 
 
 def _over_cap(workers: int, rss_mb: float, *, max_workers: int, ram_budget_mb: float) -> str:

@@ -91,9 +91,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from input_server import demo
-
-    return demo.run_from_args(args)
+    return demo_module.run_from_args(args)
 
 
 def _tune(args: argparse.Namespace) -> int:

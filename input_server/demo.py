@@ -178,11 +178,13 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
       `LOSS_WINDOW` steps), `loss_decreased` and `wall_s`.
 
     Raises:
-      ValueError: a size is not positive.
+      ValueError: fewer than 2 steps (the loss of the first and the last are compared), or a
+        size that is not positive.
     """
-    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"`{name}` must be positive, got {value}.")
+    for name, value, least in (("steps", steps, 2), ("seq_len", seq_len, 1),
+                               ("batch_size", batch_size, 1)):
+        if value < least:
+            raise ValueError(f"`{name}` must be at least {least}, got {value}.")
     start = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -285,19 +287,22 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _at_least(least: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {least}, got {text}")
+        return value
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's options (all optional), for `input-server demo` and this module's `main`."""
-    parser.add_argument("--steps", type=_positive, default=50,
+    # Two steps at least: the loss is compared between the first and the last.
+    parser.add_argument("--steps", type=_at_least(2), default=50,
                         help="train steps (the first compiles and is not timed)")
-    parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per row")
-    parser.add_argument("--batch-size", type=_positive, default=8, help="rows per batch")
+    parser.add_argument("--seq-len", type=_at_least(1), default=128, help="tokens per row")
+    parser.add_argument("--batch-size", type=_at_least(1), default=8, help="rows per batch")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -188,6 +188,7 @@ class StreamSession:
                 log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
             else:
                 self._record(failure)
+                failure = self.failure  # the watchdog's, naming the worker, if it came first
             self._put((None, failure or e, None))
         finally:
             self._closing = True

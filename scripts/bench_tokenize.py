@@ -112,15 +112,14 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
         tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
     kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
 
-    cutting = Tokenizer(spec.tokenizer)
-    cutting.learn_chars_per_token(texts[:64])
+    tokenizer._sp = real
 
     def read_all():
         source.read_many(range(len(source)))
 
     def tokenize_cut():
         for i in range(0, len(texts), group_size):
-            cutting.encode(texts[i:i + group_size], trim_to=seq_len)
+            tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
 
     read_s = 1 / _rate(read_all, 1, seconds)
     tokenize_s = 1 / _rate(tokenize_cut, 1, seconds)

@@ -382,3 +382,14 @@ def test_tune_command_prints_the_table_and_writes_json(tmp_path, corpus, spm_mod
         assert (tmp_path / "tune.png").stat().st_size > 1000
     assert cli.main(["tune", str(spec), "--max-workers", "-1"]) == 2
     assert "workers.max_workers" in capsys.readouterr().err
+
+
+def test_first_process_candidate_is_measured_not_predicted_from_threads():
+    # A thread's memory says nothing of a process's (a whole interpreter): the first process
+    # candidate runs even when threads took much per worker; later ones are predicted from it.
+    rows = [row(0, 1, 100, rss=300.0, cpu=1.0), row(0, 2, 101, rss=600.0, cpu=1.0),
+            row(0, 4, 100, rss=1200.0, cpu=1.0)]
+    c = next_candidate(rows, cpus=8, ram_budget_mb=500)  # 2 x 300 from threads: over
+    assert (c.processes, c.skip) == (2, "")
+    rows.append(row(2, 1, 200, rss=400.0, cpu=2.0))
+    assert next_candidate(rows, cpus=8, ram_budget_mb=500).skip == "ram cap"  # 4 x 200

@@ -149,3 +149,36 @@ def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, v
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert words in e.value.details and "input-server 0.0.1" in e.value.details
     assert servicer.streams == 0  # refused before any batch could be misread
+
+
+def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(tmp_path,
+                                                                              make_spec):
+    from concurrent import futures
+
+    import grpc
+
+    from input_client import StreamError
+    from input_server.server import Server, ServerConfig
+
+    sock = f"unix://{tmp_path}/s.sock"
+    real = Server(ServerConfig(listen=[sock], grace_s=1))
+    other = _OtherProtocolServicer(PROTOCOL_VERSION + 1)
+    replacement = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_InputServiceServicer_to_server(other, replacement)
+    try:
+        with InputClient(sock) as client, \
+                client.batches(make_spec(order={"epochs": 0}), prefetch=1,
+                               reconnect_deadline_s=30) as it:
+            next(it)
+            real.stop()
+            replacement.add_insecure_port(sock)
+            replacement.start()
+            with pytest.raises(StreamError) as e:
+                for _ in range(10_000):  # what had arrived before the stop, then the refusal
+                    next(it)
+    finally:
+        replacement.stop(None)
+        real.stop(0)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"speaks wire protocol {PROTOCOL_VERSION + 1}" in e.value.details
+    assert other.streams == 0  # no stream was opened on it

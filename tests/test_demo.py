@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def cache_home(tmp_path_factory):
-    # A fresh cache: the demo must build its corpus and tokenizer from local text by itself.
+    """A cache the option tests share (the first run builds the corpus and tokenizer)."""
     return tmp_path_factory.mktemp("cache")
 
 
@@ -23,10 +23,11 @@ def demo(cache_home, *args: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-def test_demo_command_trains_through_the_server_and_loss_goes_down(cache_home):
-    out = demo(cache_home)
+def test_demo_command_trains_through_the_server_and_loss_goes_down(tmp_path):
+    # A fresh cache: the demo must build its corpus and tokenizer from local text by itself.
+    out = demo(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert (cache_home / "input-server").is_dir()
+    assert (tmp_path / "input-server").is_dir()
     report = out.stdout
     assert "steps timed           49 (1 excluded)" in report
     assert "input-bound fraction" in report and "tokens/s" in report
@@ -39,11 +40,12 @@ def test_demo_options_set_steps_and_shape(cache_home):
                "--no-progress")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "steps timed           11 (1 excluded)" in out.stdout
-    assert "[demo" not in out.stderr and "train:" not in out.stderr  # no progress
+    assert "[demo" not in out.stderr  # no progress lines
 
 
-@pytest.mark.parametrize("flag", ["--steps", "--seq-len", "--batch-size"])
-def test_demo_refuses_a_size_that_is_not_positive(cache_home, flag):
-    out = demo(cache_home, flag, "0")
+@pytest.mark.parametrize("flag, value, least", [("--steps", "1", 2), ("--seq-len", "0", 1),
+                                               ("--batch-size", "-3", 1)])
+def test_demo_refuses_sizes_it_cannot_run(tmp_path, flag, value, least):
+    out = demo(tmp_path, flag, value)
     assert out.returncode == 2
-    assert f"argument {flag}: must be a positive integer, got 0" in out.stderr
+    assert f"argument {flag}: must be an integer of at least {least}, got {value}" in out.stderr

@@ -253,6 +253,7 @@ class _CuttingProxy(pb_grpc.InputServiceServicer):
         self._channel = grpc.insecure_channel(upstream, options=MESSAGE_OPTIONS)
         self._stub = pb_grpc.InputServiceStub(self._channel)
         self._cut_after, self._hog_s = cut_after, hog_s
+        self._release: threading.Timer | None = None
         self.streams = self.refused = 0
 
     def GetInfo(self, request, context):
@@ -288,7 +289,14 @@ class _CuttingProxy(pb_grpc.InputServiceServicer):
                 assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
                 assert time.monotonic() < deadline, "the cut stream's slot was never freed"
                 time.sleep(0.02)
-        threading.Timer(self._hog_s, hog.cancel).start()
+        self._release = threading.Timer(self._hog_s, hog.cancel)
+        self._release.start()
+
+    def close(self) -> None:
+        if self._release is not None:
+            self._release.cancel()
+            self._release.join()
+        self._channel.close()
 
 
 @pytest.fixture
@@ -303,6 +311,7 @@ def proxied(tmp_path):
         srv = Server(ServerConfig(listen=[f"unix://{tmp_path}/server.sock"], max_streams=1))
         stack.append(lambda: srv.stop(0))
         proxy = _CuttingProxy(srv.targets[0], cut_after, hog_s)
+        stack.append(proxy.close)
         front = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=MESSAGE_OPTIONS)
         pb_grpc.add_InputServiceServicer_to_server(proxy, front)
         front.add_insecure_port(f"unix://{tmp_path}/proxy.sock")

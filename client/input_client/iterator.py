@@ -42,6 +42,18 @@ _POLL_S = 0.1
 _END = object()
 
 
+def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
+    """Raises `StreamError` (FAILED_PRECONDITION) if the server speaks another wire protocol:
+    its batches would be misread (or stop with a `SequenceError`)."""
+    if info.protocol_version != PROTOCOL_VERSION:
+        theirs = info.protocol_version or "one from before versions were sent"
+        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"the server at {address!r} (input-server "
+                          f"{info.server_version or 'unknown'}) speaks wire protocol {theirs}; "
+                          f"this client speaks {PROTOCOL_VERSION}. Use the client of the same "
+                          f"input-server release as the server.")
+
+
 class InputClient:
     """A connection to an input server.
 
@@ -77,13 +89,7 @@ class InputClient:
                 raise ConnectionError(f"no input server reachable at {self.address!r} after "
                                       f"{timeout_s:g} s.") from None
             raise StreamError(e.code(), e.details()) from None
-        if info.protocol_version != PROTOCOL_VERSION:
-            theirs = info.protocol_version or "one from before versions were sent"
-            raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"the server at {self.address!r} (input-server "
-                              f"{info.server_version or 'unknown'}) speaks wire protocol "
-                              f"{theirs}; this client speaks {PROTOCOL_VERSION}. Use the client "
-                              f"of the same input-server release as the server.")
+        check_protocol(info, self.address)
 
     def info(self) -> pb.GetInfoResponse:
         """Server version, configured pipelines and the streams running now."""
@@ -263,7 +269,8 @@ class BatchIterator:
         """Waits, backing off, until a new stream from the last state is open; None if closed.
 
         Raises:
-          StreamError: `error`, if it is not retryable or reconnecting is off.
+          StreamError: `error`, if it is not retryable or reconnecting is off; or
+            FAILED_PRECONDITION, the server is back but speaks another wire protocol.
           ReconnectError: the deadline passed.
         """
         reconnecting = self._outage_start is not None
@@ -298,7 +305,8 @@ class BatchIterator:
             if not self._track(probe):
                 return None
             try:
-                probe.result()
+                # A server replaced during the outage may be of another release.
+                check_protocol(probe.result(), self._client.address)
             except grpc.FutureCancelledError:
                 return None
             except grpc.RpcError as e:
