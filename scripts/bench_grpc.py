@@ -1,10 +1,11 @@
 """gRPC's own cost per message: a server streams prebuilt batch messages (no pipeline) to a
 client over a Unix socket; prints CPU µs per message on each side, as JSON.
 
-  python scripts/bench_grpc.py [--rows 16] [--seq-len 1024] [--messages 3000]
+  python scripts/bench_grpc.py [--rows 16] [--seq-len 1024] [--messages 3000] [--pace-ms 0]
 
 Compares the sync API (what the project uses), the asyncio API on both sides, and the sync
-client with gRPC's single-threaded unary-stream option, in one run.
+client with gRPC's single-threaded unary-stream option, in one run. `--pace-ms` spaces the
+messages as a pipeline's pace does (a message every so many ms) instead of back to back.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _message(rows: int, seq_len: int):
     return pb.Batch(sequence_number=0, tensors=encode_tensors(arrays), num_tokens=rows * seq_len)
 
 
-def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int) -> None:
+def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int,
+           pace_s: float) -> None:
     from concurrent import futures
 
     import grpc
@@ -42,11 +44,15 @@ def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int) -> N
     class Sync(pb_grpc.InputServiceServicer):
         def StreamBatches(self, request, context):
             for _ in range(count):
+                if pace_s:
+                    time.sleep(pace_s)
                 yield msg
 
     class Aio(pb_grpc.InputServiceServicer):
         async def StreamBatches(self, request, context):
             for _ in range(count):
+                if pace_s:
+                    await asyncio.sleep(pace_s)
                 await context.write(msg)
 
     if not use_aio:
@@ -116,6 +122,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--pace-ms", type=float, default=0.0,
+                        help="the server sends a message every this many ms (0: back to back)")
     args = parser.parse_args()
     results = []
     for server_api, clients in (("sync", ("sync", "sync-single-threaded")), ("aio", ("aio",))):
@@ -123,7 +131,7 @@ def main() -> int:
             target = f"unix://{tmp}/grpc.sock"
             proc = multiprocessing.get_context("spawn").Process(
                 target=_serve, args=(target, server_api == "aio", args.rows, args.seq_len,
-                                     args.messages), daemon=True)
+                                     args.messages, args.pace_ms / 1000), daemon=True)
             proc.start()
             try:
                 for client in clients:
@@ -138,7 +146,8 @@ def main() -> int:
                 proc.join()
     message_bytes = _message(args.rows, args.seq_len).ByteSize()
     print(json.dumps({"message_bytes": message_bytes, "tokens_per_message":
-                      args.rows * args.seq_len, "results": results}, indent=2))
+                      args.rows * args.seq_len, "pace_ms": args.pace_ms, "results": results},
+                     indent=2))
     return 0
 
 

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     spec = tmp_path / "spec.toml"
@@ -35,10 +37,11 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     assert "in_process_over_limit" in out.stdout
 
 
-def test_grpc_message_cost_script_reports_each_api():
+@pytest.mark.parametrize("pace_ms", [0, 5])
+def test_grpc_message_cost_script_reports_each_api(pace_ms):
     out = subprocess.run([sys.executable, "scripts/bench_grpc.py", "--rows", "4", "--seq-len",
-                          "256", "--messages", "200"], capture_output=True, text=True,
-                         timeout=300)
+                          "256", "--messages", "100" if pace_ms else "200", "--pace-ms",
+                          str(pace_ms)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert result["tokens_per_message"] == 1024
@@ -48,6 +51,8 @@ def test_grpc_message_cost_script_reports_each_api():
     for r in result["results"]:
         assert r["messages_per_s"] > 0 and r["client_cpu_us_per_message"] > 0
         assert r["server_cpu_us_per_message"] > 0
+        if pace_ms:  # spaced as asked: never faster than one message per pace
+            assert r["messages_per_s"] <= 1000 / pace_ms
 
 
 def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
