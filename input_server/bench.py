@@ -148,9 +148,9 @@ def bench_pipeline(spec: PipelineSpec, workers: Workers) -> dict:
     return {**result, "processes": workers.processes, "threads": workers.threads}
 
 
-def bench_server(spec: PipelineSpec, transport: str) -> dict:
+def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
     """The same pipeline through a real server process and the client, as a sidecar runs:
-    `input-server serve` in its own process, over a Unix socket or loopback TCP."""
+    `input-server serve [server_args]` in its own process, over a Unix socket or loopback TCP."""
     import socket
     import subprocess
     import sys
@@ -170,7 +170,7 @@ def bench_server(spec: PipelineSpec, transport: str) -> dict:
                 s.bind(("127.0.0.1", 0))
                 target = f"127.0.0.1:{s.getsockname()[1]}"
         server = subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve",
-                                   "--listen", target], stdout=subprocess.DEVNULL)
+                                   "--listen", target, *server_args], stdout=subprocess.DEVNULL)
         stack.callback(server.wait, 30)
         stack.callback(server.terminate)
         client = stack.enter_context(InputClient(target, connect_timeout_s=60))

@@ -46,10 +46,11 @@ def _serve(args: argparse.Namespace) -> int:
     pipelines = {}
     for path in args.pipelines or []:
         pipelines.update(load_pipelines(path))
+    optional = ({} if args.message_tokens is None else {"message_tokens": args.message_tokens})
     try:
         server = Server(ServerConfig(listen=args.listen or (), pipelines=pipelines,
                                      max_streams=args.max_streams, queue_depth=args.queue_depth,
-                                     grace_s=args.grace_s))
+                                     grace_s=args.grace_s, **optional))
     except (InputServerError, OSError, ValueError) as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--queue-depth", type=int, default=4,
                        help="batches each stream prepares ahead of the network")
     serve.add_argument("--grace-s", type=float, default=5.0, help="drain time on SIGTERM")
+    serve.add_argument("--message-tokens", type=int, metavar="N",
+                       help="smaller batches share gRPC messages of up to N tokens (gRPC's "
+                            "cost is mostly per message); default 262144")
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="train a tiny JAX model through the server, offline")

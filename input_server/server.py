@@ -18,7 +18,7 @@ from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client.spec import PipelineSpec
 from input_server.pipeline import Pipeline
-from input_server.service import InputServicer
+from input_server.service import MESSAGE_TOKENS, InputServicer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class ServerConfig:
         RESOURCE_EXHAUSTED at once instead of starving health checks.
       queue_depth: batches each stream prepares ahead of the network (bounded memory).
       grace_s: how long `stop()` lets streams end after telling them to.
+      message_tokens: batches smaller than this (rows x seq_len) share gRPC messages of up to
+        this many tokens (`service.MESSAGE_TOKENS`); a batch this big or bigger goes alone.
     """
 
     listen: Sequence[str] = ()
@@ -89,12 +91,15 @@ class ServerConfig:
     max_streams: int = 8
     queue_depth: int = 4
     grace_s: float = 5.0
+    message_tokens: int = MESSAGE_TOKENS
 
     def __post_init__(self):
         if self.max_streams < 1:
             raise ValueError(f"`max_streams` must be positive, got {self.max_streams}.")
         if self.queue_depth < 1:
             raise ValueError(f"`queue_depth` must be positive, got {self.queue_depth}.")
+        if self.message_tokens < 1:
+            raise ValueError(f"`message_tokens` must be positive, got {self.message_tokens}.")
 
 
 class Server:
@@ -113,6 +118,7 @@ class Server:
         self._stopped = threading.Event()
         self._servicer = InputServicer(pipelines, max_streams=self.config.max_streams,
                                        queue_depth=self.config.queue_depth,
+                                       message_tokens=self.config.message_tokens,
                                        draining=self._draining)
         # Streams hold a thread each; the spare threads keep health and info answering when
         # every stream slot is busy.

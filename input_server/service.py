@@ -47,17 +47,21 @@ _POLL_S = 0.1
 # finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
 _WATCH_S = 0.5
 _UNSTICK_S = 5.0
-# gRPC's Python streaming costs ~90-210 µs of CPU per message on each side, mostly fixed
-# (scripts/bench_grpc.py), so as many batches as fit this many tokens (padding included)
-# travel together in one message (`Batch.following`), each whole with its own sequence number
-# and state: 16,384-token batches alone took ~21 ns of client CPU per token, 15-20 four to a
-# message; 65,536-token ones 10-12 (scripts/bench.py).
+# gRPC's Python streaming costs CPU per message on each side, mostly fixed, and more when
+# messages come at a pipeline's pace than back to back: a 65,536-token message every 4 ms took
+# ~325-350 µs a side (~5 ns per token), a 262,144-token one every 16 ms ~700-900 µs (~3 ns)
+# (scripts/bench_grpc.py --pace-ms). So as many batches as fit this many tokens (padding
+# included) travel together in one message (`Batch.following`), each whole with its own
+# sequence number and state. Against 65,536 tokens a message, this size took the client 3.5-5
+# ns less CPU per token and ran 1.02x (16 x 1024 batches) and 1.09x (32 x 2048) as fast through
+# the server: medians of 12 and 10 paired rounds (scripts/bench_message_size.py); `serve
+# --message-tokens` sets it.
 # A batch waits at most COALESCE_WAIT_S for company, so a slow pipeline's batches still go
 # one by one, promptly.
 # At most this many batches a message, so tiny batches still flow (and show the consumer's
-# pace) message by message: 8 already spreads the fixed cost thin.
-MESSAGE_TOKENS = 1 << 16
-MAX_BATCHES_PER_MESSAGE = 8
+# pace) message by message.
+MESSAGE_TOKENS = 1 << 18
+MAX_BATCHES_PER_MESSAGE = 16
 COALESCE_WAIT_S = 0.02
 # Grain's own report of a dead worker (it names neither the worker nor its pid).
 _GRAIN_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code "
@@ -92,15 +96,17 @@ class StreamSession:
     element into its pipe leaves the reader waiting for the rest), the stream still ends.
     """
 
-    def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int):
+    def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int, *,
+                 message_tokens: int = MESSAGE_TOKENS):
         self.stream_id = stream_id
         self.name = name
         self.stream = stream
         self.batches_sent = 0
         shape = stream.pipeline.spec.batch
-        # Batches per message: as many as fit MESSAGE_TOKENS (padding included), at most 8.
+        # Batches per message: as many as fit MESSAGE_TOKENS (padding included), at most
+        # MAX_BATCHES_PER_MESSAGE.
         self.per_message = max(1, min(MAX_BATCHES_PER_MESSAGE,
-                                      MESSAGE_TOKENS // (shape.size * shape.seq_len)))
+                                      message_tokens // (shape.size * shape.seq_len)))
         self.first_sent_s: float | None = None  # time.monotonic() when the first message went
         self.first_message_batches = 0  # the batches that message held
         self.batches_produced = 0
@@ -268,15 +274,17 @@ class InputServicer(pb_grpc.InputServiceServicer):
       pipelines: pipelines by name, already built (so their errors surfaced at start-up).
       max_streams: concurrent streams; one more gets RESOURCE_EXHAUSTED at once, never a wait.
       queue_depth: batches each stream produces ahead of the sender.
+      message_tokens: the most tokens of batches that share a message (see MESSAGE_TOKENS).
       draining: set when the server stops; streams then end with UNAVAILABLE.
     """
 
     def __init__(self, pipelines: Mapping[str, Pipeline], *, max_streams: int, queue_depth: int,
-                 draining: threading.Event):
+                 draining: threading.Event, message_tokens: int = MESSAGE_TOKENS):
         self._pipelines = dict(pipelines)
         self._slots = threading.BoundedSemaphore(max_streams)
         self._max_streams = max_streams
         self._queue_depth = queue_depth
+        self._message_tokens = message_tokens
         self._draining = draining
         self._ids = itertools.count(1)
         self._sessions: dict[int, StreamSession] = {}
@@ -320,7 +328,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
             except InputServerError as e:
                 context.abort(*status_of(e))
             stream_id = next(self._ids)
-            session = StreamSession(stream_id, name, stream, self._queue_depth)
+            session = StreamSession(stream_id, name, stream, self._queue_depth,
+                                    message_tokens=self._message_tokens)
             with self._lock:
                 self._sessions[stream_id] = session
             context.add_callback(session.stop)  # called when the client cancels or disconnects

@@ -72,3 +72,16 @@ def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
     reading = result["reading"]
     assert reading["seconds_per_epoch"] > 0 and reading["cut_tokenizing_seconds_per_epoch"] > 0
     assert reading["over_cut_tokenizing"] > 0
+
+
+def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model):
+    out = subprocess.run([sys.executable, "scripts/bench_message_size.py", "--corpus", corpus,
+                          "--model", spm_model, "--batch-size", "2", "--seq-len", "64",
+                          "--sizes", "128,1024", "--rounds", "1", "--min-tokens", "20000"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert set(result["sizes"]) == {"128", "1024"}
+    for v in result["sizes"].values():
+        assert v["over_in_process"] > 0
+        assert v["client_cpu_ns_per_token"] > 0 and v["server_cpu_ns_per_token"] > 0

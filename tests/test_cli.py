@@ -73,6 +73,7 @@ def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
 @pytest.mark.parametrize("args, words", [
     (["--listen", "0.0.0.0:5999"], ["0.0.0.0:5999", "loopback"]),
     (["--pipelines", "/no/such/pipelines.toml"], ["/no/such/pipelines.toml"]),
+    (["--message-tokens", "0"], ["message_tokens", "positive", "0"]),
 ])
 def test_serve_refuses_bad_start_with_message(args, words):
     proc = start_serve(*args)

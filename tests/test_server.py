@@ -307,7 +307,10 @@ def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec)
 
 
 def test_batches_of_a_full_message_travel_alone(target, make_spec):
-    spec = make_spec(batch={"seq_len": 1024, "size": 64}, order={"epochs": 3})  # 65,536 tokens
+    from input_server.service import MESSAGE_TOKENS
+
+    spec = make_spec(batch={"seq_len": 1024, "size": MESSAGE_TOKENS // 1024},
+                     order={"epochs": 8})
     messages = _raw_messages(target, spec, pause_s=0.5)
     assert len(messages) > 2 and not any(m.following for m in messages)
 
@@ -354,8 +357,8 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
         session.stop()
         session.join(5)
     assert not session._thread.is_alive()
-    # Unbounded, a message would wait for 8 batches: ~3 groups, 0.3 s and more (measured
-    # 0.33 s with the bound lifted; ~0.02 s with it).
+    # Unbounded, a message would wait for 8 or more batches: ~3 groups, 0.3 s and more
+    # (measured 0.33 s with the bound lifted; ~0.02 s with it).
     assert max(sizes) < 8, sizes
     assert max(waits) < max(0.2, 2 * COALESCE_WAIT_S), (waits, sizes)
 
@@ -377,3 +380,17 @@ def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, v
     theirs = "one from before versions were sent" if version == 0 else str(version)
     assert (f"speaks wire protocol {PROTOCOL_VERSION}; the client speaks {theirs}"
             in e.value.details())
+
+
+def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spec):
+    spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens a batch
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], message_tokens=128)) as srv:
+        alone = _raw_messages(srv.targets[0], spec, pause_s=0.5)
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/t.sock"], message_tokens=512)) as srv:
+        four = _raw_messages(srv.targets[0], spec, pause_s=0.5)
+    assert not any(m.following for m in alone)
+    assert max(1 + len(m.following) for m in four) == 4  # 512 // 128, the queue full
+    batches = [[b.sequence_number for m in ms for b in (m, *m.following)] for ms in (alone, four)]
+    assert batches[0] == batches[1]  # the same batches either way
+    with pytest.raises(ValueError, match="message_tokens"):
+        ServerConfig(message_tokens=0)
