@@ -32,6 +32,20 @@ def corpus_texts(spec: PipelineSpec) -> list[str]:
     return source.read_many(range(len(source)))
 
 
+def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
+    """Tokens in one epoch of `texts`, and those the batches keep (a document trimmed to
+    `seq_len` counts only what is kept), to size runs by the tokens they deliver."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
+    lengths = [len(x) for x in sp.encode(texts, add_bos=spec.tokenizer.add_bos,
+                                         add_eos=spec.tokenizer.add_eos,
+                                         num_threads=os.cpu_count() or 1)]
+    if spec.batch.packing == "concat_then_split":
+        return sum(lengths), sum(lengths)
+    return sum(lengths), sum(min(n, spec.batch.seq_len) for n in lengths)
+
+
 def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: float) -> dict:
     """The limit: sentencepiece's own batch encode over the corpus on all cores, in its
     fastest output form (numpy arrays; see scripts/bench_tokenize.py)."""
@@ -260,16 +274,7 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
 
     texts = corpus_texts(spec)
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
-    lengths = [len(x) for x in sp.encode(texts, add_bos=spec.tokenizer.add_bos,
-                                         add_eos=spec.tokenizer.add_eos,
-                                         num_threads=os.cpu_count() or 1)]
-    epoch_tokens = sum(lengths)
-    # Enough epochs that each measured run delivers `min_tokens` (trimmed documents count
-    # only what the batches keep).
-    if spec.batch.packing != "concat_then_split":
-        kept = sum(min(n, spec.batch.seq_len) for n in lengths)
-    else:
-        kept = epoch_tokens
+    epoch_tokens, kept = epoch_token_counts(spec, texts)
     epochs = max(1, -(-min_tokens // max(1, kept)))
     spec = spec.replace(order={"epochs": epochs})
     say(f"{len(texts)} documents, {epoch_tokens} tokens per epoch ({kept} kept), "

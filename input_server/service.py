@@ -208,8 +208,8 @@ class StreamSession:
     def __iter__(self) -> Iterator[tuple[pb.Batch | None, BaseException | None]]:
         """Yields (message, None) or, at a failure, (None, error); polls so `stop()` is noticed.
 
-        A message is a batch with the batches that follow it while they stay under
-        MESSAGE_TOKENS (see `_coalesce`); the end marker and errors always go alone.
+        A message is a batch with the batches that follow it, `per_message` in all at most
+        (see `_coalesce`); the end marker and errors always go alone.
         """
         pending = None  # taken from the queue while coalescing, but not joined
         while True:

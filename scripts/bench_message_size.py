@@ -23,8 +23,6 @@ def main() -> int:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
-    import sentencepiece as spm
-
     from input_client import PipelineSpec
     from input_server import bench, corpus
     from input_server.pipeline import Workers, default_threads
@@ -49,8 +47,7 @@ def main() -> int:
     spec = PipelineSpec(source={"paths": [args.corpus]}, tokenizer={"model": args.model},
                         batch={"seq_len": args.seq_len, "size": args.batch_size},
                         workers={"count": 0})
-    sp = spm.SentencePieceProcessor(model_file=args.model)
-    kept = sum(min(len(x), args.seq_len) for x in sp.encode(bench.corpus_texts(spec)))
+    _, kept = bench.epoch_token_counts(spec, bench.corpus_texts(spec))
     spec = spec.replace(order={"epochs": max(1, -(-args.min_tokens // max(1, kept)))})
 
     rounds: list[dict] = []

@@ -91,3 +91,31 @@ def test_serve_refuses_a_bad_named_pipeline_at_start(tmp_path, corpus):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert os.path.join(str(tmp_path), "nope.model") in err
+
+
+def test_serve_message_tokens_reaches_the_streams(tmp_path, make_spec):
+    import grpc
+
+    from input_client._proto.input_server.v1 import input_service_pb2 as pb
+    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.codec import PROTOCOL_VERSION
+    from input_server.service import MESSAGE_TOKENS
+
+    sock = f"unix://{tmp_path}/m.sock"
+    proc = start_serve("--listen", sock, "--message-tokens", "128")
+    try:
+        InputClient(sock, connect_timeout_s=60).wait_ready()
+        spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: one a message
+        with grpc.insecure_channel(sock) as channel:
+            call = pb_grpc.InputServiceStub(channel).StreamBatches(
+                pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION))
+            first = next(call)
+            time.sleep(0.5)  # the server's queue fills: by default these would share messages
+            messages = [first, *call]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert len(messages) > 10 and not any(m.following for m in messages)
+    help_text = subprocess.run([sys.executable, "-m", "input_server.cli", "serve", "--help"],
+                               capture_output=True, text=True, timeout=60).stdout
+    assert f"default {MESSAGE_TOKENS}" in help_text  # the help says the real default

@@ -181,8 +181,9 @@ def test_stream_limit_gives_resource_exhausted_and_health_still_answers(tmp_path
 
 
 def test_slow_client_keeps_server_queue_bounded(tmp_path, make_spec):
-    # 256 KiB batches on the wire (uint16 ids, 2048 x 64), so gRPC's flow-control window
-    # holds only a few; unbounded, the pipeline would make hundreds while the client sleeps.
+    # 256 KiB batches on the wire (uint16 ids, 2048 x 64; two to a message), so gRPC's
+    # flow-control window holds only a few; unbounded, the pipeline would make hundreds while
+    # the client sleeps.
     spec = make_spec(batch={"seq_len": 2048, "size": 64}, order={"epochs": 0})
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=2)) as srv, \
             InputClient(srv.targets[0]) as client:
@@ -323,7 +324,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     from input_server.service import COALESCE_WAIT_S, StreamSession
     from input_server.sources import DocumentSource
 
-    spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 8 a message if they wait
+    spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
     pipeline = Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source), 0.02))
     pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
     session = StreamSession(1, "slow", pipeline.stream(workers=Workers(0, 1, "test")), depth=16)
@@ -357,7 +358,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
         session.stop()
         session.join(5)
     assert not session._thread.is_alive()
-    # Unbounded, a message would wait for 8 or more batches: ~3 groups, 0.3 s and more
+    # Unbounded, a message would wait for 16 batches: ~4 groups, 0.3 s and more
     # (measured 0.33 s with the bound lifted; ~0.02 s with it).
     assert max(sizes) < 8, sizes
     assert max(waits) < max(0.2, 2 * COALESCE_WAIT_S), (waits, sizes)
@@ -390,7 +391,10 @@ def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spe
         four = _raw_messages(srv.targets[0], spec, pause_s=0.5)
     assert not any(m.following for m in alone)
     assert max(1 + len(m.following) for m in four) == 4  # 512 // 128, the queue full
-    batches = [[b.sequence_number for m in ms for b in (m, *m.following)] for ms in (alone, four)]
-    assert batches[0] == batches[1]  # the same batches either way
+    from input_client.codec import decode_batch
+
+    batches = [[decode_batch(b.tensors) for m in ms for b in (m, *m.following)
+                if not b.end_of_data] for ms in (alone, four)]
+    assert_same(batches[0], batches[1])  # the same batches either way
     with pytest.raises(ValueError, match="message_tokens"):
         ServerConfig(message_tokens=0)
