@@ -6,11 +6,13 @@ every Python install carries, so nothing is downloaded.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
 import pathlib
 import sysconfig
+import tempfile
 
 MIN_CHARS = 40
 
@@ -54,6 +56,28 @@ def build_builtin(name: str, directory: str | os.PathLike, *,
     corpus = write_jsonl(docs, os.path.join(directory, f"{name}.jsonl"))
     return corpus, train_sentencepiece(docs, os.path.join(directory, name),
                                        vocab_size=vocab_size)
+
+
+def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark scripts' corpus options: a jsonl file and model, or a builtin corpus."""
+    parser.add_argument("--corpus", help="jsonl file with a 'text' field")
+    parser.add_argument("--model", help="sentencepiece model")
+    parser.add_argument("--builtin", choices=sorted(BUILTIN_CORPORA),
+                        help="a corpus that ships with Python; its tokenizer is trained here")
+    parser.add_argument("--vocab-size", type=int, default=1000,
+                        help="vocabulary of the tokenizer trained for --builtin")
+
+
+def corpus_from_arguments(parser: argparse.ArgumentParser,
+                          args: argparse.Namespace) -> tuple[str, str]:
+    """(jsonl, model) from `add_corpus_arguments`' options; a builtin is built in a fresh
+    temporary folder. Exits through `parser.error` when neither is given."""
+    if args.builtin:
+        return build_builtin(args.builtin, tempfile.mkdtemp(prefix="bench-"),
+                             vocab_size=args.vocab_size)
+    if not (args.corpus and args.model):
+        parser.error("give --corpus and --model, or --builtin")
+    return args.corpus, args.model
 
 
 def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "text") -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 
 
 def main() -> int:
@@ -23,11 +22,7 @@ def main() -> int:
     from input_server import bench, corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", help="jsonl file with a 'text' field")
-    parser.add_argument("--model", help="sentencepiece model")
-    parser.add_argument("--builtin", choices=sorted(corpus.BUILTIN_CORPORA))
-    parser.add_argument("--vocab-size", type=int, default=1000,
-                        help="vocabulary of the tokenizer trained for --builtin")
+    corpus.add_corpus_arguments(parser)
     # MaxText's default max_target_length, and rows for a small TPU host's share of a global
     # batch: 65,536 tokens a batch. gRPC's cost per message is mostly fixed, so smaller
     # batches pay more per token through the server (see README "Speed").
@@ -37,13 +32,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
-    if args.builtin:
-        work = tempfile.mkdtemp(prefix="bench-")
-        args.corpus, args.model = corpus.build_builtin(args.builtin, work,
-                                                       vocab_size=args.vocab_size)
-    if not (args.corpus and args.model):
-        parser.error("give --corpus and --model, or --builtin")
-    spec = PipelineSpec(source={"paths": [args.corpus]}, tokenizer={"model": args.model},
+    jsonl, model = corpus.corpus_from_arguments(parser, args)
+    spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model},
                         batch={"seq_len": args.seq_len, "size": args.batch_size},
                         workers={"count": 0})
     result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)

@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 
 
 def main() -> int:
@@ -28,9 +27,7 @@ def main() -> int:
     from input_server.pipeline import Workers, default_threads
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", help="jsonl file with a 'text' field")
-    parser.add_argument("--model", help="sentencepiece model")
-    parser.add_argument("--builtin", choices=sorted(corpus.BUILTIN_CORPORA))
+    corpus.add_corpus_arguments(parser)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--sizes", default="65536,262144",
@@ -38,13 +35,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--min-tokens", type=int, default=8_000_000)
     args = parser.parse_args()
-    if args.builtin:
-        args.corpus, args.model = corpus.build_builtin(args.builtin,
-                                                       tempfile.mkdtemp(prefix="bench-"))
-    if not (args.corpus and args.model):
-        parser.error("give --corpus and --model, or --builtin")
+    jsonl, model = corpus.corpus_from_arguments(parser, args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    spec = PipelineSpec(source={"paths": [args.corpus]}, tokenizer={"model": args.model},
+    spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model},
                         batch={"seq_len": args.seq_len, "size": args.batch_size},
                         workers={"count": 0})
     _, kept = bench.epoch_token_counts(spec, bench.corpus_texts(spec))

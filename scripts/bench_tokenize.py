@@ -20,7 +20,6 @@ import argparse
 import itertools
 import json
 import sys
-import tempfile
 import threading
 import time
 
@@ -158,18 +157,12 @@ def main() -> int:
     from input_server import corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus")
-    parser.add_argument("--model")
-    parser.add_argument("--builtin", choices=sorted(corpus.BUILTIN_CORPORA))
+    corpus.add_corpus_arguments(parser)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     args = parser.parse_args()
-    if args.builtin:
-        args.corpus, args.model = corpus.build_builtin(args.builtin,
-                                                       tempfile.mkdtemp(prefix="bench-"))
-    if not (args.corpus and args.model):
-        parser.error("give --corpus and --model, or --builtin")
-    print(json.dumps(run(args.corpus, args.model, args.seq_len, args.seconds), indent=2))
+    jsonl, model = corpus.corpus_from_arguments(parser, args)
+    print(json.dumps(run(jsonl, model, args.seq_len, args.seconds), indent=2))
     return 0
 
 
