@@ -17,7 +17,7 @@ import grpc
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client._queues import put_unless_stopped
-from input_client.codec import PROTOCOL_VERSION, encode_state, encode_tensors
+from input_client.codec import PROTOCOL_VERSION, encode_state, encode_tensors, protocol_mismatch
 from input_client.spec import PipelineSpec, SpecError
 from input_server import __version__
 from input_server.errors import (
@@ -308,13 +308,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
 
     def StreamBatches(self, request: pb.StreamBatchesRequest,
                       context: grpc.ServicerContext) -> Iterator[pb.Batch]:
-        if request.protocol_version != PROTOCOL_VERSION:
-            # Batches laid out another way would be misread (or raise out of sequence).
-            theirs = request.protocol_version or "one from before versions were sent"
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"this server (input-server {__version__}) speaks wire protocol "
-                          f"{PROTOCOL_VERSION}; the client speaks {theirs}. Use the client of "
-                          f"the same input-server release as the server.")
+        # Batches laid out another way would be misread (or raise out of sequence).
+        refusal = protocol_mismatch(f"this server (input-server {__version__})",
+                                    PROTOCOL_VERSION, request.protocol_version)
+        if refusal:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
         if not self._slots.acquire(blocking=False):

@@ -125,7 +125,7 @@ class _OtherProtocolServicer(pb_grpc.InputServiceServicer):
 
 @pytest.mark.parametrize("version, words", [(0, "speaks wire protocol one from before"),
                                             (PROTOCOL_VERSION + 1, "speaks wire protocol "
-                                             f"{PROTOCOL_VERSION + 1}; this client speaks "
+                                             f"{PROTOCOL_VERSION + 1}; the client speaks "
                                              f"{PROTOCOL_VERSION}")], ids=["older", "newer"])
 def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, version, words):
     from concurrent import futures

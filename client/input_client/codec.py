@@ -22,6 +22,20 @@ from input_client._proto.input_server.v1 import input_service_pb2 as pb
 #      (`Batch.following`).
 PROTOCOL_VERSION = 2
 
+
+def protocol_mismatch(server: str, server_version: int, client_version: int) -> str | None:
+    """The refusal both sides give when their wire protocols differ (None when they agree);
+    `server` names the server (its address and release, or "this server (...)")."""
+    if server_version == client_version:
+        return None
+
+    def words(v: int) -> str:
+        return str(v) if v else "one from before versions were sent"
+
+    return (f"{server} speaks wire protocol {words(server_version)}; the client speaks "
+            f"{words(client_version)}. Use the client of the same input-server release as the "
+            f"server.")
+
 # The compact form's tensors: every row is its segments end to end, then padding.
 PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
 

@@ -15,7 +15,13 @@ import grpc
 from input_client._proto.input_server.v1 import input_service_pb2 as pb
 from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
 from input_client._queues import put_unless_stopped
-from input_client.codec import PROTOCOL_VERSION, decode_batch, decode_state, encode_state
+from input_client.codec import (
+    PROTOCOL_VERSION,
+    decode_batch,
+    decode_state,
+    encode_state,
+    protocol_mismatch,
+)
 from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec
 
@@ -45,13 +51,11 @@ _END = object()
 def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
     """Raises `StreamError` (FAILED_PRECONDITION) if the server speaks another wire protocol:
     its batches would be misread (or stop with a `SequenceError`)."""
-    if info.protocol_version != PROTOCOL_VERSION:
-        theirs = info.protocol_version or "one from before versions were sent"
-        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"the server at {address!r} (input-server "
-                          f"{info.server_version or 'unknown'}) speaks wire protocol {theirs}; "
-                          f"this client speaks {PROTOCOL_VERSION}. Use the client of the same "
-                          f"input-server release as the server.")
+    refusal = protocol_mismatch(
+        f"the server at {address!r} (input-server {info.server_version or 'unknown'})",
+        info.protocol_version, PROTOCOL_VERSION)
+    if refusal:
+        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
 
 class InputClient:
