@@ -383,12 +383,13 @@ def _capped(c: Candidate, rows: Sequence[Measurement], *, max_workers: int,
     return dataclasses.replace(c, skip=skip) if skip else c
 
 
-def _stalled(rows: Sequence[Measurement], gain: float, patience: int) -> bool:
-    """Whether the last `patience` rows each failed to beat all rows before them by `gain`."""
+def _stalled(rows: Sequence[Measurement], patience: int) -> bool:
+    """Whether the last `patience` rows each failed to beat all rows before them by
+    PLATEAU_GAIN."""
     if len(rows) <= patience:
         return False
     best = max(m.batches_per_s for m in rows[:-patience])
-    return all(m.batches_per_s < (1 + gain) * best for m in rows[-patience:])
+    return all(m.batches_per_s < (1 + PLATEAU_GAIN) * best for m in rows[-patience:])
 
 
 def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
@@ -423,7 +424,7 @@ def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
         threads = 2 * inproc[-1].threads
         patience = THREAD_PATIENCE if inproc[-1].threads < cpus else 1
         if (inproc[-1].ran and threads <= MAX_THREADS
-                and not _stalled(ran, PLATEAU_GAIN, patience)):
+                and not _stalled(ran, patience)):
             return check(Candidate(0, threads))
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
@@ -433,7 +434,7 @@ def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
         return check(Candidate(2, _threads_per_process(ran, 2)))
     ran = [m for m in procs if m.ran]
     processes = 2 * procs[-1].processes
-    if not procs[-1].ran or processes > cpus or _stalled(ran, PLATEAU_GAIN, 1):
+    if not procs[-1].ran or processes > cpus or _stalled(ran, 1):
         return None
     return check(Candidate(processes, _threads_per_process([m for m in inproc if m.ran],
                                                            processes)))
@@ -739,20 +740,21 @@ def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
     c = tuning.chosen
     fits = [m for m in measurements if m.ran and m is not c and not _over_cap(
         m.workers, m.rss_mb, max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb)]
-    band, limit = CONFIRM_BAND, CONFIRM_MAX
     if tuning.reason == "target met":
         need = TARGET_HEADROOM * tuning.target_batches_per_s
-        close = [m for m in fits if _cost(m) < _cost(c) and m.batches_per_s * (1 + band) >= need]
+        close = [m for m in fits
+                 if _cost(m) < _cost(c) and m.batches_per_s * (1 + CONFIRM_BAND) >= need]
         key = lambda m: need - m.batches_per_s  # noqa: E731
     else:
         close = [m for m in fits if abs(m.batches_per_s - c.batches_per_s)
-                 <= band * c.batches_per_s]
+                 <= CONFIRM_BAND * c.batches_per_s]
         key = lambda m: abs(m.batches_per_s - c.batches_per_s)  # noqa: E731
         inside = [m for m in fits if m.workers <= cpus]
         if c.workers > cpus and inside:
             best_in = max(inside, key=lambda m: m.batches_per_s)
-            return [best_in, *[m for m in sorted(close, key=key) if m is not best_in]][:limit]
-    return sorted(close, key=key)[:limit]
+            return [best_in, *[m for m in sorted(close, key=key)
+                               if m is not best_in]][:CONFIRM_MAX]
+    return sorted(close, key=key)[:CONFIRM_MAX]
 
 
 def pool(a: Measurement, b: Measurement) -> Measurement:

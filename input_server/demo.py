@@ -27,6 +27,8 @@ NUM_HEADS = 4
 D_FF = 256
 LEARNING_RATE = 1e-2
 LOSS_WINDOW = 5  # steps averaged at each end to decide whether the loss went down
+# The smallest run: two steps, since the loss of the first and the last are compared.
+LEAST = {"steps": 2, "seq_len": 1, "batch_size": 1}
 
 
 def init_params(key: Any, *, seq_len: int, vocab_size: int = VOCAB_SIZE, d_model: int = D_MODEL,
@@ -181,8 +183,8 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
       ValueError: fewer than 2 steps (the loss of the first and the last are compared), or a
         size that is not positive.
     """
-    for name, value, least in (("steps", steps, 2), ("seq_len", seq_len, 1),
-                               ("batch_size", batch_size, 1)):
+    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
+        least = LEAST[name]
         if value < least:
             raise ValueError(f"`{name}` must be at least {least}, got {value}.")
     start = time.perf_counter()
@@ -298,11 +300,12 @@ def _at_least(least: int):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's options (all optional), for `input-server demo` and this module's `main`."""
-    # Two steps at least: the loss is compared between the first and the last.
-    parser.add_argument("--steps", type=_at_least(2), default=50,
+    parser.add_argument("--steps", type=_at_least(LEAST["steps"]), default=50,
                         help="train steps (the first compiles and is not timed)")
-    parser.add_argument("--seq-len", type=_at_least(1), default=128, help="tokens per row")
-    parser.add_argument("--batch-size", type=_at_least(1), default=8, help="rows per batch")
+    parser.add_argument("--seq-len", type=_at_least(LEAST["seq_len"]), default=128,
+                        help="tokens per row")
+    parser.add_argument("--batch-size", type=_at_least(LEAST["batch_size"]), default=8,
+                        help="rows per batch")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
