@@ -339,12 +339,14 @@ def test_auto_gives_the_same_batches_as_the_chosen_count_fixed(make_spec):
 def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
     from input_client import InputClient
     from input_server.server import Server, ServerConfig
+    from input_server.service import MAX_BATCHES_PER_MESSAGE
 
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"],
                              pipelines={"auto": spec})) as srv, \
             InputClient(srv.targets[0]) as client, client.batches("auto") as it:
-        for _ in range(3):
+        # More batches than one message holds: the demand is known once a second one went.
+        for _ in range(MAX_BATCHES_PER_MESSAGE + 4):
             next(it)
         (stream,) = client.info().streams
     assert stream.worker_reason.startswith("auto: ")
