@@ -14,7 +14,7 @@ import time
 import tomllib
 
 from input_client.spec import PipelineSpec, SpecError
-from input_server import demo as demo_module
+from input_server.tools import demo as demo_module
 
 
 def load_pipelines(path: str) -> dict[str, PipelineSpec]:
@@ -41,7 +41,7 @@ def load_pipelines(path: str) -> dict[str, PipelineSpec]:
 
 def _serve(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
-    from input_server.server import Server, ServerConfig
+    from input_server.serving.server import Server, ServerConfig
 
     pipelines = {}
     for path in args.pipelines or []:
@@ -80,7 +80,7 @@ def _info(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import json
 
-    from input_server import bench
+    from input_server.tools import bench
 
     spec = PipelineSpec.from_toml(args.spec)
     result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
@@ -99,9 +99,10 @@ def _tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from input_client.spec import validate
-    from input_server import autotune
+    from input_server.autotune import report, tuner
+    from input_server.autotune.policy import cpu_count
+    from input_server.batching.pipeline import Pipeline
     from input_server.errors import InputServerError
-    from input_server.pipeline import Pipeline
 
     spec = PipelineSpec.from_toml(args.spec)
     overrides = {k: v for k, v in (("max_workers", args.max_workers),
@@ -135,9 +136,9 @@ def _tune(args: argparse.Namespace) -> int:
     ticker = threading.Thread(target=tick, name="tune-progress", daemon=True)
     ticker.start()
     try:
-        tuning = autotune.tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
-                               max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
-                               tune_seconds=float(w.tune_seconds), progress=progress)
+        tuning = tuner.tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
+                            max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                            tune_seconds=float(w.tune_seconds), progress=progress)
     except InputServerError as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -145,18 +146,18 @@ def _tune(args: argparse.Namespace) -> int:
         done.set()
         ticker.join()
         bar.close()
-    print(tuning.table())
+    print(report.table(tuning))
     print(f"choice: {tuning.processes} processes x {tuning.threads} threads "
           f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}")
-    print(f"tuned in {tuning.tune_seconds:.1f} s on {autotune.cpu_count()} CPUs; set "
+    print(f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
           f"`workers.count = {tuning.processes}` to fix the processes, or keep \"auto\".")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"spec": os.path.abspath(args.spec), "cpu_count": autotune.cpu_count(),
+            json.dump({"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(),
                        **tuning.to_dict()}, f, indent=2)
     if args.plot:
         try:
-            autotune.plot(tuning, args.plot, title=os.path.basename(args.spec))
+            report.plot(tuning, args.plot, title=os.path.basename(args.spec))
         except ImportError as e:
             print(f"input-server: {e}", file=sys.stderr)
             return 2

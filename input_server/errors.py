@@ -1,6 +1,17 @@
-"""The server's exceptions; the servicer maps each to one gRPC status code."""
+"""Every error the server reports, and the one place that maps an exception to a gRPC status.
+
+README's status table is the contract: each class below has its status, and anything else a
+stream meets is INTERNAL with the exception's type and message (never UNKNOWN, which is what
+gRPC sends for an exception that escapes a servicer).
+"""
 
 from __future__ import annotations
+
+import signal
+
+import grpc
+
+from input_client.spec import SpecError
 
 
 class InputServerError(Exception):
@@ -17,3 +28,37 @@ class DataNotFoundError(InputServerError):
 
 class RecordError(InputServerError):
     """A record failed to decode; the message names the file and the record (DATA_LOSS)."""
+
+
+class WorkerDiedError(InputServerError):
+    """A worker process of the stream died (INTERNAL); the message names it."""
+
+
+_STATUS: dict[type[BaseException], grpc.StatusCode] = {
+    InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
+    SpecError: grpc.StatusCode.INVALID_ARGUMENT,
+    DataNotFoundError: grpc.StatusCode.NOT_FOUND,
+    RecordError: grpc.StatusCode.DATA_LOSS,
+    WorkerDiedError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status and message a client sees for `e`: the error's own words, never a traceback.
+
+    Unexpected exceptions are INTERNAL, named by type so the server's log can be searched.
+    """
+    for cls, code in _STATUS.items():
+        if isinstance(e, cls):
+            return code, str(e)
+    return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+
+
+def exit_words(code: int) -> str:
+    """A process's exit code in words: `exit code -9 (killed by SIGKILL)`."""
+    if code < 0:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"

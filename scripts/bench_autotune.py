@@ -25,10 +25,10 @@ from absl import flags
 
 from input_client import PipelineSpec
 from input_server import autotune
-from input_server.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
-from input_server.fakes import SlowSource
-from input_server.pipeline import Pipeline
-from input_server.sources import DocumentSource
+from input_server.batching.pipeline import Pipeline
+from input_server.data.sources import DocumentSource
+from input_server.testing import SlowSource
+from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
 
 DOC_CHARS = 4000
 
@@ -58,7 +58,7 @@ def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds:
     print(f"[{name}] tuning ...", file=sys.stderr, flush=True)
     tuning = autotune.tune(pipeline, ram_budget_mb=pipeline.spec.workers.ram_budget_mb,
                            tune_seconds=tune_seconds)
-    print(tuning.table(), file=sys.stderr, flush=True)
+    print(autotune.table(tuning), file=sys.stderr, flush=True)
     choice = (tuning.processes, tuning.threads)
     grain = autotune.grain_choice(pipeline)
     configs = list(dict.fromkeys([*configs, choice, grain]))

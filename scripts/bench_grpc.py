@@ -22,8 +22,8 @@ import time
 def _message(rows: int, seq_len: int):
     import numpy as np
 
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client.codec import encode_tensors
+    from input_client.proto import pb
+    from input_client.wire import encode_tensors
 
     arrays = {"inputs": np.random.default_rng(0).integers(1, 1000, (rows, seq_len), np.uint16),
               "segment_lengths": np.full(rows, seq_len, np.int32),
@@ -37,7 +37,7 @@ def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int,
 
     import grpc
 
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.proto import pb_grpc
 
     msg = _message(rows, seq_len)
 
@@ -82,8 +82,7 @@ def _receive(target: str, client: str, server, count: int) -> dict:
     import grpc
     import psutil
 
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.proto import pb, pb_grpc
 
     me = psutil.Process()
 

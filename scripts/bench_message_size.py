@@ -23,8 +23,8 @@ def main() -> int:
 
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     from input_client import PipelineSpec
-    from input_server import bench, corpus
-    from input_server.pipeline import Workers, default_threads
+    from input_server.batching.pipeline import Workers, default_threads
+    from input_server.tools import bench, corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     corpus.add_corpus_arguments(parser)

@@ -55,9 +55,9 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     import sentencepiece as spm
 
     from input_client import PipelineSpec
-    from input_server.pipeline import Pipeline
-    from input_server.sources import DocumentSource
-    from input_server.tokenize import Tokenizer
+    from input_server.batching.pipeline import Pipeline
+    from input_server.data.sources import DocumentSource
+    from input_server.data.tokenizer import Tokenizer
 
     spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
                         batch={"seq_len": seq_len})
@@ -154,7 +154,7 @@ def main() -> int:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
-    from input_server import corpus
+    from input_server.tools import corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     corpus.add_corpus_arguments(parser)

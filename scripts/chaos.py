@@ -135,7 +135,7 @@ class _Proc:
 
 def reference(spec, batches: int) -> list[bytes]:
     """The first `batches` batches of an uninterrupted in-process run."""
-    from input_server.pipeline import Pipeline, Workers
+    from input_server.batching.pipeline import Pipeline, Workers
 
     out = []
     with Pipeline(spec).stream(workers=Workers(0, 2, "reference")) as stream:
@@ -174,7 +174,7 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
 
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     from input_client import PipelineSpec
-    from input_server.corpus import ensure_demo_assets
+    from input_server.tools.corpus import ensure_demo_assets
 
     start = time.monotonic()
     corpus, model = ensure_demo_assets()

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
 from input_client import InputClient, PipelineSpec  # noqa: E402
-from input_server.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
+from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
 
 # Grain reads absl flags; pytest does not parse them.
 if not flags.FLAGS.is_parsed():
@@ -58,7 +58,7 @@ def make_spec(corpus, spm_model):
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """One real server for the session, on a Unix socket and a loopback TCP port."""
-    from input_server.server import Server, ServerConfig
+    from input_server.serving.server import Server, ServerConfig
 
     sock = tmp_path_factory.mktemp("sock") / "input.sock"
     with Server(ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"])) as srv:

@@ -14,13 +14,13 @@ import pytest
 
 from input_client import PipelineSpec
 from input_client.spec import SpecError, validate
+from input_client.wire import FIELDS
 from input_server import autotune
 from input_server.autotune import Measurement, decide, next_candidate
-from input_server.corpus import write_jsonl
-from input_server.fakes import SlowSource
-from input_server.pack import FIELDS
-from input_server.pipeline import Pipeline, Workers
-from input_server.sources import DocumentSource
+from input_server.batching.pipeline import Pipeline, Workers
+from input_server.data.sources import DocumentSource
+from input_server.testing import SlowSource
+from input_server.tools.corpus import write_jsonl
 
 # Shorter windows than the server's defaults for the side-by-side checks, to bound test time.
 WINDOW = {"warmup_s": 0.2, "window_s": 0.6}
@@ -270,7 +270,7 @@ def test_cpu_bound_choice_is_within_the_cores_and_5_percent_of_the_best(cpu_pipe
     cpus = autotune.cpu_count()
     # Longer windows than the default: the comparison below needs steadier readings.
     t = autotune.tune(cpu_pipeline, ram_budget_mb=1024, window_s=1.5)
-    assert t.workers <= cpus, t.table()
+    assert t.workers <= cpus, autotune.table(t)
     assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
     choice = (t.processes, t.threads)
     others = sorted({(0, 1), (0, cpus), (0, 2 * cpus)} - {choice})
@@ -284,23 +284,23 @@ def test_cpu_bound_choice_is_within_the_cores_and_5_percent_of_the_best(cpu_pipe
         bar = 0.95 if max(1, processes) * threads <= cpus else 1 / 1.2
         # Within 5 % beyond what repeating the choice's own measurement varies by (`spread`,
         # its slowest round over its fastest): no finer difference is measurable on this host.
-        assert ratio >= bar * spread, (ratios, spread, t.table())
+        assert ratio >= bar * spread, (ratios, spread, autotune.table(t))
 
 
 def test_latency_bound_choice_exceeds_the_cores_and_doubles_grain(slow_pipeline, slow_tuning):
     t = slow_tuning
-    assert t.workers > autotune.cpu_count(), t.table()
+    assert t.workers > autotune.cpu_count(), autotune.table(t)
     grain = autotune.grain_choice(slow_pipeline)
     choice = (t.processes, t.threads)
     rates = side_by_side(slow_pipeline, [choice, grain], rounds=1)
-    assert rates[choice] >= 2 * rates[grain], (rates, grain, t.table())
+    assert rates[choice] >= 2 * rates[grain], (rates, grain, autotune.table(t))
 
 
 def test_demand_far_below_capacity_gets_fewer_workers_and_is_still_met(slow_pipeline,
                                                                         slow_tuning):
     target = slow_tuning.chosen.batches_per_s / 10
     t = autotune.tune(slow_pipeline, target_batches_per_s=target, ram_budget_mb=1024)
-    assert t.reason == "target met", t.table()
+    assert t.reason == "target met", autotune.table(t)
     assert t.workers < slow_tuning.workers
     rate = side_by_side(slow_pipeline, [(t.processes, t.threads)], rounds=2)
     assert rate[(t.processes, t.threads)] >= target
@@ -312,7 +312,7 @@ def test_ram_budget_for_k_processes_is_enforced_with_measured_rss(cpu_pipeline):
     k = 2
     t = autotune.tune(cpu_pipeline, candidates=[(1, 1), (2, 1), (3, 1)],
                       ram_budget_mb=(k + 0.5) * one.rss_mb, **WINDOW)
-    assert t.workers <= k, t.table()
+    assert t.workers <= k, autotune.table(t)
     three = next(m for m in t.measurements if m.processes == 3)
     assert three.skipped == "ram cap"  # predicted from the measured ones, never started
 
@@ -321,25 +321,29 @@ def test_auto_gives_the_same_batches_as_the_chosen_count_fixed(make_spec):
     spec = make_spec(batch={"seq_len": 512, "size": 8}, order={"epochs": 0},
                      workers={"count": "auto", "tune_seconds": 5})
     pipeline = Pipeline(spec)
-    with pipeline.stream() as stream:
-        workers = stream.workers
+    tuner = autotune.Tuner()
+    workers, tuning = tuner.workers_for(pipeline)
+    with pipeline.stream(workers=workers) as stream:
         auto = [b for _, b in zip(range(40), stream, strict=False)]
-    assert workers.reason.startswith("auto: ") and workers.tuning is not None
+    assert workers.reason.startswith("auto: ") and tuning is not None
+    assert (tuning.processes, tuning.threads) == (workers.processes, workers.threads)
     fixed = first(pipeline, 40, Workers(workers.processes, workers.threads, "fixed"))
     assert same_bytes(auto, fixed)
     assert same_bytes(auto, first(pipeline, 40, Workers(0, 1, "one thread")))
     # The decision is kept: a second stream, even one that sends the spec again (a new
     # Pipeline, as every request-spec stream and every reconnect builds), starts without tuning.
-    assert pipeline.resolve_workers() is workers
+    assert tuner.workers_for(pipeline)[0] is workers
     start = time.monotonic()
-    assert Pipeline(spec).resolve_workers() is workers
+    assert tuner.workers_for(Pipeline(spec))[0] is workers
     assert time.monotonic() - start < 2  # no second tuning (this one took seconds)
+    # The choices are the tuner's own: another server's tuner has none yet.
+    assert autotune.Tuner()._decided == {}
 
 
 def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
     from input_client import InputClient
-    from input_server.server import Server, ServerConfig
-    from input_server.service import MAX_BATCHES_PER_MESSAGE
+    from input_server.serving.coalesce import MAX_BATCHES_PER_MESSAGE
+    from input_server.serving.server import Server, ServerConfig
 
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"],

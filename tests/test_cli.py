@@ -96,10 +96,9 @@ def test_serve_refuses_a_bad_named_pipeline_at_start(tmp_path, corpus):
 def test_serve_message_tokens_reaches_the_streams(tmp_path, make_spec):
     import grpc
 
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-    from input_client.codec import PROTOCOL_VERSION
-    from input_server.service import MESSAGE_TOKENS
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
+    from input_server.serving.coalesce import MESSAGE_TOKENS
 
     sock = f"unix://{tmp_path}/m.sock"
     proc = start_serve("--listen", sock, "--message-tokens", "128")

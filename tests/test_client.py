@@ -13,10 +13,9 @@ import pytest
 
 import input_client
 from input_client import InputClient
-from input_client._proto.input_server.v1 import input_service_pb2 as pb
-from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-from input_client.codec import PROTOCOL_VERSION, encode_tensors
-from input_server.pack import FIELDS, PackedBatch
+from input_client.proto import pb, pb_grpc
+from input_client.wire import FIELDS, PROTOCOL_VERSION, encode_tensors
+from input_server.batching.pack import PackedBatch
 
 
 def test_public_names_import():
@@ -158,7 +157,7 @@ def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(
     import grpc
 
     from input_client import StreamError
-    from input_server.server import Server, ServerConfig
+    from input_server.serving.server import Server, ServerConfig
 
     sock = f"unix://{tmp_path}/s.sock"
     real = Server(ServerConfig(listen=[sock], grace_s=1))

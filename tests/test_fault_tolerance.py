@@ -20,10 +20,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from input_client import InputClient, ReconnectError, StreamError
-from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-from input_client.iterator import MESSAGE_OPTIONS
-from input_server.pipeline import Pipeline, Workers
-from input_server.server import Server, ServerConfig
+from input_client.proto import pb_grpc
+from input_client.wire import MESSAGE_OPTIONS
+from input_server.batching.pipeline import Pipeline, Workers
+from input_server.serving.server import Server, ServerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAOS = os.path.join(ROOT, "scripts", "chaos.py")

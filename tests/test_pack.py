@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from input_server.pack import FIELDS, DocCursor, pack_batch
-from input_server.tokenize import TokenGroup
+from input_client.wire import FIELDS
+from input_server.batching.pack import DocCursor, pack_batch
+from input_server.data.tokenizer import TokenGroup
 
 docs_strategy = st.lists(st.lists(st.integers(1, 999), min_size=0, max_size=40), min_size=1,
                          max_size=40)
@@ -142,7 +143,7 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
 @pytest.mark.parametrize("vocab_size, wire_dtype", [(1000, np.uint16), (65536, np.uint16),
                                                     (65537, np.int32), (256_000, np.int32)])
 def test_wire_form_narrows_ids_only_when_the_vocabulary_fits_uint16(vocab_size, wire_dtype):
-    from input_client.codec import expand_packed
+    from input_client.wire import expand_packed
 
     top = vocab_size - 1
     docs = [[top, 1, 2], [top] * 5, [3, top]]

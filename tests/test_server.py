@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from input_client import InputClient, StreamError
-from input_server.pack import FIELDS
-from input_server.pipeline import Pipeline, Workers
-from input_server.server import Server, ServerConfig, parse_address
+from input_client.wire import FIELDS
+from input_server.batching.pipeline import Pipeline, Workers
+from input_server.serving.server import Server, ServerConfig, parse_address
 
 
 def in_process(spec):
@@ -277,9 +277,8 @@ def test_loopback_and_unix_addresses_are_accepted(address):
 
 def _raw_messages(target, spec, pause_s=0.0):
     """The stream's messages as they arrive on the wire (no client iterator in between)."""
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-    from input_client.codec import PROTOCOL_VERSION
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
 
     with grpc.insecure_channel(target) as channel:
         call = pb_grpc.InputServiceStub(channel).StreamBatches(
@@ -291,8 +290,8 @@ def _raw_messages(target, spec, pause_s=0.0):
 
 
 def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec):
-    from input_client.codec import decode_batch
-    from input_server.service import MAX_BATCHES_PER_MESSAGE
+    from input_client.wire import decode_batch
+    from input_server.serving.coalesce import MAX_BATCHES_PER_MESSAGE
 
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: many per message
     messages = _raw_messages(target, spec, pause_s=0.5)
@@ -308,7 +307,7 @@ def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec)
 
 
 def test_batches_of_a_full_message_travel_alone(target, make_spec):
-    from input_server.service import MESSAGE_TOKENS
+    from input_server.serving.coalesce import MESSAGE_TOKENS
 
     spec = make_spec(batch={"seq_len": 1024, "size": MESSAGE_TOKENS // 1024},
                      order={"epochs": 8})
@@ -319,10 +318,11 @@ def test_batches_of_a_full_message_travel_alone(target, make_spec):
 def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     """Batches that come slower than COALESCE_WAIT_S apart go without waiting for company:
     each message leaves within the bound (plus scheduling) of its first batch being made."""
-    from input_server.fakes import SlowSource
-    from input_server.pipeline import MIN_GROUP
-    from input_server.service import COALESCE_WAIT_S, StreamSession
-    from input_server.sources import DocumentSource
+    from input_server.batching.pipeline import MIN_GROUP
+    from input_server.data.sources import DocumentSource
+    from input_server.serving.coalesce import COALESCE_WAIT_S
+    from input_server.serving.session import StreamSession
+    from input_server.testing import SlowSource
 
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
     pipeline = Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source), 0.02))
@@ -357,7 +357,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
         watcher.join()
         session.stop()
         session.join(5)
-    assert not session._thread.is_alive()
+    assert not session.is_alive()
     # Unbounded, a message would wait for 16 batches: ~4 groups, 0.3 s and more
     # (measured 0.33 s with the bound lifted; ~0.02 s with it).
     assert max(sizes) < 8, sizes
@@ -366,9 +366,8 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
 
 @pytest.mark.parametrize("version", [0, 1, 99])
 def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, version):
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-    from input_client.codec import PROTOCOL_VERSION
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
 
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
@@ -391,7 +390,7 @@ def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spe
         four = _raw_messages(srv.targets[0], spec, pause_s=0.5)
     assert not any(m.following for m in alone)
     assert max(1 + len(m.following) for m in four) == 4  # 512 // 128, the queue full
-    from input_client.codec import decode_batch
+    from input_client.wire import decode_batch
 
     batches = [[decode_batch(b.tensors) for m in ms for b in (m, *m.following)
                 if not b.end_of_data] for ms in (alone, four)]

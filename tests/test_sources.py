@@ -16,17 +16,17 @@ import zstandard
 from array_record.python import array_record_module
 
 from input_client.spec import SourceSpec
+from input_client.wire import FIELDS
 from input_server import tf_example_pb2
-from input_server.errors import DataNotFoundError, InvalidSpecError, RecordError
-from input_server.pack import FIELDS
-from input_server.pipeline import Pipeline, Workers
-from input_server.sources import (
+from input_server.batching.pipeline import Pipeline, Workers
+from input_server.data.sources import (
     ArrayRecordReader,
     DocumentSource,
     JsonlReader,
     ParquetReader,
     open_reader,
 )
+from input_server.errors import DataNotFoundError, InvalidSpecError, RecordError
 
 N = 300  # documents per test file: enough for ~50 batches, fast to tokenize
 

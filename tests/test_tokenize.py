@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from input_client.spec import TokenizerSpec
-from input_server.tokenize import CUT_CHARS_PER_TOKEN, Tokenizer
+from input_server.data.tokenizer import CUT_CHARS_PER_TOKEN, Tokenizer
 
 
 def doc_tokens(group, i):
@@ -23,7 +23,7 @@ def tokenizer(spm_model):
 
 @pytest.fixture(scope="module")
 def bpe_model(docs, tmp_path_factory):
-    from input_server.corpus import train_sentencepiece
+    from input_server.tools.corpus import train_sentencepiece
 
     return train_sentencepiece(docs, tmp_path_factory.mktemp("bpe") / "bpe", vocab_size=1000,
                                model_type="bpe")

@@ -3,59 +3,31 @@
 from __future__ import annotations
 
 import logging
-import queue
-import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
-from input_client._proto.input_server.v1 import input_service_pb2 as pb
-from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
-from input_client._queues import put_unless_stopped
-from input_client.codec import (
+from input_client._reconnect import RECONNECT_OPTIONS, Outage, check_protocol
+from input_client.errors import SequenceError, StreamError
+from input_client.proto import pb, pb_grpc
+from input_client.spec import PipelineSpec
+from input_client.threads import Prefetcher
+from input_client.wire import (
+    MESSAGE_OPTIONS,
     PROTOCOL_VERSION,
+    batches_of,
     decode_batch,
     decode_state,
     encode_state,
-    protocol_mismatch,
 )
-from input_client.errors import ReconnectError, SequenceError, StreamError
-from input_client.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
 
-# Batches can be tens of MB; gRPC's default 4 MiB receive limit would refuse them.
-MESSAGE_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-# gRPC redials a lost server with its own backoff, up to 120 s between tries by default: a
-# server restarted on the same address would then wait that long to be noticed.
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                     ("grpc.max_reconnect_backoff_ms", 1000)]
-# Failures a new stream from the last state can cure: the server went away, restarted or is
-# draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an
-# answer about the request or the data (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS), or a server
-# failure a retry would repeat (INTERNAL: an unexpected exception, a dead worker process).
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-# While reconnecting, a full server is retried too: the broken stream's slot may not be free yet.
-RETRYABLE_WHILE_RECONNECTING = RETRYABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}
-# Backoff between reconnect attempts: exponential from 0.1 s, at most 5 s, with jitter so that
-# many clients of one restarted server do not retry in step.
-BACKOFF_INITIAL_S = 0.1
-BACKOFF_MAX_S = 5.0
 _POLL_S = 0.1
 _END = object()
-
-
-def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
-    """Raises `StreamError` (FAILED_PRECONDITION) if the server speaks another wire protocol:
-    its batches would be misread (or stop with a `SequenceError`)."""
-    refusal = protocol_mismatch(
-        f"the server at {address!r} (input-server {info.server_version or 'unknown'})",
-        info.protocol_version, PROTOCOL_VERSION)
-    if refusal:
-        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
 
 class InputClient:
@@ -150,11 +122,11 @@ class InputClient:
 class BatchIterator:
     """Yields batches (dicts of arrays) while a background thread fetches the next ones.
 
-    The fetch thread also reconnects: a stream that breaks for a retryable reason (`RETRYABLE`,
-    or a stream that ends without its end-of-data marker) is reopened from the state of the
-    last batch it received, after a backoff, until `reconnect_deadline_s` has passed. Batches
-    received before the break stay in the queue and are yielded as usual: each carries its
-    sequence number, and the caller's checks see one unbroken sequence.
+    The fetch thread also reconnects: a stream that breaks for a retryable reason
+    (`_reconnect.RETRYABLE`, or a stream that ends without its end-of-data marker) is reopened
+    from the state of the last batch it received, after a backoff, until `reconnect_deadline_s`
+    has passed. Batches received before the break stay in the queue and are yielded as usual:
+    each carries its sequence number, and the caller's checks see one unbroken sequence.
 
     Attributes:
       wait_time_s: total seconds the caller spent blocked in `next()` (data-wait time).
@@ -175,10 +147,7 @@ class BatchIterator:
         # The state the fetch thread resumes from: that of the last batch it received.
         self._resume = encode_state(state) if state else b""
         self._expected_seq = int(state.get("seq", 0)) if state else 0
-        self._outage_start: float | None = None  # when the stream broke, while reconnecting
-        self._attempts = 0
-        self._delay = BACKOFF_INITIAL_S
-        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._outage: Outage | None = None  # while reconnecting
         self._stop = threading.Event()
         self._lock = threading.Lock()  # orders close() against the fetch thread's new calls
         self._call: Any = self._open()
@@ -188,9 +157,8 @@ class BatchIterator:
         self.reconnects = 0
         self.batches_yielded = 0
         self.tokens_yielded = 0
-        self._thread = threading.Thread(target=self._fetch, name="input-client-fetch",
-                                        daemon=True)
-        self._thread.start()
+        self._fetcher = Prefetcher(self._fetch, depth=prefetch, name="input-client-fetch",
+                                   poll_s=_POLL_S)
 
     def _open(self) -> Any:
         request = pb.StreamBatchesRequest()
@@ -207,9 +175,6 @@ class BatchIterator:
             self._call = call
             return True
 
-    def _put(self, item: Any) -> bool:
-        return put_unless_stopped(self._queue, item, self._stop, _POLL_S)
-
     def _place(self, arrays: dict[str, Any]) -> dict[str, Any]:
         if self._sharding is None:
             return arrays
@@ -218,23 +183,25 @@ class BatchIterator:
         return {k: jax.make_array_from_process_local_data(self._sharding, v)
                 for k, v in arrays.items()}
 
-    def _pump(self, call: Any) -> StreamError | None:
+    def _pump(self, call: Any, put: Callable[[tuple], bool]) -> StreamError | None:
         """Moves one stream's batches into the queue; returns the failure that ended it, if any.
 
         Raises whatever decoding or placement raises.
         """
         try:
             for message in call:
-                if self._outage_start is not None:
-                    self._reconnected()
-                # Small batches share a message: the first, then `following`, in order.
-                for msg in (message, *message.following):
+                if self._outage is not None:
+                    seq = decode_state(self._resume).get("seq", 0) if self._resume else 0
+                    self._outage.ended(seq)
+                    self.reconnects += 1
+                    self._outage = None
+                for msg in batches_of(message):
                     if msg.end_of_data:
-                        self._put((_END, msg.sequence_number, None, 0))
+                        put((_END, msg.sequence_number, None, 0))
                         return None
                     arrays = self._place(decode_batch(msg.tensors))
-                    if not self._put((arrays, msg.sequence_number, decode_state(msg.state),
-                                      msg.num_tokens)):
+                    if not put((arrays, msg.sequence_number, decode_state(msg.state),
+                                msg.num_tokens)):
                         return None
                     self._resume = msg.state
         except grpc.RpcError as e:
@@ -248,26 +215,15 @@ class BatchIterator:
         return StreamError(grpc.StatusCode.UNAVAILABLE,
                            "the stream ended without its end-of-data marker.")
 
-    def _reconnected(self) -> None:
-        seq = decode_state(self._resume).get("seq", 0) if self._resume else 0
-        log.warning("input stream to %s resumed at batch %d after %.1f s (%d attempts)",
-                    self._client.address, seq, time.monotonic() - self._outage_start,
-                    self._attempts)
-        self.reconnects += 1
-        self._outage_start = None
-
-    def _fetch(self) -> None:
+    def _fetch(self, put: Callable[[tuple], bool]) -> None:
+        """The fetch thread: streams, and reopens broken streams; raises when it gives up
+        (`StreamError`, `ReconnectError`) or decoding or placement fails."""
         call = self._call
-        try:
-            while True:
-                error = self._pump(call)
-                if error is None:
-                    return
-                call = self._reopen(error)
-                if call is None:
-                    return
-        except Exception as e:  # gave up (StreamError), or decoding or placement failed
-            self._put((e, 0, None, 0))
+        while call is not None:
+            error = self._pump(call, put)
+            if error is None:
+                return
+            call = self._reopen(error)
 
     def _reopen(self, error: StreamError) -> Any:
         """Waits, backing off, until a new stream from the last state is open; None if closed.
@@ -277,34 +233,22 @@ class BatchIterator:
             FAILED_PRECONDITION, the server is back but speaks another wire protocol.
           ReconnectError: the deadline passed.
         """
-        reconnecting = self._outage_start is not None
-        retryable = RETRYABLE_WHILE_RECONNECTING if reconnecting else RETRYABLE
-        if error.code not in retryable or self._reconnect_deadline_s <= 0:
+        reconnecting = self._outage is not None
+        if not Outage.retryable(error, reconnecting=reconnecting) \
+                or self._reconnect_deadline_s <= 0:
             raise error
         if not reconnecting:
-            self._outage_start = time.monotonic()
-            self._attempts = 0
-            self._delay = BACKOFF_INITIAL_S
-            log.warning("input stream to %s broke (%s: %s); reconnecting for up to %g s",
-                        self._client.address, error.code.name, error.details,
-                        self._reconnect_deadline_s)
-        deadline = self._outage_start + self._reconnect_deadline_s
+            self._outage = Outage(self._client.address, self._reconnect_deadline_s, error)
+        outage = self._outage
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ReconnectError(error.code, error.details, address=self._client.address,
-                                     waited_s=time.monotonic() - self._outage_start,
-                                     attempts=self._attempts,
-                                     deadline_s=self._reconnect_deadline_s)
-            pause = min(remaining, self._delay * random.uniform(0.5, 1.0))
-            self._delay = min(2 * self._delay, BACKOFF_MAX_S)
-            if self._stop.wait(pause):
+            outage.error = error
+            if self._stop.wait(outage.next_pause_s()):
                 return None
-            self._attempts += 1
+            outage.attempts += 1
             # Wait for the server to be reachable again, up to the deadline (gRPC redials it
             # within RECONNECT_OPTIONS' backoff); the future lets close() cancel the wait.
             probe = self._client._stub.GetInfo.future(
-                pb.GetInfoRequest(), timeout=max(deadline - time.monotonic(), 0.001),
+                pb.GetInfoRequest(), timeout=max(outage.remaining_s(), 0.001),
                 wait_for_ready=True)
             if not self._track(probe):
                 return None
@@ -330,22 +274,17 @@ class BatchIterator:
             raise StopIteration
         start = time.perf_counter()
         try:
-            while True:
-                try:
-                    arrays, seq, state, num_tokens = self._queue.get(timeout=_POLL_S)
-                    break
-                except queue.Empty:
-                    if not self._thread.is_alive() and self._queue.empty():
-                        self._done = True
-                        raise StreamError(grpc.StatusCode.CANCELLED,
-                                          "the iterator was closed.") from None
+            arrays, seq, state, num_tokens = self._fetcher.get()
+        except StopIteration:
+            self._done = True
+            raise StreamError(grpc.StatusCode.CANCELLED, "the iterator was closed.") from None
+        except BaseException:
+            self.close()
+            raise
         finally:
             waited = time.perf_counter() - start
             self.wait_time_s += waited
             self.longest_stall_s = max(self.longest_stall_s, waited)
-        if isinstance(arrays, BaseException):
-            self.close()
-            raise arrays
         if seq != self._expected_seq:
             self.close()
             raise SequenceError(f"expected batch {self._expected_seq}, got batch {seq}: "
@@ -374,9 +313,7 @@ class BatchIterator:
                 return
             self._stop.set()
             self._call.cancel()
-        self._thread.join(timeout=10)
-        while not self._queue.empty():  # free prefetched batches now
-            self._queue.get_nowait()
+        self._fetcher.close(timeout=10)  # also frees prefetched batches now
 
     def __enter__(self) -> BatchIterator:
         return self
@@ -390,3 +327,6 @@ class BatchIterator:
         if stop is not None and call is not None and not stop.is_set():
             stop.set()
             call.cancel()
+            fetcher = getattr(self, "_fetcher", None)
+            if fetcher is not None:
+                fetcher.stop()

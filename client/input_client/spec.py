@@ -16,7 +16,7 @@ from typing import Any
 
 import tomllib
 
-from input_client._proto.input_server.v1 import input_service_pb2 as pb
+from input_client.proto import pb
 
 FORMATS = ("jsonl", "arrayrecord", "parquet")
 RECORD_FORMATS = ("json", "text", "tf_example")

@@ -14,18 +14,17 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from input_client._proto.input_server.v1 import input_service_pb2 as pb
-from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
-from input_server.pipeline import Pipeline
-from input_server.service import MESSAGE_TOKENS, InputServicer
+from input_client.wire import MESSAGE_OPTIONS
+from input_server.autotune.tuner import Tuner
+from input_server.batching.pipeline import Pipeline
+from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.service import InputServicer
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
-# Batches can be tens of MB (256 x 8192 x six int32 arrays is ~50 MB); gRPC's 4 MiB default
-# would refuse them.
-MESSAGE_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
 def default_socket() -> str:
@@ -83,7 +82,7 @@ class ServerConfig:
       queue_depth: batches each stream prepares ahead of the network (bounded memory).
       grace_s: how long `stop()` lets streams end after telling them to.
       message_tokens: batches smaller than this (rows x seq_len) share gRPC messages of up to
-        this many tokens (`service.MESSAGE_TOKENS`); a batch this big or bigger goes alone.
+        this many tokens (`coalesce.MESSAGE_TOKENS`); a batch this big or bigger goes alone.
     """
 
     listen: Sequence[str] = ()
@@ -119,7 +118,7 @@ class Server:
         self._servicer = InputServicer(pipelines, max_streams=self.config.max_streams,
                                        queue_depth=self.config.queue_depth,
                                        message_tokens=self.config.message_tokens,
-                                       draining=self._draining)
+                                       draining=self._draining, tuner=Tuner())
         # Streams hold a thread each; the spare threads keep health and info answering when
         # every stream slot is busy.
         self._server = grpc.server(

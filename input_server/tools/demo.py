@@ -21,7 +21,7 @@ from typing import Any
 
 # The model: small enough to train 50 steps in seconds on two CPU cores, big enough to learn
 # the corpus's unigram and bigram statistics in that time (loss falls from ln(1000) ~ 6.9).
-VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.corpus)
+VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.tools.corpus)
 D_MODEL = 64
 NUM_HEADS = 4
 D_FF = 256
@@ -193,15 +193,15 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
         if progress:
             print(f"[demo {time.perf_counter() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    from input_server.pipeline import ensure_absl_flags_parsed
+    from input_server.batching._grain import ensure_absl_flags_parsed
 
     ensure_absl_flags_parsed()
     import jax
     from tqdm import tqdm
 
     from input_client import InputClient, PipelineSpec, StepTimer
-    from input_server.corpus import ensure_demo_assets
-    from input_server.server import Server, ServerConfig
+    from input_server.serving.server import Server, ServerConfig
+    from input_server.tools.corpus import ensure_demo_assets
 
     say("building the corpus and tokenizer (cached after the first run)...")
     corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)
@@ -322,7 +322,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m input_server.demo [--steps N --seq-len L --batch-size B --no-progress]`."""
+    """`python -m input_server.tools.demo [--steps N --seq-len L --batch-size B --no-progress]`."""
     parser = argparse.ArgumentParser(prog="input-server demo", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(list(argv) if argv is not None else []))

@@ -18,13 +18,14 @@ from typing import Any
 import grain
 import numpy as np
 
-from input_client.codec import decode_state
 from input_client.spec import PipelineSpec, SpecError, validate
+from input_server.batching._grain import parallel, worker_processes
+from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
+from input_server.batching.resume import Position, parse_state
+from input_server.data.order import DocumentOrder
+from input_server.data.sources import DocumentSource
+from input_server.data.tokenizer import TokenGroup, Tokenizer
 from input_server.errors import InvalidSpecError
-from input_server.order import DocumentOrder
-from input_server.pack import DocCursor, PackedBatch, pack_batch
-from input_server.sources import DocumentSource
-from input_server.tokenize import TokenGroup, Tokenizer
 
 # Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs; groups of this size (1713 short documents, 119 long
@@ -36,52 +37,16 @@ GROUP_CHARS = 256 << 10
 GROUP_RAW_CHARS = 4 << 20
 MIN_GROUP, MAX_GROUP = 8, 4096
 SAMPLE_DOCS = 64
-STATE_VERSION = 1
 cpu_count = os.cpu_count
-
-
-def ensure_absl_flags_parsed() -> None:
-    # Grain reads absl flags; entry points that do not use absl must mark them parsed.
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
-def _die_with_parent(worker_index: int, worker_count: int) -> None:
-    """Runs in each Grain worker process: ask Linux to kill it when the server dies, so a
-    SIGKILLed server leaves no orphaned workers (Grain stops them only on a clean close)."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where a stream stands: the next batch's sequence number and the next unused token."""
-
-    seq: int = 0
-    doc: int = 0
-    offset: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
-    """The parallelism a stream runs with; `reason` says how it was chosen.
-
-    `tuning` is the autotuner's `autotune.Tuning` (its measurements and choice) for "auto",
-    else None.
-    """
+    """The parallelism a stream runs with; `reason` says how it was chosen."""
 
     processes: int
     threads: int
     reason: str
-    tuning: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +116,6 @@ class Pipeline:
         self.spec = spec
         self.fingerprint = spec.data_fingerprint()
         self.tokenizer = Tokenizer(spec.tokenizer)
-        self.substitute_source = source is not None
         self.source = source if source is not None else DocumentSource.from_spec(spec.source)
         shard, order = spec.shard, spec.order
         self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
@@ -185,33 +149,6 @@ class Pipeline:
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
 
-    def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
-        """Reads a resume state sent back by a client; refuses one made for other data."""
-        if not state:
-            return Position()
-        try:
-            d = decode_state(state) if isinstance(state, bytes) else dict(state)
-            version, fp = d["version"], d["fingerprint"]
-            pos = Position(seq=int(d["seq"]), doc=int(d["doc"]), offset=int(d["offset"]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidSpecError(
-                f"`resume_state` is not a state this server wrote: {e!r}.") from e
-        if version != STATE_VERSION:
-            raise InvalidSpecError(f"`resume_state` has version {version!r}; this server reads "
-                                   f"version {STATE_VERSION}.")
-        if fp != self.fingerprint:
-            raise InvalidSpecError(
-                f"`resume_state` was made for other data (fingerprint {fp!r}, this spec's is "
-                f"{self.fingerprint!r}): resume with the spec that produced it.")
-        if min(pos.seq, pos.doc, pos.offset) < 0 or pos.doc > len(self.order):
-            raise InvalidSpecError(f"`resume_state` position {dataclasses.asdict(pos)} is out of "
-                                   f"range.")
-        return pos
-
-    def state_of(self, pos: Position) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "fingerprint": self.fingerprint, "seq": pos.seq,
-                "doc": pos.doc, "offset": pos.offset}
-
     def groups(self, first_doc: int = 0) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on."""
         size = self.group_size
@@ -220,34 +157,15 @@ class Pipeline:
         return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
             encode)
 
-    def _parallel(self, groups: grain.MapDataset, workers: Workers) -> grain.IterDataset:
-        ds = groups.to_iter_dataset(grain.ReadOptions(
-            num_threads=workers.threads, prefetch_buffer_size=2 * workers.threads))
-        if workers.processes > 0:
-            ensure_absl_flags_parsed()
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers.processes),
-                                worker_init_fn=_die_with_parent)
-        return ds
-
-    def resolve_workers(self) -> Workers:
-        """The spec's worker count, or for "auto" the autotuner's measured choice.
-
-        "auto" runs this pipeline at candidate processes x threads (`autotune.tune`) once per
-        spec in the server process (its first stream tunes; later streams reuse the choice).
-        """
-        count = self.spec.workers.count
-        if count != "auto":
-            return Workers(count, default_threads(count), "fixed by workers.count")
-        from input_server import autotune
-
-        return autotune.auto_workers(self)
+    def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
+        """The position of a resume state sent back by a client (`resume.parse_state`)."""
+        return parse_state(state, fingerprint=self.fingerprint, num_docs=len(self.order))
 
     def stream(self, state: bytes | dict[str, Any] | None = None, *,
-               workers: Workers | None = None) -> BatchStream:
-        """Batches from the start, or right after the batch whose state is given."""
-        pos = self.parse_state(state)
-        workers = workers or self.resolve_workers()
-        return BatchStream(self, pos, workers)
+               workers: Workers) -> BatchStream:
+        """Batches from the start (state None or empty), or right after the batch whose state
+        is given, with the parallelism the caller chose (the server's `Tuner` for "auto")."""
+        return BatchStream(self, self.parse_state(state), workers)
 
 
 class BatchStream:
@@ -257,7 +175,8 @@ class BatchStream:
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
-        self._it = iter(pipeline._parallel(pipeline.groups(pos.doc), workers))
+        self._it = iter(parallel(pipeline.groups(pos.doc), processes=workers.processes,
+                                 threads=workers.threads))
         groups = (TokenGroup.from_element(e) for e in self._it)
         self._cursor = DocCursor(groups, pos.doc, pos.offset)
         self._closed = False
@@ -280,37 +199,14 @@ class BatchStream:
             raise StopIteration
         seq = self._seq
         self._seq += 1
-        state = self.pipeline.state_of(Position(self._seq, self._cursor.doc, self._cursor.offset))
+        state = Position(self._seq, self._cursor.doc, self._cursor.offset).state(
+            self.pipeline.fingerprint)
         return Produced(seq=seq, batch=batch, state=state)
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:
-        """(worker index, process) of each Grain worker process this stream runs now.
-
-        Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
-        at the worker's index in the interleave's lists) and lists them nowhere public, so this
-        walks the iterator graph (checked against grain 0.2.18). A worker whose iterator the
-        interleave has not taken up yet is not found; it is found once the stream waits on it,
-        which is when its death matters. May raise RuntimeError if the graph changes under the
-        walk; call again.
-        """
-        found, seen = [], set()
-        todo = [(self._it, 0)]
-        while todo:
-            node, slot = todo.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            for name, value in list(vars(node).items()):
-                if name == "_prefetch_process" and isinstance(value, BaseProcess):
-                    found.append((slot, value))
-                children = [(value, slot)]
-                if isinstance(value, list):
-                    children = [(v, i) for i, v in enumerate(value)]
-                for child, child_slot in children:
-                    for c in child if isinstance(child, tuple) else (child,):
-                        if isinstance(c, grain.DatasetIterator):
-                            todo.append((c, child_slot))
-        return found
+        """(worker index, process) of each Grain worker process this stream runs now
+        (`_grain.worker_processes`); may raise RuntimeError, then call again."""
+        return worker_processes(self._it)
 
     def close(self) -> None:
         if not self._closed:

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from input_client.codec import PROTOCOL_VERSION, shift_left
 from input_client.spec import PipelineSpec
-from input_server.pipeline import Pipeline, Workers, default_threads
-from input_server.sources import DocumentSource
+from input_client.wire import PROTOCOL_VERSION, shift_left
+from input_server.batching.pipeline import Pipeline, Workers, default_threads
+from input_server.data.sources import DocumentSource
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -172,8 +172,7 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
     import psutil
 
     from input_client import InputClient
-    from input_client._proto.input_server.v1 import input_service_pb2 as pb
-    from input_client._proto.input_server.v1 import input_service_pb2_grpc as pb_grpc
+    from input_client.proto import pb, pb_grpc
 
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))

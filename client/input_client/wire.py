@@ -1,8 +1,12 @@
-"""Batch codec: named numpy arrays <-> `Tensor` messages of raw little-endian bytes.
+"""Everything about the bytes on the wire, both directions.
 
-A packed batch travels compact: `inputs` plus each row's segment lengths. Segment ids,
-positions and the three shifted `targets*` arrays follow from those, so the client derives them
-(`expand_packed`) instead of the server computing and sending five more arrays per batch.
+A batch travels as `Tensor` messages of raw little-endian bytes, in compact form: `inputs` plus
+each row's segment lengths (`PACKED_KEYS`). Segment ids, positions and the three shifted
+`targets*` arrays follow from those, so the client derives them (`expand_packed`, MaxText's six
+`FIELDS`) instead of the server computing and sending five more arrays per batch. Token ids of
+a small vocabulary travel as uint16 (`narrow_ids`). Small batches share a message: the first,
+then `Batch.following` (`batches_of`). The resume state travels as canonical JSON
+(`encode_state`). Client and server both use this module; neither writes these names elsewhere.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from input_client._proto.input_server.v1 import input_service_pb2 as pb
+from input_client.proto import pb
 
 # The wire protocol: what a client must understand to read a server's batches. Client and
 # server both say theirs (the stream request, the info reply), and refuse another.
@@ -38,6 +42,34 @@ def protocol_mismatch(server: str, server_version: int, client_version: int) -> 
 
 # The compact form's tensors: every row is its segments end to end, then padding.
 PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
+# MaxText's six arrays, which the client derives from the compact form.
+FIELDS = ("inputs", "inputs_segmentation", "inputs_position",
+          "targets", "targets_segmentation", "targets_position")
+# Vocabularies up to this size send their ids as uint16.
+UINT16_VOCAB = 1 << 16
+# Batches can be tens of MB (256 x 8192 x six int32 arrays is ~50 MB); gRPC's 4 MiB default
+# receive limit would refuse them. Both sides' channels and servers use these options.
+MESSAGE_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+def narrow_ids(inputs: np.ndarray, vocab_size: int | None) -> np.ndarray:
+    """Token ids as they travel: uint16 when the vocabulary fits (half the bytes of int32;
+    gRPC's cost per batch grows with its bytes), else as they are. `expand_packed` widens."""
+    if vocab_size is not None and vocab_size <= UINT16_VOCAB:
+        return inputs.astype(np.uint16)
+    return inputs
+
+
+def compact_arrays(inputs: np.ndarray, segment_lengths: np.ndarray,
+                   segments_per_row: np.ndarray, vocab_size: int | None) -> dict[str, np.ndarray]:
+    """The tensors a packed batch travels as, by their `PACKED_KEYS` names."""
+    return dict(zip(PACKED_KEYS, (narrow_ids(inputs, vocab_size), segment_lengths,
+                                  segments_per_row), strict=True))
+
+
+def batches_of(message: Any) -> tuple[Any, ...]:
+    """The batches a `Batch` message carries, in order: itself, then its `following`."""
+    return (message, *message.following)
 
 
 def encode_tensors(arrays: Mapping[str, np.ndarray], into: Any = None) -> Any:
@@ -105,14 +137,8 @@ def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
     pos = np.arange(rows * seq_len, dtype=np.int32) - np.repeat(run_start, run_len).astype(np.int32)
     pos = pos.reshape(rows, seq_len)
     pos[seg == 0] = 0
-    return {
-        "inputs": inputs,
-        "inputs_segmentation": seg,
-        "inputs_position": pos,
-        "targets": shift_left(inputs),
-        "targets_segmentation": shift_left(seg),
-        "targets_position": shift_left(pos),
-    }
+    return dict(zip(FIELDS, (inputs, seg, pos, shift_left(inputs), shift_left(seg),
+                             shift_left(pos)), strict=True))
 
 
 def decode_batch(tensors: Any) -> dict[str, np.ndarray]:
@@ -124,8 +150,21 @@ def decode_batch(tensors: Any) -> dict[str, np.ndarray]:
 
 
 def encode_state(state: Mapping[str, Any]) -> bytes:
-    return json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+    """A resume state as it travels: canonical JSON (sorted keys, no spaces, no NaN or
+    Infinity, which JSON does not have)."""
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a state can hold")
 
 
 def decode_state(blob: bytes) -> dict[str, Any]:
-    return json.loads(blob.decode()) if blob else {}
+    """The state a batch carried; {} for none. Raises ValueError for anything but a JSON
+    object of strict JSON (Python's reader would take NaN and Infinity)."""
+    if not blob:
+        return {}
+    state = json.loads(blob.decode(), parse_constant=_no_constant)
+    if not isinstance(state, dict):
+        raise ValueError(f"a state is a JSON object, got {type(state).__name__}")
+    return state

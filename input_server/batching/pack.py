@@ -18,12 +18,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from input_client.codec import expand_packed
-from input_server.tokenize import TokenGroup
-
-UINT16_VOCAB = 1 << 16
-FIELDS = ("inputs", "inputs_segmentation", "inputs_position",
-          "targets", "targets_segmentation", "targets_position")
+from input_client.wire import compact_arrays, expand_packed
+from input_server.data.tokenizer import TokenGroup
 
 
 class DocCursor:
@@ -83,14 +79,9 @@ class PackedBatch:
         return int(self.segment_lengths.sum())
 
     def compact(self, vocab_size: int | None = None) -> dict[str, np.ndarray]:
-        """The arrays the wire carries. Token ids of a vocabulary of at most 65536 travel as
-        uint16, half the bytes of int32 (the client widens them back): gRPC's cost per batch
-        grows with its bytes."""
-        inputs = self.inputs
-        if vocab_size is not None and vocab_size <= UINT16_VOCAB:
-            inputs = inputs.astype(np.uint16)
-        return {"inputs": inputs, "segment_lengths": self.segment_lengths,
-                "segments_per_row": self.segments_per_row}
+        """The arrays the wire carries (`wire.compact_arrays`)."""
+        return compact_arrays(self.inputs, self.segment_lengths, self.segments_per_row,
+                              vocab_size)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return expand_packed(self.inputs, self.segment_lengths, self.segments_per_row)

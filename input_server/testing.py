@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from input_server.sources import DocumentSource
+from input_server.data.sources import DocumentSource
 
 
 class SlowSource:

@@ -1,0 +1,88 @@
+"""Reconnecting a broken stream: which failures a new stream can cure, backoff, one outage."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import grpc
+
+from input_client.errors import ReconnectError, StreamError
+from input_client.proto import pb
+from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
+
+log = logging.getLogger("input_client.iterator")
+
+# gRPC redials a lost server with its own backoff, up to 120 s between tries by default: a
+# server restarted on the same address would then wait that long to be noticed.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+# Failures a new stream from the last state can cure: the server went away, restarted or is
+# draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an
+# answer about the request or the data (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS), or a server
+# failure a retry would repeat (INTERNAL: an unexpected exception, a dead worker process).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+# While reconnecting, a full server is retried too: the broken stream's slot may not be free yet.
+RETRYABLE_WHILE_RECONNECTING = RETRYABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+# Backoff between reconnect attempts: exponential from 0.1 s, at most 5 s, with jitter so that
+# many clients of one restarted server do not retry in step.
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+
+def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
+    """Raises `StreamError` (FAILED_PRECONDITION) if the server speaks another wire protocol:
+    its batches would be misread (or stop with a `SequenceError`)."""
+    refusal = protocol_mismatch(
+        f"the server at {address!r} (input-server {info.server_version or 'unknown'})",
+        info.protocol_version, PROTOCOL_VERSION)
+    if refusal:
+        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+
+
+class Outage:
+    """One break of a stream, from the failure until a new stream delivers again.
+
+    Args:
+      address: the server's address, for messages.
+      deadline_s: how long to keep trying.
+      error: the failure that broke the stream.
+    """
+
+    def __init__(self, address: str, deadline_s: float, error: StreamError):
+        self.address = address
+        self.deadline_s = deadline_s
+        self.error = error
+        self.start = time.monotonic()
+        self.attempts = 0
+        self._delay = BACKOFF_INITIAL_S
+        log.warning("input stream to %s broke (%s: %s); reconnecting for up to %g s",
+                    address, error.code.name, error.details, deadline_s)
+
+    @staticmethod
+    def retryable(error: StreamError, *, reconnecting: bool) -> bool:
+        return error.code in (RETRYABLE_WHILE_RECONNECTING if reconnecting else RETRYABLE)
+
+    def remaining_s(self) -> float:
+        return self.start + self.deadline_s - time.monotonic()
+
+    def next_pause_s(self) -> float:
+        """How long to wait before the next attempt (jittered, doubling, within the deadline).
+
+        Raises:
+          ReconnectError: the deadline has passed.
+        """
+        remaining = self.remaining_s()
+        if remaining <= 0:
+            raise ReconnectError(self.error.code, self.error.details, address=self.address,
+                                 waited_s=time.monotonic() - self.start,
+                                 attempts=self.attempts, deadline_s=self.deadline_s)
+        pause = min(remaining, self._delay * random.uniform(0.5, 1.0))
+        self._delay = min(2 * self._delay, BACKOFF_MAX_S)
+        return pause
+
+    def ended(self, seq: int) -> None:
+        """Logs the stream delivering again, from batch `seq`."""
+        log.warning("input stream to %s resumed at batch %d after %.1f s (%d attempts)",
+                    self.address, seq, time.monotonic() - self.start, self.attempts)

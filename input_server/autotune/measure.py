@@ -1,0 +1,195 @@
+"""Autotune measurement: runs a pipeline at one (processes, threads) and times production.
+
+The batches are counted and dropped, never served; the choice cannot change the data (the
+batches are the same bytes for any processes and threads).
+"""
+
+from __future__ import annotations
+
+import bisect
+import queue
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from input_client.threads import Prefetcher
+from input_server.autotune.policy import Measurement
+from input_server.batching.pipeline import Pipeline, Workers
+
+# Module-level alias so tests can stand in another clock (STYLE.md item 4).
+clock = time.perf_counter
+
+# Production is timed after the first batch and this warm-up (thread pools filled, worker
+# processes started and importing), over a window of at least WINDOW_S and MIN_BATCHES.
+WARMUP_S = 0.3
+WINDOW_S = 1.0
+MIN_BATCHES = 4
+# Groups of documents arrive whole, their batches together; a gap this many times the median
+# between batches marks a new burst. Warm-up lasts until the first such wait (at most
+# MAX_WARMUP_S), and the window then spans BURSTS production cycles (at most MAX_WINDOW x
+# WINDOW_S): a window shorter than a cycle times packing, not production.
+BURST_GAP = 5.0
+BURSTS = 3
+MAX_WARMUP_S = 2.0
+MAX_WINDOW = 3.0
+_MIB = 1 << 20
+
+
+def _producer(pipeline: Pipeline, workers: Workers) -> Callable[[Callable], None]:
+    """Runs the stream from its start, again and again for short data, putting each batch's
+    (arrival time, real tokens) until stopped."""
+
+    def produce(put: Callable[[tuple[float, int]], bool]) -> None:
+        while True:
+            produced = 0
+            with pipeline.stream(None, workers=workers) as stream:
+                for batch in stream:
+                    produced += 1
+                    if not put((clock(), batch.num_tokens)):
+                        return
+            if produced == 0:
+                return
+
+    return produce
+
+
+def _burst_starts(times: Sequence[float]) -> list[int]:
+    """Indices of batches that end a wait: a group's batches come together, then a pause."""
+    if len(times) < 3:
+        return []
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    median = statistics.median(gaps)
+    return [i + 1 for i, g in enumerate(gaps) if _ends_a_wait(g, median)]
+
+
+def _ends_a_wait(gap: float, median_gap: float) -> bool:
+    """Whether a gap between batches is a wait for the next group, not packing's pace."""
+    return gap > max(BURST_GAP * median_gap, 1e-3)
+
+
+def _rate(times: Sequence[float], tokens: Sequence[int], *,
+          aligned: bool = False) -> tuple[float, float] | None:
+    """(batches/s, tokens/s) from the arrival times and tokens of the window's batches.
+
+    Over whole bursts when production is bursty (a burst's first batch to a later burst's
+    first: a window cut mid-burst would count part of a group as if it took no time), else
+    over the whole window (the batches after the first). `aligned`: batch 0 starts a burst.
+    """
+    starts = ([0] if aligned else []) + _burst_starts(times)
+    n = len(times) - 1
+    if len(starts) >= 2 and times[starts[-1]] - times[starts[0]] >= 0.5 * (times[n] - times[0]):
+        a, b = starts[0], starts[-1]
+        seconds = times[b] - times[a]
+        return (b - a) / seconds, sum(tokens[a:b]) / seconds
+    seconds = times[n] - times[0]
+    if n < 1 or seconds <= 0:
+        return None
+    return n / seconds, sum(tokens[1:]) / seconds
+
+
+def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
+    """CPU seconds, RSS bytes of this process, and of worker processes started since."""
+    import psutil
+
+    me = psutil.Process()
+    cpu = sum(me.cpu_times()[:2])
+    child_rss = 0
+    for child in me.children(recursive=True):
+        if child.pid in pids_before:
+            continue
+        try:
+            cpu += sum(child.cpu_times()[:2])
+            child_rss += child.memory_info().rss
+        except psutil.Error:  # ended meanwhile
+            continue
+    return cpu, me.memory_info().rss, child_rss
+
+
+def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float = WARMUP_S,
+            window_s: float = WINDOW_S,
+            max_warmup_s: float = MAX_WARMUP_S,
+            deadline: float | None = None) -> Measurement | None:
+    """Runs the pipeline's stream with `processes` x `threads` and times its production.
+
+    The batches are counted and dropped. The stream runs on its own thread, so the deadline
+    holds even when one batch takes longer than the time left (that thread then ends, and
+    closes its workers, after its batch).
+
+    Args:
+      pipeline: the stream's pipeline; the candidate runs its real stream from the start.
+      processes, threads: the candidate.
+      warmup_s: seconds after the first batch before timing may start; it starts at the
+        first wait for a batch after that, or at `max_warmup_s` at the latest.
+      window_s: the timed window lasts at least this long and MIN_BATCHES batches (longer,
+        up to `MAX_WINDOW` x, to span `BURSTS` cycles of bursty production).
+      deadline: a `clock()` time at which to stop, timed or not.
+
+    Returns:
+      The measurement, or None when no batch was timed before the deadline.
+
+    Raises:
+      Whatever the pipeline raises (a bad record fails the tuning as it would the stream).
+    """
+    import psutil
+
+    pids_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rss_before = psutil.Process().memory_info().rss
+    opened = clock()
+    producer = Prefetcher(_producer(pipeline, Workers(processes, threads, "autotune candidate")),
+                          depth=256, name=f"autotune-{processes}x{threads}", poll_s=0.05)
+
+    def take(until: float | None) -> tuple[float, int] | None:
+        """The next batch's (time, tokens); None at the deadline or the data's end. Raises
+        what the pipeline raised."""
+        try:
+            return producer.get(None if until is None else max(0.0, until - clock()))
+        except (queue.Empty, StopIteration):
+            return None
+
+    try:
+        item = take(deadline)
+        if item is None:
+            return None
+        first = item[0]
+        # Warm-up, dropped: until the consumer has waited once after `warmup_s` (the groups
+        # the workers finished together before the first batch are drained; timing them
+        # would measure packing, not production), or at most the warm-up cap (smooth flow).
+        cap = max(warmup_s, min(max_warmup_s, 2 * (first - opened)))
+        last, gaps, cycle = item, [], 0.0
+        while last[0] - first < cap:
+            item = take(deadline)
+            if item is None:
+                return None
+            gap = item[0] - last[0]
+            waited = len(gaps) >= 2 and _ends_a_wait(gap, gaps[len(gaps) // 2])
+            bisect.insort(gaps, gap)
+            last = item
+            if waited and last[0] - first >= warmup_s:
+                cycle = last[0] - first
+                break
+        # The window: long enough for BURSTS production cycles when production is bursty;
+        # it starts with the batch that ended the wait, a burst's first.
+        length = min(max(window_s, BURSTS * cycle), MAX_WINDOW * window_s)
+        cpu0 = _process_usage(pids_before)[0]
+        wall0 = clock()
+        times, counts = [last[0]], [last[1]]
+        while times[-1] - times[0] < length or len(times) <= MIN_BATCHES:
+            item = take(deadline)
+            if item is None:
+                break
+            times.append(item[0])
+            counts.append(item[1])
+        rate = _rate(times, counts, aligned=cycle > 0)
+        if rate is None or times[-1] - times[0] < 0.25 * window_s:  # cut short by the deadline
+            return None
+        batches_per_s, tokens_per_s = rate
+        cpu1, rss, child_rss = _process_usage(pids_before)
+        return Measurement(
+            processes=processes, threads=threads, batches_per_s=batches_per_s,
+            tokens_per_s=tokens_per_s, rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
+            cpu_cores=(cpu1 - cpu0) / max(clock() - wall0, 1e-9),
+            startup_s=first - opened, seconds=times[-1] - times[0], batches=len(times) - 1)
+    finally:
+        # Unblock the producer's put, then give it a moment to close its workers.
+        producer.close(timeout=5.0 if deadline is None
+                       else max(0.0, min(5.0, deadline - clock())))

@@ -1,0 +1,179 @@
+"""Autotune: picks a stream's worker processes and threads by measuring its real pipeline.
+
+Grain's `pick_performance_config` divides a RAM budget by the size of five sampled elements
+and caps at the CPU count; it never measures speed. `tune` runs the stream's own pipeline
+(read + tokenize in parallel, pack in order) at candidate (processes, threads) (`measure`),
+times production after a warm-up, and stops on a plateau, once the consumer's demand is met, at
+the RAM budget (measured RSS) or at the time bound (`policy`). A `Tuner`, owned by a server,
+resolves a stream's `workers` table to the parallelism it runs with and remembers its choices.
+
+The tuning run's batches are discarded, never served: the stream then starts from its
+requested position with the chosen workers, and the choice cannot change the data (the
+batches are the same bytes for any processes and threads).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+from input_client.spec import PipelineSpec
+from input_server.autotune import report
+from input_server.autotune.measure import WARMUP_S, WINDOW_S, clock, measure
+from input_server.autotune.policy import (
+    TUNE_SECONDS,
+    Measurement,
+    Tuning,
+    contenders,
+    cpu_count,
+    decide,
+    pool,
+)
+from input_server.autotune.search import Candidate, capped, next_candidate, skipped_row
+from input_server.batching.pipeline import Pipeline, Workers, default_threads
+
+log = logging.getLogger(__name__)
+
+# One measurement at a time in a process: two at once would measure each other.
+_measuring = threading.RLock()
+
+
+def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: int = 0,
+         ram_budget_mb: float = math.inf, tune_seconds: float = TUNE_SECONDS,
+         warmup_s: float = WARMUP_S, window_s: float = WINDOW_S,
+         candidates: Sequence[tuple[int, int]] | None = None,
+         progress: Callable[[Candidate, Measurement | None], None] | None = None) -> Tuning:
+    """Measures candidates (`next_candidate`'s search, or the given ones) and decides.
+
+    Args:
+      pipeline: the pipeline to tune; its batches during tuning are discarded.
+      target_batches_per_s: the consumer's demand; 0 = unknown (choose the plateau).
+      max_workers: the most workers (processes x threads); 0 = no cap.
+      ram_budget_mb: the most memory a candidate may add (measured RSS), MiB.
+      tune_seconds: the time bound; the candidate running at that moment is cut short.
+      warmup_s, window_s: per candidate, see `measure`.
+      candidates: (processes, threads) to run in this order instead of searching (each still
+        skipped when predicted over `ram_budget_mb` or `max_workers`).
+      progress: called with each candidate before it runs (None) and after (its row).
+
+    Returns:
+      The `Tuning`; its choice never changes the data, only the speed.
+    """
+    cpus = cpu_count() or 1
+    listed = list(candidates or [])
+    with _measuring:
+        start = clock()
+        deadline = start + tune_seconds
+        rows: list[Measurement] = []
+        while True:
+            if candidates is None:
+                c = next_candidate(rows, cpus=cpus, ram_budget_mb=ram_budget_mb,
+                                   target_batches_per_s=target_batches_per_s,
+                                   max_workers=max_workers)
+            elif listed:
+                c = capped(Candidate(*listed.pop(0)), rows, max_workers=max_workers,
+                            ram_budget_mb=ram_budget_mb)
+            else:
+                c = None
+            if c is None:
+                break
+            if progress is not None:
+                progress(c, None)
+            if c.skip:
+                row = skipped_row(c, rows)
+            elif deadline - clock() < warmup_s + 0.25 * window_s:
+                row = skipped_row(dataclasses.replace(c, skip="time limit"), rows)
+            else:
+                row = measure(pipeline, c.processes, c.threads, warmup_s=warmup_s,
+                              window_s=window_s, deadline=deadline)
+                if row is None:
+                    row = skipped_row(dataclasses.replace(c, skip="time limit"), rows)
+            rows.append(row)
+            log.debug("autotune: %s", row)
+            if progress is not None:
+                progress(c, row)
+            if row.skipped == "time limit":
+                break
+        settings = dict(ram_budget_mb=ram_budget_mb, target_batches_per_s=target_batches_per_s,
+                        max_workers=max_workers, cpus=cpus)
+        tuning = decide(rows, **settings)
+        # A second look: the choice and its close contenders once more, side by side.
+        again = contenders(rows, tuning, cpus=cpus)
+        for m in (tuning.chosen, *again) if again else ():
+            if deadline - clock() < m.startup_s + warmup_s + window_s:
+                continue
+            c = Candidate(m.processes, m.threads)
+            if progress is not None:
+                progress(c, None)
+            more = measure(pipeline, m.processes, m.threads, warmup_s=warmup_s,
+                           window_s=window_s, deadline=deadline)
+            if more is not None:
+                i = next(i for i, r in enumerate(rows) if r is m)
+                rows[i] = pool(rows[i], more)
+                if progress is not None:
+                    progress(c, rows[i])
+        if again:
+            tuning = decide(rows, **settings)
+        tuning = dataclasses.replace(tuning, tune_seconds=clock() - start)
+    log.info("autotune chose %s\n%s", tuning.summary(), report.table(tuning))
+    return tuning
+
+
+class Tuner:
+    """Resolves a spec's `workers` table to the parallelism its streams run with.
+
+    A fixed `workers.count` is used as it is; "auto" is tuned (`tune`) on the first stream of
+    a spec, and later streams of it (a trainer resuming after preemption, a client
+    reconnecting, each building a new `Pipeline`) start at once with the same choice. One
+    `Tuner` belongs to one server: its remembered choices go with it.
+
+    Args:
+      max_remembered: choices kept, the oldest forgotten first.
+    """
+
+    def __init__(self, *, max_remembered: int = 64):
+        self._lock = threading.Lock()
+        self._decided: collections.OrderedDict[PipelineSpec, tuple[Workers, Tuning]] = (
+            collections.OrderedDict())
+        self._max_remembered = max_remembered
+
+    def workers_for(self, pipeline: Pipeline) -> tuple[Workers, Tuning | None]:
+        """The parallelism for a stream of `pipeline`, and the tuning behind it ("auto")."""
+        w = pipeline.spec.workers
+        if w.count != "auto":
+            return Workers(w.count, default_threads(w.count), "fixed by workers.count"), None
+        with self._lock:
+            decided = self._decided.get(pipeline.spec)
+            if decided is None:
+                tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
+                              max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                              tune_seconds=float(w.tune_seconds))
+                workers = Workers(tuning.processes, tuning.threads,
+                                  f"auto: {tuning.summary()}")
+                decided = self._decided[pipeline.spec] = (workers, tuning)
+                while len(self._decided) > self._max_remembered:
+                    self._decided.popitem(last=False)
+            return decided
+
+
+def grain_choice(pipeline: Pipeline, *, ram_budget_mb: int | None = None) -> tuple[int, int]:
+    """The anchor this replaces: Grain's `pick_performance_config` (RAM budget / the size of
+    five sampled elements, capped at the CPU count), with the default threads per process.
+
+    Returns:
+      (processes, threads).
+    """
+    from grain.experimental import pick_performance_config
+
+    budget = pipeline.spec.workers.ram_budget_mb if ram_budget_mb is None else ram_budget_mb
+    config = pick_performance_config(pipeline.groups().to_iter_dataset(),
+                                     ram_budget_mb=budget, max_workers=None,
+                                     max_buffer_size=None)
+    processes = config.multiprocessing_options.num_workers
+    return processes, default_threads(processes)
+
+

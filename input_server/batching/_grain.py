@@ -1,0 +1,76 @@
+"""Everything that touches Grain: the parallel stage, its worker processes, absl flags.
+
+The one module to read (and re-check) when Grain changes: it uses Grain's public dataset API
+to run the per-group work in threads and processes, and walks Grain's iterator internals to
+find the worker processes (which Grain lists nowhere public).
+"""
+
+from __future__ import annotations
+
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import grain
+
+
+def ensure_absl_flags_parsed() -> None:
+    # Grain reads absl flags; entry points that do not use absl must mark them parsed.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def _die_with_parent(worker_index: int, worker_count: int) -> None:
+    """Runs in each Grain worker process: ask Linux to kill it when the server dies, so a
+    SIGKILLed server leaves no orphaned workers (Grain stops them only on a clean close)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain.IterDataset:
+    """`groups` computed `threads` at a time in each of `processes` worker processes (0 = in
+    this process), in order."""
+    ds = groups.to_iter_dataset(grain.ReadOptions(num_threads=threads,
+                                                  prefetch_buffer_size=2 * threads))
+    if processes > 0:
+        ensure_absl_flags_parsed()
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes),
+                            worker_init_fn=_die_with_parent)
+    return ds
+
+
+def worker_processes(iterator: Any) -> list[tuple[int, BaseProcess]]:
+    """(worker index, process) of each Grain worker process this stream runs now.
+
+    Grain keeps them inside its iterators (one `ProcessPrefetchDatasetIterator` per worker,
+    at the worker's index in the interleave's lists) and lists them nowhere public, so this
+    walks the iterator graph (checked against grain 0.2.18). A worker whose iterator the
+    interleave has not taken up yet is not found; it is found once the stream waits on it,
+    which is when its death matters. May raise RuntimeError if the graph changes under the
+    walk; call again.
+    """
+    found, seen = [], set()
+    todo = [(iterator, 0)]
+    while todo:
+        node, slot = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name, value in list(vars(node).items()):
+            if name == "_prefetch_process" and isinstance(value, BaseProcess):
+                found.append((slot, value))
+            children = [(value, slot)]
+            if isinstance(value, list):
+                children = [(v, i) for i, v in enumerate(value)]
+            for child, child_slot in children:
+                for c in child if isinstance(child, tuple) else (child,):
+                    if isinstance(c, grain.DatasetIterator):
+                        todo.append((c, child_slot))
+    return found

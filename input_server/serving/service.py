@@ -1,0 +1,191 @@
+"""The gRPC servicer: glue that validates requests, starts stream sessions, reports status.
+
+Every exception a request meets becomes a status in one place (`_guard` with
+`errors.status_of`): nothing escapes to gRPC, which would send UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+import grpc
+
+from input_client.proto import pb, pb_grpc
+from input_client.spec import PipelineSpec
+from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
+from input_server import __version__
+from input_server.autotune import report
+from input_server.autotune.policy import Tuning
+from input_server.autotune.tuner import Tuner
+from input_server.batching.pipeline import Pipeline
+from input_server.errors import (
+    DataNotFoundError,
+    InputServerError,
+    InvalidSpecError,
+    status_of,
+)
+from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.session import UNSTICK_S, StreamSession
+
+log = logging.getLogger(__name__)
+
+
+class Refusal(Exception):
+    """A request refused with a status of the servicer's choosing (not an error of the data)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
+    code, message = (e.code, str(e)) if isinstance(e, Refusal) else status_of(e)
+    if code == grpc.StatusCode.INTERNAL and not isinstance(e, InputServerError):
+        log.warning("request failed: %s", message, exc_info=e)
+    context.abort(code, message)
+
+
+def _guard_stream(method: Callable) -> Callable:
+    """The choke point of a streaming method: any exception becomes its status."""
+
+    @functools.wraps(method)
+    def guarded(self, request, context):
+        try:
+            yield from method(self, request, context)
+        except Exception as e:  # noqa: BLE001 - every exception gets its status here
+            _abort(context, e)
+
+    return guarded
+
+
+def _guard_unary(method: Callable) -> Callable:
+    """The choke point of a unary method: any exception becomes its status."""
+
+    @functools.wraps(method)
+    def guarded(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as e:  # noqa: BLE001 - every exception gets its status here
+            _abort(context, e)
+
+    return guarded
+
+
+class InputServicer(pb_grpc.InputServiceServicer):
+    """Streams batches of request specs or of pipelines named at start-up.
+
+    Args:
+      pipelines: pipelines by name, already built (so their errors surfaced at start-up).
+      max_streams: concurrent streams; one more gets RESOURCE_EXHAUSTED at once, never a wait.
+      queue_depth: batches each stream produces ahead of the sender.
+      message_tokens: the most tokens of batches that share a message (see `coalesce`).
+      draining: set when the server stops; streams then end with UNAVAILABLE.
+      tuner: resolves each stream's `workers` table (the server's, with its remembered
+        choices); default a new one.
+    """
+
+    def __init__(self, pipelines: Mapping[str, Pipeline], *, max_streams: int, queue_depth: int,
+                 draining: threading.Event, message_tokens: int = MESSAGE_TOKENS,
+                 tuner: Tuner | None = None):
+        self._pipelines = dict(pipelines)
+        self._slots = threading.BoundedSemaphore(max_streams)
+        self._max_streams = max_streams
+        self._queue_depth = queue_depth
+        self._message_tokens = message_tokens
+        self._draining = draining
+        self._tuner = tuner or Tuner()
+        self._ids = itertools.count(1)
+        self._sessions: dict[int, tuple[StreamSession, Tuning | None]] = {}
+        self._lock = threading.Lock()
+
+    def _pipeline_of(self, request: pb.StreamBatchesRequest) -> tuple[str, Pipeline]:
+        which = request.WhichOneof("pipeline")
+        if which == "pipeline_name":
+            name = request.pipeline_name
+            if name not in self._pipelines:
+                known = ", ".join(sorted(self._pipelines)) or "none configured"
+                raise DataNotFoundError(f"`pipeline_name`: no pipeline {name!r} (known: {known}).")
+            return name, self._pipelines[name]
+        if which != "spec":
+            raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
+        return "(request)", Pipeline(PipelineSpec.from_proto(request.spec))
+
+    @_guard_stream
+    def StreamBatches(self, request: pb.StreamBatchesRequest,
+                      context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+        # Batches laid out another way would be misread (or raise out of sequence).
+        refusal = protocol_mismatch(f"this server (input-server {__version__})",
+                                    PROTOCOL_VERSION, request.protocol_version)
+        if refusal:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        if self._draining.is_set():
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
+        if not self._slots.acquire(blocking=False):
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the server already runs its maximum of {self._max_streams} streams.")
+        session = None
+        try:
+            name, pipeline = self._pipeline_of(request)
+            workers, tuning = self._tuner.workers_for(pipeline)
+            stream = pipeline.stream(request.resume_state, workers=workers)
+            stream_id = next(self._ids)
+            session = StreamSession(stream_id, name, stream, self._queue_depth,
+                                    message_tokens=self._message_tokens)
+            with self._lock:
+                self._sessions[stream_id] = (session, tuning)
+            context.add_callback(session.stop)  # called when the client cancels or disconnects
+            log.info("stream %d (%s): %d worker processes, %d threads (%s)", stream_id, name,
+                     workers.processes, workers.threads, workers.reason)
+            yield from self._send(session, context)
+        finally:
+            if session is not None:
+                session.stop()
+                session.join(None if session.failure is None else UNSTICK_S)
+                with self._lock:
+                    self._sessions.pop(session.stream_id, None)
+            self._slots.release()
+
+    def _send(self, session: StreamSession,
+              context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+        for msg, error in session:
+            if self._draining.is_set():
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              "the server is shutting down; resume from the last state.")
+            if error is not None:
+                raise error
+            if msg is None:
+                if not context.is_active():
+                    return
+                continue
+            yield msg
+            session.batches_sent += 1 + len(msg.following)
+            if session.first_sent_s is None:
+                session.first_sent_s = time.monotonic()
+                session.first_message_batches = session.batches_sent
+
+    @_guard_unary
+    def GetInfo(self, request: pb.GetInfoRequest,
+                context: grpc.ServicerContext) -> pb.GetInfoResponse:
+        with self._lock:
+            sessions = list(self._sessions.values())
+        return pb.GetInfoResponse(
+            server_version=__version__,
+            protocol_version=PROTOCOL_VERSION,
+            pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
+            streams=[_stream_info(s, tuning) for s, tuning in sessions],
+        )
+
+
+def _stream_info(s: StreamSession, tuning: Tuning | None) -> pb.StreamInfo:
+    workers = s.stream.workers
+    return pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
+                         worker_processes=workers.processes, worker_threads=workers.threads,
+                         worker_reason=workers.reason, batches_sent=s.batches_sent,
+                         batches_produced=s.batches_produced,
+                         worker_tuning=report.tuning_proto(tuning) if tuning else None,
+                         consumed_batches_per_s=s.consumed_batches_per_s())

@@ -1,0 +1,195 @@
+"""One stream's session: its pipeline produces on a thread, a watchdog checks its workers."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.process import BaseProcess
+
+from input_client.proto import pb
+from input_client.threads import Prefetcher
+from input_client.wire import encode_state
+from input_server.batching.pipeline import BatchStream
+from input_server.errors import WorkerDiedError, exit_words
+from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.1
+# How often a stream with worker processes checks that they are alive, and how long after
+# finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
+_WATCH_S = 0.5
+UNSTICK_S = 5.0
+# Grain's own report of a dead worker (it names neither the worker nor its pid).
+_GRAIN_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code "
+                                r"(-?\d+)")
+
+
+class StreamSession:
+    """Runs one stream's pipeline on a thread, ahead of the sender by at most `depth` batches.
+
+    The bounded queue is the backpressure: a slow client stalls the producer, so server memory
+    stays flat. `stop()` (client gone, server draining) ends the thread and the Grain workers.
+    With worker processes, a watchdog thread checks they are alive, so that a dead one ends the
+    stream with a `WorkerDiedError` naming it (Grain's own error names neither worker nor pid)
+    and, should Grain's reader never notice (a worker killed halfway through writing an
+    element into its pipe leaves the reader waiting for the rest), the stream still ends.
+    """
+
+    def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int, *,
+                 message_tokens: int = MESSAGE_TOKENS):
+        self.stream_id = stream_id
+        self.name = name
+        self.stream = stream
+        self.batches_sent = 0
+        shape = stream.pipeline.spec.batch
+        self.per_message = batches_per_message(shape.size, shape.seq_len, message_tokens)
+        self.first_sent_s: float | None = None  # time.monotonic() when the first message went
+        self.first_message_batches = 0  # the batches that message held
+        self.batches_produced = 0
+        self.failure: WorkerDiedError | None = None
+        self._failed_at = 0.0
+        self._failure_lock = threading.Lock()  # the watchdog and the producer both record
+        self._closing = False
+        self._workers_seen: dict[int, tuple[int, BaseProcess]] = {}  # pid: (index, process)
+        self._producer = Prefetcher(self._produce, depth=depth, name=f"stream-{stream_id}",
+                                    poll_s=_POLL_S)
+        if stream.workers.processes > 0:
+            threading.Thread(target=self._watch, name=f"stream-{stream_id}-watch",
+                             daemon=True).start()
+
+    def _worker_died(self, which: str, code: int) -> WorkerDiedError:
+        return WorkerDiedError(
+            f"{which} of stream {self.stream_id} died with {exit_words(code)}; the stream "
+            f"cannot continue. Resume from the last state in a new stream; if it recurs, look "
+            f"for the kernel's OOM killer (it sends SIGKILL) or a crash in the server's log.")
+
+    def _dead_worker(self) -> WorkerDiedError | None:
+        for slot, process in list(self._workers_seen.values()):
+            code = process.exitcode
+            # `_closing` is read after the exit code: once the stream closes, Grain's teardown
+            # may kill workers itself.
+            if code not in (None, 0) and not self._closing:
+                return self._worker_died(f"worker process {slot + 1} of "
+                                         f"{self.stream.workers.processes} (pid {process.pid})",
+                                         code)
+        return None
+
+    def _record(self, failure: WorkerDiedError) -> None:
+        """Keeps the stream's first dead-worker failure, and when it was found, logged once."""
+        with self._failure_lock:
+            if self.failure is not None:
+                return
+            log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
+            self._failed_at = time.monotonic()
+            self.failure = failure
+
+    def _watch(self) -> None:
+        while not self._producer.wait_stopped(_WATCH_S) and not self._closing:
+            try:
+                for slot, process in self.stream.worker_processes():
+                    self._workers_seen.setdefault(process.pid, (slot, process))
+            except RuntimeError:  # the graph changed under the walk; look again next time
+                continue
+            failure = self._dead_worker()
+            if failure is not None:
+                self._record(failure)
+                return
+
+    def _produce(self, put: Callable[[Queued], bool]) -> None:
+        """The producer: each batch's message (tensors added by the sender, into the message
+        the batch travels in) and wire arrays, then the end marker; raises what ends it."""
+        last_state = b""
+        next_seq = self.stream.next_seq
+        vocab_size = self.stream.pipeline.tokenizer.vocab_size
+        try:
+            for produced in self.stream:
+                last_state = encode_state(produced.state)
+                next_seq = produced.seq + 1
+                msg = pb.Batch(sequence_number=produced.seq, state=last_state,
+                               num_tokens=produced.num_tokens)
+                if not put((msg, produced.batch.compact(vocab_size))):
+                    return
+                self.batches_produced += 1
+            failure = self.failure or self._dead_worker()
+            if failure is not None:  # never a clean end after a dead worker
+                raise failure
+            put((pb.Batch(sequence_number=next_seq, end_of_data=True, state=last_state), None))
+        except WorkerDiedError:
+            raise
+        except Exception as e:  # surfaced to the client as a status, and logged here in full
+            failure = self.failure or self._dead_worker()
+            if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
+                failure = self._worker_died("a worker process", int(m.group(1)))
+            if failure is None:
+                log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
+                raise
+            self._record(failure)
+            raise self.failure from e  # the watchdog's, naming the worker, if it came first
+        finally:
+            self._closing = True
+            try:
+                self.stream.close()
+            except Exception:  # after a dead worker, Grain's teardown may trip over its pipe
+                if self.failure is None:
+                    raise
+                log.debug("stream %d: closing after a dead worker", self.stream_id, exc_info=True)
+
+    def _take(self, timeout: float) -> Queued | BaseException | None:
+        """The next queued item, the producer's error or StopIteration, or None (a tick)."""
+        try:
+            return self._producer.get(timeout)
+        except queue.Empty:
+            return None
+        except BaseException as e:  # noqa: BLE001 - StopIteration or the producer's error
+            return e
+
+    def __iter__(self) -> Iterator[tuple[pb.Batch | None, BaseException | None]]:
+        """Yields (message, None) or, at a failure, (None, error); (None, None) is a tick, so
+        the caller can check for cancellation. Ends after the end marker or an error.
+
+        A message is a batch with the batches that follow it, `per_message` in all at most
+        (see `coalesce`); the end marker and errors always go alone.
+        """
+        pending = None  # taken while coalescing, but not joined
+        while True:
+            item, pending = (pending, None) if pending is not None else (
+                self._take(_POLL_S), None)
+            if isinstance(item, StopIteration):
+                return
+            if isinstance(item, BaseException):
+                yield None, item
+                return
+            if item is None:
+                if self.failure is not None and time.monotonic() - self._failed_at > UNSTICK_S:
+                    yield None, self.failure  # the producer is still stuck in Grain
+                    return
+                yield None, None
+                continue
+            msg, arrays = item
+            if arrays is None:  # the end marker
+                yield msg, None
+                return
+            msg, pending = coalesce(item, self._take, limit=self.per_message)
+            yield msg, None
+
+    def consumed_batches_per_s(self) -> float:
+        """Batches the client took per second since the first message: its demand, once fed."""
+        if self.first_sent_s is None or self.batches_sent <= self.first_message_batches:
+            return 0.0
+        return ((self.batches_sent - self.first_message_batches)
+                / max(time.monotonic() - self.first_sent_s, 1e-9))
+
+    def stop(self) -> None:
+        self._producer.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._producer.join(timeout)
+
+    def is_alive(self) -> bool:
+        """Whether the producer thread still runs."""
+        return self._producer.is_alive()
