@@ -11,9 +11,7 @@ import sys
 import threading
 import time
 
-import tomllib
-
-from input_client.spec import PipelineSpec, SpecError
+from input_client.spec import PipelineSpec, SpecError, tomllib
 from input_server.tools import demo as demo_module
 
 

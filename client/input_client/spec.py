@@ -14,7 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from input_client.proto import pb
 
@@ -32,7 +35,10 @@ class SpecError(ValueError):
     def __init__(self, key: str, value: Any, reason: str):
         self.key = key
         self.value = value
-        super().__init__(f"`{key}` {reason}, got {value!r}.")
+        shown = repr(value)
+        if len(shown) > 80:  # a 5,000-digit number is named, not printed
+            shown = f"{shown[:40]}...{shown[-20:]} ({len(shown)} characters)"
+        super().__init__(f"`{key}` {reason}, got {shown}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,6 +176,7 @@ class PipelineSpec:
     def __post_init__(self):
         for name in _TABLES:
             object.__setattr__(self, name, _table(name, getattr(self, name)))
+        validate(self)  # a spec that exists is a spec that can work
 
     @classmethod
     def from_dict(cls, tables: Mapping[str, Any]) -> PipelineSpec:
@@ -251,7 +258,9 @@ class PipelineSpec:
         s, t, b, o, sh, w = msg.source, msg.tokenizer, msg.batch, msg.order, msg.shard, msg.workers
         d_batch, d_workers = BatchSpec(), WorkersSpec()
         count: int | str = w.count or d_workers.count
-        if isinstance(count, str) and count.isdigit():
+        # ASCII digits only ("²".isdigit() holds), and few enough to be a count: anything
+        # else stays a string, which validation refuses by name.
+        if count.isascii() and count.isdigit() and len(count) <= 9:
             count = int(count)
         return cls(
             source=SourceSpec(paths=tuple(s.paths), format=s.format or "jsonl",

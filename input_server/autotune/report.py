@@ -54,23 +54,23 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
     Raises:
       ImportError: matplotlib is not installed (`pip install matplotlib`).
     """
-    try:
-        import matplotlib
+    check_plotting()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError as e:
-        raise ImportError("--plot needs matplotlib: pip install matplotlib") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ran = [m for m in tuning.measurements if m.ran]
     for processes in sorted({m.processes for m in ran}):
         pts = sorted((m for m in ran if m.processes == processes), key=lambda m: m.workers)
         label = "in-process threads" if processes == 0 else f"{processes} processes"
         ax.plot([m.workers for m in pts], [m.batches_per_s for m in pts], "o-", label=label)
-    c = tuning.chosen
-    ax.plot([c.workers], [c.batches_per_s], "r*", markersize=16,
-            label=f"choice: {c.label()} ({tuning.reason})")
+    c = next((m for m in ran if (m.processes, m.threads) == (tuning.processes, tuning.threads)),
+             None)
+    if c is not None:  # else nothing was measured in time: the default ran unmeasured
+        ax.plot([c.workers], [c.batches_per_s], "r*", markersize=16,
+                label=f"choice: {c.label()} ({tuning.reason})")
     if tuning.target_batches_per_s:
         ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--",
                    label="target")

@@ -100,6 +100,9 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                 break
         settings = dict(ram_budget_mb=ram_budget_mb, target_batches_per_s=target_batches_per_s,
                         max_workers=max_workers, cpus=cpus)
+        if not any(m.ran for m in rows):
+            return _unmeasured(rows, tune_seconds=tune_seconds, elapsed=clock() - start,
+                               **settings)
         tuning = decide(rows, **settings)
         # A second look: the choice and its close contenders once more, side by side.
         again = contenders(rows, tuning, cpus=cpus)
@@ -121,6 +124,20 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
         tuning = dataclasses.replace(tuning, tune_seconds=clock() - start)
     log.info("autotune chose %s\n%s", tuning.summary(), report.table(tuning))
     return tuning
+
+
+def _unmeasured(rows: Sequence[Measurement], *, tune_seconds: float, elapsed: float,
+                cpus: int, **settings) -> Tuning:
+    """The choice when no candidate finished within the time bound: the in-process default,
+    so the stream still runs (at the speed a fixed `workers.count = 0` would)."""
+    threads = default_threads(0)
+    log.warning("autotune: no candidate finished within tune_seconds=%g; running in-process "
+                "with %d threads", tune_seconds, threads)
+    return Tuning(processes=0, threads=threads, reason="time limit",
+                  detail=f"no candidate finished within tune_seconds={tune_seconds:g}; the "
+                         f"in-process default ({threads} threads) runs unmeasured; allow more "
+                         f"`workers.tune_seconds` to measure",
+                  measurements=tuple(rows), tune_seconds=elapsed, **settings)
 
 
 class Tuner:

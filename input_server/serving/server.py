@@ -6,6 +6,8 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import socket
+import stat
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -53,9 +55,12 @@ def parse_address(address: str) -> Address:
             raise ValueError(f"--listen {address!r}: the Unix socket needs a path.")
         return Address(bind=address, is_unix=True)
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not port.isascii() or not port.isdigit() or not host:
         raise ValueError(f"--listen {address!r}: expected unix:PATH or HOST:PORT "
                          f"(e.g. 127.0.0.1:50051; port 0 picks a free port).")
+    if len(port) > 5 or int(port) > 65535:
+        raise ValueError(f"--listen {address!r}: port {port} is out of range (0 to 65535; "
+                         f"0 picks a free port).")
     bare = host.strip("[]")
     loopback = bare == "localhost"
     if not loopback:
@@ -68,6 +73,35 @@ def parse_address(address: str) -> Address:
                          f"localhost) or Unix sockets are allowed until TLS is supported; "
                          f"a non-loopback listener would serve data to anyone on the network.")
     return Address(bind=address, is_unix=False, host=host, port=int(port))
+
+
+def _claim_socket_path(path: str) -> None:
+    """Makes way for a new Unix socket at `path`: a stale socket file (nobody answers) is
+    removed; a live server's socket, or a file that is not a socket, is refused.
+
+    Raises:
+      OSError: the path is in use by a running server, or is not a socket.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(f"--listen unix://{path}: the path exists and is not a socket; "
+                      f"choose another path or remove the file.")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)  # stale: left by a server that died
+        return
+    except OSError as e:
+        raise OSError(f"--listen unix://{path}: cannot check the existing socket ({e}).") from e
+    finally:
+        probe.close()
+    raise OSError(f"--listen unix://{path}: in use by a running server; stop it first or "
+                  f"listen on another path.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,17 +163,25 @@ class Server:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.targets: list[str] = []
-        self._unix_paths: list[str] = []
+        self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         for a in addresses:
+            path = a.bind.removeprefix("unix://").removeprefix("unix:") \
+                if a.bind.startswith("unix:") else None
             try:
+                if path is not None:
+                    _claim_socket_path(path)
                 port = self._server.add_insecure_port(a.bind)
-            except RuntimeError as e:
+            except (RuntimeError, OSError) as e:
                 self._server.stop(None)  # release the addresses already bound
+                self._remove_own_sockets()
+                if isinstance(e, OSError):
+                    raise
                 raise OSError(f"--listen {a.bind!r}: cannot bind ({e}).") from e
             if a.is_unix:
                 self.targets.append(a.bind)
-                if a.bind.startswith("unix:"):
-                    self._unix_paths.append(a.bind.removeprefix("unix://").removeprefix("unix:"))
+                if path is not None:
+                    st = os.stat(path)
+                    self._unix_sockets.append((path, (st.st_dev, st.st_ino)))
             else:
                 if port == 0:
                     self._server.stop(None)
@@ -161,10 +203,20 @@ class Server:
         self._health.enter_graceful_shutdown()
         self._draining.set()
         self._server.stop(self.config.grace_s if grace is None else grace).wait()
-        for path in self._unix_paths:
-            if os.path.exists(path):
-                os.unlink(path)
+        self._remove_own_sockets()
         self._stopped.set()
+
+    def _remove_own_sockets(self) -> None:
+        """Removes the socket files this server created, and no other: a file another server
+        put at the same path since is left alone."""
+        for path, identity in self._unix_sockets:
+            try:
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == identity:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._unix_sockets = []
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until `stop()` has finished; returns whether it has."""

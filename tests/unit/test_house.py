@@ -1,0 +1,146 @@
+"""The rules the tree keeps: who may import whom, no cycles, small modules, no shadowed stdlib."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+import sys
+
+from tests.support import ROOT
+
+PACKAGES = {"input_client": ROOT / "client" / "input_client",
+            "input_server": ROOT / "input_server"}
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Every hand-written module of both packages by dotted name (generated stubs aside)."""
+    out = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            if "_proto" in rel.parts or rel.name.endswith("_pb2") or rel.name.endswith("_grpc"):
+                continue
+            parts = [package, *rel.parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[tuple[str, int]]:
+    """(imported module, line) for every import in the file, lazy ones (in functions) too;
+    `from pkg import sub` names the submodule when there is one."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update((a.name, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".")
+                if path.name != "__init__.py":
+                    base.pop()
+                base = base[:len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for a in node.names:
+                sub = f"{module}.{a.name}"
+                found.add((sub if sub in MODULES else module, node.lineno))
+    return found
+
+
+def _project_edges() -> dict[str, set[str]]:
+    return {m: {i for i, _ in _imports(m, p) if i in MODULES} for m, p in MODULES.items()}
+
+
+def test_the_client_never_imports_the_server():
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}"
+           for m in MODULES if m.startswith("input_client")
+           for i, line in _imports(m, MODULES[m]) if i.split(".")[0] == "input_server"]
+    assert not bad, bad
+
+
+def test_the_server_uses_only_public_names_of_the_client():
+    bad = []
+    for m, path in MODULES.items():
+        if not m.startswith("input_server"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("input_client"):
+                private = [p for p in node.module.split(".") if p.startswith("_")]
+                private += [a.name for a in node.names if a.name.startswith("_")]
+                if private:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module} "
+                               f"{[a.name for a in node.names]}")
+            elif isinstance(node, ast.Import):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names
+                        if a.name.startswith("input_client") and "._" in a.name]
+    assert not bad, bad
+
+
+def test_no_import_cycle_between_the_projects_modules():
+    edges = _project_edges()
+    # A package's __init__ re-exporting its own submodules is its public face, not a cycle
+    # (the submodules never import it back).
+    for m in edges:
+        if MODULES[m].name == "__init__.py":
+            edges[m] = {i for i in edges[m] if not i.startswith(m + ".")}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_no_hand_written_module_is_over_the_limit():
+    big = {str(p.relative_to(ROOT)): n for p in MODULES.values()
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"split these by responsibility (at most {MAX_LINES} lines): {big}"
+
+
+def test_no_module_is_named_like_a_standard_library_module():
+    stdlib = set(sys.stdlib_module_names)
+    clash = [m for m in MODULES if m.split(".")[-1] in stdlib]
+    assert not clash, clash
+
+
+def test_the_pipeline_takes_its_parallelism_from_the_caller():
+    from input_server.batching.pipeline import Pipeline
+
+    workers = inspect.signature(Pipeline.stream).parameters["workers"]
+    assert workers.kind is inspect.Parameter.KEYWORD_ONLY
+    assert workers.default is inspect.Parameter.empty  # no hidden default that tunes
+    batching = [m for m in MODULES if m.startswith("input_server.batching")]
+    reaches = {i for m in batching for i, _ in _imports(m, MODULES[m])}
+    assert not {i for i in reaches if i.startswith("input_server.autotune")}, reaches
+
+
+def test_serving_never_imports_the_tools():
+    serving = [m for m in MODULES if m.startswith(("input_server.serving",
+                                                   "input_server.batching",
+                                                   "input_server.data",
+                                                   "input_server.autotune"))]
+    edges = _project_edges()
+    seen, todo = set(), list(serving)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += edges.get(m, ())
+    assert not {m for m in seen if m.startswith(("input_server.tools", "input_server.testing"))}
