@@ -23,7 +23,7 @@ def load_pipelines(path: str) -> dict[str, PipelineSpec]:
     with open(path, "rb") as f:
         try:
             tables = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
+        except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError, int-digit limit
             raise SpecError("(file)", path, f"is not valid TOML: {e}") from e
     base = os.path.dirname(os.path.abspath(path))
     pipelines = {}
@@ -35,6 +35,15 @@ def load_pipelines(path: str) -> dict[str, PipelineSpec]:
         except SpecError as e:
             raise SpecError(f"{name}.{e.key}", e.value, str(e).split("` ", 1)[-1]) from e
     return pipelines
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        return value
+    return parse
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -68,19 +77,30 @@ def _serve(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
-    from input_client import InputClient
+    from input_client import InputClient, StreamError
 
-    with InputClient(args.address, connect_timeout_s=args.timeout_s) as client:
-        print(json_format.MessageToJson(client.info()))
+    address = args.address
+    try:
+        with InputClient(address, connect_timeout_s=args.timeout_s) as client:
+            client.wait_ready()
+            print(json_format.MessageToJson(client.info()))
+    except (ConnectionError, StreamError) as e:
+        hint = ""
+        if ":" not in address.split("/", 1)[0] and ("/" in address or address.endswith(".sock")):
+            hint = f" (a Unix socket needs its scheme: unix://{os.path.abspath(address)})"
+        print(f"input-server: {e}{hint}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
     import json
 
+    from input_server.batching.pipeline import Pipeline
     from input_server.tools import bench
 
     spec = PipelineSpec.from_toml(args.spec)
+    Pipeline(spec)  # missing files or model, a spec that does not fit the data: one line
     result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
     print(bench.format_table(result))
     if args.json:
@@ -102,6 +122,12 @@ def _tune(args: argparse.Namespace) -> int:
     from input_server.batching.pipeline import Pipeline
     from input_server.errors import InputServerError
 
+    if args.plot:
+        try:
+            report.check_plotting()
+        except ImportError as e:
+            print(f"input-server: {e}", file=sys.stderr)
+            return 2
     spec = PipelineSpec.from_toml(args.spec)
     overrides = {k: v for k, v in (("max_workers", args.max_workers),
                                    ("target_batches_per_s", args.target_batches_per_s),
@@ -195,16 +221,16 @@ def main(argv: list[str] | None = None) -> int:
                                          "limit and a MaxText-style Grain pipeline")
     bench.add_argument("spec", help="pipeline spec TOML")
     bench.add_argument("--json", metavar="OUT", help="also write the result as JSON")
-    bench.add_argument("--min-tokens", type=int, default=8_000_000,
+    bench.add_argument("--min-tokens", type=_positive(int), default=8_000_000,
                        help="tokens each measured run delivers")
-    bench.add_argument("--rounds", type=int, default=5,
+    bench.add_argument("--rounds", type=_positive(int), default=5,
                        help="rounds, each measuring everything back to back; a ratio is the "
                             "median of the rounds' ratios, a rate the best round's")
     bench.set_defaults(run=_bench)
 
     info = sub.add_parser("info", help="print a running server's info")
     info.add_argument("address", help="the server's gRPC target")
-    info.add_argument("--timeout-s", type=float, default=10.0)
+    info.add_argument("--timeout-s", type=_positive(float), default=10.0)
     info.set_defaults(run=_info)
 
     tune = sub.add_parser("tune", help="measure a spec's pipeline at candidate worker counts "
@@ -223,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="draw batches/s against workers, choice marked (needs matplotlib)")
     tune.set_defaults(run=_tune)
 
+    from input_server.errors import InputServerError
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.run(args)
-    except (SpecError, ConnectionError, FileNotFoundError) as e:
+    except (SpecError, ConnectionError, OSError, InputServerError) as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
 

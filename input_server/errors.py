@@ -26,8 +26,16 @@ class DataNotFoundError(InputServerError):
     """A named file, glob, model or pipeline does not exist (NOT_FOUND)."""
 
 
+class UnreadableError(InputServerError):
+    """A named file exists but the server may not read it (PERMISSION_DENIED)."""
+
+
 class RecordError(InputServerError):
     """A record failed to decode; the message names the file and the record (DATA_LOSS)."""
+
+
+class CorruptFileError(RecordError):
+    """A file's bytes are damaged (DATA_LOSS), as opposed to records that do not fit the spec."""
 
 
 class WorkerDiedError(InputServerError):
@@ -38,6 +46,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
     SpecError: grpc.StatusCode.INVALID_ARGUMENT,
     DataNotFoundError: grpc.StatusCode.NOT_FOUND,
+    UnreadableError: grpc.StatusCode.PERMISSION_DENIED,
     RecordError: grpc.StatusCode.DATA_LOSS,
     WorkerDiedError: grpc.StatusCode.INTERNAL,
 }

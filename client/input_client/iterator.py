@@ -95,6 +95,10 @@ class InputClient:
         Raises:
           ConnectionError: no server reachable within `connect_timeout_s`.
         """
+        if state is not None and not (isinstance(state, dict) and type(state.get("seq")) is int
+                                      and state["seq"] >= 0):
+            raise ValueError(f"`state` must be a get_state() result (a dict with an integer "
+                             f"'seq'), got {str(state)[:200]}.")
         if prefetch < 1:
             raise ValueError(f"`prefetch` must be at least 1, got {prefetch}.")
         if not reconnect_deadline_s >= 0:

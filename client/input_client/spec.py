@@ -197,7 +197,7 @@ class PipelineSpec:
         with open(path, "rb") as f:
             try:
                 tables = tomllib.load(f)
-            except tomllib.TOMLDecodeError as e:
+            except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError, int-digit limit
                 raise SpecError("(file)", path, f"is not valid TOML: {e}") from e
         return cls.from_dict(tables).resolve_paths(os.path.dirname(os.path.abspath(path)))
 

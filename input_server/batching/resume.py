@@ -57,7 +57,7 @@ def parse_state(state: bytes | dict[str, Any] | None, *, fingerprint: str,
         d = decode_state(state) if isinstance(state, bytes) else dict(state)
         version, fp = d["version"], d["fingerprint"]
         pos = _position(d)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InvalidSpecError(
             f"`resume_state` is not a state this server wrote: {e}.") from e
     if version != STATE_VERSION:

@@ -20,7 +20,13 @@ import numpy as np
 import orjson
 
 from input_client.spec import SourceSpec
-from input_server.errors import DataNotFoundError, InvalidSpecError, RecordError
+from input_server.errors import (
+    CorruptFileError,
+    DataNotFoundError,
+    InvalidSpecError,
+    RecordError,
+    UnreadableError,
+)
 
 _GLOB_CHARS = frozenset("*?[")
 _INDEX_CHUNK = 16 << 20
@@ -65,6 +71,10 @@ def _text_of(obj: object, field: str, where: str) -> str:
     text = obj[field]
     if not isinstance(text, str):
         raise RecordError(f"{where}: field {field!r} holds {type(text).__name__}, not a string.")
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate escape ("\ud800"), which orjson refuses
+        raise RecordError(f"{where}: field {field!r} is not valid Unicode ({e}).") from e
     return text
 
 
@@ -169,7 +179,7 @@ class JsonlReader:
         raw = self._raw(index)
         try:
             obj = _loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise RecordError(f"{self.where(index)}: not valid JSON ({e}).") from e
         return _text_of(obj, self.text_field, self.where(index))
 
@@ -229,11 +239,18 @@ class ArrayRecordReader:
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many records, read in one call."""
-        return [self._decode(raw, i) for raw, i in zip(self._open().read(list(indices)),
-                                                        indices, strict=True)]
+        try:
+            raws = self._open().read(list(indices))
+        except RuntimeError:  # a corrupt chunk: find and name the record
+            return [self[i] for i in indices]
+        return [self._decode(raw, i) for raw, i in zip(raws, indices, strict=True)]
 
     def __getitem__(self, index: int) -> str:
-        return self._decode(self._open().read([index])[0], index)
+        try:
+            raw = self._open().read([index])[0]
+        except RuntimeError as e:
+            raise RecordError(f"{self.where(index)}: cannot read ({e}).") from e
+        return self._decode(raw, index)
 
     def _decode(self, raw: bytes, index: int) -> str:
         where = self.where(index)
@@ -302,19 +319,36 @@ class ParquetReader:
 
     def _texts(self):
         if self._column is None:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pq.read_table(self.path, columns=[self.text_field])
-            self._column = table.column(self.text_field).combine_chunks()
+            f, chunks, first = pq.ParquetFile(self.path), [], 0
+            for g in range(f.num_row_groups):
+                rows = f.metadata.row_group(g).num_rows
+                try:
+                    chunks.append(f.read_row_group(g, columns=[self.text_field])
+                                  .column(self.text_field))
+                except (OSError, pa.ArrowException) as e:
+                    raise CorruptFileError(f"{self.path} row group {g} (rows {first}-"
+                                           f"{first + rows - 1}): cannot read ({e}).") from e
+                first += rows
+            self._column = pa.chunked_array(
+                [c for ch in chunks for c in ch.chunks]).combine_chunks()
         return self._column
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many rows, taken in one vectorized call."""
-        texts = self._texts().take(indices).to_pylist()
+        try:
+            texts = self._texts().take(indices).to_pylist()
+        except UnicodeDecodeError:  # find and name the row
+            return [self[i] for i in indices]
         return [t if type(t) is str else self[i] for t, i in zip(texts, indices, strict=True)]
 
     def __getitem__(self, index: int) -> str:
-        text = self._texts()[index].as_py()
+        try:
+            text = self._texts()[index].as_py()
+        except UnicodeDecodeError as e:
+            raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
         if not isinstance(text, str):
             raise RecordError(f"{self.where(index)}: column {self.text_field!r} holds "
                               f"{type(text).__name__}, not a string.")
@@ -345,11 +379,21 @@ class DocumentSource:
           InvalidSpecError: the text field is missing from the first record, or nothing to read.
           RecordError: a file is not of the format the spec says.
         """
+        try:
+            return cls._open(spec)
+        except PermissionError as e:
+            raise UnreadableError(f"`source.paths`: the server may not read "
+                                  f"{e.filename or e} (permission denied).") from e
+
+    @classmethod
+    def _open(cls, spec: SourceSpec) -> DocumentSource:
         readers = [open_reader(p, spec) for p in expand_paths(spec.paths)]
         for r in readers:
             if len(r):
                 try:
                     r[0]
+                except CorruptFileError:  # a damaged file is DATA_LOSS, not a spec mistake
+                    raise
                 except RecordError as e:  # the first record failing is a spec mistake
                     raise InvalidSpecError(
                         f"`source` does not fit {r.path} (format={spec.format!r}, "

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from input_client.spec import TokenizerSpec
-from input_server.errors import DataNotFoundError, InvalidSpecError
+from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,11 @@ class Tokenizer:
 
             if not os.path.isfile(self.spec.model):
                 raise DataNotFoundError(f"`tokenizer.model`: no such file {self.spec.model!r}.")
+            try:
+                open(self.spec.model, "rb").close()  # sentencepiece says only "not found"
+            except PermissionError as e:
+                raise UnreadableError(f"`tokenizer.model`: the server may not read "
+                                      f"{self.spec.model!r} (permission denied).") from e
             sp = spm.SentencePieceProcessor()
             try:
                 sp.Load(self.spec.model)

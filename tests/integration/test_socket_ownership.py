@@ -3,7 +3,6 @@ and a server removes only its own socket file."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -50,18 +49,15 @@ def test_a_file_that_is_not_a_socket_is_refused_and_kept(tmp_path):
     assert path.read_text() == "not a socket"
 
 
-def test_a_server_removes_only_the_socket_file_it_created(tmp_path):
+def test_a_refused_server_removes_nothing(tmp_path):
     path = tmp_path / "input.sock"
-    srv = Server(ServerConfig(listen=[f"unix://{path}"]))
-    # Someone replaces the file while it runs (e.g. an operator moved a new server in).
-    os.unlink(path)
-    other = socket.socket(socket.AF_UNIX)
-    other.bind(str(path))
-    try:
-        srv.stop(0)
-        assert path.is_socket()  # not ours: left alone
-    finally:
-        other.close()
+    with Server(ServerConfig(listen=[f"unix://{path}"])) as first:
+        with pytest.raises(OSError, match="in use by a running server"):
+            # Its other address was bound first: the failed start releases it, and the live
+            # server's socket stays.
+            Server(ServerConfig(listen=[f"unix://{tmp_path}/other.sock", f"unix://{path}"]))
+        assert path.is_socket() and answers(first.targets[0])
+        assert not (tmp_path / "other.sock").exists()
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:65536", "localhost:123456"])

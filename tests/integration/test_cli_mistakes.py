@@ -1,0 +1,115 @@
+"""Every mistake a user can make with a CLI verb prints one clear line and exits 2, never a
+traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from input_server import cli
+
+
+def run_main(capsys, *args: str) -> tuple[int, str]:
+    code = cli.main(list(args))
+    err = capsys.readouterr().err
+    return code, err
+
+
+def assert_one_line(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("input-server: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+
+
+@pytest.fixture
+def spec_file(tmp_path, corpus, spm_model):
+    def write(model: str = spm_model, extra: str = "") -> str:
+        path = tmp_path / "spec.toml"
+        path.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{model}"\n'
+                        f'[batch]\nseq_len = 128\nsize = 4\n{extra}')
+        return str(path)
+
+    return write
+
+
+@pytest.mark.parametrize("address", ["unix:///nonexistent/input.sock", "127.0.0.1:1"])
+def test_info_on_an_unreachable_address(capsys, address):
+    code, err = run_main(capsys, "info", address, "--timeout-s", "1")
+    assert_one_line(code, err, "no input server reachable", address)
+
+
+def test_info_on_a_socket_path_without_its_scheme_hints_at_it(capsys, tmp_path):
+    code, err = run_main(capsys, "info", str(tmp_path / "input.sock"), "--timeout-s", "1")
+    assert_one_line(code, err, f"unix://{tmp_path}/input.sock")
+
+
+@pytest.mark.parametrize("verb", ["tune", "bench"])
+def test_a_missing_model(capsys, spec_file, tmp_path, verb):
+    code, err = run_main(capsys, verb, spec_file(model=str(tmp_path / "missing.model")))
+    assert_one_line(code, err, "tokenizer.model", "missing.model")
+
+
+@pytest.mark.parametrize("verb", ["tune", "bench"])
+@pytest.mark.parametrize("extra, key", [('packing = "best"', "batch.packing"),
+                                        ("[workers]\ncont = 1", "workers.cont"),
+                                        ("[wrokers]\ncount = 1", "wrokers")],
+                         ids=["bad-value", "unknown-key", "unknown-table"])
+def test_a_bad_spec(capsys, spec_file, verb, extra, key):
+    code, err = run_main(capsys, verb, spec_file(extra=extra))
+    assert_one_line(code, err, key)
+
+
+@pytest.mark.parametrize("content", [b"[source\n", b"\xff\xfe\x00", b"x = " + b"9" * 5000],
+                         ids=["toml", "encoding", "digits"])
+def test_a_spec_file_that_is_not_toml(capsys, tmp_path, content):
+    path = tmp_path / "spec.toml"
+    path.write_bytes(content)
+    code, err = run_main(capsys, "tune", str(path))
+    assert_one_line(code, err, "is not valid TOML")
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/spec.toml", "/"], ids=["missing", "folder"])
+def test_a_spec_path_that_is_no_file(capsys, path):
+    code, err = run_main(capsys, "tune", path)
+    assert_one_line(code, err, path)
+
+
+def test_tune_plot_without_matplotlib_is_refused_before_measuring(spec_file, tmp_path):
+    # matplotlib made unimportable in a child process: the refusal must come before the
+    # measuring run (which would take tune_seconds), not after it.
+    code = ("import sys; sys.modules['matplotlib'] = None; from input_server.cli import main; "
+            f"sys.exit(main(['tune', {spec_file()!r}, '--tune-seconds', '30', "
+            f"'--plot', {str(tmp_path / 'x.png')!r}]))")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert_one_line(out.returncode, out.stderr, "matplotlib")
+    assert time.monotonic() - start < 25  # far less than the 30 s it would have measured
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:²", "10.0.0.1:5000",
+                                     "unix:"])
+def test_serve_refuses_a_bad_listen_address(capsys, address):
+    code, err = run_main(capsys, "serve", "--listen", address)
+    assert_one_line(code, err, "--listen")
+
+
+def test_serve_with_a_pipelines_path_that_is_a_folder(capsys, tmp_path):
+    code, err = run_main(capsys, "serve", "--pipelines", str(tmp_path),
+                         "--listen", f"unix://{tmp_path}/s.sock")
+    assert_one_line(code, err, str(tmp_path))
+
+
+@pytest.mark.parametrize("args", [["info", "x", "--timeout-s", "nan"],
+                                  ["info", "x", "--timeout-s", "-1"],
+                                  ["bench", "x.toml", "--rounds", "0"]])
+def test_numbers_out_of_range_are_refused_by_the_parser(capsys, args):
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    assert e.value.code == 2 and "must be a positive number" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""Every bad input a stream can meet gets its documented status from the real server, naming the
+field, value or path; nothing reaches a client as UNKNOWN."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from input_client import InputClient, StreamError
+from input_client.proto import pb, pb_grpc
+from input_client.wire import PROTOCOL_VERSION
+from input_server.errors import (
+    CorruptFileError,
+    DataNotFoundError,
+    InvalidSpecError,
+    RecordError,
+    UnreadableError,
+    WorkerDiedError,
+    status_of,
+)
+
+
+def raw_stream(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> list[pb.Batch]:
+    """Streams a request as any client could send it (no client-side validation)."""
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        request = pb.StreamBatchesRequest(spec=spec_proto, resume_state=state,
+                                          protocol_version=PROTOCOL_VERSION)
+        return list(stub.StreamBatches(request, timeout=60))
+
+
+def status(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        raw_stream(target, spec_proto, state)
+    assert e.value.code() != grpc.StatusCode.UNKNOWN, e.value.details()
+    assert "Traceback" not in e.value.details()
+    return e.value
+
+
+@pytest.mark.parametrize("count", ["²", "٣", "9" * 5000, "-1", "1e3"],
+                         ids=["superscript", "arabic-indic", "5000-digits", "negative", "float"])
+def test_a_worker_count_that_is_not_a_count_is_invalid_argument(target, make_spec, count):
+    msg = make_spec().to_proto()
+    msg.workers.count = count
+    e = status(target, msg)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "workers.count" in e.details() and len(e.details()) < 400
+
+
+@pytest.mark.parametrize("state", [
+    b'{"version":1,"fingerprint":"FP","seq":Infinity,"doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":NaN,"doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":1e400,"doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":1180591620717411303424,"doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":"3","doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":true,"doc":0,"offset":0}',
+    b'{"version":1,"fingerprint":"FP","seq":0,"doc":1.5,"offset":0}',
+    b"[" * 100_000,
+    b"\xff\xfe",
+    b"[1, 2]",
+], ids=["infinity", "nan", "overflow", "2^70", "string", "bool", "float", "deep", "bytes", "list"])
+def test_a_resume_state_this_server_did_not_write_is_invalid_argument(target, make_spec, state):
+    spec = make_spec()
+    state = state.replace(b"FP", spec.data_fingerprint().encode())
+    e = status(target, spec.to_proto(), state)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "resume_state" in e.details()
+
+
+def test_a_tuning_budget_too_short_to_measure_still_streams(target, make_spec):
+    spec = make_spec(workers={"count": "auto", "tune_seconds": 0.5})
+    with InputClient(target, connect_timeout_s=10) as c, c.batches(spec) as it:
+        assert next(it)["inputs"].shape == (4, 128)
+        (stream,) = [s for s in c.info().streams if s.worker_tuning.reason]
+    assert stream.worker_tuning.reason == "time limit"
+    assert "tune_seconds=0.5" in stream.worker_reason
+
+
+def _flipped_parquet(tmp_path, docs, compression: str) -> str:
+    path = str(tmp_path / f"{compression}.parquet")
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=200, compression=compression)
+    data = bytearray(open(path, "rb").read())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "none"])
+def test_a_bit_flipped_parquet_file_is_data_loss_naming_it(target, make_spec, docs, tmp_path,
+                                                          compression):
+    path = _flipped_parquet(tmp_path, docs[:1000], compression)
+    spec = make_spec(source={"paths": [path], "format": "parquet"})
+    e = status(target, spec.to_proto())
+    assert e.code() == grpc.StatusCode.DATA_LOSS, e.details()
+    assert path in e.details()
+
+
+needs_setpriv = pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None,
+    reason="as root, an unreadable file needs setpriv to drop the capability to read anyway")
+
+
+@needs_setpriv
+@pytest.mark.parametrize("which", ["source", "model"])
+def test_a_file_the_server_may_not_read_is_permission_denied_naming_it(
+        tmp_path, corpus, spm_model, make_spec, which):
+    secret = tmp_path / ("secret.jsonl" if which == "source" else "secret.model")
+    shutil.copy(corpus if which == "source" else spm_model, secret)
+    secret.chmod(0)
+    spec = make_spec(**({"source": {"paths": [str(secret)]}} if which == "source"
+                        else {"tokenizer": {"model": str(secret)}}))
+    sock = tmp_path / "s.sock"
+    # Root reads any file; drop the capabilities that let it, as an ordinary user lacks them.
+    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+              if os.geteuid() == 0 else [])
+    server = subprocess.Popen([*prefix, sys.executable, "-m", "input_server.cli", "serve",
+                               "--listen", f"unix://{sock}"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists() and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.1)
+        e = status(f"unix://{sock}", spec.to_proto())
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+        assert str(secret) in e.details()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_client_refuses_a_state_that_is_not_a_get_state_result(client, make_spec):
+    for bad in ({"seq": float("inf")}, {"seq": "3"}, {"doc": 1}, [0]):
+        with pytest.raises(ValueError, match="get_state"):
+            client.batches(make_spec(), state=bad)
+
+
+def test_the_status_table_maps_each_error_class_and_the_unexpected_to_internal():
+    table = {
+        InvalidSpecError("x"): grpc.StatusCode.INVALID_ARGUMENT,
+        DataNotFoundError("x"): grpc.StatusCode.NOT_FOUND,
+        UnreadableError("x"): grpc.StatusCode.PERMISSION_DENIED,
+        RecordError("x"): grpc.StatusCode.DATA_LOSS,
+        CorruptFileError("x"): grpc.StatusCode.DATA_LOSS,
+        WorkerDiedError("x"): grpc.StatusCode.INTERNAL,
+    }
+    for error, code in table.items():
+        assert status_of(error) == (code, "x")
+    assert status_of(ZeroDivisionError("boom")) == (grpc.StatusCode.INTERNAL,
+                                                    "ZeroDivisionError: boom")
+
+
+def test_a_stream_error_reaching_the_client_names_its_status(client, make_spec, tmp_path):
+    spec = make_spec(source={"paths": [str(tmp_path / "missing.jsonl")]})
+    with pytest.raises(StreamError) as e:
+        list(client.batches(spec))
+    assert e.value.code == grpc.StatusCode.NOT_FOUND and "missing.jsonl" in e.value.details
+    json.dumps(e.value.details)  # plain text, no traceback object
