@@ -25,8 +25,8 @@ cpu_count = os.cpu_count
 # the choice is then within this fraction of the best rate measured.
 PLATEAU_GAIN = 0.05
 # Choosing among measured candidates: the cheapest within this of the fastest. Tighter than
-# the search's plateau, since a candidate 5 % slower in a noisy window may be 15 % slower in
-# truth (measured on a shared 2-core host), and an in-process thread costs no memory.
+# the search's plateau, since a candidate a little slower in a noisy window may be much slower
+# in truth (docs/benchmarks.md, "Autotune"), and an in-process thread costs no memory.
 CHOICE_GAIN = 0.02
 # With a target, the choice must measure this much above it, so the jitter of a shared host
 # (and of the consumer) does not starve the trainer.
@@ -34,7 +34,7 @@ TARGET_HEADROOM = 1.2
 # Threads per process: latency-bound sources want many; past this, use processes.
 MAX_THREADS = 128
 # More workers than cores must gain this much: past the cores, extra threads only pay for
-# waiting (remote storage gains ~2x a doubling); a CPU-bound gain that small is within the
+# waiting (remote storage gains far more a doubling); a CPU-bound gain that small is within the
 # noise of a shared host, and oversubscribing the cores takes CPU from the trainer.
 OVERSUBSCRIBE_GAIN = 0.2
 # Below the core count, one step that gains nothing (noise on a busy host) does not end the
@@ -42,8 +42,8 @@ OVERSUBSCRIBE_GAIN = 0.2
 THREAD_PATIENCE = 2
 # After the search, the choice and the candidates within this band of it (and, when it has
 # more workers than cores, the best within the cores) are measured once more, side by side,
-# and decided on both windows: one window on a busy host is noisy (+-15 % and worse on the
-# shared 2-core development machine).
+# and decided on both windows: one window on a busy host is noisy (docs/benchmarks.md,
+# "Autotune").
 CONFIRM_BAND = 0.15
 CONFIRM_MAX = 2
 # Processes are tried when the in-process candidates keep fewer than this share of the cores

@@ -28,8 +28,8 @@ from input_server.data.tokenizer import TokenGroup, Tokenizer
 from input_server.errors import InvalidSpecError
 
 # Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
-# calls amortize each group's fixed costs; groups of this size (1713 short documents, 119 long
-# ones) ran 1.35x and 1.09x as fast as groups of 64 (scripts/bench_tokenize.py). But a group's
+# calls amortize each group's fixed costs (groups of this size against groups of 64:
+# docs/benchmarks.md, "Tokenizer side"). But a group's
 # records are read one after another, so from slow (remote) storage a bigger group is a longer
 # wait for each thread, and the autotuner's windows stretch past its time bound: 256 KiB. The
 # documents per group follow from a sample of the corpus; the data never depends on it.
@@ -85,8 +85,8 @@ class _EncodeGroup:
         read_many = getattr(self.source, "read_many", None)
         texts = read_many(indices) if read_many else [self.source[i] for i in indices]
         # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
-        # processes) are the tokenizing parallelism, which the autotuner sizes (2 threads x 1
-        # ran 0.93-1.06x as fast as 2 x 2, scripts/bench_tokenize.py).
+        # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
+        # against x 2: docs/benchmarks.md, "Tokenizer side").
         return self.tokenizer.encode(texts, first_doc=first, num_threads=1,
                                      trim_to=self.trim_to).to_element()
 

@@ -1,9 +1,10 @@
 """Document order: which source record is the stream's n-th document, for whole ranges at once.
 
 Grain's `MapDataset` chain (`[index::count].shuffle(seed).repeat(epochs)`) computes this one
-element at a time, at ~20-30 µs per document here; tokenizing a document costs about as much,
-so the order alone would halve throughput. This computes the same kind of order (shard, then a
-fresh seeded permutation each epoch) for a whole group of documents in one numpy call.
+element at a time, at about what tokenizing a document costs (docs/benchmarks.md, "Reading,
+order and packing"), so the order alone would halve throughput. This computes the same kind
+of order (shard, then a fresh seeded permutation each epoch) for a whole group of documents in
+one numpy call.
 """
 
 from __future__ import annotations
