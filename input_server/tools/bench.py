@@ -230,7 +230,9 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
     try:
         ref = list(it)
     finally:
-        it.close()
+        close = getattr(it, "close", None)  # Grain before 0.2.14 (Python 3.10's) has none
+        if close is not None:
+            close()
     return {"ours": efficiency(ours, "inputs_segmentation"),
             "reference": efficiency(ref, "inputs_segment_ids"),
             "ours_batches": len(ours), "reference_batches": len(ref)}
