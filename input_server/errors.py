@@ -42,6 +42,15 @@ class WorkerDiedError(InputServerError):
     """A worker process of the stream died (INTERNAL); the message names it."""
 
 
+class RefusedError(InputServerError):
+    """A request the servicer refuses with a status of its choosing (RESOURCE_EXHAUSTED,
+    UNAVAILABLE, FAILED_PRECONDITION): about the server's state, not the data."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
     SpecError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -57,6 +66,8 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
 
     Unexpected exceptions are INTERNAL, named by type so the server's log can be searched.
     """
+    if isinstance(e, RefusedError):
+        return e.code, str(e)
     for cls, code in _STATUS.items():
         if isinstance(e, cls):
             return code, str(e)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from input_client.spec import PipelineSpec
+from input_server.batching.pipeline import Pipeline
 from input_server.data.sources import DocumentSource
 
 
@@ -27,3 +29,14 @@ class SlowSource:
 
     def where(self, index: int) -> str:
         return self.inner.where(index)
+
+
+class SlowPipeline(Pipeline):
+    """The spec's pipeline over its files as if they lay on remote storage (`SlowSource`)."""
+
+    def __init__(self, spec: PipelineSpec, *, delay_s: float):
+        self.delay_s = delay_s
+        super().__init__(spec)
+
+    def _open_source(self, spec: PipelineSpec) -> SlowSource:
+        return SlowSource(DocumentSource.from_spec(spec.source), self.delay_s)

@@ -26,8 +26,7 @@ from absl import flags
 from input_client import PipelineSpec
 from input_server import autotune
 from input_server.batching.pipeline import Pipeline
-from input_server.data.sources import DocumentSource
-from input_server.testing import SlowSource
+from input_server.testing import SlowPipeline
 from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
 
 DOC_CHARS = 4000
@@ -125,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                             batch={"seq_len": args.seq_len, "size": args.batch_size},
                             order={"epochs": 0})
         cpu = Pipeline(spec)
-        slow = Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source),
-                                                args.delay_ms / 1000))
+        slow = SlowPipeline(spec, delay_s=args.delay_ms / 1000)
         result["cpu_bound"] = bench("cpu-bound", cpu, grid(cpus, False), args.rounds,
                                     args.tune_seconds)
         result["latency_bound"] = bench("latency-bound", slow, grid(cpus, True), args.rounds,

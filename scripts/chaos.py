@@ -13,7 +13,7 @@ through `--workers`, so a resume may also change the worker count. The kills com
 order, each a random number of steps after the previous one took effect; once all happened and
 `--batches` steps are reached, the trainer is stopped with SIGTERM (it checkpoints and exits)
 and its log is compared, batch by batch and byte for byte, with an uninterrupted in-process
-run of the same spec (`Pipeline(spec).stream()`).
+run of the same spec (`Pipeline(spec).stream()`, through tests/support.py's `run_pipeline`).
 """
 
 from __future__ import annotations
@@ -27,23 +27,26 @@ import queue
 import random
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root, so that `python scripts/chaos.py` imports the shared helpers from any folder.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from tests.support import (  # noqa: E402
+    ChildProcess,
+    ServerProcess,
+    batch_bytes,
+    free_port,
+    run_pipeline,
+)
+
 # The stream must never stall this long without a batch (the server restarts take ~1 s).
 PROGRESS_TIMEOUT_S = 120.0
-
-
-def batch_bytes(batch) -> bytes:
-    """A batch as bytes: its arrays in name order (what the trainer logs and the check reads)."""
-    import numpy as np
-
-    return b"".join(np.ascontiguousarray(np.asarray(batch[k])).tobytes() for k in sorted(batch))
 
 
 # --- the trainer (a subprocess the driver kills) -----------------------------------------------
@@ -98,54 +101,6 @@ def trainer(args: argparse.Namespace) -> int:
 
 # --- the driver ---------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Proc:
-    """A subprocess in its own process group (so a kill takes its worker processes too).
-
-    Its stderr (and, with `pipe=False`, its stdout) goes to the file `log`.
-    """
-
-    def __init__(self, argv: list[str], *, log: str, pipe: bool = False):
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE if pipe else self._log,
-                                  stderr=self._log, start_new_session=True, cwd=ROOT,
-                                  text=pipe)
-        self.lines: queue.Queue = queue.Queue()
-        if pipe:
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.p.stdout:
-            self.lines.put(line.strip())
-        self.lines.put(None)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait(timeout=30)
-        self._log.close()
-
-
-def reference(spec, batches: int) -> list[bytes]:
-    """The first `batches` batches of an uninterrupted in-process run."""
-    from input_server.batching.pipeline import Pipeline, Workers
-
-    out = []
-    with Pipeline(spec).stream(workers=Workers(0, 2, "reference")) as stream:
-        for produced in stream:
-            if len(out) == batches:
-                break
-            out.append(batch_bytes(produced.arrays))
-    return out
-
-
 def compare(logged: bytes, ref: list[bytes]) -> dict:
     """Batch-by-batch comparison of the trainer's log with the reference."""
     size = len(ref[0]) if ref else 1
@@ -184,27 +139,25 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
     rng = random.Random(seed)
     work = tempfile.mkdtemp(prefix="chaos-")
     target = (f"unix://{work}/input.sock" if transport == "unix"
-              else f"127.0.0.1:{_free_port()}")
+              else f"127.0.0.1:{free_port()}")
     paths = {k: os.path.join(work, k) for k in ("ckpt", "log", "server.log", "trainer.log")}
     events = ["server kill"] * kills + ["trainer kill"] * restarts
     rng.shuffle(events)
 
-    def serve() -> _Proc:
-        return _Proc([sys.executable, "-m", "input_server.cli", "serve", "--listen", target],
-                     log=paths["server.log"])
-
-    def train(incarnation: int) -> _Proc:
+    def train(incarnation: int) -> ChildProcess:
         spec_path = os.path.join(work, "spec.json")
         with open(spec_path, "w") as f:
             count = workers[incarnation % len(workers)]
             json.dump(spec.replace(workers={"count": count}).to_dict(), f)
-        return _Proc([sys.executable, os.path.abspath(__file__), "trainer", "--target", target,
-                      "--spec", spec_path, "--ckpt", paths["ckpt"], "--log", paths["log"],
-                      "--batches", "0", "--checkpoint-every", str(checkpoint_every),
-                      "--reconnect-deadline-s", str(reconnect_deadline_s)],
-                     log=paths["trainer.log"], pipe=True)
+        return ChildProcess([sys.executable, os.path.abspath(__file__), "trainer", "--target",
+                             target, "--spec", spec_path, "--ckpt", paths["ckpt"], "--log",
+                             paths["log"], "--batches", "0", "--checkpoint-every",
+                             str(checkpoint_every), "--reconnect-deadline-s",
+                             str(reconnect_deadline_s)],
+                            log=paths["trainer.log"], read_lines=True)
 
-    server = serve()
+    server = ServerProcess(target, paths["server.log"])
+    server.start()
     incarnation = 0
     trainer_proc = train(incarnation)
     done_events = []  # [step, event, trainer incarnation]
@@ -261,7 +214,7 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
             if event == "server kill":
                 server.kill()
                 time.sleep(rng.uniform(0.0, 0.5))  # down for a while, then rescheduled
-                server = serve()
+                server.start()
             else:
                 trainer_proc.kill()
                 incarnation += 1
@@ -277,7 +230,7 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
         delivered = json.load(f)["step"]
     with open(paths["log"], "rb") as f:
         logged = f.read()
-    ref = reference(spec, delivered)
+    ref = [batch_bytes(p.arrays) for p in run_pipeline(spec, limit=delivered)]  # uninterrupted
     result = {
         "transport": transport,
         "workers": workers,

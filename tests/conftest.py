@@ -27,6 +27,12 @@ def docs() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def some_docs(docs) -> list[str]:
+    """The first 300 documents, for the file-format tests: ~50 batches, fast to tokenize."""
+    return docs[:300]
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("data"))
 

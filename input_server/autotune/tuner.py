@@ -154,8 +154,10 @@ class Tuner:
 
     def __init__(self, *, max_remembered: int = 64):
         self._lock = threading.Lock()
-        self._decided: collections.OrderedDict[PipelineSpec, tuple[Workers, Tuning]] = (
-            collections.OrderedDict())
+        # By the pipeline's kind and spec: a stand-in source (testing.SlowPipeline) over the
+        # same files is another pipeline.
+        self._decided: collections.OrderedDict[tuple[type, PipelineSpec],
+                                               tuple[Workers, Tuning]] = collections.OrderedDict()
         self._max_remembered = max_remembered
 
     def workers_for(self, pipeline: Pipeline) -> tuple[Workers, Tuning | None]:
@@ -164,14 +166,15 @@ class Tuner:
         if w.count != "auto":
             return Workers(w.count, default_threads(w.count), "fixed by workers.count"), None
         with self._lock:
-            decided = self._decided.get(pipeline.spec)
+            key = (type(pipeline), pipeline.spec)
+            decided = self._decided.get(key)
             if decided is None:
                 tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
                               max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
                               tune_seconds=float(w.tune_seconds))
                 workers = Workers(tuning.processes, tuning.threads,
                                   f"auto: {tuning.summary()}")
-                decided = self._decided[pipeline.spec] = (workers, tuning)
+                decided = self._decided[key] = (workers, tuning)
                 while len(self._decided) > self._max_remembered:
                     self._decided.popitem(last=False)
             return decided

@@ -106,9 +106,7 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    def __init__(self, spec: PipelineSpec, *, source: DocumentSource | None = None):
-        # `source` replaces the spec's files with another random-access source of strings,
-        # e.g. tests' stand-in for slow remote storage; it must pickle for worker processes.
+    def __init__(self, spec: PipelineSpec):
         try:
             validate(spec)
         except SpecError as e:
@@ -116,7 +114,7 @@ class Pipeline:
         self.spec = spec
         self.fingerprint = spec.data_fingerprint()
         self.tokenizer = Tokenizer(spec.tokenizer)
-        self.source = source if source is not None else DocumentSource.from_spec(spec.source)
+        self.source = self._open_source(spec)
         shard, order = spec.shard, spec.order
         self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
                                    shard_count=shard.count, seed=order.seed,
@@ -127,6 +125,11 @@ class Pipeline:
                 f"({len(self.source)} in all); use fewer shards.")
         self.docs_per_epoch = self.order.per_epoch
         self.group_size = self._group_size()
+
+    def _open_source(self, spec: PipelineSpec) -> DocumentSource:
+        """The documents: a random-access source of strings that pickles for worker processes
+        (`testing.SlowPipeline` stands remote storage's latency in here)."""
+        return DocumentSource.from_spec(spec.source)
 
     def _trim_to(self) -> int | None:
         """Tokens the packer keeps of a document, if it keeps only a document's first ones."""

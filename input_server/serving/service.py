@@ -27,6 +27,7 @@ from input_server.errors import (
     DataNotFoundError,
     InputServerError,
     InvalidSpecError,
+    RefusedError,
     status_of,
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
@@ -35,16 +36,8 @@ from input_server.serving.session import UNSTICK_S, StreamSession
 log = logging.getLogger(__name__)
 
 
-class Refusal(Exception):
-    """A request refused with a status of the servicer's choosing (not an error of the data)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
-    code, message = (e.code, str(e)) if isinstance(e, Refusal) else status_of(e)
+    code, message = status_of(e)
     if code == grpc.StatusCode.INTERNAL and not isinstance(e, InputServerError):
         log.warning("request failed: %s", message, exc_info=e)
     context.abort(code, message)
@@ -122,11 +115,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
         refusal = protocol_mismatch(f"this server (input-server {__version__})",
                                     PROTOCOL_VERSION, request.protocol_version)
         if refusal:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+            raise RefusedError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
+            raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
         if not self._slots.acquire(blocking=False):
-            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"the server already runs its maximum of {self._max_streams} streams.")
         session = None
         try:
@@ -154,7 +147,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
               context: grpc.ServicerContext) -> Iterator[pb.Batch]:
         for msg, error in session:
             if self._draining.is_set():
-                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                raise RefusedError(grpc.StatusCode.UNAVAILABLE,
                               "the server is shutting down; resume from the last state.")
             if error is not None:
                 raise error

@@ -27,6 +27,7 @@ from input_server.errors import (
     WorkerDiedError,
     status_of,
 )
+from input_server.serving.server import Server, ServerConfig
 
 
 def raw_stream(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> list[pb.Batch]:
@@ -76,11 +77,12 @@ def test_a_resume_state_this_server_did_not_write_is_invalid_argument(target, ma
     assert "resume_state" in e.details()
 
 
-def test_a_tuning_budget_too_short_to_measure_still_streams(target, make_spec):
+def test_a_tuning_budget_too_short_to_measure_still_streams(tmp_path, make_spec):
     spec = make_spec(workers={"count": "auto", "tune_seconds": 0.5})
-    with InputClient(target, connect_timeout_s=10) as c, c.batches(spec) as it:
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
+            InputClient(srv.targets[0], connect_timeout_s=10) as c, c.batches(spec) as it:
         assert next(it)["inputs"].shape == (4, 128)
-        (stream,) = [s for s in c.info().streams if s.worker_tuning.reason]
+        (stream,) = c.info().streams
     assert stream.worker_tuning.reason == "time limit"
     assert "tune_seconds=0.5" in stream.worker_reason
 

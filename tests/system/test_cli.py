@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from input_client import InputClient
+from tests.support import cli_argv, raw_messages, still_running
 
 
 def start_serve(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cli_argv("serve", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
 def test_serve_named_pipeline_then_sigterm_stops_cleanly(tmp_path, corpus, spm_model):
@@ -50,7 +50,7 @@ count = 1
             it.close()
         assert not sock.exists()
         time.sleep(0.5)
-        assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not still_running(workers)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -61,8 +61,8 @@ def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
     proc = start_serve("--listen", f"unix://{sock}")
     try:
         InputClient(f"unix://{sock}", connect_timeout_s=60).wait_ready()
-        out = subprocess.run([sys.executable, "-m", "input_server.cli", "info", f"unix://{sock}"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(cli_argv("info", f"unix://{sock}"), capture_output=True, text=True,
+                             timeout=60)
         assert out.returncode == 0, out.stderr
         assert '"serverVersion"' in out.stdout
     finally:
@@ -94,10 +94,6 @@ def test_serve_refuses_a_bad_named_pipeline_at_start(tmp_path, corpus):
 
 
 def test_serve_message_tokens_reaches_the_streams(tmp_path, make_spec):
-    import grpc
-
-    from input_client.proto import pb, pb_grpc
-    from input_client.wire import PROTOCOL_VERSION
     from input_server.serving.coalesce import MESSAGE_TOKENS
 
     sock = f"unix://{tmp_path}/m.sock"
@@ -105,16 +101,12 @@ def test_serve_message_tokens_reaches_the_streams(tmp_path, make_spec):
     try:
         InputClient(sock, connect_timeout_s=60).wait_ready()
         spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: one a message
-        with grpc.insecure_channel(sock) as channel:
-            call = pb_grpc.InputServiceStub(channel).StreamBatches(
-                pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION))
-            first = next(call)
-            time.sleep(0.5)  # the server's queue fills: by default these would share messages
-            messages = [first, *call]
+        # The server's queue fills meanwhile: by default these would share messages.
+        messages = raw_messages(sock, spec, pause_s=0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert len(messages) > 10 and not any(m.following for m in messages)
-    help_text = subprocess.run([sys.executable, "-m", "input_server.cli", "serve", "--help"],
-                               capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run(cli_argv("serve", "--help"), capture_output=True, text=True,
+                               timeout=60).stdout
     assert f"default {MESSAGE_TOKENS}" in help_text  # the help says the real default

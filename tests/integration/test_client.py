@@ -1,45 +1,59 @@
-"""The thin client: import isolation, jax placement with a Sharding, sequence checks."""
+"""The thin client against real servers and fake ones: its counters and state, resume, jax
+placement with a Sharding, Orbax checkpoints, sequence checks, the wire protocol's version."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
+import time
 
+import grpc
 import numpy as np
 import pytest
 
-import input_client
-from input_client import InputClient
+from input_client import InputClient, SequenceError, StreamError
 from input_client.proto import pb, pb_grpc
 from input_client.wire import FIELDS, PROTOCOL_VERSION, encode_tensors
 from input_server.batching.pack import PackedBatch
+from input_server.serving.server import Server, ServerConfig
+from tests.support import assert_same_batches, run_pipeline, serve_servicer
 
 
-def test_public_names_import():
-    for name in input_client.__all__:
-        assert getattr(input_client, name) is not None
-
-
-def test_client_streams_without_grain_sentencepiece_or_jax(server, make_spec):
+def test_client_batches_equal_in_process_pipeline(client, make_spec):
     spec = make_spec()
-    code = textwrap.dedent(f"""
-        import json, sys
-        from input_client import InputClient, PipelineSpec
-        spec = PipelineSpec.from_dict(json.loads({json.dumps(json.dumps(spec.to_dict()))}))
-        with InputClient({server.targets[0]!r}) as c, c.batches(spec) as it:
-            n = sum(1 for _ in it)
-        heavy = [m for m in ("grain", "sentencepiece", "jax") if m in sys.modules]
-        print(json.dumps({{"batches": n, "heavy": heavy}}))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"})
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["batches"] > 10
-    assert result["heavy"] == []
+    with client.batches(spec) as it:
+        got = list(it)
+    assert_same_batches(got, run_pipeline(spec))
+    assert it.batches_yielded == len(got)
+    assert it.tokens_yielded == sum(int((b["inputs_segmentation"] > 0).sum()) for b in got)
+
+
+def test_get_state_is_last_yielded_and_resumes_exactly(client, make_spec):
+    spec = make_spec()
+    reference = run_pipeline(spec)
+    with client.batches(spec, prefetch=4) as it:
+        assert it.get_state() is None
+        first = [next(it) for _ in range(5)]
+        time.sleep(0.3)  # let the prefetch thread run ahead of the caller
+        state = it.get_state()
+    assert state["seq"] == 5  # of the last batch yielded, not the last one received
+    state = json.loads(json.dumps(state))  # what a checkpoint keeps
+    with client.batches(spec, state=state) as it:
+        rest = list(it)
+    assert_same_batches(first + rest, reference)
+
+
+def test_wait_time_is_recorded(client, make_spec):
+    with client.batches(make_spec()) as it:
+        next(it)
+        assert it.wait_time_s > 0
+
+
+def test_missing_server_is_an_error_not_a_hang(tmp_path, make_spec):
+    client = InputClient(f"unix://{tmp_path}/nobody.sock", connect_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="nobody.sock"):
+        client.batches(make_spec())
+    assert time.monotonic() - start < 5
 
 
 def test_sharding_places_global_jax_arrays(server, make_spec):
@@ -65,6 +79,33 @@ def test_sharding_places_global_jax_arrays(server, make_spec):
         assert {s.data.shape for s in placed[k].addressable_shards} == {(2, 128)}
 
 
+def test_orbax_checkpoint_holds_the_iterator_state_beside_the_model(server, make_spec, tmp_path):
+    import orbax.checkpoint as ocp  # a dev dependency: the helper is always tested
+
+    from input_client.checkpoint import InputStateRestore, InputStateSave
+
+    spec = make_spec()
+    model = {"w": np.arange(6.0).reshape(2, 3), "b": np.zeros(3, np.float32)}
+    client = InputClient(server.targets[0])
+    with client.batches(spec, prefetch=4) as it:
+        head = [next(it) for _ in range(7)]
+        time.sleep(0.2)  # prefetched batches are not part of the state
+        with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+            mngr.save(7, args=ocp.args.Composite(model=ocp.args.StandardSave(model),
+                                                  data=InputStateSave(it)))
+            mngr.wait_until_finished()
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        step = mngr.latest_step()
+        restored = mngr.restore(step, args=ocp.args.Composite(
+            model=ocp.args.StandardRestore(model), data=InputStateRestore()))
+    assert step == 7
+    np.testing.assert_array_equal(restored.model["w"], model["w"])
+    assert restored.data["seq"] == 7
+    with client, client.batches(spec, state=restored.data) as it:
+        tail = list(it)
+    assert_same_batches(head + tail, run_pipeline(spec))
+
+
 class _MisnumberingServicer(pb_grpc.InputServiceServicer):
     """A server that sends the given sequence numbers: a stand-in for a broken or foreign one."""
 
@@ -86,25 +127,14 @@ class _MisnumberingServicer(pb_grpc.InputServiceServicer):
                                          ([0, 1, 1], "expected batch 2, got batch 1: a repeat")],
                          ids=["gap", "repeat"])
 def test_sequence_gap_or_repeat_raises(tmp_path, seqs, words):
-    from concurrent import futures
-
-    import grpc
-
-    from input_client import SequenceError
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_InputServiceServicer_to_server(_MisnumberingServicer(seqs), server)
-    server.add_insecure_port(f"unix://{tmp_path}/bad.sock")
-    server.start()
-    try:
-        with InputClient(f"unix://{tmp_path}/bad.sock", connect_timeout_s=10) as c, \
-                c.batches("any", reconnect_deadline_s=0) as it:
+    sock = f"unix://{tmp_path}/bad.sock"
+    with serve_servicer(_MisnumberingServicer(seqs), sock), \
+            InputClient(sock, connect_timeout_s=10) as c, \
+            c.batches("any", reconnect_deadline_s=0) as it:
+        next(it)
+        next(it)
+        with pytest.raises(SequenceError, match=words):
             next(it)
-            next(it)
-            with pytest.raises(SequenceError, match=words):
-                next(it)
-    finally:
-        server.stop(None)
 
 
 class _OtherProtocolServicer(pb_grpc.InputServiceServicer):
@@ -127,24 +157,12 @@ class _OtherProtocolServicer(pb_grpc.InputServiceServicer):
                                              f"{PROTOCOL_VERSION + 1}; the client speaks "
                                              f"{PROTOCOL_VERSION}")], ids=["older", "newer"])
 def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, version, words):
-    from concurrent import futures
-
-    import grpc
-
-    from input_client import StreamError
-
     servicer = _OtherProtocolServicer(version)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_InputServiceServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix://{tmp_path}/old.sock")
-    server.start()
-    try:
-        with InputClient(f"unix://{tmp_path}/old.sock", connect_timeout_s=10) as c:
-            with pytest.raises(StreamError) as e:
-                c.batches("any")
-            assert c.info().server_version == "0.0.1"  # info still answers, for diagnosis
-    finally:
-        server.stop(None)
+    sock = f"unix://{tmp_path}/old.sock"
+    with serve_servicer(servicer, sock), InputClient(sock, connect_timeout_s=10) as c:
+        with pytest.raises(StreamError) as e:
+            c.batches("any")
+        assert c.info().server_version == "0.0.1"  # info still answers, for diagnosis
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert words in e.value.details and "input-server 0.0.1" in e.value.details
     assert servicer.streams == 0  # refused before any batch could be misread
@@ -152,31 +170,19 @@ def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, v
 
 def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(tmp_path,
                                                                               make_spec):
-    from concurrent import futures
-
-    import grpc
-
-    from input_client import StreamError
-    from input_server.serving.server import Server, ServerConfig
-
     sock = f"unix://{tmp_path}/s.sock"
     real = Server(ServerConfig(listen=[sock], grace_s=1))
     other = _OtherProtocolServicer(PROTOCOL_VERSION + 1)
-    replacement = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_InputServiceServicer_to_server(other, replacement)
     try:
         with InputClient(sock) as client, \
                 client.batches(make_spec(order={"epochs": 0}), prefetch=1,
                                reconnect_deadline_s=30) as it:
             next(it)
             real.stop()
-            replacement.add_insecure_port(sock)
-            replacement.start()
-            with pytest.raises(StreamError) as e:
+            with serve_servicer(other, sock), pytest.raises(StreamError) as e:
                 for _ in range(10_000):  # what had arrived before the stop, then the refusal
                     next(it)
     finally:
-        replacement.stop(None)
         real.stop(0)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert f"speaks wire protocol {PROTOCOL_VERSION + 1}" in e.value.details

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.support import cli_argv
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def cache_home(tmp_path_factory):
 def demo(cache_home, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "input_server.cli", "demo", *args],
+    return subprocess.run(cli_argv("demo", *args), cwd=cache_home,
                           capture_output=True, text=True, timeout=300, env=env,
                           stdin=subprocess.DEVNULL)
 

@@ -1,162 +1,32 @@
-"""Document sources: every file format gives the same batches, random access, pickling, errors."""
+"""Document sources through the pipeline: every file format gives the same batches, many files
+and globs, messy lines, and errors that name the file and the record."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
-import pickle
 import random
 import re
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import zstandard
-from array_record.python import array_record_module
 
-from input_client.spec import SourceSpec
-from input_client.wire import FIELDS
-from input_server import tf_example_pb2
-from input_server.batching.pipeline import Pipeline, Workers
-from input_server.data.sources import (
-    ArrayRecordReader,
-    DocumentSource,
-    JsonlReader,
-    ParquetReader,
-    open_reader,
-)
+from input_server.batching.pipeline import Pipeline
+from input_server.data.jsonl import JsonlReader
 from input_server.errors import DataNotFoundError, InvalidSpecError, RecordError
-
-N = 300  # documents per test file: enough for ~50 batches, fast to tokenize
-
-
-# ---------------------------------------------------------------------------------------------
-# Writers: the same documents in every format the server reads.
-
-
-def jsonl_bytes(docs, field="text", decoy=False, newline="\n") -> bytes:
-    """One JSON object per line; `decoy` adds a wrong "text" beside `field` to catch mix-ups."""
-    lines = []
-    for i, doc in enumerate(docs):
-        obj = {"id": i, field: doc}
-        if decoy:
-            obj["text"] = f"decoy {i}"
-        lines.append(json.dumps(obj))
-    return "".join(line + newline for line in lines).encode()
-
-
-def write_bytes(path, data: bytes) -> str:
-    with open(path, "wb") as f:
-        f.write(data)
-    return str(path)
-
-
-def write_arrayrecord(path, records) -> str:
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
-    return str(path)
-
-
-def example_bytes(doc: str, field="text", decoy=False) -> bytes:
-    ex = tf_example_pb2.Example()
-    ex.features.feature[field].bytes_list.value.append(doc.encode())
-    if decoy:
-        ex.features.feature["text"].bytes_list.value.append(b"decoy")
-    return ex.SerializeToString()
-
-
-def write_parquet(path, docs, field="text", decoy=False, row_group_size=64) -> str:
-    columns = {"id": list(range(len(docs))), field: list(docs)}
-    if decoy:
-        columns["text"] = [f"decoy {i}" for i in range(len(docs))]
-    pq.write_table(pa.table(columns), str(path), row_group_size=row_group_size)
-    return str(path)
-
-
-def zst_multiframe(data: bytes) -> bytes:
-    """Several concatenated zstd frames, as `cat a.zst b.zst` or pzstd produce."""
-    c = zstandard.ZstdCompressor()
-    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
-    return b"".join(c.compress(data[a:b]) for a, b in zip(cut, cut[1:], strict=False))
-
-
-# kind -> (file name, writer(docs, path) -> path, source keys besides paths)
-FORMATS = {
-    "jsonl-plain": (
-        "d.jsonl", lambda docs, p: write_bytes(p, jsonl_bytes(docs)), {}),
-    "jsonl-gz-text_field-body": (
-        "d.jsonl.gz",
-        lambda docs, p: write_bytes(p, gzip.compress(jsonl_bytes(docs, "body", decoy=True))),
-        {"text_field": "body"}),
-    "jsonl-zst": (
-        "d.jsonl.zst",
-        lambda docs, p: write_bytes(p, zstandard.ZstdCompressor().compress(jsonl_bytes(docs))),
-        {}),
-    "jsonl-zst-multiframe": (
-        "d.jsonl.zst", lambda docs, p: write_bytes(p, zst_multiframe(jsonl_bytes(docs))), {}),
-    "arrayrecord-json-text_field-body": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(
-            p, jsonl_bytes(docs, "body", decoy=True).splitlines()),
-        {"format": "arrayrecord", "record_format": "json", "text_field": "body"}),
-    "arrayrecord-text": (
-        "d.arrayrecord", lambda docs, p: write_arrayrecord(p, [d.encode() for d in docs]),
-        {"format": "arrayrecord", "record_format": "text"}),
-    "arrayrecord-tf_example": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, [example_bytes(d) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example"}),
-    "arrayrecord-tf_example-text_field-body": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, [example_bytes(d, "body", True) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example", "text_field": "body"}),
-    "parquet-row-groups": (
-        "d.parquet", lambda docs, p: write_parquet(p, docs), {"format": "parquet"}),
-    "parquet-text_field-body": (
-        "d.parquet", lambda docs, p: write_parquet(p, docs, "body", decoy=True),
-        {"format": "parquet", "text_field": "body"}),
-}
-
-
-def write_format(kind, docs, directory) -> tuple[str, dict]:
-    """Writes `docs` as `kind` in `directory`; returns the path and the spec's source table."""
-    name, write, keys = FORMATS[kind]
-    os.makedirs(directory, exist_ok=True)
-    path = write(docs, os.path.join(directory, name))
-    return path, {"paths": [path], **keys}
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-
-
-def batches(spec):
-    """Every batch of the spec, read in the server process with two tokenizer threads."""
-    with Pipeline(spec).stream(workers=Workers(0, 2, "test")) as stream:
-        return [p.arrays for p in stream]
-
-
-def assert_same_batches(got, want):
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        for k in FIELDS:
-            assert g[k].dtype == w[k].dtype and g[k].shape == w[k].shape, (i, k)
-            assert g[k].tobytes() == w[k].tobytes(), f"batch {i} array {k} differs"
-
-
-def drain(spec):
-    """Iterates a whole stream (for tests that expect it to raise part-way)."""
-    with Pipeline(spec).stream(workers=Workers(0, 2, "test")) as stream:
-        for _ in stream:
-            pass
-
-
-@pytest.fixture(scope="module")
-def some_docs(docs) -> list[str]:
-    return docs[:N]
+from tests.support import (
+    FORMATS,
+    assert_same_batches,
+    example_bytes,
+    jsonl_bytes,
+    run_pipeline,
+    split3,
+    write_arrayrecord,
+    write_bytes,
+    write_format,
+    write_parquet,
+    zst_multiframe,
+)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +37,7 @@ def plain(some_docs, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def plain_batches(make_spec, plain):
-    out = batches(make_spec(source={"paths": [plain]}))
+    out = run_pipeline(make_spec(source={"paths": [plain]}))
     assert len(out) > 10
     return out
 
@@ -181,24 +51,19 @@ def test_format_gives_byte_identical_batches_to_plain_jsonl(
         kind, some_docs, make_spec, plain_batches, tmp_path):
     """Same documents in any format (shuffled, custom text_field) -> the plain-jsonl batches."""
     _, source = write_format(kind, some_docs, tmp_path)
-    assert_same_batches(batches(make_spec(source=source)), plain_batches)
+    assert_same_batches(run_pipeline(make_spec(source=source)), plain_batches)
 
 
 def test_shuffle_seed_changes_batches_so_format_comparison_is_not_vacuous(
         make_spec, plain, plain_batches):
     """Another seed gives other batches: the format comparison would notice a reordering."""
-    other = batches(make_spec(source={"paths": [plain]}, order={"seed": 1}))
-    assert any(a["inputs"].tobytes() != b["inputs"].tobytes()
+    other = run_pipeline(make_spec(source={"paths": [plain]}, order={"seed": 1}))
+    assert any(a.arrays["inputs"].tobytes() != b.arrays["inputs"].tobytes()
                for a, b in zip(other, plain_batches, strict=False))
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. Many files and globs
-
-
-def split3(docs):
-    k = len(docs) // 3
-    return [docs[:k], docs[k:2 * k], docs[2 * k:]]
 
 
 @pytest.mark.parametrize("how", ["glob-sorted-by-path", "explicit-list", "recursive-glob",
@@ -222,8 +87,8 @@ def test_files_read_in_path_order_match_one_file(how, some_docs, make_spec, plai
         "glob-with-an-empty-file": [str(tmp_path / "b-*.jsonl")],
     }[how]
     order = {"shuffle": False}
-    got = batches(make_spec(source={"paths": source_paths}, order=order))
-    assert_same_batches(got, batches(make_spec(source={"paths": [plain]}, order=order)))
+    got = run_pipeline(make_spec(source={"paths": source_paths}, order=order))
+    assert_same_batches(got, run_pipeline(make_spec(source={"paths": [plain]}, order=order)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +116,7 @@ def test_blank_lines_and_crlf_are_skipped(compress, some_docs, make_spec, plain_
         data, name = gzip.compress(data), name + ".gz"
     path = write_bytes(tmp_path / name, data)
     assert len(JsonlReader(path, "text")) == len(some_docs)
-    assert_same_batches(batches(make_spec(source={"paths": [path]})), plain_batches)
+    assert_same_batches(run_pipeline(make_spec(source={"paths": [path]})), plain_batches)
 
 
 @pytest.mark.parametrize("ending", ["lf", "crlf"])
@@ -265,7 +130,7 @@ def test_last_line_without_newline_is_read(ending, some_docs, make_spec, plain_b
     reader = JsonlReader(path, "text")
     assert len(reader) == len(some_docs)
     assert reader[len(reader) - 1] == some_docs[-1]
-    assert_same_batches(batches(make_spec(source={"paths": [path]})), plain_batches)
+    assert_same_batches(run_pipeline(make_spec(source={"paths": [path]})), plain_batches)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +145,7 @@ def test_corrupt_json_line_mid_file_raises_record_error_with_line(some_docs, mak
     data = b"\n\n" + b"".join(lines)  # two blank lines first: the bad line is line 43
     path = write_bytes(tmp_path / "corrupt.jsonl", data)
     with pytest.raises(RecordError, match=re.escape(f"{path} line 43:")) as info:
-        drain(make_spec(source={"paths": [path]}))
+        run_pipeline(make_spec(source={"paths": [path]}))
     assert "not valid JSON" in str(info.value)
 
 
@@ -290,7 +155,7 @@ def test_record_missing_text_field_mid_file_names_field(some_docs, make_spec, tm
     lines[57] = json.dumps({"id": 57, "title": "no text here"}).encode() + b"\n"
     path = write_bytes(tmp_path / "missing-field.jsonl", b"".join(lines))
     with pytest.raises(RecordError) as info:
-        drain(make_spec(source={"paths": [path]}))
+        run_pipeline(make_spec(source={"paths": [path]}))
     msg = str(info.value)
     assert f"{path} line 58:" in msg and "'text'" in msg and "id, title" in msg
 
@@ -301,7 +166,7 @@ def test_non_string_text_mid_file_is_a_record_error(some_docs, make_spec, tmp_pa
     lines[10] = b'{"id": 10, "text": 12345}\n'
     path = write_bytes(tmp_path / "number.jsonl", b"".join(lines))
     with pytest.raises(RecordError, match=re.escape(f"{path} line 11:") + ".*int"):
-        drain(make_spec(source={"paths": [path]}))
+        run_pipeline(make_spec(source={"paths": [path]}))
 
 
 def test_bad_first_record_is_invalid_spec_at_construction(some_docs, make_spec, tmp_path):
@@ -354,7 +219,7 @@ def test_bad_tf_example_mid_file_names_file_and_record(bad, some_docs, make_spec
     spec = make_spec(source={"paths": [path], "format": "arrayrecord",
                              "record_format": "tf_example"})
     with pytest.raises(RecordError, match=re.escape(f"{path} record 63:")) as info:
-        drain(spec)
+        run_pipeline(spec)
     want = "not a serialized tf.train.Example" if bad == "not-a-proto" else "no feature 'text'"
     assert want in str(info.value)
 
@@ -366,7 +231,7 @@ def test_invalid_utf8_text_record_names_record(some_docs, make_spec, tmp_path):
     path = write_arrayrecord(tmp_path / "d.arrayrecord", records)
     spec = make_spec(source={"paths": [path], "format": "arrayrecord", "record_format": "text"})
     with pytest.raises(RecordError, match=re.escape(f"{path} record 70:") + " not valid UTF-8"):
-        drain(spec)
+        run_pipeline(spec)
 
 
 @pytest.mark.parametrize("alone", [True, False], ids=["alone", "beside-a-good-file"])
@@ -401,71 +266,7 @@ def test_damaged_compressed_jsonl_is_record_error_naming_file(damage, some_docs,
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Random access
-
-
-@pytest.mark.parametrize("kind", list(FORMATS))
-def test_document_source_random_access_over_three_files(kind, some_docs, tmp_path):
-    """len = records in all files; source[i] = doc i in any access order; where() names it."""
-    parts = split3(some_docs)
-    paths = []
-    for i, part in enumerate(parts):
-        path, source = write_format(kind, part, tmp_path / f"part-{i}")
-        paths.append(path)
-    keys = {k: v for k, v in source.items() if k != "paths"}
-    src = DocumentSource.from_spec(SourceSpec(paths=tuple(paths), **keys))
-    assert len(src) == len(some_docs)
-    order = list(range(len(src)))
-    random.Random(0).shuffle(order)
-    assert {i: src[i] for i in order} == dict(enumerate(some_docs))
-    first_of_last = len(parts[0]) + len(parts[1])
-    assert src.where(0).startswith(paths[0] + " ")
-    assert src.where(first_of_last).startswith(paths[2] + " ")
-    assert src.where(first_of_last - 1).startswith(paths[1] + " ")
-    last = len(parts[2]) - 1
-    unit = {"jsonl": f"line {last + 1}", "arrayrecord": f"record {last}",
-            "parquet": f"row {last}"}[keys.get("format", "jsonl")]
-    assert src.where(len(src) - 1) == f"{paths[2]} {unit}"
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. Pickling (Grain ships readers to worker processes)
-
-
-@pytest.mark.parametrize("kind", list(FORMATS))
-def test_used_reader_pickles_and_reads_every_record(kind, some_docs, tmp_path):
-    """A reader that has already read (open handles, buffers) pickles and reads all records."""
-    path, source = write_format(kind, some_docs, tmp_path)
-    spec = SourceSpec(**{**source, "paths": (path,)})
-    reader = open_reader(path, spec)
-    assert isinstance(reader, (JsonlReader, ArrayRecordReader, ParquetReader))
-    assert reader[len(reader) - 1] == some_docs[-1]  # opens the file / fills the buffers
-    copy = pickle.loads(pickle.dumps(reader))
-    assert len(copy) == len(some_docs)
-    assert [copy[i] for i in range(len(copy))] == some_docs
-    assert reader[0] == some_docs[0]  # the original still reads after being pickled
-
-
-def test_gz_reader_pickle_omits_the_decompressed_buffer(some_docs, tmp_path):
-    """The pickle of a used .gz reader holds the line index, not the decompressed text."""
-    data = jsonl_bytes(some_docs)
-    path = write_bytes(tmp_path / "d.jsonl.gz", gzip.compress(data))
-    reader = JsonlReader(path, "text")
-    assert reader[5] == some_docs[5]
-    blob = pickle.dumps(reader)
-    assert len(blob) < len(data) / 5, (len(blob), len(data))
-    assert json.dumps(some_docs[5])[1:60].encode() not in blob
-    assert [pickle.loads(blob)[i] for i in range(len(some_docs))] == some_docs
-
-
-def test_document_source_pickles_with_all_its_readers(some_docs, tmp_path):
-    """The chained source round-trips through pickle and reads the same documents."""
-    path, _ = write_format("jsonl-zst-multiframe", some_docs, tmp_path)
-    src = DocumentSource.from_spec(SourceSpec(paths=(path, path)))
-    copy = pickle.loads(pickle.dumps(src))
-    assert len(copy) == 2 * len(some_docs)
-    assert [copy[i] for i in range(len(copy))] == some_docs + some_docs
-    assert copy.where(len(some_docs)) == f"{path} line 1"
+# 5. Readers in Grain's worker processes
 
 
 @pytest.mark.parametrize("kind", ["jsonl-gz-text_field-body", "arrayrecord-tf_example",
@@ -475,6 +276,4 @@ def test_readers_in_a_grain_worker_process_give_the_same_batches(
     """Readers shipped to a spawned Grain worker process read the same data as in-process."""
     _, source = write_format(kind, some_docs, tmp_path)
     spec = make_spec(source=source)
-    with Pipeline(spec).stream(workers=Workers(1, 1, "test")) as stream:
-        got = [p.arrays for p in stream]
-    assert_same_batches(got, plain_batches)
+    assert_same_batches(run_pipeline(spec, processes=1, threads=1), plain_batches)

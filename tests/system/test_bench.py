@@ -1,5 +1,6 @@
-"""`input-server bench` runs end to end and reports every figure (speed itself is not asserted:
-it is measured by the benchmark, side by side, not by unit tests)."""
+"""`input-server bench` and the scripts/bench_*.py benchmarks run end to end, from any folder,
+and report every figure (speed itself is not asserted: it is measured by the benchmark, side by
+side, not by unit tests)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import sys
 
 import pytest
 
+from tests.support import cli_argv, script
+
 
 def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     spec = tmp_path / "spec.toml"
     spec.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
                     f'[batch]\nseq_len = 256\nsize = 8\n')
     out_json = tmp_path / "bench.json"
-    out = subprocess.run([sys.executable, "-m", "input_server.cli", "bench", str(spec),
-                          "--json", str(out_json), "--min-tokens", "100000", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cli_argv("bench", str(spec), "--json", str(out_json), "--min-tokens",
+                                  "100000", "--rounds", "1"),
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out_json.read_text())
     assert set(result["reference"]) >= {"0", "1"}
@@ -38,10 +41,11 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
 
 
 @pytest.mark.parametrize("pace_ms", [0, 5])
-def test_grpc_message_cost_script_reports_each_api(pace_ms):
-    out = subprocess.run([sys.executable, "scripts/bench_grpc.py", "--rows", "4", "--seq-len",
+def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
+    out = subprocess.run([sys.executable, script("bench_grpc.py"), "--rows", "4", "--seq-len",
                           "256", "--messages", "100" if pace_ms else "1000", "--pace-ms",
-                          str(pace_ms)], capture_output=True, text=True, timeout=300)
+                          str(pace_ms)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
     # (Enough messages that each side's CPU spans several of psutil's 10 ms ticks.)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout[out.stdout.index("{"):])
@@ -56,10 +60,10 @@ def test_grpc_message_cost_script_reports_each_api(pace_ms):
             assert r["messages_per_s"] <= 1000 / pace_ms
 
 
-def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
-    out = subprocess.run([sys.executable, "scripts/bench_tokenize.py", "--corpus", corpus,
+def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model, tmp_path):
+    out = subprocess.run([sys.executable, script("bench_tokenize.py"), "--corpus", corpus,
                           "--model", spm_model, "--seq-len", "32", "--seconds", "0.2"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)
     assert set(result["ratios"]) == {"numpy_over_ints", "two_threads_over_one",
@@ -75,11 +79,12 @@ def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model):
     assert reading["over_cut_tokenizing"] > 0
 
 
-def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model):
-    out = subprocess.run([sys.executable, "scripts/bench_message_size.py", "--corpus", corpus,
+def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model,
+                                                                   tmp_path):
+    out = subprocess.run([sys.executable, script("bench_message_size.py"), "--corpus", corpus,
                           "--model", spm_model, "--batch-size", "2", "--seq-len", "64",
                           "--sizes", "128,1024", "--rounds", "1", "--min-tokens", "300000"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert set(result["sizes"]) == {"128", "1024"}

@@ -1,4 +1,5 @@
-"""The real server over a Unix socket and TCP: data, resume, errors, limits, teardown."""
+"""The real server in process, over a Unix socket and TCP: data over the wire, resume, statuses,
+limits, coalescing into messages, teardown."""
 
 from __future__ import annotations
 
@@ -7,52 +8,20 @@ import threading
 import time
 
 import grpc
-import numpy as np
-import psutil
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from input_client import InputClient, StreamError
-from input_client.wire import FIELDS
-from input_server.batching.pipeline import Pipeline, Workers
-from input_server.serving.server import Server, ServerConfig, parse_address
-
-
-def in_process(spec):
-    with Pipeline(spec).stream(workers=Workers(0, 2, "test")) as stream:
-        return [p.arrays for p in stream]
-
-
-def assert_same(batches, reference):
-    assert len(batches) == len(reference)
-    for got, want in zip(batches, reference, strict=True):
-        for k in FIELDS:
-            assert got[k].dtype == np.int32
-            np.testing.assert_array_equal(got[k], want[k])
-
-
-def test_client_batches_equal_in_process_pipeline(client, make_spec):
-    spec = make_spec()
-    with client.batches(spec) as it:
-        got = list(it)
-    assert_same(got, in_process(spec))
-    assert it.batches_yielded == len(got)
-    assert it.tokens_yielded == sum(int((b["inputs_segmentation"] > 0).sum()) for b in got)
-
-
-def test_get_state_is_last_yielded_and_resumes_exactly(client, make_spec):
-    spec = make_spec()
-    reference = in_process(spec)
-    with client.batches(spec, prefetch=4) as it:
-        assert it.get_state() is None
-        first = [next(it) for _ in range(5)]
-        time.sleep(0.3)  # let the prefetch thread run ahead of the caller
-        state = it.get_state()
-    assert state["seq"] == 5  # of the last batch yielded, not the last one received
-    state = json.loads(json.dumps(state))  # what a checkpoint keeps
-    with client.batches(spec, state=state) as it:
-        rest = list(it)
-    assert_same(first + rest, reference)
+from input_server.batching.pipeline import Workers
+from input_server.serving.server import Server, ServerConfig
+from tests.support import (
+    assert_same_batches,
+    health,
+    raw_messages,
+    run_pipeline,
+    still_running,
+    worker_processes,
+)
 
 
 def test_resume_with_different_worker_count_over_the_wire(client, make_spec):
@@ -62,13 +31,7 @@ def test_resume_with_different_worker_count_over_the_wire(client, make_spec):
         state = it.get_state()
     with client.batches(make_spec(workers={"count": 1}), state=state) as it:
         tail = list(it)
-    assert_same(head + tail, in_process(spec))
-
-
-def test_wait_time_is_recorded(client, make_spec):
-    with client.batches(make_spec()) as it:
-        next(it)
-        assert it.wait_time_s > 0
+    assert_same_batches(head + tail, run_pipeline(spec))
 
 
 def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
@@ -78,7 +41,7 @@ def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
             InputClient(srv.targets[0]) as client:
         with client.batches("small") as it:
             # The first epoch of an endless stream is the one-epoch stream.
-            assert_same([next(it), next(it)], in_process(make_spec())[:2])
+            assert_same_batches([next(it), next(it)], run_pipeline(make_spec(), limit=2))
             info = client.info()
         assert info.server_version
         assert list(info.pipelines) == ["small"]
@@ -105,13 +68,22 @@ def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
                                                                "/no/such.model"]),
 ], ids=["size", "packing", "shard", "format", "text_field", "workers", "missing-file",
         "empty-glob", "missing-model"])
-def test_invalid_spec_is_refused_with_status_and_message(client, make_spec, tables, code, words):
-    with pytest.raises(StreamError) as e:
-        next(client.batches(make_spec(**tables)))
-    assert e.value.code == getattr(grpc.StatusCode, code)
+def test_invalid_spec_is_refused_with_status_and_message(target, make_spec, tables, code, words):
+    # Sent as any client could send it: the client's own PipelineSpec refuses most of these
+    # before they leave (tests/unit/test_spec.py), so the proto is edited after the fact.
+    msg = make_spec().to_proto()
+    for table, keys in tables.items():
+        for key, value in keys.items():
+            if isinstance(value, list):
+                getattr(getattr(msg, table), key)[:] = value
+            else:
+                setattr(getattr(msg, table), key, value)
+    with pytest.raises(grpc.RpcError) as e:
+        raw_messages(target, msg)
+    assert e.value.code() == getattr(grpc.StatusCode, code)
     for w in words:
-        assert w in e.value.details
-    assert "Traceback" not in e.value.details
+        assert w in e.value.details()
+    assert "Traceback" not in e.value.details()
 
 
 def test_not_a_sentencepiece_model_is_invalid(client, make_spec, corpus):
@@ -148,7 +120,7 @@ def test_bad_record_mid_stream_is_data_loss_naming_file_and_line_not_retried(
     assert it.reconnects == 0
     # The server is fine for the next stream.
     with client.batches(make_spec()) as again:
-        assert_same([next(again)], in_process(make_spec())[:1])
+        assert_same_batches([next(again)], run_pipeline(make_spec(), limit=1))
 
 
 def test_concurrent_streams_each_get_their_own_data(server, make_spec):
@@ -161,8 +133,8 @@ def test_concurrent_streams_each_get_their_own_data(server, make_spec):
             got_b.append(y)
         got_a.extend(a)
         got_b.extend(b)
-    assert_same(got_a, in_process(a_spec))
-    assert_same(got_b, in_process(b_spec))
+    assert_same_batches(got_a, run_pipeline(a_spec))
+    assert_same_batches(got_b, run_pipeline(b_spec))
 
 
 def test_stream_limit_gives_resource_exhausted_and_health_still_answers(tmp_path, make_spec):
@@ -173,11 +145,7 @@ def test_stream_limit_gives_resource_exhausted_and_health_still_answers(tmp_path
             with pytest.raises(StreamError) as e:
                 next(client.batches(make_spec()))
             assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-            with grpc.insecure_channel(srv.targets[0]) as ch:
-                reply = health_pb2_grpc.HealthStub(ch).Check(
-                    health_pb2.HealthCheckRequest(service="input_server.v1.InputService"),
-                    timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            assert health(srv.targets[0]) == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_slow_client_keeps_server_queue_bounded(tmp_path, make_spec):
@@ -199,32 +167,18 @@ def test_slow_client_keeps_server_queue_bounded(tmp_path, make_spec):
         assert stream.batches_produced * 256 * 1024 < 16 << 20
 
 
-def _grain_children() -> list[psutil.Process]:
-    """Live worker processes under this one. multiprocessing's resource tracker is left out:
-    it is started once per process for shared memory and lives as long as the process."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(
-                    p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_disconnect_tears_down_stream_and_worker_processes(server, make_spec):
-    before = {p.pid for p in _grain_children()}
+    before = {p.pid for p in worker_processes()}
     client = InputClient(server.targets[0])
     it = client.batches(make_spec(workers={"count": 2}, order={"epochs": 0}))
     next(it)
-    workers = [p for p in _grain_children() if p.pid not in before]
+    workers = worker_processes(exclude=before)
     assert len(workers) >= 2  # the stream really runs worker processes
     it.close()
     client.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        alive = [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = still_running(workers)
         if not alive and not server._servicer._sessions:
             break
         time.sleep(0.2)
@@ -233,16 +187,14 @@ def test_disconnect_tears_down_stream_and_worker_processes(server, make_spec):
 
 
 def test_health_reports_serving(target):
-    with grpc.insecure_channel(target) as ch:
-        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    assert health(target, service="") == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_stop_ends_streams_with_unavailable(tmp_path, make_spec):
     srv = Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], grace_s=2))
     client = InputClient(srv.targets[0])
-    # Reconnecting off: the drain's own status reaches the caller (tests/test_fault_tolerance.py
-    # covers the reconnect that follows by default).
+    # Reconnecting off: the drain's own status reaches the caller
+    # (tests/integration/test_reconnect.py covers the reconnect that follows by default).
     it = client.batches(make_spec(order={"epochs": 0}), prefetch=1, reconnect_deadline_s=0)
     next(it)
     srv.stop()
@@ -254,54 +206,19 @@ def test_stop_ends_streams_with_unavailable(tmp_path, make_spec):
     client.close()
 
 
-def test_missing_server_is_an_error_not_a_hang(tmp_path, make_spec):
-    client = InputClient(f"unix://{tmp_path}/nobody.sock", connect_timeout_s=0.5)
-    start = time.monotonic()
-    with pytest.raises(ConnectionError, match="nobody.sock"):
-        client.batches(make_spec())
-    assert time.monotonic() - start < 5
-
-
-@pytest.mark.parametrize("address", ["0.0.0.0:5000", "10.1.2.3:5000", "[::]:5000",
-                                     "example.com:80"])
-def test_non_loopback_addresses_are_refused(address):
-    with pytest.raises(ValueError, match="loopback"):
-        parse_address(address)
-
-
-@pytest.mark.parametrize("address", ["127.0.0.1:0", "localhost:0", "[::1]:0", "unix:/tmp/x.sock",
-                                     "unix-abstract:input"])
-def test_loopback_and_unix_addresses_are_accepted(address):
-    assert parse_address(address).bind == address
-
-
-def _raw_messages(target, spec, pause_s=0.0):
-    """The stream's messages as they arrive on the wire (no client iterator in between)."""
-    from input_client.proto import pb, pb_grpc
-    from input_client.wire import PROTOCOL_VERSION
-
-    with grpc.insecure_channel(target) as channel:
-        call = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION))
-        messages = [next(call)]
-        time.sleep(pause_s)  # the server's queue fills meanwhile
-        messages += list(call)
-    return messages
-
-
 def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec):
     from input_client.wire import decode_batch
     from input_server.serving.coalesce import MAX_BATCHES_PER_MESSAGE
 
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: many per message
-    messages = _raw_messages(target, spec, pause_s=0.5)
+    messages = raw_messages(target, spec, pause_s=0.5)
     assert any(len(m.following) > 0 for m in messages)  # coalesced...
     assert all(len(m.following) + 1 <= MAX_BATCHES_PER_MESSAGE for m in messages)
     assert all(not f.following for m in messages for f in m.following)  # ...never nested
     batches = [b for m in messages for b in (m, *m.following)]
     assert [b.sequence_number for b in batches] == list(range(len(batches)))
     assert batches[-1].end_of_data and not messages[-1].following  # the end marker alone
-    assert_same([decode_batch(b.tensors) for b in batches[:-1]], in_process(spec))
+    assert_same_batches([decode_batch(b.tensors) for b in batches[:-1]], run_pipeline(spec))
     states = [json.loads(b.state) for b in batches[:-1]]
     assert [s["seq"] for s in states] == list(range(1, len(batches)))  # each its own state
 
@@ -311,7 +228,7 @@ def test_batches_of_a_full_message_travel_alone(target, make_spec):
 
     spec = make_spec(batch={"seq_len": 1024, "size": MESSAGE_TOKENS // 1024},
                      order={"epochs": 8})
-    messages = _raw_messages(target, spec, pause_s=0.5)
+    messages = raw_messages(target, spec, pause_s=0.5)
     assert len(messages) > 2 and not any(m.following for m in messages)
 
 
@@ -319,13 +236,12 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     """Batches that come slower than COALESCE_WAIT_S apart go without waiting for company:
     each message leaves within the bound (plus scheduling) of its first batch being made."""
     from input_server.batching.pipeline import MIN_GROUP
-    from input_server.data.sources import DocumentSource
     from input_server.serving.coalesce import COALESCE_WAIT_S
     from input_server.serving.session import StreamSession
-    from input_server.testing import SlowSource
+    from input_server.testing import SlowPipeline
 
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
-    pipeline = Pipeline(spec, source=SlowSource(DocumentSource.from_spec(spec.source), 0.02))
+    pipeline = SlowPipeline(spec, delay_s=0.02)
     pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
     session = StreamSession(1, "slow", pipeline.stream(workers=Workers(0, 1, "test")), depth=16)
     made: dict[int, float] = {}  # batches made so far -> when that count was first seen
@@ -385,15 +301,15 @@ def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, v
 def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spec):
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens a batch
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], message_tokens=128)) as srv:
-        alone = _raw_messages(srv.targets[0], spec, pause_s=0.5)
+        alone = raw_messages(srv.targets[0], spec, pause_s=0.5)
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/t.sock"], message_tokens=512)) as srv:
-        four = _raw_messages(srv.targets[0], spec, pause_s=0.5)
+        four = raw_messages(srv.targets[0], spec, pause_s=0.5)
     assert not any(m.following for m in alone)
     assert max(1 + len(m.following) for m in four) == 4  # 512 // 128, the queue full
     from input_client.wire import decode_batch
 
     batches = [[decode_batch(b.tensors) for m in ms for b in (m, *m.following)
                 if not b.end_of_data] for ms in (alone, four)]
-    assert_same(batches[0], batches[1])  # the same batches either way
+    assert_same_batches(batches[0], batches[1])  # the same batches either way
     with pytest.raises(ValueError, match="message_tokens"):
         ServerConfig(message_tokens=0)

@@ -1,7 +1,9 @@
-"""The pipeline spec: TOML and keyword forms, validation messages, the proto round trip."""
+"""The pipeline spec: TOML and keyword forms, validation messages (autotune keys too), the proto
+round trip."""
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 
@@ -147,3 +149,30 @@ def test_pipelines_file_names_specs_and_errors(tmp_path):
     path.write_text("[wiki.source]\npaths = ['a']\nbogus = 1\n[wiki.tokenizer]\nmodel = 'm'\n")
     with pytest.raises(SpecError, match=r"`wiki.source.bogus`"):
         load_pipelines(str(path))
+
+
+@pytest.mark.parametrize("keys, key", [
+    ({"max_workers": -1}, "workers.max_workers"),
+    ({"target_batches_per_s": -1.0}, "workers.target_batches_per_s"),
+    ({"target_batches_per_s": math.nan}, "workers.target_batches_per_s"),
+    ({"tune_seconds": 0}, "workers.tune_seconds"),
+    ({"tune_seconds": 10_000}, "workers.tune_seconds"),
+])
+def test_bad_workers_keys_are_refused_by_name(keys, key):
+    spec = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m"})
+    with pytest.raises(SpecError) as e:
+        validate(spec.replace(workers=keys))
+    assert e.value.key == key
+
+
+def test_workers_keys_survive_toml_and_proto(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text('[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
+                    'count = "auto"\nmax_workers = 6\ntarget_batches_per_s = 2.5\n'
+                    'tune_seconds = 8\n')
+    spec = PipelineSpec.from_toml(path)
+    validate(spec)
+    w = spec.workers
+    assert (w.max_workers, w.target_batches_per_s, w.tune_seconds) == (6, 2.5, 8)
+    assert PipelineSpec.from_proto(spec.to_proto()) == spec
+    assert spec.data_fingerprint() == spec.replace(workers={"max_workers": 1}).data_fingerprint()

@@ -1,0 +1,164 @@
+"""ArrayRecord (json, text or tf.train.Example records) and Parquet files: random access to
+each record's text. Picklable; each opens its file lazily in the process that reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from input_server.data.records import loads_json, text_of
+from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
+
+
+class ArrayRecordReader:
+    """ArrayRecord files; each record is a JSON object, UTF-8 text or a tf.train.Example."""
+
+    def __init__(self, path: str, text_field: str, record_format: str):
+        self.path = path
+        self.text_field = text_field
+        self.record_format = record_format
+        self._reader = None
+        try:
+            reader = self._open()
+            # A file that is not ArrayRecord opens with 0 records and `ok()` false.
+            if not reader.ok():
+                raise ValueError("the reader reports a corrupt file")
+            self._len = reader.num_records()
+        except Exception as e:
+            raise RecordError(f"{path}: not a readable ArrayRecord file ({e}).") from e
+
+    def _open(self):
+        if self._reader is None:
+            from array_record.python import array_record_module
+
+            # No readahead: the pipeline reads in shuffled order.
+            self._reader = array_record_module.ArrayRecordReader(
+                self.path, "readahead_buffer_size:0")
+        return self._reader
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self._len
+
+    def where(self, index: int) -> str:
+        return f"{self.path} record {index}"
+
+    def read_many(self, indices: Sequence[int]) -> list[str]:
+        """The texts of many records, read in one call."""
+        try:
+            raws = self._open().read(list(indices))
+        except RuntimeError:  # a corrupt chunk: find and name the record
+            return [self[i] for i in indices]
+        return [self._decode(raw, i) for raw, i in zip(raws, indices, strict=True)]
+
+    def __getitem__(self, index: int) -> str:
+        try:
+            raw = self._open().read([index])[0]
+        except RuntimeError as e:
+            raise RecordError(f"{self.where(index)}: cannot read ({e}).") from e
+        return self._decode(raw, index)
+
+    def _decode(self, raw: bytes, index: int) -> str:
+        where = self.where(index)
+        try:
+            if self.record_format == "text":
+                return raw.decode("utf-8")
+            if self.record_format == "json":
+                return text_of(loads_json(raw), self.text_field, where)
+            return _example_text(raw, self.text_field, where)
+        except UnicodeDecodeError as e:
+            raise RecordError(f"{where}: not valid UTF-8 ({e}).") from e
+        except ValueError as e:
+            raise RecordError(f"{where}: not valid JSON ({e}).") from e
+
+
+def _example_text(raw: bytes, field: str, where: str) -> str:
+    from google.protobuf.message import DecodeError
+
+    from input_server import tf_example_pb2
+
+    example = tf_example_pb2.Example()
+    try:
+        example.ParseFromString(raw)
+    except DecodeError as e:
+        raise RecordError(f"{where}: not a serialized tf.train.Example ({e}).") from e
+    features = example.features.feature
+    if field not in features:
+        keys = ", ".join(sorted(features)[:10])
+        raise RecordError(f"{where}: the Example has no feature {field!r} (it has: {keys}).")
+    values = features[field].bytes_list.value
+    if len(values) != 1:
+        raise RecordError(f"{where}: feature {field!r} holds {len(values)} byte strings, not 1.")
+    return values[0].decode("utf-8")
+
+
+class ParquetReader:
+    """Parquet files; the text column is loaded once per process for random access."""
+
+    def __init__(self, path: str, text_field: str):
+        import pyarrow.parquet as pq
+
+        self.path = path
+        self.text_field = text_field
+        self._column = None
+        try:
+            meta = pq.ParquetFile(path)
+        except Exception as e:
+            raise RecordError(f"{path}: not a readable Parquet file ({e}).") from e
+        names = meta.schema_arrow.names
+        if text_field not in names:
+            raise InvalidSpecError(
+                f"`source.text_field` {text_field!r} is not a column of {path} "
+                f"(columns: {', '.join(names)}).")
+        self._len = meta.metadata.num_rows
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_column"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self._len
+
+    def where(self, index: int) -> str:
+        return f"{self.path} row {index}"
+
+    def _texts(self):
+        if self._column is None:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            f, chunks, first = pq.ParquetFile(self.path), [], 0
+            for g in range(f.num_row_groups):
+                rows = f.metadata.row_group(g).num_rows
+                try:
+                    chunks.append(f.read_row_group(g, columns=[self.text_field])
+                                  .column(self.text_field))
+                except (OSError, pa.ArrowException) as e:
+                    raise CorruptFileError(f"{self.path} row group {g} (rows {first}-"
+                                           f"{first + rows - 1}): cannot read ({e}).") from e
+                first += rows
+            self._column = pa.chunked_array(
+                [c for ch in chunks for c in ch.chunks]).combine_chunks()
+        return self._column
+
+    def read_many(self, indices: Sequence[int]) -> list[str]:
+        """The texts of many rows, taken in one vectorized call."""
+        try:
+            texts = self._texts().take(indices).to_pylist()
+        except UnicodeDecodeError:  # find and name the row
+            return [self[i] for i in indices]
+        return [t if type(t) is str else self[i] for t, i in zip(texts, indices, strict=True)]
+
+    def __getitem__(self, index: int) -> str:
+        try:
+            text = self._texts()[index].as_py()
+        except UnicodeDecodeError as e:
+            raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
+        if not isinstance(text, str):
+            raise RecordError(f"{self.where(index)}: column {self.text_field!r} holds "
+                              f"{type(text).__name__}, not a string.")
+        return text

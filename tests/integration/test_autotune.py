@@ -1,0 +1,156 @@
+"""The autotuner on real pipelines: its choices respect the cores, the demand and the RAM
+budget, the data never depends on them, and the server reports them.
+
+How fast the choices are (against the best configuration of a sweep and against Grain's own
+choice) is measured by scripts/bench_autotune.py, side by side on a quiet host, not asserted
+here: a shared host only ever slows a measurement down.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from input_server import autotune
+from input_server.batching.pipeline import Pipeline
+from input_server.testing import SlowPipeline
+from input_server.tools.corpus import write_jsonl
+from tests.support import assert_same_batches, run_pipeline
+
+# Shorter windows than the server's defaults, to bound test time.
+WINDOW = {"warmup_s": 0.2, "window_s": 0.6}
+DELAY_S = 0.002  # per record: remote storage's latency, scaled down
+
+
+@pytest.fixture(scope="module")
+def cpu_pipeline(make_spec):
+    return Pipeline(make_spec(batch={"seq_len": 512, "size": 8}, order={"epochs": 0}))
+
+
+@pytest.fixture(scope="module")
+def long_docs(docs, tmp_path_factory) -> str:
+    """The docstrings joined into ~4 KB documents (web pages' size), ~60 to a group."""
+    joined, part = [], []
+    for doc in docs:
+        part.append(doc)
+        if sum(map(len, part)) >= 4000:
+            joined.append("\n\n".join(part))
+            part = []
+    return write_jsonl(joined, tmp_path_factory.mktemp("long") / "long.jsonl")
+
+
+@pytest.fixture(scope="module")
+def slow_pipeline(make_spec, long_docs):
+    spec = make_spec(source={"paths": [long_docs]}, batch={"seq_len": 512, "size": 8},
+                     order={"epochs": 0})
+    return SlowPipeline(spec, delay_s=DELAY_S)
+
+
+@pytest.fixture(scope="module")
+def slow_tuning(slow_pipeline):
+    return autotune.tune(slow_pipeline, ram_budget_mb=1024, tune_seconds=12)
+
+
+def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
+    # (How close the choice comes to the best configuration is measured by
+    # scripts/bench_autotune.py: `cpu_bound.auto_over_best`.)
+    cpus = autotune.cpu_count()
+    # Longer windows than the default: steadier readings for the choice.
+    t = autotune.tune(cpu_pipeline, ram_budget_mb=1024, window_s=1.5)
+    assert t.workers <= cpus, autotune.table(t)
+    assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
+
+
+def test_latency_bound_choice_exceeds_the_cores(slow_pipeline, slow_tuning):
+    # (Its rate against Grain's own choice is measured by scripts/bench_autotune.py:
+    # `latency_bound.auto_over_grain`.)
+    t = slow_tuning
+    assert t.workers > autotune.cpu_count(), autotune.table(t)
+
+
+def test_demand_far_below_capacity_gets_fewer_workers(slow_pipeline, slow_tuning):
+    target = slow_tuning.chosen.batches_per_s / 10
+    t = autotune.tune(slow_pipeline, target_batches_per_s=target, ram_budget_mb=1024)
+    assert t.reason == "target met", autotune.table(t)
+    assert t.workers < slow_tuning.workers
+
+
+def test_ram_budget_for_k_processes_is_enforced_with_measured_rss(cpu_pipeline):
+    one = autotune.measure(cpu_pipeline, 1, 1, **WINDOW)
+    assert one.rss_mb > 20  # a real worker process, measured (imports alone are more)
+    k = 2
+    t = autotune.tune(cpu_pipeline, candidates=[(1, 1), (2, 1), (3, 1)],
+                      ram_budget_mb=(k + 0.5) * one.rss_mb, **WINDOW)
+    assert t.workers <= k, autotune.table(t)
+    three = next(m for m in t.measurements if m.processes == 3)
+    assert three.skipped == "ram cap"  # predicted from the measured ones, never started
+
+
+def test_auto_gives_the_same_batches_as_the_chosen_count_fixed(make_spec):
+    spec = make_spec(batch={"seq_len": 512, "size": 8}, order={"epochs": 0},
+                     workers={"count": "auto", "tune_seconds": 5})
+    pipeline = Pipeline(spec)
+    tuner = autotune.Tuner()
+    workers, tuning = tuner.workers_for(pipeline)
+    with pipeline.stream(workers=workers) as stream:
+        auto = [b for _, b in zip(range(40), stream, strict=False)]
+    assert workers.reason.startswith("auto: ") and tuning is not None
+    assert (tuning.processes, tuning.threads) == (workers.processes, workers.threads)
+    fixed = run_pipeline(pipeline, processes=workers.processes, threads=workers.threads,
+                         limit=40)
+    assert_same_batches(auto, fixed)
+    assert_same_batches(auto, run_pipeline(pipeline, threads=1, limit=40))
+    # The decision is kept: a second stream, even one that sends the spec again (a new
+    # Pipeline, as every request-spec stream and every reconnect builds), starts without tuning.
+    assert tuner.workers_for(pipeline)[0] is workers
+    start = time.monotonic()
+    assert tuner.workers_for(Pipeline(spec))[0] is workers
+    assert time.monotonic() - start < 2  # no second tuning (this one took seconds)
+    # The choices are the tuner's own: another server's tuner has none yet.
+    assert autotune.Tuner()._decided == {}
+
+
+def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
+    from input_client import InputClient
+    from input_server.serving.coalesce import MAX_BATCHES_PER_MESSAGE
+    from input_server.serving.server import Server, ServerConfig
+
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"],
+                             pipelines={"auto": spec})) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches("auto") as it:
+        # More batches than one message holds: the demand is known once a second one went.
+        for _ in range(MAX_BATCHES_PER_MESSAGE + 4):
+            next(it)
+        (stream,) = client.info().streams
+    assert stream.worker_reason.startswith("auto: ")
+    assert stream.consumed_batches_per_s > 0  # the consumer's demand, learned from the stream
+    tuning = stream.worker_tuning
+    assert tuning.reason in autotune.REASONS
+    assert (tuning.processes, tuning.threads) == (stream.worker_processes,
+                                                  stream.worker_threads)
+    assert len(tuning.measurements) >= 1 and tuning.measurements[0].batches_per_s > 0
+    assert 0 < tuning.tune_seconds <= 3 + 2
+
+
+def test_tune_command_prints_the_table_and_writes_json(tmp_path, corpus, spm_model, capsys):
+    from input_server import cli
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
+                    f'[batch]\nseq_len = 256\nsize = 4\n[order]\nepochs = 0\n')
+    out = tmp_path / "tune.json"
+    plot = tmp_path / "tune.png"  # matplotlib is a dev dependency: the plot is always tested
+    assert cli.main(["tune", str(spec), "--tune-seconds", "3", "--max-workers", "4", "--json",
+                     str(out), "--plot", str(plot)]) == 0
+    printed = capsys.readouterr().out
+    assert "batches/s" in printed and "tokens/s" in printed and "RSS/worker" in printed
+    assert "choice:" in printed
+    result = json.loads(out.read_text())
+    assert result["reason"] in autotune.REASONS and result["workers"] <= 4
+    assert result["measurements"] and result["cpu_count"] == autotune.cpu_count()
+    assert plot.stat().st_size > 1000
+    assert cli.main(["tune", str(spec), "--max-workers", "-1"]) == 2
+    assert "workers.max_workers" in capsys.readouterr().err

@@ -1,0 +1,38 @@
+"""The thin client in a fresh interpreter: it imports, and streams, without the server's heavy
+packages (Grain, sentencepiece) or jax."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def test_client_imports_without_jax():
+    code = ("import sys, input_client, input_client.timing; "
+            "t = input_client.timing.StepTimer(tokens_per_step=1); "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_client_streams_without_grain_sentencepiece_or_jax(server, make_spec):
+    spec = make_spec()
+    code = textwrap.dedent(f"""
+        import json, sys
+        from input_client import InputClient, PipelineSpec
+        spec = PipelineSpec.from_dict(json.loads({json.dumps(json.dumps(spec.to_dict()))}))
+        with InputClient({server.targets[0]!r}) as c, c.batches(spec) as it:
+            n = sum(1 for _ in it)
+        heavy = [m for m in ("grain", "sentencepiece", "jax") if m in sys.modules]
+        print(json.dumps({{"batches": n, "heavy": heavy}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"})
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["batches"] > 10
+    assert result["heavy"] == []

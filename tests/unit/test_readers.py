@@ -1,0 +1,84 @@
+"""Document readers without a pipeline: random access over many files in every format, and
+pickling (Grain ships readers to its worker processes)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import random
+
+import pytest
+
+from input_client.spec import SourceSpec
+from input_server.data.columnar import ArrayRecordReader, ParquetReader
+from input_server.data.jsonl import JsonlReader
+from input_server.data.sources import DocumentSource, open_reader
+from tests.support import FORMATS, jsonl_bytes, split3, write_bytes, write_format
+
+# ---------------------------------------------------------------------------------------------
+# 1. Random access
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_document_source_random_access_over_three_files(kind, some_docs, tmp_path):
+    """len = records in all files; source[i] = doc i in any access order; where() names it."""
+    parts = split3(some_docs)
+    paths = []
+    for i, part in enumerate(parts):
+        path, source = write_format(kind, part, tmp_path / f"part-{i}")
+        paths.append(path)
+    keys = {k: v for k, v in source.items() if k != "paths"}
+    src = DocumentSource.from_spec(SourceSpec(paths=tuple(paths), **keys))
+    assert len(src) == len(some_docs)
+    order = list(range(len(src)))
+    random.Random(0).shuffle(order)
+    assert {i: src[i] for i in order} == dict(enumerate(some_docs))
+    first_of_last = len(parts[0]) + len(parts[1])
+    assert src.where(0).startswith(paths[0] + " ")
+    assert src.where(first_of_last).startswith(paths[2] + " ")
+    assert src.where(first_of_last - 1).startswith(paths[1] + " ")
+    last = len(parts[2]) - 1
+    unit = {"jsonl": f"line {last + 1}", "arrayrecord": f"record {last}",
+            "parquet": f"row {last}"}[keys.get("format", "jsonl")]
+    assert src.where(len(src) - 1) == f"{paths[2]} {unit}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Pickling (Grain ships readers to worker processes)
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_used_reader_pickles_and_reads_every_record(kind, some_docs, tmp_path):
+    """A reader that has already read (open handles, buffers) pickles and reads all records."""
+    path, source = write_format(kind, some_docs, tmp_path)
+    spec = SourceSpec(**{**source, "paths": (path,)})
+    reader = open_reader(path, spec)
+    assert isinstance(reader, (JsonlReader, ArrayRecordReader, ParquetReader))
+    assert reader[len(reader) - 1] == some_docs[-1]  # opens the file / fills the buffers
+    copy = pickle.loads(pickle.dumps(reader))
+    assert len(copy) == len(some_docs)
+    assert [copy[i] for i in range(len(copy))] == some_docs
+    assert reader[0] == some_docs[0]  # the original still reads after being pickled
+
+
+def test_gz_reader_pickle_omits_the_decompressed_buffer(some_docs, tmp_path):
+    """The pickle of a used .gz reader holds the line index, not the decompressed text."""
+    data = jsonl_bytes(some_docs)
+    path = write_bytes(tmp_path / "d.jsonl.gz", gzip.compress(data))
+    reader = JsonlReader(path, "text")
+    assert reader[5] == some_docs[5]
+    blob = pickle.dumps(reader)
+    assert len(blob) < len(data) / 5, (len(blob), len(data))
+    assert json.dumps(some_docs[5])[1:60].encode() not in blob
+    assert [pickle.loads(blob)[i] for i in range(len(some_docs))] == some_docs
+
+
+def test_document_source_pickles_with_all_its_readers(some_docs, tmp_path):
+    """The chained source round-trips through pickle and reads the same documents."""
+    path, _ = write_format("jsonl-zst-multiframe", some_docs, tmp_path)
+    src = DocumentSource.from_spec(SourceSpec(paths=(path, path)))
+    copy = pickle.loads(pickle.dumps(src))
+    assert len(copy) == 2 * len(some_docs)
+    assert [copy[i] for i in range(len(copy))] == some_docs + some_docs
+    assert copy.where(len(some_docs)) == f"{path} line 1"
