@@ -7,6 +7,9 @@ find the worker processes (which Grain lists nowhere public).
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -21,17 +24,37 @@ def ensure_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _die_with_parent(worker_index: int, worker_count: int) -> None:
-    """Runs in each Grain worker process: ask Linux to kill it when the server dies, so a
-    SIGKILLed server leaves no orphaned workers (Grain stops them only on a clean close)."""
+# The signal Linux sends a worker when the thread that started it ends (PR_SET_PDEATHSIG).
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+
+
+def _die_with_parent(server_pid: int, worker_index: int, worker_count: int) -> None:
+    """Runs in each Grain worker process: exit when the server process dies, so a SIGKILLed
+    server leaves no orphaned workers (Grain stops them only on a clean close).
+
+    Linux sends the PR_SET_PDEATHSIG signal when the *thread* that started the process ends,
+    and Grain starts each worker from a prefetch thread that ends when the stream closes. With
+    SIGKILL there, every cancelled stream's workers were killed in the middle of Grain's clean
+    stop, leaking the shared memory (/dev/shm/psm_*) of the elements they held. So the signal
+    is one the worker handles: it exits only if its parent process is gone (the kernel sends
+    it again each time the worker is handed to another of the server's threads, and at last
+    to init or a subreaper, which changes `getppid()`); otherwise Grain stops it cleanly.
+    """
     import ctypes
-    import signal
     import sys
 
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if not sys.platform.startswith("linux"):
+        return
+
+    def exit_if_orphaned(*_) -> None:
+        if os.getppid() != server_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    signal.signal(PARENT_DEATH_SIGNAL, exit_if_orphaned)
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, PARENT_DEATH_SIGNAL)
+    exit_if_orphaned()  # the server may have died before prctl
 
 
 def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain.IterDataset:
@@ -42,7 +65,7 @@ def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain
     if processes > 0:
         ensure_absl_flags_parsed()
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes),
-                            worker_init_fn=_die_with_parent)
+                            worker_init_fn=functools.partial(_die_with_parent, os.getpid()))
     return ds
 
 

@@ -9,6 +9,7 @@ the stream position `(doc, offset)` after a batch, which no worker count changes
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 from collections.abc import Iterator
@@ -209,7 +210,7 @@ class BatchStream:
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:
         """(worker index, process) of each Grain worker process this stream runs now
         (`_grain.worker_processes`); may raise RuntimeError, then call again."""
-        return worker_processes(self._it)
+        return [] if self._it is None else worker_processes(self._it)
 
     def close(self) -> None:
         if not self._closed:
@@ -217,6 +218,15 @@ class BatchStream:
             close = getattr(self._it, "close", None)
             if close is not None:
                 close()
+            # The groups the cursor and Grain's buffers hold are backed by shared memory, which
+            # Grain unlinks when the last array of each goes: now, not when this object does
+            # (maybe never, or too late at interpreter exit, where resource_tracker reports
+            # them as leaked).
+            self._cursor = None
+            self._it = None
+            # Grain's iterators hold each other in reference cycles, which only the cycle
+            # collector frees; a stream closes seldom, so collect now.
+            gc.collect()
 
     def __enter__(self) -> BatchStream:
         return self

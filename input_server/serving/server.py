@@ -53,6 +53,9 @@ def parse_address(address: str) -> Address:
     if address.startswith(("unix:", "unix-abstract:")):
         if address.rstrip("/") in ("unix:", "unix-abstract:"):
             raise ValueError(f"--listen {address!r}: the Unix socket needs a path.")
+        if address.startswith("unix://") and not address.startswith("unix:///"):
+            raise ValueError(f"--listen {address!r}: unix:// takes an absolute path "
+                             f"(unix:///abs/path.sock); a relative one is unix:path.sock.")
         return Address(bind=address, is_unix=True)
     host, sep, port = address.rpartition(":")
     if not sep or not port.isascii() or not port.isdigit() or not host:
