@@ -94,6 +94,7 @@ def trainer(args: argparse.Namespace) -> int:
                 if step % args.checkpoint_every == 0:
                     checkpoint()
                 print(f"batch {step} {wait:.4f} {it.reconnects}", flush=True)
+                time.sleep(args.step_ms / 1000)  # the train step
             checkpoint()
     print("done", flush=True)
     return 0
@@ -269,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--batches", type=int, default=0, help="steps to run; 0 = until SIGTERM")
     t.add_argument("--checkpoint-every", type=int, default=5)
     t.add_argument("--reconnect-deadline-s", type=float, default=60.0)
+    t.add_argument("--step-ms", type=float, default=0.0,
+                   help="milliseconds each step takes after its batch (a train step)")
     parser.add_argument("--kills", type=int, default=5, help="server SIGKILLs")
     parser.add_argument("--restarts", type=int, default=3, help="trainer SIGKILLs + restarts")
     parser.add_argument("--batches", type=int, default=400,

@@ -282,7 +282,7 @@ class BatchIterator:
         except StopIteration:
             self._done = True
             raise StreamError(grpc.StatusCode.CANCELLED, "the iterator was closed.") from None
-        except BaseException:
+        except Exception:  # the stream's failure; a KeyboardInterrupt leaves the stream open
             self.close()
             raise
         finally:

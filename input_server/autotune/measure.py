@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import queue
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -35,12 +36,13 @@ MAX_WINDOW = 3.0
 _MIB = 1 << 20
 
 
-def _producer(pipeline: Pipeline, workers: Workers) -> Callable[[Callable], None]:
+def _producer(pipeline: Pipeline, workers: Workers,
+              stopped: Callable[[], bool]) -> Callable[[Callable], None]:
     """Runs the stream from its start, again and again for short data, putting each batch's
     (arrival time, real tokens) until stopped."""
 
     def produce(put: Callable[[tuple[float, int]], bool]) -> None:
-        while True:
+        while not stopped():  # no new pass (and its worker processes) once stopped
             produced = 0
             with pipeline.stream(None, workers=workers) as stream:
                 for batch in stream:
@@ -135,14 +137,18 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
     pids_before = {p.pid for p in psutil.Process().children(recursive=True)}
     rss_before = psutil.Process().memory_info().rss
     opened = clock()
-    producer = Prefetcher(_producer(pipeline, Workers(processes, threads, "autotune candidate")),
+    stop = threading.Event()
+    producer = Prefetcher(_producer(pipeline, Workers(processes, threads, "autotune candidate"),
+                                    stop.is_set),
                           depth=256, name=f"autotune-{processes}x{threads}", poll_s=0.05)
 
     def take(until: float | None) -> tuple[float, int] | None:
         """The next batch's (time, tokens); None at the deadline or the data's end. Raises
         what the pipeline raised."""
+        if until is not None and until <= clock():
+            return None
         try:
-            return producer.get(None if until is None else max(0.0, until - clock()))
+            return producer.get(None if until is None else until - clock())
         except (queue.Empty, StopIteration):
             return None
 
@@ -191,5 +197,6 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
             startup_s=first - opened, seconds=times[-1] - times[0], batches=len(times) - 1)
     finally:
         # Unblock the producer's put, then give it a moment to close its workers.
+        stop.set()
         producer.close(timeout=5.0 if deadline is None
                        else max(0.0, min(5.0, deadline - clock())))

@@ -165,11 +165,12 @@ class Pipeline:
         """The position of a resume state sent back by a client (`resume.parse_state`)."""
         return parse_state(state, fingerprint=self.fingerprint, num_docs=len(self.order))
 
-    def stream(self, state: bytes | dict[str, Any] | None = None, *,
+    def stream(self, state: Position | bytes | dict[str, Any] | None = None, *,
                workers: Workers) -> BatchStream:
         """Batches from the start (state None or empty), or right after the batch whose state
         is given, with the parallelism the caller chose (the server's `Tuner` for "auto")."""
-        return BatchStream(self, self.parse_state(state), workers)
+        position = state if isinstance(state, Position) else self.parse_state(state)
+        return BatchStream(self, position, workers)
 
 
 class BatchStream:

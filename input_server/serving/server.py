@@ -78,7 +78,7 @@ def parse_address(address: str) -> Address:
     return Address(bind=address, is_unix=False, host=host, port=int(port))
 
 
-def _claim_socket_path(path: str) -> None:
+def _claim_socket_path(path: str, address: str) -> None:
     """Makes way for a new Unix socket at `path`: a stale socket file (nobody answers) is
     removed; a live server's socket, or a file that is not a socket, is refused.
 
@@ -90,7 +90,7 @@ def _claim_socket_path(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise OSError(f"--listen unix://{path}: the path exists and is not a socket; "
+        raise OSError(f"--listen {address}: the path exists and is not a socket; "
                       f"choose another path or remove the file.")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2.0)
@@ -100,10 +100,10 @@ def _claim_socket_path(path: str) -> None:
         os.unlink(path)  # stale: left by a server that died
         return
     except OSError as e:
-        raise OSError(f"--listen unix://{path}: cannot check the existing socket ({e}).") from e
+        raise OSError(f"--listen {address}: cannot check the existing socket ({e}).") from e
     finally:
         probe.close()
-    raise OSError(f"--listen unix://{path}: in use by a running server; stop it first or "
+    raise OSError(f"--listen {address}: in use by a running server; stop it first or "
                   f"listen on another path.")
 
 
@@ -172,7 +172,7 @@ class Server:
                 if a.bind.startswith("unix:") else None
             try:
                 if path is not None:
-                    _claim_socket_path(path)
+                    _claim_socket_path(path, a.bind)
                 port = self._server.add_insecure_port(a.bind)
             except (RuntimeError, OSError) as e:
                 self._server.stop(None)  # release the addresses already bound
@@ -188,6 +188,7 @@ class Server:
             else:
                 if port == 0:
                     self._server.stop(None)
+                    self._remove_own_sockets()
                     raise OSError(f"--listen {a.bind!r}: cannot bind (address in use?).")
                 self.targets.append(f"{a.host}:{port}")
         if start:

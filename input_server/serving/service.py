@@ -124,8 +124,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
         session = None
         try:
             name, pipeline = self._pipeline_of(request)
+            # The state first: a request refused for it must not wait for (or hold) a tuning.
+            position = pipeline.parse_state(request.resume_state)
             workers, tuning = self._tuner.workers_for(pipeline)
-            stream = pipeline.stream(request.resume_state, workers=workers)
+            stream = pipeline.stream(position, workers=workers)
             stream_id = next(self._ids)
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
@@ -150,6 +152,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 raise RefusedError(grpc.StatusCode.UNAVAILABLE,
                               "the server is shutting down; resume from the last state.")
             if error is not None:
+                if not isinstance(error, Exception):  # e.g. SystemExit from a library
+                    raise RuntimeError(f"{type(error).__name__}: {error}") from error
                 raise error
             if msg is None:
                 if not context.is_active():

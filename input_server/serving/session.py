@@ -134,10 +134,10 @@ class StreamSession:
             self._closing = True
             try:
                 self.stream.close()
-            except Exception:  # after a dead worker, Grain's teardown may trip over its pipe
-                if self.failure is None:
-                    raise
-                log.debug("stream %d: closing after a dead worker", self.stream_id, exc_info=True)
+            except Exception:  # e.g. after a dead worker, Grain's teardown trips over its pipe
+                # Logged, never raised: it would hide the error (or the end) in flight.
+                log.log(logging.DEBUG if self.failure else logging.WARNING,
+                        "stream %d: closing its pipeline failed", self.stream_id, exc_info=True)
 
     def _take(self, timeout: float) -> Queued | BaseException | None:
         """The next queued item, the producer's error or StopIteration, or None (a tick)."""

@@ -168,3 +168,15 @@ def test_a_stream_error_reaching_the_client_names_its_status(client, make_spec, 
         list(client.batches(spec))
     assert e.value.code == grpc.StatusCode.NOT_FOUND and "missing.jsonl" in e.value.details
     json.dumps(e.value.details)  # plain text, no traceback object
+
+
+def test_a_foreign_resume_state_is_refused_before_any_tuning(tmp_path, make_spec):
+    # "auto" tunes for up to tune_seconds; a request refused for its state must not wait.
+    spec = make_spec(workers={"count": "auto", "tune_seconds": 20})
+    foreign = json.dumps({"version": 1, "fingerprint": "0" * 16, "seq": 3, "doc": 9,
+                          "offset": 0}).encode()
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv:
+        start = time.monotonic()
+        e = status(srv.targets[0], spec.to_proto(), foreign)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "other data" in e.details()
+        assert time.monotonic() - start < 5

@@ -105,7 +105,10 @@ def test_trainer_sigkilled_restarts_from_saved_state_with_other_worker_counts(
         return ChildProcess(
             [sys.executable, CHAOS, "trainer", "--target", server.targets[0], "--spec",
              paths["spec.json"], "--ckpt", paths["ckpt"], "--log", paths["log"], "--batches",
-             str(steps), "--checkpoint-every", "5"], log=paths["trainer.log"], read_lines=True)
+             str(steps), "--checkpoint-every", "5",
+             # Steps take time, as in training: a trainer done before the test reads its lines
+             # would leave no step to kill it at.
+             "--step-ms", "20"], log=paths["trainer.log"], read_lines=True)
 
     incarnation = 0
     proc = trainer(incarnation)
