@@ -10,8 +10,9 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 
-from input_client.spec import PipelineSpec, SpecError, tomllib
+from input_client.spec import PipelineSpec, SpecError
 from input_server.tools import demo as demo_module
 
 

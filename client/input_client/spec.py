@@ -11,13 +11,9 @@ import hashlib
 import json
 import math
 import os
+import tomllib
 from collections.abc import Mapping
 from typing import Any
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
 
 from input_client.proto import pb
 
