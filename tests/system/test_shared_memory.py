@@ -19,41 +19,61 @@ import sys
 STREAMS = 50
 
 CHILD = r'''
-import json, os, sys, time
+import gc, json, os, sys, time
 from absl import flags
 flags.FLAGS.mark_as_parsed()
+
+
+def settled(before, timeout_s=10.0):
+    """/dev/shm once the closed streams' teardown has finished (Grain unlinks a segment when
+    the last array of it goes, which for the last elements in flight is just after close)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gc.collect()
+        now = sorted(os.listdir("/dev/shm"))
+        if now == before or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
 
 if __name__ == "__main__":
     from input_client import InputClient, PipelineSpec
     from input_server.batching import pipeline
+    from input_server.batching.pipeline import Pipeline, Workers
     from input_server.serving.server import Server, ServerConfig
 
     corpus, small, model, sock = sys.argv[1:5]
     streams = int(sys.argv[5])
     # Many small groups: workers hold several elements (segments) when a stream is cancelled.
     pipeline.GROUP_CHARS = 16 << 10
+
+    def spec(i):
+        # Cancelled mid-stream (a trainer that leaves), or run to the end of a small file.
+        count = 1 + (i // 2) % 2
+        return count, i % 2 == 0, PipelineSpec(
+            source={"paths": [corpus if i % 2 == 0 else small]}, tokenizer={"model": model},
+            batch={"seq_len": 128, "size": 4}, workers={"count": count})
+
     before = sorted(os.listdir("/dev/shm"))
+    for i in range(streams // 2):  # in this process, as the server runs them
+        count, cancel, s = spec(i)
+        with Pipeline(s).stream(workers=Workers(count, 1, "test")) as stream:
+            for n, _ in enumerate(stream):
+                if cancel and n == 1:
+                    break
     with Server(ServerConfig(listen=[f"unix://{sock}"])) as srv, \
             InputClient(srv.targets[0], connect_timeout_s=30) as client:
-        for i in range(streams):
-            cancel = i % 2 == 0
-            # Cancelled mid-stream (a trainer that leaves), or run to the end of a small file.
-            spec = PipelineSpec(source={"paths": [corpus if cancel else small]},
-                                tokenizer={"model": model},
-                                batch={"seq_len": 128, "size": 4},
-                                workers={"count": 1 + i % 2})
-            with client.batches(spec, prefetch=1) as it:
-                if cancel:  # after two batches
-                    next(it); next(it)
-                else:  # run to its end
-                    for _ in it:
-                        pass
+        for i in range(streams // 2, streams):  # through the server
+            _, cancel, s = spec(i)
+            with client.batches(s, prefetch=1) as it:
+                for n, _ in enumerate(it):
+                    if cancel and n == 1:
+                        break
         # A stream's teardown (its workers stopping) ends after the client has left.
         deadline = time.monotonic() + 60
         while client.info().streams and time.monotonic() < deadline:
             time.sleep(0.1)
-    after = sorted(os.listdir("/dev/shm"))
-    print(json.dumps({"before": before, "after": after}))
+    print(json.dumps({"before": before, "after": settled(before)}))
 '''
 
 
