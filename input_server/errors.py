@@ -61,17 +61,31 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
 }
 
 
+# A status message travels in the response's trailing metadata, which gRPC limits (8 KiB by
+# default): a longer one reaches the client as RESOURCE_EXHAUSTED instead of its status. A
+# request's own words (a 1 MB pipeline name, a long path) are echoed cut to fit.
+MAX_MESSAGE_CHARS = 1000
+
+
+def _fit(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return (f"{message[:MAX_MESSAGE_CHARS - 300]} ... {message[-200:]} (message cut from "
+            f"{len(message)} characters)")
+
+
 def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message a client sees for `e`: the error's own words, never a traceback.
+    """The status and message a client sees for `e`: the error's own words, never a traceback,
+    at most about MAX_MESSAGE_CHARS long.
 
     Unexpected exceptions are INTERNAL, named by type so the server's log can be searched.
     """
     if isinstance(e, RefusedError):
-        return e.code, str(e)
+        return e.code, _fit(str(e))
     for cls, code in _STATUS.items():
         if isinstance(e, cls):
-            return code, str(e)
-    return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+            return code, _fit(str(e))
+    return grpc.StatusCode.INTERNAL, _fit(f"{type(e).__name__}: {e}")
 
 
 def exit_words(code: int) -> str:

@@ -180,3 +180,21 @@ def test_a_foreign_resume_state_is_refused_before_any_tuning(tmp_path, make_spec
         e = status(srv.targets[0], spec.to_proto(), foreign)
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "other data" in e.details()
         assert time.monotonic() - start < 5
+
+
+def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spec):
+    # Echoed whole, a 1 MB name overflowed gRPC's trailing metadata: the client got
+    # RESOURCE_EXHAUSTED instead of NOT_FOUND.
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        request = pb.StreamBatchesRequest(pipeline_name="x" * (1 << 20),
+                                          protocol_version=PROTOCOL_VERSION)
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.StreamBatches(request, timeout=60))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "pipeline_name" in e.value.details() and len(e.value.details()) < 1100
+    msg = make_spec().to_proto()
+    msg.source.paths[:] = ["/nonexistent/" + "y" * 100_000 + ".jsonl"]
+    e = status(target, msg)
+    assert e.code() == grpc.StatusCode.NOT_FOUND and len(e.details()) < 1100
+    assert e.details().startswith("`source.paths`") and "cut from" in e.details()
