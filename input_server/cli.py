@@ -117,7 +117,6 @@ def _demo(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from input_client.spec import validate
     from input_server.autotune import report, tuner
     from input_server.autotune.policy import cpu_count
     from input_server.batching.pipeline import Pipeline
@@ -133,8 +132,9 @@ def _tune(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("max_workers", args.max_workers),
                                    ("target_batches_per_s", args.target_batches_per_s),
                                    ("tune_seconds", args.tune_seconds)) if v is not None}
+    # A bad flag is refused here (the spec validates itself), under its key, e.g.
+    # `workers.max_workers`.
     spec = spec.replace(workers=overrides) if overrides else spec
-    validate(spec)  # a bad flag is reported under its spec key, e.g. `workers.max_workers`
     w = spec.workers
     try:
         pipeline = Pipeline(spec)

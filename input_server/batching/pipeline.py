@@ -19,7 +19,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from input_client.spec import PipelineSpec, SpecError, validate
+from input_client.spec import PipelineSpec
 from input_server.batching._grain import parallel, worker_processes
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.resume import Position, parse_state
@@ -103,16 +103,12 @@ class Pipeline:
     """A validated spec with its files and tokenizer opened; makes batch streams from any state.
 
     Raises (from the constructor):
-      InvalidSpecError: a key's value cannot work (the message names key and value).
+      InvalidSpecError: the spec does not fit the data (e.g. a shard that holds no document).
       DataNotFoundError: a file, glob or model is missing.
     """
 
     def __init__(self, spec: PipelineSpec):
-        try:
-            validate(spec)
-        except SpecError as e:
-            raise InvalidSpecError(str(e)) from e
-        self.spec = spec
+        self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.fingerprint = spec.data_fingerprint()
         self.tokenizer = Tokenizer(spec.tokenizer)
         self.source = self._open_source(spec)
@@ -225,9 +221,11 @@ class BatchStream:
             # them as leaked).
             self._cursor = None
             self._it = None
-            # Grain's iterators hold each other in reference cycles, which only the cycle
-            # collector frees; a stream closes seldom, so collect now.
-            gc.collect()
+            if self.workers.processes > 0:
+                # Grain's iterators hold each other in reference cycles, which only the cycle
+                # collector frees; a stream with worker processes closes seldom, so collect
+                # now. In process, no shared memory is at stake.
+                gc.collect()
 
     def __enter__(self) -> BatchStream:
         return self
