@@ -54,11 +54,16 @@ def _serve(args: argparse.Namespace) -> int:
     pipelines = {}
     for path in args.pipelines or []:
         pipelines.update(load_pipelines(path))
-    optional = ({} if args.message_tokens is None else {"message_tokens": args.message_tokens})
+    optional = {k: v for k, v in (("message_tokens", args.message_tokens),
+                                  ("max_workers", args.max_workers)) if v is not None}
     try:
-        server = Server(ServerConfig(listen=args.listen or (), pipelines=pipelines,
-                                     max_streams=args.max_streams, queue_depth=args.queue_depth,
-                                     grace_s=args.grace_s, **optional))
+        server = Server(ServerConfig(
+            listen=args.listen or (), pipelines=pipelines, max_streams=args.max_streams,
+            queue_depth=args.queue_depth, grace_s=args.grace_s, data_roots=args.data_root or (),
+            token_file=args.token_file, insecure_tcp=args.insecure_tcp,
+            insecure_abstract=args.insecure_abstract, socket_group=args.socket_group,
+            stream_memory_mb=args.stream_memory_mb, max_document_mb=args.max_document_mb,
+            max_files=args.max_files, **optional))
     except (InputServerError, OSError, ValueError) as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -205,6 +210,28 @@ def main(argv: list[str] | None = None) -> int:
                             "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR or /tmp)")
     serve.add_argument("--pipelines", action="append", metavar="FILE",
                        help="TOML file of named pipelines ([NAME.source] ...), repeatable")
+    serve.add_argument("--data-root", action="append", metavar="DIR",
+                       help="a folder requests may read files and models from (repeatable); "
+                            "default the working directory. Paths resolve (links followed) "
+                            "and must land inside a root; relative ones join the first root")
+    serve.add_argument("--token-file", metavar="FILE",
+                       help="a file only its owner can read, holding the token clients must "
+                            "send on abstract sockets and TCP")
+    serve.add_argument("--insecure-tcp", action="store_true",
+                       help="serve loopback TCP without a token (open to every local user)")
+    serve.add_argument("--insecure-abstract", action="store_true",
+                       help="serve unix-abstract: sockets without a token (open to every "
+                            "local user)")
+    serve.add_argument("--socket-group", metavar="GROUP",
+                       help="let this group use the Unix socket files too (mode 0660)")
+    serve.add_argument("--stream-memory-mb", type=_positive(float), default=2048.0,
+                       help="the most memory one stream may hold; larger specs are refused")
+    serve.add_argument("--max-document-mb", type=_positive(float), default=64.0,
+                       help="a longer document ends its stream with INVALID_ARGUMENT")
+    serve.add_argument("--max-files", type=_positive(int), default=100_000,
+                       help="the most files a request may name after globbing")
+    serve.add_argument("--max-workers", type=int, metavar="N",
+                       help="worker processes across all streams (default the CPU count)")
     serve.add_argument("--max-streams", type=int, default=8, help="concurrent streams")
     serve.add_argument("--queue-depth", type=int, default=4,
                        help="batches each stream prepares ahead of the network")

@@ -42,6 +42,11 @@ class WorkerDiedError(InputServerError):
     """A worker process of the stream died (INTERNAL); the message names it."""
 
 
+class CancelledError(InputServerError):
+    """The client left (cancelled, deadline passed) while the stream was being set up
+    (CANCELLED); nobody reads this status, but the work for it stops."""
+
+
 class RefusedError(InputServerError):
     """A request the servicer refuses with a status of its choosing (RESOURCE_EXHAUSTED,
     UNAVAILABLE, FAILED_PRECONDITION): about the server's state, not the data."""
@@ -58,6 +63,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UnreadableError: grpc.StatusCode.PERMISSION_DENIED,
     RecordError: grpc.StatusCode.DATA_LOSS,
     WorkerDiedError: grpc.StatusCode.INTERNAL,
+    CancelledError: grpc.StatusCode.CANCELLED,
 }
 
 
@@ -72,6 +78,13 @@ def _fit(message: str) -> str:
         return message
     return (f"{message[:MAX_MESSAGE_CHARS - 300]} ... {message[-200:]} (message cut from "
             f"{len(message)} characters)")
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """A request's own words (a name, a path) cut to about `limit` characters for a message."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-(limit // 2 - 20):]} ({len(text)} characters)"
 
 
 def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -20,6 +20,16 @@ if not flags.FLAGS.is_parsed():
 NUM_DOCS = 1500
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _in_basetemp(tmp_path_factory):
+    """Tests run in pytest's temporary root, which holds every test's data: a server started
+    without `--data-root` reads from its working directory only (the security default)."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.getbasetemp())
+    yield
+    os.chdir(before)
+
+
 @pytest.fixture(scope="session")
 def docs() -> list[str]:
     """Real English: the standard library's docstrings (offline, the same on every machine)."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from input_client.threads import Prefetcher
+from input_server import cancel
 from input_server.autotune.policy import Measurement
 from input_server.batching.pipeline import Pipeline, Workers
 
@@ -34,6 +35,7 @@ BURSTS = 3
 MAX_WARMUP_S = 2.0
 MAX_WINDOW = 3.0
 _MIB = 1 << 20
+_SLICE_S = 0.1
 
 
 def _producer(pipeline: Pipeline, workers: Workers,
@@ -145,12 +147,16 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
     def take(until: float | None) -> tuple[float, int] | None:
         """The next batch's (time, tokens); None at the deadline or the data's end. Raises
         what the pipeline raised."""
-        if until is not None and until <= clock():
-            return None
-        try:
-            return producer.get(None if until is None else until - clock())
-        except (queue.Empty, StopIteration):
-            return None
+        while True:
+            cancel.check()  # in slices: the client may leave mid-candidate
+            if until is not None and until <= clock():
+                return None
+            try:
+                return producer.get(_SLICE_S if until is None else min(_SLICE_S, until - clock()))
+            except queue.Empty:
+                continue
+            except StopIteration:
+                return None
 
     try:
         item = take(deadline)

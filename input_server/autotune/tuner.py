@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from input_client.spec import PipelineSpec
+from input_server import cancel
 from input_server.autotune import report
 from input_server.autotune.measure import WARMUP_S, WINDOW_S, clock, measure
 from input_server.autotune.policy import (
@@ -46,7 +47,8 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
          ram_budget_mb: float = math.inf, tune_seconds: float = TUNE_SECONDS,
          warmup_s: float = WARMUP_S, window_s: float = WINDOW_S,
          candidates: Sequence[tuple[int, int]] | None = None,
-         progress: Callable[[Candidate, Measurement | None], None] | None = None) -> Tuning:
+         progress: Callable[[Candidate, Measurement | None], None] | None = None,
+         max_processes: int | None = None) -> Tuning:
     """Measures candidates (`next_candidate`'s search, or the given ones) and decides.
 
     Args:
@@ -59,6 +61,10 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
       candidates: (processes, threads) to run in this order instead of searching (each still
         skipped when predicted over `ram_budget_mb` or `max_workers`).
       progress: called with each candidate before it runs (None) and after (its row).
+      max_processes: the most worker processes a candidate may run (the server's free ones);
+        None = no cap.
+
+    A request's cancellation (`cancel.check`) stops it between candidates and within one.
 
     Returns:
       The `Tuning`; its choice never changes the data, only the speed.
@@ -81,6 +87,9 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                 c = None
             if c is None:
                 break
+            cancel.check()
+            if max_processes is not None and c.processes > max_processes and not c.skip:
+                c = dataclasses.replace(c, skip="server's max workers")
             if progress is not None:
                 progress(c, None)
             if c.skip:
@@ -107,6 +116,7 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
         # A second look: the choice and its close contenders once more, side by side.
         again = contenders(rows, tuning, cpus=cpus)
         for m in (tuning.chosen, *again) if again else ():
+            cancel.check()
             if deadline - clock() < m.startup_s + warmup_s + window_s:
                 continue
             c = Candidate(m.processes, m.threads)
@@ -145,8 +155,11 @@ class Tuner:
 
     A fixed `workers.count` is used as it is; "auto" is tuned (`tune`) on the first stream of
     a spec, and later streams of it (a trainer resuming after preemption, a client
-    reconnecting, each building a new `Pipeline`) start at once with the same choice. One
-    `Tuner` belongs to one server: its remembered choices go with it.
+    reconnecting, each building a new `Pipeline`) start at once with the same choice: a second
+    stream of a spec being tuned waits for that tuning (or until its client leaves). A stream
+    of another spec never waits: while one tuning runs (two at once would measure each
+    other), it starts at once in process with the default threads, and its spec is tuned by a
+    later stream. One `Tuner` belongs to one server: its remembered choices go with it.
 
     Args:
       max_remembered: choices kept, the oldest forgotten first.
@@ -158,26 +171,57 @@ class Tuner:
         # same files is another pipeline.
         self._decided: collections.OrderedDict[tuple[type, PipelineSpec],
                                                tuple[Workers, Tuning]] = collections.OrderedDict()
+        self._tuning: dict[tuple[type, PipelineSpec], threading.Lock] = {}
         self._max_remembered = max_remembered
 
-    def workers_for(self, pipeline: Pipeline) -> tuple[Workers, Tuning | None]:
-        """The parallelism for a stream of `pipeline`, and the tuning behind it ("auto")."""
+    def workers_for(self, pipeline: Pipeline, *,
+                    max_processes: int | None = None) -> tuple[Workers, Tuning | None]:
+        """The parallelism for a stream of `pipeline`, and the tuning behind it ("auto").
+
+        A remembered choice over `max_processes` (the server's free worker processes) is
+        clipped for this stream; a new tuning runs no candidate over it.
+        """
         w = pipeline.spec.workers
         if w.count != "auto":
             return Workers(w.count, default_threads(w.count), "fixed by workers.count"), None
+        key = (type(pipeline), pipeline.spec)
         with self._lock:
-            key = (type(pipeline), pipeline.spec)
-            decided = self._decided.get(key)
+            spec_lock = self._tuning.setdefault(key, threading.Lock())
+        while not spec_lock.acquire(timeout=0.1):  # the same spec being tuned: wait for it
+            cancel.check()
+        try:
+            with self._lock:
+                decided = self._decided.get(key)
             if decided is None:
-                tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
-                              max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
-                              tune_seconds=float(w.tune_seconds))
-                workers = Workers(tuning.processes, tuning.threads,
-                                  f"auto: {tuning.summary()}")
-                decided = self._decided[key] = (workers, tuning)
-                while len(self._decided) > self._max_remembered:
-                    self._decided.popitem(last=False)
-            return decided
+                if not _measuring.acquire(blocking=False):
+                    threads = default_threads(0)
+                    return Workers(0, threads, f"auto: another spec is being tuned; in process "
+                                               f"with {threads} threads meanwhile"), None
+                try:
+                    tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
+                                  max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                                  tune_seconds=float(w.tune_seconds),
+                                  max_processes=max_processes)
+                finally:
+                    _measuring.release()
+                decided = (Workers(tuning.processes, tuning.threads,
+                                   f"auto: {tuning.summary()}"), tuning)
+                with self._lock:
+                    self._decided[key] = decided
+                    while len(self._decided) > self._max_remembered:
+                        self._decided.popitem(last=False)
+        finally:
+            spec_lock.release()
+            with self._lock:
+                if not spec_lock.locked() and self._tuning.get(key) is spec_lock:
+                    del self._tuning[key]
+        workers, tuning = decided
+        if max_processes is not None and workers.processes > max_processes:
+            threads = default_threads(max_processes)
+            workers = Workers(max_processes, threads,
+                              f"{workers.reason}; clipped to the {max_processes} free of the "
+                              f"server's --max-workers processes")
+        return workers, tuning
 
 
 def grain_choice(pipeline: Pipeline, *, ram_budget_mb: int | None = None) -> tuple[int, int]:

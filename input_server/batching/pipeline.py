@@ -23,7 +23,9 @@ from input_client.spec import PipelineSpec
 from input_server.batching._grain import parallel, worker_processes
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.resume import Position, parse_state
+from input_server import cancel
 from input_server.data.order import DocumentOrder
+from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer import TokenGroup, Tokenizer
 from input_server.errors import InvalidSpecError
@@ -38,6 +40,10 @@ GROUP_CHARS = 256 << 10
 GROUP_RAW_CHARS = 4 << 20
 MIN_GROUP, MAX_GROUP = 8, 4096
 SAMPLE_DOCS = 64
+# The sample reads at most this much text in all, and learns characters per token from each
+# document's first SAMPLE_DOC_CHARS: a 64 MB document tokenized whole would hold gigabytes.
+SAMPLE_CHARS = 16 << 20
+SAMPLE_DOC_CHARS = 64 << 10
 cpu_count = os.cpu_count
 
 
@@ -107,10 +113,12 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    def __init__(self, spec: PipelineSpec):
+    def __init__(self, spec: PipelineSpec, access: DataAccess = OPERATOR):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
+        self.access = access
         self.fingerprint = spec.data_fingerprint()
-        self.tokenizer = Tokenizer(spec.tokenizer)
+        model = access.file(spec.tokenizer.model, "tokenizer.model")
+        self.tokenizer = Tokenizer(dataclasses.replace(spec.tokenizer, model=model))
         self.source = self._open_source(spec)
         shard, order = spec.shard, spec.order
         self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
@@ -126,7 +134,7 @@ class Pipeline:
     def _open_source(self, spec: PipelineSpec) -> DocumentSource:
         """The documents: a random-access source of strings that pickles for worker processes
         (`testing.SlowPipeline` stands remote storage's latency in here)."""
-        return DocumentSource.from_spec(spec.source)
+        return DocumentSource.from_spec(spec.source, self.access)
 
     def _trim_to(self) -> int | None:
         """Tokens the packer keeps of a document, if it keeps only a document's first ones."""
@@ -137,15 +145,22 @@ class Pipeline:
         """Documents per group, so that a group is about GROUP_CHARS of text to tokenize,
         from a sample of the data (which also teaches the tokenizer its characters per token,
         used for cutting long documents before tokenizing)."""
-        sample = [self.source[i] for i in range(min(SAMPLE_DOCS, len(self.source)))]
+        sample, lengths = [], []
+        for i in range(min(SAMPLE_DOCS, len(self.source))):
+            cancel.check()
+            text = self.source[i]
+            lengths.append(len(text))
+            sample.append(text[:SAMPLE_DOC_CHARS])
+            if sum(lengths) > SAMPLE_CHARS:
+                break
         self.tokenizer.learn_chars_per_token(sample)
         trim_to = self._trim_to()
-        chars = [self.tokenizer.tokenized_chars(len(t), trim_to) for t in sample]
+        chars = [self.tokenizer.tokenized_chars(n, trim_to) for n in lengths]
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
         # Cutting makes long documents cheap to tokenize, not to read or hold: the whole text
         # of a group stays bounded too (with a short seq_len a group of long documents would
         # otherwise grow to MAX_GROUP of them).
-        mean_raw = max(1, sum(map(len, sample)) // max(1, len(sample)))
+        mean_raw = max(1, sum(lengths) // max(1, len(lengths)))
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from input_server.data.records import loads_json, text_of
+from input_server.data.records import check_size, loads_json, text_of
 from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
 
 
 class ArrayRecordReader:
     """ArrayRecord files; each record is a JSON object, UTF-8 text or a tf.train.Example."""
+
+    max_bytes: int | None = None
 
     def __init__(self, path: str, text_field: str, record_format: str):
         self.path = path
@@ -63,6 +65,7 @@ class ArrayRecordReader:
 
     def _decode(self, raw: bytes, index: int) -> str:
         where = self.where(index)
+        check_size(len(raw), self.max_bytes, where)
         try:
             if self.record_format == "text":
                 return raw.decode("utf-8")
@@ -97,6 +100,8 @@ def _example_text(raw: bytes, field: str, where: str) -> str:
 
 class ParquetReader:
     """Parquet files; the text column is loaded once per process for random access."""
+
+    max_bytes: int | None = None
 
     def __init__(self, path: str, text_field: str):
         import pyarrow.parquet as pq
@@ -151,7 +156,9 @@ class ParquetReader:
             texts = self._texts().take(indices).to_pylist()
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
-        return [t if type(t) is str else self[i] for t, i in zip(texts, indices, strict=True)]
+        limit = self.max_bytes or float("inf")
+        return [t if type(t) is str and len(t) <= limit else self[i]
+                for t, i in zip(texts, indices, strict=True)]
 
     def __getitem__(self, index: int) -> str:
         try:
@@ -161,4 +168,6 @@ class ParquetReader:
         if not isinstance(text, str):
             raise RecordError(f"{self.where(index)}: column {self.text_field!r} holds "
                               f"{type(text).__name__}, not a string.")
+        # Characters, a lower bound of the bytes: the column is in memory already.
+        check_size(len(text), self.max_bytes, self.where(index))
         return text

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from input_server.data.records import loads_json, text_of
+from input_server import cancel
+from input_server.data.records import check_size, loads_json, text_of
 from input_server.errors import RecordError
 
 _INDEX_CHUNK = 16 << 20
@@ -31,6 +32,8 @@ class JsonlReader:
     cache holds what was read); compressed files are decompressed into memory once per process
     (streams cannot seek).
     """
+
+    max_bytes: int | None = None
 
     def __init__(self, path: str, text_field: str):
         self.path = path
@@ -68,6 +71,7 @@ class JsonlReader:
             parts, size = [], 0
             with open(self.path, "rb") as f:
                 while chunk := f.read(_INDEX_CHUNK):
+                    cancel.check()  # a large file takes a while; the client may have left
                     parts.append(_newlines(np.frombuffer(chunk, np.uint8), size))
                     size += len(chunk)
             newlines = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -110,6 +114,8 @@ class JsonlReader:
         return self._buffer()[start:end]
 
     def __getitem__(self, index: int) -> str:
+        check_size(int(self._ends[index] - self._starts[index]), self.max_bytes,
+                   self.where(index))
         raw = self._raw(index)
         try:
             obj = loads_json(raw)
@@ -123,7 +129,11 @@ class JsonlReader:
         starts = self._starts[indices].tolist()
         ends = self._ends[indices].tolist()
         out = []
+        limit = self.max_bytes
         for index, start, end in zip(indices, starts, ends, strict=True):
+            if limit is not None and end - start > limit:
+                out.append(self[index])  # raises, naming the line
+                continue
             try:
                 text = orjson.loads(buf[start:end])[field]
             except (ValueError, KeyError, TypeError):

@@ -7,13 +7,14 @@ from typing import Protocol
 
 import orjson
 
-from input_server.errors import RecordError
+from input_server.errors import InvalidSpecError, RecordError
 
 
 class Reader(Protocol):
     """Random access to the documents of one file."""
 
     path: str
+    max_bytes: int | None  # a longer record is refused (`check_size`)
 
     def __len__(self) -> int: ...
 
@@ -22,6 +23,15 @@ class Reader(Protocol):
     def where(self, index: int) -> str:
         """Names the record for error messages, e.g. `data.jsonl line 12`."""
         ...
+
+
+def check_size(size: int, limit: int | None, where: str) -> None:
+    """Refuses a record over the server's --max-document-mb before it is decoded: a 200 MB
+    document would hold gigabytes while tokenized (INVALID_ARGUMENT, naming it and the limit)."""
+    if limit is not None and size > limit:
+        raise InvalidSpecError(f"{where}: the document is {size / (1 << 20):,.1f} MB, over the "
+                               f"server's --max-document-mb {limit / (1 << 20):g}; split it, or "
+                               f"ask the operator for a larger limit.")
 
 
 def text_of(obj: object, field: str, where: str) -> str:

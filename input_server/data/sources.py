@@ -5,8 +5,6 @@ source of strings for Grain (`DocumentSource`), over a reader per file (`jsonl`,
 from __future__ import annotations
 
 import bisect
-import glob
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,40 +12,31 @@ import numpy as np
 from input_client.spec import SourceSpec
 from input_server.data.columnar import ArrayRecordReader, ParquetReader
 from input_server.data.jsonl import JsonlReader
+from input_server import cancel
 from input_server.data.records import Reader
+from input_server.data.roots import OPERATOR, DataAccess
 from input_server.errors import (
     CorruptFileError,
-    DataNotFoundError,
     InvalidSpecError,
     RecordError,
     UnreadableError,
 )
 
-_GLOB_CHARS = frozenset("*?[")
+def expand_paths(patterns: Sequence[str], access: DataAccess = OPERATOR) -> list[str]:
+    """Expands globs (sorted, so the order is reproducible); every pattern must match a file
+    that `access` allows."""
+    return access.expand(list(patterns))
 
 
-def expand_paths(patterns: Sequence[str]) -> list[str]:
-    """Expands globs (sorted, so the order is reproducible); every pattern must match a file."""
-    files: list[str] = []
-    for pattern in patterns:
-        if _GLOB_CHARS & set(pattern):
-            matched = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-            if not matched:
-                raise DataNotFoundError(f"`source.paths`: the glob {pattern!r} matches no file.")
-            files.extend(matched)
-        elif os.path.isfile(pattern):
-            files.append(pattern)
-        else:
-            raise DataNotFoundError(f"`source.paths`: no such file {pattern!r}.")
-    return files
-
-
-def open_reader(path: str, spec: SourceSpec) -> Reader:
+def open_reader(path: str, spec: SourceSpec, max_document_bytes: int | None = None) -> Reader:
     if spec.format == "jsonl":
-        return JsonlReader(path, spec.text_field)
-    if spec.format == "arrayrecord":
-        return ArrayRecordReader(path, spec.text_field, spec.record_format)
-    return ParquetReader(path, spec.text_field)
+        reader = JsonlReader(path, spec.text_field)
+    elif spec.format == "arrayrecord":
+        reader = ArrayRecordReader(path, spec.text_field, spec.record_format)
+    else:
+        reader = ParquetReader(path, spec.text_field)
+    reader.max_bytes = max_document_bytes
+    return reader
 
 
 class DocumentSource:
@@ -58,8 +47,9 @@ class DocumentSource:
         self._ends = np.cumsum([len(r) for r in self._readers]).tolist()
 
     @classmethod
-    def from_spec(cls, spec: SourceSpec) -> DocumentSource:
-        """Opens every file the spec names and checks the first record of each can be read.
+    def from_spec(cls, spec: SourceSpec, access: DataAccess = OPERATOR) -> DocumentSource:
+        """Opens every file the spec names (that `access` allows) and checks the first record
+        of each can be read. A file named twice is opened once (its reader shared).
 
         Raises:
           DataNotFoundError: a path or glob names no file.
@@ -67,15 +57,21 @@ class DocumentSource:
           RecordError: a file is not of the format the spec says.
         """
         try:
-            return cls._open(spec)
+            return cls._open(spec, access)
         except PermissionError as e:
             raise UnreadableError(f"`source.paths`: the server may not read "
                                   f"{e.filename or e} (permission denied).") from e
 
     @classmethod
-    def _open(cls, spec: SourceSpec) -> DocumentSource:
-        readers = [open_reader(p, spec) for p in expand_paths(spec.paths)]
-        for r in readers:
+    def _open(cls, spec: SourceSpec, access: DataAccess) -> DocumentSource:
+        opened: dict[str, Reader] = {}
+        readers = []
+        for p in expand_paths(spec.paths, access):
+            cancel.check()
+            if p not in opened:
+                opened[p] = open_reader(p, spec, access.max_document_bytes)
+            readers.append(opened[p])
+        for r in opened.values():
             if len(r):
                 try:
                     r[0]

@@ -10,6 +10,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 
@@ -21,11 +22,14 @@ from input_client.spec import PipelineSpec
 from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
+from input_server.data.roots import DataAccess
 from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.limits import Limits
 from input_server.serving.service import InputServicer
 
 log = logging.getLogger(__name__)
 
+MAX_REQUEST_BYTES = 4 << 20
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
 
@@ -120,6 +124,19 @@ class ServerConfig:
       grace_s: how long `stop()` lets streams end after telling them to.
       message_tokens: batches smaller than this (rows x seq_len) share gRPC messages of up to
         this many tokens (`coalesce.MESSAGE_TOKENS`); a batch this big or bigger goes alone.
+      data_roots: folders a request's files and model must resolve into (real paths, links
+        followed); default the working directory. `pipelines` are the operator's and exempt.
+      token_file: a file (readable by its owner only) holding the token clients must send on
+        abstract sockets and TCP; without it those listeners need `insecure_tcp` /
+        `insecure_abstract`.
+      insecure_tcp, insecure_abstract: the operator's explicit choice to serve loopback TCP or
+        abstract sockets, open to every local user, without a token.
+      socket_group: a group that may use the Unix socket files too (mode 0660, else 0600).
+      stream_memory_mb: the most memory one stream may hold (queue, messages, groups in
+        flight); a spec that cannot fit is refused with RESOURCE_EXHAUSTED.
+      max_document_mb: a longer document ends its stream with INVALID_ARGUMENT.
+      max_files: the most files a request's paths may name after globbing.
+      max_workers: worker processes across all streams of this server; default the CPU count.
     """
 
     listen: Sequence[str] = ()
@@ -128,6 +145,15 @@ class ServerConfig:
     queue_depth: int = 4
     grace_s: float = 5.0
     message_tokens: int = MESSAGE_TOKENS
+    data_roots: Sequence[str] = ()
+    token_file: str | None = None
+    insecure_tcp: bool = False
+    insecure_abstract: bool = False
+    socket_group: str | None = None
+    stream_memory_mb: float = 2048.0
+    max_document_mb: float = 64.0
+    max_files: int = 100_000
+    max_workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
 
     def __post_init__(self):
         if self.max_streams < 1:
@@ -136,6 +162,16 @@ class ServerConfig:
             raise ValueError(f"`queue_depth` must be positive, got {self.queue_depth}.")
         if self.message_tokens < 1:
             raise ValueError(f"`message_tokens` must be positive, got {self.message_tokens}.")
+        for name in ("stream_memory_mb", "max_document_mb", "max_files"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}.")
+        if self.max_workers < 0:
+            raise ValueError(f"`max_workers` must be 0 or more, got {self.max_workers}.")
+        roots = tuple(os.path.realpath(r) for r in (self.data_roots or (os.getcwd(),)))
+        for r in roots:
+            if not os.path.isdir(r):
+                raise ValueError(f"--data-root {r!r}: not a folder.")
+        object.__setattr__(self, "data_roots", roots)
 
 
 class Server:
@@ -149,19 +185,31 @@ class Server:
         self.config = config or ServerConfig()
         addresses = [parse_address(a) for a in (self.config.listen or [default_socket()])]
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
-        pipelines = {name: Pipeline(spec) for name, spec in self.config.pipelines.items()}
+        # The operator's pipelines read any path, within the document limit.
+        operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
+        pipelines = {name: Pipeline(spec, operator)
+                     for name, spec in self.config.pipelines.items()}
         self._draining = threading.Event()
         self._stopped = threading.Event()
-        self._servicer = InputServicer(pipelines, max_streams=self.config.max_streams,
-                                       queue_depth=self.config.queue_depth,
-                                       message_tokens=self.config.message_tokens,
-                                       draining=self._draining, tuner=Tuner())
-        # Streams hold a thread each; the spare threads keep health and info answering when
-        # every stream slot is busy.
+        c = self.config
+        access = DataAccess(roots=c.data_roots, max_files=c.max_files,
+                            max_document_bytes=int(c.max_document_mb * (1 << 20)))
+        limits = Limits(access=access, stream_memory_mb=c.stream_memory_mb,
+                        max_workers=c.max_workers)
+        self._servicer = InputServicer(pipelines, max_streams=c.max_streams,
+                                       queue_depth=c.queue_depth,
+                                       message_tokens=c.message_tokens,
+                                       draining=self._draining, tuner=Tuner(), limits=limits)
+        # Streams hold a thread each, and a stream whose client left keeps its thread while
+        # it closes (its slot already free); the spare threads keep health and info answering
+        # when every stream slot is busy.
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.max_streams + 4,
+            futures.ThreadPoolExecutor(max_workers=2 * c.max_streams + 4,
                                        thread_name_prefix="rpc"),
-            options=[("grpc.so_reuseport", 0), *MESSAGE_OPTIONS])
+            options=[("grpc.so_reuseport", 0),
+                     *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
+                     # Requests are small (a spec); a larger one is refused before it is read.
+                     ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
         pb_grpc.add_InputServiceServicer_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -204,9 +252,15 @@ class Server:
         """Drains and stops; safe to call twice."""
         if self._stopped.is_set():
             return
-        self._health.enter_graceful_shutdown()
+        grace = self.config.grace_s if grace is None else grace
+        self._health.enter_graceful_shutdown()  # NOT_SERVING for the whole drain
         self._draining.set()
-        self._server.stop(self.config.grace_s if grace is None else grace).wait()
+        # Streams end with UNAVAILABLE at their next batch or tick; health and info still
+        # answer meanwhile (gRPC's own stop refuses every new call at once).
+        deadline = time.monotonic() + grace
+        while self._servicer.active_streams() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
         self._remove_own_sockets()
         self._stopped.set()
 

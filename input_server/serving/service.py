@@ -18,20 +18,24 @@ import grpc
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
-from input_server import __version__
+from input_server import __version__, cancel
 from input_server.autotune import report
-from input_server.autotune.policy import Tuning
+from input_server.autotune.policy import Tuning, cpu_count
 from input_server.autotune.tuner import Tuner
-from input_server.batching.pipeline import Pipeline
+from input_server.batching.pipeline import Pipeline, Workers, default_threads
+from input_server.data.roots import DataAccess
 from input_server.errors import (
     DataNotFoundError,
     InputServerError,
     InvalidSpecError,
     RefusedError,
+    shorten,
     status_of,
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.limits import Limits, check_memory, check_workers
 from input_server.serving.session import UNSTICK_S, StreamSession
+from input_server.serving.slots import ProcessPool, Slot
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +84,16 @@ class InputServicer(pb_grpc.InputServiceServicer):
       draining: set when the server stops; streams then end with UNAVAILABLE.
       tuner: resolves each stream's `workers` table (the server's, with its remembered
         choices); default a new one.
+      limits: what a request may read and hold; default unlimited, files of any path.
     """
 
     def __init__(self, pipelines: Mapping[str, Pipeline], *, max_streams: int, queue_depth: int,
                  draining: threading.Event, message_tokens: int = MESSAGE_TOKENS,
-                 tuner: Tuner | None = None):
+                 tuner: Tuner | None = None, limits: Limits | None = None):
         self._pipelines = dict(pipelines)
+        self._limits = limits or Limits(access=DataAccess(), stream_memory_mb=float("inf"),
+                                        max_workers=cpu_count() or 1)
+        self._processes = ProcessPool(self._limits.max_workers)
         self._slots = threading.BoundedSemaphore(max_streams)
         self._max_streams = max_streams
         self._queue_depth = queue_depth
@@ -101,12 +109,44 @@ class InputServicer(pb_grpc.InputServiceServicer):
         if which == "pipeline_name":
             name = request.pipeline_name
             if name not in self._pipelines:
-                known = ", ".join(sorted(self._pipelines)) or "none configured"
-                raise DataNotFoundError(f"`pipeline_name`: no pipeline {name!r} (known: {known}).")
+                known = shorten(", ".join(sorted(self._pipelines)) or "none configured")
+                raise DataNotFoundError(f"`pipeline_name`: no pipeline {shorten(name)!r} "
+                                        f"(known: {known}).")
             return name, self._pipelines[name]
         if which != "spec":
             raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
-        return "(request)", Pipeline(PipelineSpec.from_proto(request.spec))
+        spec = PipelineSpec.from_proto(request.spec)
+        self._check_fits(spec)  # before a file is opened
+        return "(request)", Pipeline(spec, self._limits.access)
+
+    def _check_fits(self, spec: PipelineSpec) -> None:
+        """Refuses a spec over the server's worker cap or memory budget, at its largest."""
+        cap = self._limits.max_workers
+        check_workers(spec, cap)
+        count = spec.workers.count
+        processes = cap if count == "auto" else count
+        check_memory(spec, self._limits.stream_memory_mb, queue_depth=self._queue_depth,
+                     message_tokens=self._message_tokens, processes=processes,
+                     threads=default_threads(processes))
+
+    def _workers(self, pipeline: Pipeline, left: threading.Event) -> tuple[Workers,
+                                                                         Tuning | None, int]:
+        """The stream's parallelism within the server's free worker processes, and the
+        processes reserved for it (released by the caller)."""
+        w = pipeline.spec.workers
+        if w.count != "auto":
+            self._processes.take(w.count, left)
+            return (Workers(w.count, default_threads(w.count), "fixed by workers.count"), None,
+                    w.count)
+        # Tuning's candidates run briefly within what is free now; the choice is then held.
+        workers, tuning = self._tuner.workers_for(pipeline,
+                                                  max_processes=self._processes.free())
+        got = self._processes.take_up_to(workers.processes)
+        if got < workers.processes:  # taken by other streams meanwhile
+            workers = Workers(got, default_threads(got),
+                              f"{workers.reason}; clipped to the {got} free of the server's "
+                              f"--max-workers {self._processes.cap} processes")
+        return workers, tuning, got
 
     @_guard_stream
     def StreamBatches(self, request: pb.StreamBatchesRequest,
@@ -118,32 +158,58 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise RefusedError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
             raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
-        if not self._slots.acquire(blocking=False):
+        slot = Slot(self._slots)
+        if not slot.take():
             raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"the server already runs its maximum of {self._max_streams} streams.")
-        session = None
+        # Set when the client leaves (cancel, deadline, disconnect): every blocking step of
+        # the set-up checks it (`cancel.check`), and the stream slot frees at once, before a
+        # reconnecting client arrives; the teardown goes on in this thread.
+        left = threading.Event()
+        session: StreamSession | None = None
+
+        def on_leave() -> None:
+            left.set()
+            slot.give()
+            if session is not None:
+                session.stop()
+
+        if not context.add_callback(on_leave):
+            on_leave()
+        reserved = 0
         try:
-            name, pipeline = self._pipeline_of(request)
-            # The state first: a request refused for it must not wait for (or hold) a tuning.
-            position = pipeline.parse_state(request.resume_state)
-            workers, tuning = self._tuner.workers_for(pipeline)
+            with cancel.scope(left):
+                cancel.check()
+                name, pipeline = self._pipeline_of(request)
+                # The state first: a request refused for it must not wait for (or hold) a
+                # tuning.
+                position = pipeline.parse_state(request.resume_state)
+                workers, tuning, reserved = self._workers(pipeline, left)
+                cancel.check()
             stream = pipeline.stream(position, workers=workers)
             stream_id = next(self._ids)
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
             with self._lock:
                 self._sessions[stream_id] = (session, tuning)
-            context.add_callback(session.stop)  # called when the client cancels or disconnects
+            if left.is_set():
+                session.stop()
             log.info("stream %d (%s): %d worker processes, %d threads (%s)", stream_id, name,
                      workers.processes, workers.threads, workers.reason)
             yield from self._send(session, context)
         finally:
+            slot.give()
             if session is not None:
                 session.stop()
                 session.join(None if session.failure is None else UNSTICK_S)
                 with self._lock:
                     self._sessions.pop(session.stream_id, None)
-            self._slots.release()
+            self._processes.give(reserved)
+
+    def active_streams(self) -> int:
+        """Streams still running (their teardown included)."""
+        with self._lock:
+            return len(self._sessions)
 
     def _send(self, session: StreamSession,
               context: grpc.ServicerContext) -> Iterator[pb.Batch]:

@@ -1,0 +1,177 @@
+"""Which files a request may read: paths resolve (links followed) into the server's data roots.
+
+A request's source paths, globs and tokenizer model each resolve to a real path, which must
+lie inside one of the roots and be a regular file outside the kernel's pseudo-filesystems, or
+the stream is refused with PERMISSION_DENIED naming the path as the client wrote it. A glob's
+fixed part must lie inside a root too, and its walk never enters a link that leads out or
+reports what it skipped: a client learns nothing of files outside the roots, not even whether
+they exist. The operator's own specs (`serve --pipelines`, the CLI's tools) use `OPERATOR`,
+which reads what the server process can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import glob
+import os
+import stat
+
+from input_server import cancel
+from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
+
+_GLOB_CHARS = frozenset("*?[")
+# Kernel pseudo-filesystems: their "regular files" are live state (a process's environment,
+# memory maps), never data.
+_PSEUDO = ("/proc", "/sys", "/dev")
+
+
+def _has_glob(part: str) -> bool:
+    return bool(_GLOB_CHARS & set(part))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataAccess:
+    """The files a pipeline may read, and how many and how large.
+
+    Attributes:
+      roots: real paths of folders; None reads anything the process can (the operator's).
+      max_files: the most files the source's paths may name after globbing; None = no cap.
+      max_document_bytes: a longer record ends the stream with INVALID_ARGUMENT; None = no cap.
+    """
+
+    roots: tuple[str, ...] | None = None
+    max_files: int | None = None
+    max_document_bytes: int | None = None
+
+    def __post_init__(self):
+        if self.roots is not None:
+            object.__setattr__(self, "roots", tuple(os.path.realpath(r) for r in self.roots))
+
+    # --- single files ------------------------------------------------------------------------
+
+    def file(self, path: str, key: str) -> str:
+        """The path to open for `path`, named under `key` (e.g. `tokenizer.model`) in errors.
+
+        Raises:
+          UnreadableError: outside the roots, or not a regular file (PERMISSION_DENIED).
+          DataNotFoundError: inside the roots, and missing.
+        """
+        if self.roots is None:
+            return path
+        real = self._real(path)
+        if not self._inside(real):
+            raise self._outside(key, path)
+        try:
+            st = os.stat(real)
+        except (FileNotFoundError, NotADirectoryError):
+            raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
+        except PermissionError:
+            raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
+                                  f"(permission denied).") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableError(f"`{key}`: {shorten(path)!r} is not a regular file; only "
+                                  f"regular files are read.")
+        return real
+
+    def _real(self, path: str) -> str:
+        assert self.roots is not None
+        return os.path.realpath(os.path.join(self.roots[0], path))  # an absolute path wins
+
+    def _inside(self, real: str) -> bool:
+        assert self.roots is not None
+        if any(real == p or real.startswith(p + "/") for p in _PSEUDO):
+            return False
+        return any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.roots)
+
+    @staticmethod
+    def _outside(key: str, path: str) -> UnreadableError:
+        return UnreadableError(f"`{key}`: {shorten(path)!r} is outside the server's data "
+                               f"roots (or not a regular file there); ask the operator for "
+                               f"--data-root.")
+
+    # --- the source's paths ------------------------------------------------------------------
+
+    def expand(self, patterns: tuple[str, ...] | list[str]) -> list[str]:
+        """The files `patterns` name, in order (each glob's matches sorted); each pattern must
+        name at least one.
+
+        Raises:
+          DataNotFoundError, UnreadableError: as `file`, or a glob matches nothing.
+          InvalidSpecError: more than `max_files` files.
+        """
+        files: list[str] = []
+        for pattern in patterns:
+            cancel.check()
+            if _has_glob(pattern):
+                matched = self._glob(pattern)
+                if not matched:
+                    raise DataNotFoundError(f"`source.paths`: the glob {shorten(pattern)!r} "
+                                            f"matches no file.")
+                files.extend(matched)
+            elif self.roots is None:
+                if not os.path.isfile(pattern):
+                    raise DataNotFoundError(f"`source.paths`: no such file "
+                                            f"{shorten(pattern)!r}.")
+                files.append(pattern)
+            else:
+                files.append(self.file(pattern, "source.paths"))
+            self._check_count(len(files))
+        return files
+
+    def _check_count(self, n: int) -> None:
+        if self.max_files is not None and n > self.max_files:
+            raise InvalidSpecError(f"`source.paths` name more than {self.max_files:,} files "
+                                   f"(the server's --max-files); use fewer or larger files.")
+
+    def _glob(self, pattern: str) -> list[str]:
+        if self.roots is None:
+            return sorted(p for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p))
+        parts = os.path.join(self.roots[0], pattern).split("/")
+        fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
+        base = os.path.realpath("/".join(parts[:fixed]) or "/")
+        if not self._inside(base):
+            raise self._outside("source.paths", pattern)
+        out: list[str] = []
+        self._walk(base, [p for p in parts[fixed:] if p], out)
+        return sorted(out)
+
+    def _walk(self, folder: str, rest: list[str], out: list[str]) -> None:
+        """Matches `rest` (pattern components) under `folder`, appending real file paths."""
+        cancel.check()
+        head, tail = rest[0], rest[1:]
+        if head == "**":
+            tail = tail or ["*"]
+            self._walk(folder, tail, out)  # `**` matching no folder
+            for entry in self._entries(folder, "*"):
+                # Not into links: a walk may never leave the roots, nor loop.
+                if entry.is_dir(follow_symlinks=False):
+                    self._walk(entry.path, rest, out)
+            return
+        if not _has_glob(head):
+            names = [head] if os.path.lexists(os.path.join(folder, head)) else []
+            entries = [os.path.join(folder, n) for n in names]
+        else:
+            entries = [e.path for e in self._entries(folder, head)]
+        for path in entries:
+            real = os.path.realpath(path)
+            if not self._inside(real):
+                continue  # silently: the client may not learn it exists
+            if tail:
+                if os.path.isdir(real):
+                    self._walk(real, tail, out)
+            elif os.path.isfile(real):
+                out.append(real)
+                self._check_count(len(out))
+
+    @staticmethod
+    def _entries(folder: str, pattern: str) -> list[os.DirEntry]:
+        try:
+            with os.scandir(folder) as it:
+                return [e for e in it if fnmatch.fnmatchcase(e.name, pattern)
+                        and (not e.name.startswith(".") or pattern.startswith("."))]
+        except OSError:  # unreadable or vanished: as glob does, nothing there
+            return []
+
+
+OPERATOR = DataAccess()
