@@ -59,16 +59,22 @@ class DataAccess:
         """
         if self.roots is None:
             return path
-        real = self._real(path)
+        try:
+            real = self._real(path)
+        except OSError:  # e.g. a name too long: judged by the path as written
+            lexical = os.path.abspath(os.path.join(self.roots[0], path))
+            if not self._inside(lexical):
+                raise self._outside(key, path) from None
+            raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
         if not self._inside(real):
             raise self._outside(key, path)
         try:
             st = os.stat(real)
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError, OSError) as e:
+            if isinstance(e, PermissionError):
+                raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
+                                      f"(permission denied).") from None
             raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
-        except PermissionError:
-            raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
-                                  f"(permission denied).") from None
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableError(f"`{key}`: {shorten(path)!r} is not a regular file; only "
                                   f"regular files are read.")
@@ -129,8 +135,11 @@ class DataAccess:
             return sorted(p for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p))
         parts = os.path.join(self.roots[0], pattern).split("/")
         fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
-        base = os.path.realpath("/".join(parts[:fixed]) or "/")
-        if not self._inside(base):
+        try:
+            base = os.path.realpath("/".join(parts[:fixed]) or "/")
+        except OSError:
+            base = ""
+        if not base or not self._inside(base):
             raise self._outside("source.paths", pattern)
         out: list[str] = []
         self._walk(base, [p for p in parts[fixed:] if p], out)
@@ -154,7 +163,10 @@ class DataAccess:
         else:
             entries = [e.path for e in self._entries(folder, head)]
         for path in entries:
-            real = os.path.realpath(path)
+            try:
+                real = os.path.realpath(path)
+            except OSError:
+                continue
             if not self._inside(real):
                 continue  # silently: the client may not learn it exists
             if tail:

@@ -62,12 +62,18 @@ def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
     ({"source": {"format": "csv"}}, "INVALID_ARGUMENT", ["`source.format`", "csv"]),
     ({"source": {"text_field": "body"}}, "INVALID_ARGUMENT", ["text_field", "body"]),
     ({"workers": {"count": "lots"}}, "INVALID_ARGUMENT", ["`workers.count`", "lots"]),
-    ({"source": {"paths": ["/no/such/file.jsonl"]}}, "NOT_FOUND", ["/no/such/file.jsonl"]),
-    ({"source": {"paths": ["/no/such/*.jsonl"]}}, "NOT_FOUND", ["glob", "/no/such/*.jsonl"]),
-    ({"tokenizer": {"model": "/no/such.model"}}, "NOT_FOUND", ["tokenizer.model",
-                                                               "/no/such.model"]),
+    # Relative: inside the server's data root (its working directory, pytest's basetemp).
+    ({"source": {"paths": ["no/such/file.jsonl"]}}, "NOT_FOUND", ["no/such/file.jsonl"]),
+    ({"source": {"paths": ["no_such_*.jsonl"]}}, "NOT_FOUND", ["glob", "no_such_*.jsonl"]),
+    ({"tokenizer": {"model": "no/such.model"}}, "NOT_FOUND", ["tokenizer.model",
+                                                              "no/such.model"]),
+    # Outside it: refused whether or not the file exists.
+    ({"source": {"paths": ["/no/such/file.jsonl"]}}, "PERMISSION_DENIED",
+     ["/no/such/file.jsonl", "data roots"]),
+    ({"tokenizer": {"model": "/etc/hostname"}}, "PERMISSION_DENIED",
+     ["tokenizer.model", "/etc/hostname", "data roots"]),
 ], ids=["size", "packing", "shard", "format", "text_field", "workers", "missing-file",
-        "empty-glob", "missing-model"])
+        "empty-glob", "missing-model", "outside-file", "outside-model"])
 def test_invalid_spec_is_refused_with_status_and_message(target, make_spec, tables, code, words):
     # Sent as any client could send it: the client's own PipelineSpec refuses most of these
     # before they leave (tests/unit/test_spec.py), so the proto is edited after the fact.
