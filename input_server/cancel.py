@@ -18,23 +18,19 @@ _local = threading.local()
 
 
 @contextlib.contextmanager
-def scope(event: threading.Event) -> Iterator[None]:
-    """Within the block, `check()` on this thread raises once `event` is set."""
-    outer = getattr(_local, "event", None)
-    _local.event = event
+def scope(*events: threading.Event) -> Iterator[None]:
+    """Within the block, `check()` on this thread raises once any of `events` is set (the
+    client left; the server is draining)."""
+    outer = getattr(_local, "events", ())
+    _local.events = events
     try:
         yield
     finally:
-        _local.event = outer
-
-
-def current() -> threading.Event | None:
-    """The event of this thread's scope, if any (to hand to helper threads)."""
-    return getattr(_local, "event", None)
+        _local.events = outer
 
 
 def check() -> None:
     """Raises `CancelledError` when the request this thread works for was cancelled."""
-    event = getattr(_local, "event", None)
-    if event is not None and event.is_set():
-        raise CancelledError("the client cancelled the request (or its deadline passed).")
+    if any(e.is_set() for e in getattr(_local, "events", ())):
+        raise CancelledError("the request was cancelled (the client left, its deadline "
+                             "passed, or the server is shutting down).")

@@ -47,6 +47,17 @@ def _positive(kind):
     return parse
 
 
+# After SIGTERM, the process exits within --grace-s and this margin, drained or not.
+EXIT_MARGIN_S = 3.0
+
+
+def _exit_now(server) -> None:
+    logging.warning("the drain did not finish in time; exiting now")
+    server.remove_sockets()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
     from input_server.serving.server import Server, ServerConfig
@@ -69,30 +80,48 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
     def on_signal(signum, frame):
+        if stopping.is_set():
+            return
+        stopping.set()
         logging.info("signal %d: draining", signum)
         threading.Thread(target=server.stop, name="stop", daemon=True).start()
+        # Whatever a handler is doing (a stuck read, Grain closing a worker), the process
+        # is gone within the drain and a few seconds: interpreter exit would otherwise join
+        # every RPC thread, for as long as the slowest takes.
+        threading.Timer(args.grace_s + EXIT_MARGIN_S, _exit_now, (server,)).start()
+
+    stopping = threading.Event()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"input-server: serving on {' '.join(server.targets)}", flush=True)
     while not server.wait(timeout=1.0):
         pass
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Drained: the RPC threads have ended or are past help; do not wait on them at exit.
+    os._exit(0)
 
 
 def _info(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
     from input_client import InputClient, StreamError
+    from input_server.serving import auth
 
-    address = args.address
+    address = args.address or auth.default_socket()
     try:
-        with InputClient(address, connect_timeout_s=args.timeout_s) as client:
+        if not args.address:  # a folder another user made could hold an impostor's socket
+            auth.ensure_private_dir(auth.default_socket_dir(), create=False)
+        with InputClient(address, connect_timeout_s=args.timeout_s,
+                         token_file=args.token_file) as client:
             client.wait_ready()
             print(json_format.MessageToJson(client.info()))
-    except (ConnectionError, StreamError) as e:
+    except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
         hint = ""
-        if ":" not in address.split("/", 1)[0] and ("/" in address or address.endswith(".sock")):
+        if (isinstance(e, (ConnectionError, StreamError))
+                and ":" not in address.split("/", 1)[0]
+                and ("/" in address or address.endswith(".sock"))):
             hint = f" (a Unix socket needs its scheme: unix://{os.path.abspath(address)})"
         print(f"input-server: {e}{hint}", file=sys.stderr)
         return 2
@@ -257,8 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(run=_bench)
 
     info = sub.add_parser("info", help="print a running server's info")
-    info.add_argument("address", help="the server's gRPC target")
+    info.add_argument("address", nargs="?",
+                      help="the server's gRPC target (default the server's default socket)")
     info.add_argument("--timeout-s", type=_positive(float), default=10.0)
+    info.add_argument("--token-file", metavar="FILE",
+                      help="a file holding the server's token (its abstract sockets and TCP "
+                           "need it)")
     info.set_defaults(run=_info)
 
     tune = sub.add_parser("tune", help="measure a spec's pipeline at candidate worker counts "

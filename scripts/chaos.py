@@ -43,6 +43,7 @@ from tests.support import (  # noqa: E402
     batch_bytes,
     free_port,
     run_pipeline,
+    write_token_file,
 )
 
 # The stream must never stall this long without a batch (the server restarts take ~1 s).
@@ -82,7 +83,8 @@ def trainer(args: argparse.Namespace) -> int:
                 os.fsync(f.fileno())
             os.replace(tmp, args.ckpt)  # atomic: a kill leaves the old or the new checkpoint
 
-        with InputClient(args.target, connect_timeout_s=60) as client, \
+        client = InputClient(args.target, connect_timeout_s=60, token_file=args.token_file)
+        with client, \
                 client.batches(spec, state=state, reconnect_deadline_s=args.reconnect_deadline_s) \
                 as it:
             while not stop.is_set() and (args.batches == 0 or step < args.batches):
@@ -141,6 +143,9 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
     work = tempfile.mkdtemp(prefix="chaos-")
     target = (f"unix://{work}/input.sock" if transport == "unix"
               else f"127.0.0.1:{free_port()}")
+    # TCP is open to every local user: the server and the trainer share a token.
+    token_file = write_token_file(work)[0] if transport == "tcp" else None
+    token_args = ["--token-file", token_file] if token_file else []
     paths = {k: os.path.join(work, k) for k in ("ckpt", "log", "server.log", "trainer.log")}
     events = ["server kill"] * kills + ["trainer kill"] * restarts
     rng.shuffle(events)
@@ -154,10 +159,12 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
                              target, "--spec", spec_path, "--ckpt", paths["ckpt"], "--log",
                              paths["log"], "--batches", "0", "--checkpoint-every",
                              str(checkpoint_every), "--reconnect-deadline-s",
-                             str(reconnect_deadline_s)],
+                             str(reconnect_deadline_s), *token_args],
                             log=paths["trainer.log"], read_lines=True)
 
-    server = ServerProcess(target, paths["server.log"])
+    # The demo's files are the only data this server may read.
+    server = ServerProcess(target, paths["server.log"], token_file,
+                           data_root=os.path.dirname(os.path.abspath(corpus)))
     server.start()
     incarnation = 0
     trainer_proc = train(incarnation)
@@ -264,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="mode")
     t = sub.add_parser("trainer", help="(internal) the trainer process the driver kills")
     t.add_argument("--target", required=True)
+    t.add_argument("--token-file", help="the server's token, for TCP")
     t.add_argument("--spec", required=True)
     t.add_argument("--ckpt", required=True)
     t.add_argument("--log", required=True)

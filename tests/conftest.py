@@ -73,21 +73,29 @@ def make_spec(corpus, spm_model):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """One real server for the session, on a Unix socket and a loopback TCP port."""
+    """One real server for the session, on a Unix socket and a loopback TCP port; the TCP port
+    needs the token in `tests.support.TOKENS` (the Unix socket's file mode is its guard)."""
     from input_server.serving.server import Server, ServerConfig
+    from tests.support import TOKENS, write_token_file
 
     sock = tmp_path_factory.mktemp("sock") / "input.sock"
-    with Server(ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"])) as srv:
+    token_file, token = write_token_file(tmp_path_factory.mktemp("token"))
+    with Server(ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"],
+                             token_file=token_file)) as srv:
+        TOKENS[srv.targets[1]] = token
         yield srv
+        TOKENS.pop(srv.targets[1], None)
 
 
 @pytest.fixture(params=["unix", "tcp"])
 def target(request, server) -> str:
-    """The server's Unix-socket target, then its TCP target."""
+    """The server's Unix-socket target, then its TCP target (whose token is in `TOKENS`)."""
     return server.targets[0 if request.param == "unix" else 1]
 
 
 @pytest.fixture
 def client(target):
-    with InputClient(target, connect_timeout_s=10) as c:
+    from tests.support import TOKENS
+
+    with InputClient(target, connect_timeout_s=10, token=TOKENS.get(target)) as c:
         yield c

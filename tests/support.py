@@ -142,11 +142,12 @@ class ChildProcess:
     when a host or container goes). Its stderr (and stdout unless `read_lines`) goes to `log`;
     with `read_lines`, its stdout lines arrive in `lines`, None once it closed."""
 
-    def __init__(self, argv: list[str], *, log: str, read_lines: bool = False):
+    def __init__(self, argv: list[str], *, log: str, read_lines: bool = False,
+                 env: dict[str, str] | None = None):
         self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE if read_lines else self._log,
                                   stderr=self._log, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, cwd=ROOT, text=read_lines)
+                                  start_new_session=True, text=read_lines, env=env)
         self.lines: queue.Queue = queue.Queue()
         if read_lines:
             threading.Thread(target=self._read, daemon=True).start()
@@ -163,20 +164,71 @@ class ChildProcess:
         self._log.close()
 
 
+def serve_cli(*args: str, log: str, env: dict[str, str] | None = None,
+              timeout: float = 60) -> tuple[ChildProcess, list[str]]:
+    """`input-server serve ARGS` started and serving: the process and the targets it printed.
+    The caller kills it (`ChildProcess.kill`)."""
+    child = ChildProcess(cli_argv("serve", *args), log=log, read_lines=True, env=env)
+    try:
+        line = child.lines.get(timeout=timeout)
+    except queue.Empty:
+        line = None
+    if not line or "serving on" not in line:
+        child.kill()
+        with open(log) as f:
+            raise AssertionError(f"serve {args} did not start: {f.read()[-2000:]}")
+    return child, line.split("serving on ", 1)[1].split()
+
+
 class ServerProcess:
     """`input-server serve` as a `ChildProcess` that can be SIGKILLed and started again on the
-    same address, its output appended to one log."""
+    same address, its output appended to one log. With `token_file`, its TCP and abstract
+    listeners need that file's token (`InputClient(..., token_file=...)`)."""
 
-    def __init__(self, address: str, log_path: str):
-        self.address, self.log_path = address, log_path
+    def __init__(self, address: str, log_path: str, token_file: str | None = None,
+                 data_root: str | None = None):
+        self.address, self.log_path, self.token_file = address, log_path, token_file
+        self.data_root = data_root  # default its working directory, this one's
         self.child: ChildProcess | None = None
 
     def start(self) -> None:
-        self.child = ChildProcess(cli_argv("serve", "--listen", self.address), log=self.log_path)
+        token = ("--token-file", self.token_file) if self.token_file else ()
+        root = ("--data-root", self.data_root) if self.data_root else ()
+        self.child = ChildProcess(cli_argv("serve", "--listen", self.address, *token, *root),
+                                  log=self.log_path)
 
     def kill(self) -> None:
         if self.child is not None:
             self.child.kill()
+
+
+# --- Tokens: TCP and abstract listeners need one ------------------------------------------------
+
+# The tokens of the servers tests started, by target: the helpers below send a target's token.
+TOKENS: dict[str, str] = {}
+
+
+def write_token_file(directory) -> tuple[str, str]:
+    """A new random token in `directory`/token, mode 0600 from its creation; (path, token)."""
+    import secrets
+
+    token = secrets.token_hex(16)
+    path = os.path.join(str(directory), "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path, token
+
+
+def dial(target: str, token: str | None = None, options=()):
+    """A raw gRPC channel to `target`, sending `token` (default the target's in `TOKENS`)."""
+    import grpc
+
+    from input_client._auth import TokenInterceptor
+
+    channel = grpc.insecure_channel(target, options=list(options))
+    token = TOKENS.get(target) if token is None else token
+    return grpc.intercept_channel(channel, TokenInterceptor(token)) if token else channel
 
 
 # --- Talking to servers, real and fake ------------------------------------------------------------
@@ -207,22 +259,20 @@ def health(target: str, service: str = "input_server.v1.InputService") -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as ch:
+    with grpc.insecure_channel(target) as ch:  # no token: health is open to probes
         return health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
-def raw_messages(target: str, spec, pause_s: float = 0.0) -> list:
+def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = None) -> list:
     """A stream's messages as they arrive on the wire (no client iterator in between, and no
     client-side validation of a proto `spec`); after the first, waits `pause_s` so that the
-    server's queue fills."""
-    import grpc
-
+    server's queue fills. Sends `token` (default the target's in `TOKENS`)."""
     from input_client.proto import pb, pb_grpc
     from input_client.wire import PROTOCOL_VERSION
 
     spec = spec if isinstance(spec, pb.PipelineSpec) else spec.to_proto()
-    with grpc.insecure_channel(target) as channel:
+    with dial(target, token) as channel:
         call = pb_grpc.InputServiceStub(channel).StreamBatches(
             pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION))
         messages = [next(call)]

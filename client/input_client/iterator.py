@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from input_client._auth import TokenInterceptor, check_token, read_token_file
 from input_client._reconnect import RECONNECT_OPTIONS, Outage, check_protocol
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb, pb_grpc
@@ -37,13 +38,31 @@ class InputClient:
       address: a gRPC target: `unix:///path/to.sock` (sidecar) or `host:port`.
       connect_timeout_s: how long `batches()` and `info()` wait for the server to be reachable
         before raising, so a missing server is an error, not a hang.
+      token: the shared token of a server started with `--token-file`, sent on every call
+        (`authorization: Bearer TOKEN`). Its abstract sockets and TCP ports need it; its
+        socket files do not (their file mode admits only the server's user), unless it also
+        serves an abstract socket that needs the token.
+      token_file: a file holding the token instead (read once, whitespace stripped).
+
+    Raises:
+      ValueError: both `token` and `token_file`, or an empty or non-ASCII token.
+      OSError: `token_file` cannot be read.
     """
 
-    def __init__(self, address: str, *, connect_timeout_s: float = 30.0):
+    def __init__(self, address: str, *, connect_timeout_s: float = 30.0,
+                 token: str | None = None, token_file: str | None = None):
+        if token is not None and token_file is not None:
+            raise ValueError("pass `token` or `token_file`, not both.")
+        if token_file is not None:
+            token = read_token_file(token_file)
+        elif token is not None:
+            token = check_token(token, "`token`")
         self.address = address
         self.connect_timeout_s = connect_timeout_s
         self._channel = grpc.insecure_channel(address,
                                               options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+        if token is not None:
+            self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
         self._stub = pb_grpc.InputServiceStub(self._channel)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:

@@ -20,10 +20,10 @@ import grain
 import numpy as np
 
 from input_client.spec import PipelineSpec
+from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.resume import Position, parse_state
-from input_server import cancel
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource

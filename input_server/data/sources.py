@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from input_client.spec import SourceSpec
+from input_server import cancel
 from input_server.data.columnar import ArrayRecordReader, ParquetReader
 from input_server.data.jsonl import JsonlReader
-from input_server import cancel
 from input_server.data.records import Reader
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.errors import (
@@ -21,6 +21,7 @@ from input_server.errors import (
     RecordError,
     UnreadableError,
 )
+
 
 def expand_paths(patterns: Sequence[str], access: DataAccess = OPERATOR) -> list[str]:
     """Expands globs (sorted, so the order is reproducible); every pattern must match a file

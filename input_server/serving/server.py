@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,8 @@ from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
+from input_server.serving import auth
+from input_server.serving.auth import default_socket
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.limits import Limits
 from input_server.serving.service import InputServicer
@@ -33,19 +34,19 @@ MAX_REQUEST_BYTES = 4 << 20
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
 
-def default_socket() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return f"unix://{os.path.join(base, f'input-server-{os.getuid()}.sock')}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Address:
-    """A listen address: what gRPC binds and how clients reach it."""
+    """A listen address: what gRPC binds and how clients reach it.
+
+    `kind` decides who may connect (`auth`): "file" (a socket file: its mode), "abstract" or
+    "tcp" (anyone on the host: the token).
+    """
 
     bind: str
     is_unix: bool
     host: str = ""
     port: int = 0
+    kind: str = "tcp"
 
 
 def parse_address(address: str) -> Address:
@@ -60,7 +61,8 @@ def parse_address(address: str) -> Address:
         if address.startswith("unix://") and not address.startswith("unix:///"):
             raise ValueError(f"--listen {address!r}: unix:// takes an absolute path "
                              f"(unix:///abs/path.sock); a relative one is unix:path.sock.")
-        return Address(bind=address, is_unix=True)
+        kind = "abstract" if address.startswith("unix-abstract:") else "file"
+        return Address(bind=address, is_unix=True, kind=kind)
     host, sep, port = address.rpartition(":")
     if not sep or not port.isascii() or not port.isdigit() or not host:
         raise ValueError(f"--listen {address!r}: expected unix:PATH or HOST:PORT "
@@ -172,6 +174,14 @@ class ServerConfig:
             if not os.path.isdir(r):
                 raise ValueError(f"--data-root {r!r}: not a folder.")
         object.__setattr__(self, "data_roots", roots)
+        if self.token_file == "":
+            raise ValueError("--token-file: empty path.")
+        if self.socket_group is not None and not any(
+                a.startswith("unix:") for a in self.listen):
+            # The default socket's folder is 0700: the group could not reach the socket.
+            raise ValueError(f"--socket-group {self.socket_group!r} applies to socket files: "
+                             f"add --listen unix:///PATH.sock in a folder the group can enter "
+                             f"(the default socket's folder is private to you).")
 
 
 class Server:
@@ -184,6 +194,14 @@ class Server:
     def __init__(self, config: ServerConfig | None = None, *, start: bool = True):
         self.config = config or ServerConfig()
         addresses = [parse_address(a) for a in (self.config.listen or [default_socket()])]
+        if not self.config.listen:  # other users must not reach the folder of the default
+            auth.ensure_private_dir(auth.default_socket_dir())
+        # Who may connect, decided before anything is built or bound: a mistake is one line.
+        gid = auth.socket_gid(self.config.socket_group)
+        policy = auth.token_policy({a.kind: a.bind for a in addresses},
+                                   token_file=self.config.token_file,
+                                   insecure_tcp=self.config.insecure_tcp,
+                                   insecure_abstract=self.config.insecure_abstract)
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
         # The operator's pipelines read any path, within the document limit.
         operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
@@ -206,6 +224,7 @@ class Server:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=2 * c.max_streams + 4,
                                        thread_name_prefix="rpc"),
+            interceptors=auth.interceptors(policy),
             options=[("grpc.so_reuseport", 0),
                      *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
                      # Requests are small (a spec); a larger one is refused before it is read.
@@ -217,11 +236,17 @@ class Server:
         self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         for a in addresses:
             path = a.bind.removeprefix("unix://").removeprefix("unix:") \
-                if a.bind.startswith("unix:") else None
+                if a.kind == "file" else None
             try:
-                if path is not None:
+                if path is None:
+                    port = self._server.add_insecure_port(a.bind)
+                else:
                     _claim_socket_path(path, a.bind)
-                port = self._server.add_insecure_port(a.bind)
+                    with auth.owner_only_umask():  # born 0600: no moment open to others
+                        port = self._server.add_insecure_port(a.bind)
+                    st = os.stat(path)
+                    self._unix_sockets.append((path, (st.st_dev, st.st_ino)))
+                    auth.share_socket(path, gid, c.socket_group)
             except (RuntimeError, OSError) as e:
                 self._server.stop(None)  # release the addresses already bound
                 self._remove_own_sockets()
@@ -230,9 +255,6 @@ class Server:
                 raise OSError(f"--listen {a.bind!r}: cannot bind ({e}).") from e
             if a.is_unix:
                 self.targets.append(a.bind)
-                if path is not None:
-                    st = os.stat(path)
-                    self._unix_sockets.append((path, (st.st_dev, st.st_ino)))
             else:
                 if port == 0:
                     self._server.stop(None)
@@ -263,6 +285,10 @@ class Server:
         self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
         self._remove_own_sockets()
         self._stopped.set()
+
+    def remove_sockets(self) -> None:
+        """Removes this server's socket files (for a process about to exit without `stop`)."""
+        self._remove_own_sockets()
 
     def _remove_own_sockets(self) -> None:
         """Removes the socket files this server created, and no other: a file another server

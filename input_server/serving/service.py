@@ -178,7 +178,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             on_leave()
         reserved = 0
         try:
-            with cancel.scope(left):
+            with cancel.scope(left, self._draining):
                 cancel.check()
                 name, pipeline = self._pipeline_of(request)
                 # The state first: a request refused for it must not wait for (or hold) a

@@ -165,6 +165,7 @@ def bench_pipeline(spec: PipelineSpec, workers: Workers) -> dict:
 def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
     """The same pipeline through a real server process and the client, as a sidecar runs:
     `input-server serve [server_args]` in its own process, over a Unix socket or loopback TCP."""
+    import secrets
     import socket
     import subprocess
     import sys
@@ -176,17 +177,29 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
 
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+        token_file = None
         if transport == "unix":
             target = f"unix://{tmp}/bench.sock"
         else:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 target = f"127.0.0.1:{s.getsockname()[1]}"
+            # As a TCP deployment runs: with a token (checked once per stream, not per batch).
+            token_file = os.path.join(tmp, "token")
+            with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                           "w") as f:
+                f.write(secrets.token_hex(16))
+            server_args = ("--token-file", token_file, *server_args)
+        # The spec's own folders are the server's data roots.
+        roots = {os.path.dirname(p.split("*")[0].split("?")[0].split("[")[0]) or "."
+                 for p in (*spec.source.paths, spec.tokenizer.model)}
+        server_args = (*server_args, *(a for r in sorted(roots) for a in ("--data-root", r)))
         server = subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve",
                                    "--listen", target, *server_args], stdout=subprocess.DEVNULL)
         stack.callback(server.wait, 30)
         stack.callback(server.terminate)
-        client = stack.enter_context(InputClient(target, connect_timeout_s=60))
+        client = stack.enter_context(InputClient(target, connect_timeout_s=60,
+                                                 token_file=token_file))
         it = stack.enter_context(client.batches(spec, prefetch=2))
         result = _consume(it, lambda b: b["inputs_segmentation"], psutil.Process(server.pid))
         # This process is the client; the server's CPU is the other process's.

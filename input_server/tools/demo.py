@@ -222,7 +222,11 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="input-server-"))
         sock_path = os.path.join(os.fspath(workdir), "demo.sock")
-        server = stack.enter_context(Server(ServerConfig(listen=[f"unix://{sock_path}"])))
+        # The demo's corpus and model are the only data its server may read.
+        server = stack.enter_context(Server(ServerConfig(
+            listen=[f"unix://{sock_path}"],
+            data_roots=[os.path.dirname(os.path.abspath(corpus_jsonl)),
+                        os.path.dirname(os.path.abspath(spm_model))])))
         target = server.targets[0]
         say(f"server listening on {target}")
         client = stack.enter_context(InputClient(target))

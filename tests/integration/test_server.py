@@ -15,7 +15,9 @@ from input_client import InputClient, StreamError
 from input_server.batching.pipeline import Workers
 from input_server.serving.server import Server, ServerConfig
 from tests.support import (
+    TOKENS,
     assert_same_batches,
+    dial,
     health,
     raw_messages,
     run_pipeline,
@@ -131,7 +133,8 @@ def test_bad_record_mid_stream_is_data_loss_naming_file_and_line_not_retried(
 
 def test_concurrent_streams_each_get_their_own_data(server, make_spec):
     a_spec, b_spec = make_spec(), make_spec(order={"seed": 5})
-    with InputClient(server.targets[0]) as c1, InputClient(server.targets[1]) as c2:
+    tcp = server.targets[1]
+    with InputClient(server.targets[0]) as c1, InputClient(tcp, token=TOKENS[tcp]) as c2:
         a, b = c1.batches(a_spec), c2.batches(b_spec)
         got_a, got_b = [], []
         for x, y in zip(a, b, strict=False):  # interleaved: both streams open at once
@@ -291,7 +294,7 @@ def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, v
     from input_client.proto import pb, pb_grpc
     from input_client.wire import PROTOCOL_VERSION
 
-    with grpc.insecure_channel(target) as channel:
+    with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         call = stub.StreamBatches(pb.StreamBatchesRequest(spec=make_spec().to_proto(),
                                                           protocol_version=version))

@@ -67,6 +67,6 @@ def test_listen_refuses_ports_above_65535(address):
 
 
 def test_listen_port_0_still_picks_a_free_port():
-    with Server(ServerConfig(listen=["127.0.0.1:0"])) as srv:
+    with Server(ServerConfig(listen=["127.0.0.1:0"], insecure_tcp=True)) as srv:
         port = int(srv.targets[0].rsplit(":", 1)[1])
         assert 0 < port <= 65535 and answers(srv.targets[0])

@@ -28,11 +28,12 @@ from input_server.errors import (
     status_of,
 )
 from input_server.serving.server import Server, ServerConfig
+from tests.support import dial
 
 
 def raw_stream(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> list[pb.Batch]:
     """Streams a request as any client could send it (no client-side validation)."""
-    with grpc.insecure_channel(target) as channel:
+    with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         request = pb.StreamBatchesRequest(spec=spec_proto, resume_state=state,
                                           protocol_version=PROTOCOL_VERSION)
@@ -185,7 +186,7 @@ def test_a_foreign_resume_state_is_refused_before_any_tuning(tmp_path, make_spec
 def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spec):
     # Echoed whole, a 1 MB name overflowed gRPC's trailing metadata: the client got
     # RESOURCE_EXHAUSTED instead of NOT_FOUND.
-    with grpc.insecure_channel(target) as channel:
+    with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         request = pb.StreamBatchesRequest(pipeline_name="x" * (1 << 20),
                                           protocol_version=PROTOCOL_VERSION)
@@ -199,4 +200,5 @@ def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spe
         msg.source.paths[:] = [path]
         e = status(target, msg)
         assert e.code() == getattr(grpc.StatusCode, code) and len(e.details()) < 400
-        assert e.details().startswith("`source.paths`") and f"({len(path)} characters)" in e.details()
+        assert e.details().startswith("`source.paths`")
+        assert f"({len(path)} characters)" in e.details()

@@ -29,6 +29,7 @@ from tests.support import (
     script,
     still_running,
     worker_processes,
+    write_token_file,
 )
 
 CHAOS = script("chaos.py")
@@ -41,9 +42,13 @@ def server_process(tmp_path):
     started = []
 
     def make(transport: str) -> ServerProcess:
-        address = (f"unix://{tmp_path}/input.sock" if transport == "unix"
-                   else f"127.0.0.1:{free_port()}")  # the restarts reuse the port
-        srv = ServerProcess(address, str(tmp_path / "server.log"))
+        token_file = None
+        if transport == "unix":
+            address = f"unix://{tmp_path}/input.sock"
+        else:
+            address = f"127.0.0.1:{free_port()}"  # the restarts reuse the port
+            token_file, _ = write_token_file(tmp_path)  # TCP needs a token
+        srv = ServerProcess(address, str(tmp_path / "server.log"), token_file)
         started.append(srv)
         srv.start()
         return srv
@@ -69,7 +74,7 @@ def test_server_sigkilled_at_random_batches_stream_continues_byte_identical(
     got: list = []
     kills_at: list[int] = []
     next_kill = rng.randrange(5, 30)
-    with InputClient(srv.address, connect_timeout_s=30) as client, \
+    with InputClient(srv.address, connect_timeout_s=30, token_file=srv.token_file) as client, \
             client.batches(spec, reconnect_deadline_s=30) as it:
         while True:
             got.append(next(it))

@@ -1,0 +1,253 @@
+"""Who may connect: Unix socket files the kernel guards (a private folder, mode 0600 or 0660),
+and a shared token for abstract sockets and loopback TCP, which have no permissions.
+
+gRPC Python cannot read a Unix peer's uid (SO_PEERCRED), so the socket files rely on file
+permissions alone. What a servicer's `context.peer()` reports (grpcio 1.85, checked by hand
+and by tests/integration/test_auth.py): `ipv4:127.0.0.1:PORT` / `ipv6:%5B::1%5D:PORT` for TCP,
+and a bare `unix:` for BOTH socket files and abstract sockets (the client's end has no name).
+So a token needed on an abstract socket is needed on the server's socket files too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import grp
+import hmac
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+
+import grpc
+
+from input_client._auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "input-server.sock"
+# Probes (kubelet, load balancers) carry no token; health tells them only SERVING or not.
+OPEN_METHODS = "/grpc.health.v1.Health/"
+UNAUTHENTICATED = "missing or wrong token; pass token= or token_file= to the client"
+
+
+# --- The default socket's folder -----------------------------------------------------------------
+
+def _is_private_dir(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def default_socket_dir() -> str:
+    """$XDG_RUNTIME_DIR when it is ours and private (systemd makes it so), else
+    `$TMPDIR/input-server-UID` (the server makes it private: `ensure_private_dir`).
+
+    An XDG_RUNTIME_DIR that is not ours is passed over, not refused: `sudo -s` keeps the
+    invoking user's, and root's server belongs in root's folder.
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        with contextlib.suppress(OSError):
+            if _is_private_dir(os.stat(xdg)):
+                return xdg
+    return os.path.join(tempfile.gettempdir(), f"input-server-{os.geteuid()}")
+
+
+def default_socket() -> str:
+    """The address a server listens on, and `input-server info` dials, when given none."""
+    return f"unix://{os.path.join(default_socket_dir(), SOCKET_NAME)}"
+
+
+def ensure_private_dir(path: str, *, create: bool = True) -> None:
+    """Makes `path` with mode 0700, or checks that the one there is ours and 0700: in a
+    world-writable /tmp another user could have made it first, to reach or replace the socket
+    (or, for a client, to pose as our server). Without `create`, a missing folder passes.
+
+    Raises:
+      PermissionError: one line naming the folder and what is wrong with it.
+    """
+    try:
+        if create:
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)  # a link is refused, not followed: whoever made it chose its target
+    except FileExistsError:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        problem = (f"has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach the "
+                   f"socket; it must be 0700 (chmod 700 {path})")
+    else:
+        return
+    raise PermissionError(f"the default socket's folder {path} {problem}; fix or remove it, "
+                          f"or name a socket elsewhere (serve --listen unix:///PATH.sock)")
+
+
+# --- Socket files --------------------------------------------------------------------------------
+
+def socket_gid(group: str | None) -> int | None:
+    """The gid of `--socket-group` (a name or a number), None without one.
+
+    Raises:
+      ValueError: no such group.
+    """
+    if group is None:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        if group.isascii() and group.isdigit():
+            return int(group)
+        raise ValueError(f"--socket-group {group!r}: no such group.") from None
+
+
+@contextlib.contextmanager
+def owner_only_umask() -> Iterator[None]:
+    """Socket files bound inside are born 0600: a chmod after the bind would leave a moment in
+    which anyone could connect. The umask is the process's: files other threads create in
+    this moment get no group or other bits either, which errs on the safe side."""
+    old = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def share_socket(path: str, gid: int | None, group: str | None) -> None:
+    """Sets the socket file's final mode: 0600, or 0660 with group `gid` (chown first, so the
+    group bits open only to that group).
+
+    Raises:
+      PermissionError: the group cannot be given (a user may chown only to its own groups).
+    """
+    if gid is None:
+        os.chmod(path, 0o600)
+        return
+    try:
+        os.chown(path, -1, gid)
+    except PermissionError as e:
+        raise PermissionError(f"--socket-group {group}: cannot give {path} to that group "
+                              f"({e.strerror}); you must be a member of it.") from None
+    os.chmod(path, 0o660)
+
+
+# --- The token -----------------------------------------------------------------------------------
+
+def read_token(path: str) -> bytes:
+    """The token in `path`, a regular file only its owner may read or write.
+
+    Raises:
+      PermissionError: the file is open to its group or others.
+      OSError: it cannot be read.
+      ValueError: it holds no usable token.
+    """
+    try:  # non-blocking: a FIFO at the path must fail the start, not hang it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise OSError(f"--token-file {path}: cannot read it ({e.strerror}).") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())  # the file read, not whatever the path names later
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"--token-file {path}: not a regular file.")
+        if st.st_mode & 0o077:
+            raise PermissionError(f"--token-file {path}: has mode "
+                                  f"{stat.S_IMODE(st.st_mode):04o}; only its owner may read "
+                                  f"it (chmod 600 {path}).")
+        return token_from_bytes(f.read(MAX_TOKEN_FILE_BYTES), f"--token-file {path}").encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenPolicy:
+    """Which peers must send the token.
+
+    Attributes:
+      token: the shared token; None when no listener needs one.
+      tcp: TCP peers (`ipv4:`/`ipv6:`) must send it.
+      unix: Unix-socket peers (`unix:`, socket files and abstract sockets alike) must.
+    """
+
+    token: bytes | None = None
+    tcp: bool = False
+    unix: bool = False
+
+    def needs_token(self, peer: str) -> bool:
+        if peer.startswith(("ipv4:", "ipv6:")):
+            return self.tcp
+        if peer.startswith("unix"):
+            return self.unix
+        return self.token is not None  # a peer kind not seen before: closed while a token is set
+
+
+def token_policy(kinds: Mapping[str, str], *, token_file: str | None, insecure_tcp: bool,
+                 insecure_abstract: bool) -> TokenPolicy:
+    """Decides from the listeners (kind: "file", "abstract" or "tcp" -> one such address) and
+    the operator's flags.
+
+    Raises:
+      ValueError: a TCP or abstract listener with neither a token nor its insecure flag.
+      PermissionError, OSError: see `read_token`.
+    """
+    token = read_token(token_file) if token_file else None
+    for kind, insecure, flag, what in (
+            ("tcp", insecure_tcp, "--insecure-tcp", "loopback TCP"),
+            ("abstract", insecure_abstract, "--insecure-abstract", "an abstract socket")):
+        if kind in kinds and token is None and not insecure:
+            raise ValueError(f"--listen {kinds[kind]}: every local user can connect to "
+                             f"{what}; pass --token-file FILE (clients then send its token) "
+                             f"or {flag} to serve it without one.")
+    tcp = "tcp" in kinds and not insecure_tcp
+    unix = "abstract" in kinds and not insecure_abstract
+    if unix and "file" in kinds:
+        log.warning("socket-file clients must send the token too: gRPC reports their peer as "
+                    "it does an abstract socket's")
+    return TokenPolicy(token if tcp or unix else None, tcp=tcp, unix=unix)
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Answers UNAUTHENTICATED to a call without the right `authorization: Bearer TOKEN` from a
+    peer that `policy` says must send it; health stays open."""
+
+    def __init__(self, policy: TokenPolicy):
+        assert policy.token is not None
+        self._policy = policy
+        self._expected = b"Bearer " + policy.token
+
+    def _sent_right_token(self, metadata) -> bool:
+        sent = next((v for k, v in metadata or () if k == "authorization"), "")
+        sent = sent.encode("utf-8", "replace") if isinstance(sent, str) else sent
+        return hmac.compare_digest(sent, self._expected)  # in constant time: no guessing by timing
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if (handler is None or handler_call_details.method.startswith(OPEN_METHODS)
+                or self._sent_right_token(handler_call_details.invocation_metadata)):
+            return handler
+        # The peer is known only inside the call: check it there.
+        return _guarded(handler, self._policy.needs_token)
+
+
+def _guarded(handler: grpc.RpcMethodHandler, needs_token: Callable[[str], bool]):
+    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            break
+
+    def guarded(request, context):
+        if needs_token(context.peer()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        return behavior(request, context)
+
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(guarded, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+def interceptors(policy: TokenPolicy) -> list[grpc.ServerInterceptor]:
+    """The server's interceptors: none when no listener needs a token."""
+    return [TokenCheck(policy)] if policy.token is not None else []

@@ -1,0 +1,136 @@
+"""Work stops when the client leaves, and the server stops when told: cancellation reaches
+globbing and tuning, the slot is free before a reconnecting client arrives, a tuning never
+holds up another spec's stream, and SIGTERM exits in time whatever a handler is doing, with
+health NOT_SERVING for the whole drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2
+
+from input_client import InputClient
+from input_client.proto import pb, pb_grpc
+from input_client.wire import PROTOCOL_VERSION
+from input_server.serving.server import Server, ServerConfig
+from tests.support import health, serve_cli, worker_processes
+
+
+def request(spec) -> pb.StreamBatchesRequest:
+    return pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)
+
+
+def cpu_seconds() -> float:
+    me = psutil.Process()
+    return sum(me.cpu_times()[:2])
+
+
+def test_a_cancelled_glob_stops_and_frees_its_slot_within_a_second(tmp_path, make_spec):
+    """A glob walking /usr (seconds of work) for a client whose deadline passed: the walk
+    stops, and the one stream slot takes the next client."""
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=["/"],
+                          max_streams=1)
+    with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        walk = make_spec(source={"paths": ["/usr/**/no_such_name_*.jsonl"]})
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.StreamBatches(request(walk), timeout=0.5))
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(1.0)
+        # Free: a valid stream is served, not RESOURCE_EXHAUSTED.
+        first = next(iter(stub.StreamBatches(request(make_spec()), timeout=30)))
+        assert first.sequence_number == 0
+        assert time.monotonic() - start < 5
+        # And the walk is no longer burning CPU.
+        before = cpu_seconds()
+        time.sleep(1.0)
+        assert cpu_seconds() - before < 0.3
+
+
+def test_a_reconnecting_client_finds_its_slot_free(tmp_path, make_spec):
+    """After a cancel the slot freed late: 6 of 200 immediate reconnects got
+    RESOURCE_EXHAUSTED."""
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_streams=1)
+    spec = make_spec(order={"epochs": 0})
+    with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        for _ in range(40):
+            call = stub.StreamBatches(request(spec), timeout=30)
+            next(call)
+            call.cancel()
+
+
+def test_a_cancelled_tuning_stops_and_never_held_up_another_spec(tmp_path, make_spec):
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2)
+    tuned = make_spec(workers={"count": "auto", "tune_seconds": 60}, order={"epochs": 0})
+    other = make_spec(workers={"count": "auto", "tune_seconds": 60}, order={"seed": 9})
+    with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        outcome = {}
+
+        def tune_then_leave():
+            try:
+                list(stub.StreamBatches(request(tuned), timeout=4))
+            except grpc.RpcError as e:
+                outcome["code"] = e.code()
+                outcome["at"] = time.monotonic()
+
+        leaver = threading.Thread(target=tune_then_leave)
+        leaver.start()
+        time.sleep(1.0)  # the first spec is tuning now
+        start = time.monotonic()
+        first = next(iter(stub.StreamBatches(request(other), timeout=30)))
+        assert first.sequence_number == 0
+        assert time.monotonic() - start < 5  # not the 60 s of the first spec's tuning
+        leaver.join(30)
+        assert outcome["code"] == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The tuning's worker processes are gone within about a second of the deadline.
+        deadline = outcome["at"] + 3
+        while worker_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not worker_processes()
+        before = cpu_seconds()
+        time.sleep(1.0)
+        assert cpu_seconds() - before < 0.3
+
+
+def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(tmp_path,
+                                                                                 make_spec):
+    """A stream whose worker is stopped (SIGSTOP) never finishes closing; the server still
+    exits within --grace-s and a few seconds, answering NOT_SERVING while it drains."""
+    child, targets = serve_cli("--listen", f"unix://{tmp_path}/s.sock", "--grace-s", "2",
+                               log=str(tmp_path / "server.log"))
+    try:
+        spec = make_spec(order={"epochs": 0}, workers={"count": 1})
+        with InputClient(targets[0], connect_timeout_s=60) as client, \
+                client.batches(spec, reconnect_deadline_s=0, prefetch=1) as it:
+            next(it)
+            workers = [p for p in psutil.Process(child.p.pid).children(recursive=True)
+                       if "resource_tracker" not in " ".join(p.cmdline())]
+            assert workers
+            for w in workers:
+                w.suspend()  # SIGSTOP: the stream's close now waits for ever
+            start = time.monotonic()
+            child.p.send_signal(signal.SIGTERM)
+            seen = set()
+            while child.p.poll() is None and time.monotonic() - start < 15:
+                try:
+                    seen.add(health(targets[0], ""))
+                except grpc.RpcError as e:
+                    seen.add(e.code())
+                time.sleep(0.1)
+            took = time.monotonic() - start
+        assert child.p.poll() is not None, "still running 15 s after SIGTERM"
+        assert took < 2 + 4, took
+        assert health_pb2.HealthCheckResponse.NOT_SERVING in seen, seen
+        assert health_pb2.HealthCheckResponse.SERVING not in seen, seen
+        assert not os.path.exists(tmp_path / "s.sock")
+    finally:
+        child.kill()
