@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the server")
     serve.add_argument("--listen", action="append", metavar="ADDRESS",
                        help="unix:///path/to.sock, unix-abstract:NAME or a loopback HOST:PORT "
-                            "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR or /tmp)")
+                            "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR, else in "
+                            "a private $TMPDIR/input-server-UID/ folder); abstract sockets and "
+                            "TCP need "
+                            "--token-file or --insecure-*")
     serve.add_argument("--pipelines", action="append", metavar="FILE",
                        help="TOML file of named pipelines ([NAME.source] ...), repeatable")
     serve.add_argument("--data-root", action="append", metavar="DIR",

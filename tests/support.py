@@ -224,7 +224,7 @@ def dial(target: str, token: str | None = None, options=()):
     """A raw gRPC channel to `target`, sending `token` (default the target's in `TOKENS`)."""
     import grpc
 
-    from input_client._auth import TokenInterceptor
+    from input_client.auth import TokenInterceptor
 
     channel = grpc.insecure_channel(target, options=list(options))
     token = TOKENS.get(target) if token is None else token

@@ -303,13 +303,14 @@ def validate(spec: PipelineSpec) -> None:
            "must list at least one file or glob")
     for p in s.paths:
         _check(isinstance(p, str) and p != "", "source.paths", p, "must hold non-empty strings")
+        _check("\x00" not in p, "source.paths", p, "must not hold a NUL character")
     _check(s.format in FORMATS, "source.format", s.format, f"must be one of {', '.join(FORMATS)}")
     _check(isinstance(s.text_field, str) and s.text_field != "", "source.text_field",
            s.text_field, "must be a non-empty string")
     _check(s.record_format in RECORD_FORMATS, "source.record_format", s.record_format,
            f"must be one of {', '.join(RECORD_FORMATS)}")
-    _check(isinstance(t.model, str) and t.model != "", "tokenizer.model", t.model,
-           "must name a sentencepiece model file")
+    _check(isinstance(t.model, str) and t.model != "" and "\x00" not in t.model,
+           "tokenizer.model", t.model, "must name a sentencepiece model file")
     _check(isinstance(t.add_bos, bool), "tokenizer.add_bos", t.add_bos, "must be true or false")
     _check(isinstance(t.add_eos, bool), "tokenizer.add_eos", t.add_eos, "must be true or false")
     _check(_is_int(b.seq_len) and 2 <= b.seq_len <= 1 << 20, "batch.seq_len", b.seq_len,

@@ -31,11 +31,18 @@ class Position:
                 "doc": self.doc, "offset": self.offset}
 
 
+MAX_SEQ = 1 << 62
+
+
 def _position(d: dict[str, Any]) -> Position:
     values = {k: d[k] for k in ("seq", "doc", "offset")}
     for key, v in values.items():
         if type(v) is not int or not 0 <= v < 1 << 63:
             raise ValueError(f"{key!r} must be a non-negative integer, got {v!r}")
+    # Sequence numbers travel as uint64 and grow by one a batch: a state near the top would
+    # overflow a few batches later, mid-stream. 2^62 batches is beyond any training run.
+    if values["seq"] >= MAX_SEQ:
+        raise ValueError(f"'seq' {values['seq']} is out of range (below {MAX_SEQ})")
     return Position(**values)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import grpc
 
-from input_client._auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
+from input_client.auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from input_client.proto import pb, pb_grpc
+from input_client.proto import pb
 from input_client.spec import PipelineSpec
 from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.tuner import Tuner
@@ -26,7 +26,7 @@ from input_server.serving import auth
 from input_server.serving.auth import default_socket
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.limits import Limits
-from input_server.serving.service import InputServicer
+from input_server.serving.service import InputServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class Server:
                      *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
                      # Requests are small (a spec); a larger one is refused before it is read.
                      ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
-        pb_grpc.add_InputServiceServicer_to_server(self._servicer, self._server)
+        add_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.targets: list[str] = []

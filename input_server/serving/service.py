@@ -12,8 +12,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
@@ -47,12 +49,25 @@ def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
     context.abort(code, message)
 
 
+def _parsed(kind: type, request: Any) -> Any:
+    """The request message; it arrives as bytes (`add_to_server`), parsed here so that one
+    that does not parse gets its status from the guard."""
+    if not isinstance(request, bytes):
+        return request
+    try:
+        return kind.FromString(request)
+    except DecodeError as e:
+        raise InvalidSpecError(f"the request is not a valid {kind.DESCRIPTOR.name} message "
+                               f"({e}).") from None
+
+
 def _guard_stream(method: Callable) -> Callable:
     """The choke point of a streaming method: any exception becomes its status."""
 
     @functools.wraps(method)
     def guarded(self, request, context):
         try:
+            request = _parsed(pb.StreamBatchesRequest, request)
             yield from method(self, request, context)
         except Exception as e:  # noqa: BLE001 - every exception gets its status here
             _abort(context, e)
@@ -66,7 +81,7 @@ def _guard_unary(method: Callable) -> Callable:
     @functools.wraps(method)
     def guarded(self, request, context):
         try:
-            return method(self, request, context)
+            return method(self, _parsed(pb.GetInfoRequest, request), context)
         except Exception as e:  # noqa: BLE001 - every exception gets its status here
             _abort(context, e)
 
@@ -242,6 +257,20 @@ class InputServicer(pb_grpc.InputServiceServicer):
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
             streams=[_stream_info(s, tuning) for s, tuning in sessions],
         )
+
+
+def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
+    """Registers `servicer` taking its requests as bytes, parsed inside its guard: gRPC's own
+    parsing answers a request that does not parse with INTERNAL ("Exception deserializing
+    request!"), out of the guard's reach, and grpcio 1.85 then keeps ~17 KB per such request."""
+    handlers = {
+        "StreamBatches": grpc.unary_stream_rpc_method_handler(
+            servicer.StreamBatches, response_serializer=pb.Batch.SerializeToString),
+        "GetInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetInfo, response_serializer=pb.GetInfoResponse.SerializeToString),
+    }
+    name = pb.DESCRIPTOR.services_by_name["InputService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 def _stream_info(s: StreamSession, tuning: Tuning | None) -> pb.StreamInfo:

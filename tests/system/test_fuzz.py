@@ -52,6 +52,11 @@ def _run_fuzz(tmp_path) -> tuple[int, dict]:
             lines.append(line)
         code = fuzz.p.wait(timeout=30)
     finally:
+        # The server runs in a session of its own: its whole tree goes, not just the script's.
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(fuzz.p.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
         fuzz.kill()
     out = "\n".join(lines)
     assert "{" in out, f"no JSON (exit code {fuzz.p.returncode}); see {tmp_path}/fuzz.log"

@@ -34,7 +34,7 @@ _CHILD = textwrap.dedent("""
     # Everything the probes use is imported now, while root's files are readable (grpc
     # imports some of its own modules lazily, at the first channel).
     import grpc, grpc._channel, grpc._interceptor
-    from input_client._auth import TokenInterceptor
+    from input_client.auth import TokenInterceptor
     from input_client.proto import pb, pb_grpc
     from input_client.spec import PipelineSpec
     from input_client.wire import PROTOCOL_VERSION

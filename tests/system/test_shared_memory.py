@@ -61,7 +61,8 @@ if __name__ == "__main__":
             for n, _ in enumerate(stream):
                 if cancel and n == 1:
                     break
-    with Server(ServerConfig(listen=[f"unix://{sock}"])) as srv, \
+    roots = sorted({os.path.dirname(p) for p in (corpus, small, model)})
+    with Server(ServerConfig(listen=[f"unix://{sock}"], data_roots=roots)) as srv, \
             InputClient(srv.targets[0], connect_timeout_s=30) as client:
         for i in range(streams // 2, streams):  # through the server
             _, cancel, s = spec(i)
