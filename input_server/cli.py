@@ -99,8 +99,9 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    # Drained: the RPC threads have ended or are past help; do not wait on them at exit.
-    os._exit(0)
+    # Stopped: the RPC threads have ended, or are past help (exit 1: the drain was cut
+    # short); interpreter exit would wait for them.
+    os._exit(0 if server.drained else 1)
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -39,4 +39,4 @@ class SlowPipeline(Pipeline):
         super().__init__(spec)
 
     def _open_source(self, spec: PipelineSpec) -> SlowSource:
-        return SlowSource(DocumentSource.from_spec(spec.source), self.delay_s)
+        return SlowSource(DocumentSource.from_spec(spec.source, self.access), self.delay_s)

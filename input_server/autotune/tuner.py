@@ -39,6 +39,8 @@ from input_server.batching.pipeline import Pipeline, Workers, default_threads
 
 log = logging.getLogger(__name__)
 
+# Why a candidate was skipped when the server's free worker processes could not run it.
+SERVER_CAP = "server's max workers"
 # One measurement at a time in a process: two at once would measure each other.
 _measuring = threading.RLock()
 
@@ -89,7 +91,7 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                 break
             cancel.check()
             if max_processes is not None and c.processes > max_processes and not c.skip:
-                c = dataclasses.replace(c, skip="server's max workers")
+                c = dataclasses.replace(c, skip=SERVER_CAP)
             if progress is not None:
                 progress(c, None)
             if c.skip:
@@ -174,12 +176,14 @@ class Tuner:
         self._tuning: dict[tuple[type, PipelineSpec], threading.Lock] = {}
         self._max_remembered = max_remembered
 
-    def workers_for(self, pipeline: Pipeline, *,
-                    max_processes: int | None = None) -> tuple[Workers, Tuning | None]:
+    def workers_for(self, pipeline: Pipeline, *, max_processes: int | None = None,
+                    ram_budget_mb: float = math.inf) -> tuple[Workers, Tuning | None]:
         """The parallelism for a stream of `pipeline`, and the tuning behind it ("auto").
 
         A remembered choice over `max_processes` (the server's free worker processes) is
-        clipped for this stream; a new tuning runs no candidate over it.
+        clipped for this stream; a new tuning runs no candidate over it, nor over
+        `ram_budget_mb` (what the server's memory budget leaves), and is not remembered when
+        the free processes limited it (a later stream, with more free, tunes again).
         """
         w = pipeline.spec.workers
         if w.count != "auto":
@@ -199,17 +203,19 @@ class Tuner:
                                                f"with {threads} threads meanwhile"), None
                 try:
                     tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
-                                  max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
+                                  max_workers=w.max_workers,
+                                  ram_budget_mb=min(w.ram_budget_mb, ram_budget_mb),
                                   tune_seconds=float(w.tune_seconds),
                                   max_processes=max_processes)
                 finally:
                     _measuring.release()
                 decided = (Workers(tuning.processes, tuning.threads,
                                    f"auto: {tuning.summary()}"), tuning)
-                with self._lock:
-                    self._decided[key] = decided
-                    while len(self._decided) > self._max_remembered:
-                        self._decided.popitem(last=False)
+                if not any(m.skipped == SERVER_CAP for m in tuning.measurements):
+                    with self._lock:
+                        self._decided[key] = decided
+                        while len(self._decided) > self._max_remembered:
+                            self._decided.popitem(last=False)
         finally:
             spec_lock.release()
             with self._lock:

@@ -21,6 +21,10 @@ from input_server import cancel
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 _GLOB_CHARS = frozenset("*?[")
+# Bounds on one glob's walk: its parts (each `**` multiplies the paths a walk can take) and
+# the directory entries it may look at (a walk of a whole disk is not a data set).
+MAX_GLOB_PARTS = 32
+MAX_GLOB_VISITS = 2_000_000
 # Kernel pseudo-filesystems: their "regular files" are live state (a process's environment,
 # memory maps), never data.
 _PSEUDO = ("/proc", "/sys", "/dev")
@@ -82,7 +86,9 @@ class DataAccess:
 
     def _real(self, path: str) -> str:
         assert self.roots is not None
-        return os.path.realpath(os.path.join(self.roots[0], path))  # an absolute path wins
+        # `..` applies to the path as written (normpath) before links are followed: applied
+        # after a link outside the roots, it would tell whether that path is a link.
+        return os.path.realpath(os.path.normpath(os.path.join(self.roots[0], path)))
 
     def _inside(self, real: str) -> bool:
         assert self.roots is not None
@@ -110,7 +116,11 @@ class DataAccess:
         for pattern in patterns:
             cancel.check()
             if _has_glob(pattern):
-                matched = self._glob(pattern)
+                try:
+                    matched = self._glob(pattern)
+                except RecursionError:  # folders nested deeper than Python's stack
+                    raise InvalidSpecError(f"`source.paths`: the glob {shorten(pattern)!r} "
+                                           f"reaches folders nested too deep.") from None
                 if not matched:
                     raise DataNotFoundError(f"`source.paths`: the glob {shorten(pattern)!r} "
                                             f"matches no file.")
@@ -133,57 +143,80 @@ class DataAccess:
     def _glob(self, pattern: str) -> list[str]:
         if self.roots is None:
             return sorted(p for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p))
-        parts = os.path.join(self.roots[0], pattern).split("/")
+        parts = os.path.normpath(os.path.join(self.roots[0], pattern)).split("/")
         fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
-        try:
-            base = os.path.realpath("/".join(parts[:fixed]) or "/")
-        except OSError:
-            base = ""
-        if not base or not self._inside(base):
+        base = os.path.realpath("/".join(parts[:fixed]) or "/")
+        if not self._inside(base):
             raise self._outside("source.paths", pattern)
-        out: list[str] = []
-        self._walk(base, [p for p in parts[fixed:] if p], out)
-        return sorted(out)
+        rest = [p for i, p in enumerate(parts[fixed:]) if p
+                and not (p == "**" and i and parts[fixed + i - 1] == "**")]  # `**/**` = `**`
+        if len(rest) > MAX_GLOB_PARTS:
+            raise InvalidSpecError(f"`source.paths`: the glob {shorten(pattern)!r} has more than "
+                                   f"{MAX_GLOB_PARTS} parts.")
+        walk = _Walk(self, pattern)
+        walk.match(base, rest)
+        return sorted(walk.found)
 
-    def _walk(self, folder: str, rest: list[str], out: list[str]) -> None:
-        """Matches `rest` (pattern components) under `folder`, appending real file paths."""
+
+
+class _Walk:
+    """One glob's walk inside the roots: real paths of regular files, each once; folders are
+    entered through links only when the link stays inside, and each folder once per `**`."""
+
+    def __init__(self, access: DataAccess, pattern: str):
+        self.access, self.pattern = access, pattern
+        self.found: set[str] = set()
+        self.visits = 0
+
+    def match(self, folder: str, rest: list[str], seen: frozenset = frozenset()) -> None:
+        """Matches `rest` (pattern components) under `folder` (a real path inside)."""
         cancel.check()
         head, tail = rest[0], rest[1:]
         if head == "**":
-            tail = tail or ["*"]
-            self._walk(folder, tail, out)  # `**` matching no folder
-            for entry in self._entries(folder, "*"):
-                # Not into links: a walk may never leave the roots, nor loop.
-                if entry.is_dir(follow_symlinks=False):
-                    self._walk(entry.path, rest, out)
-            return
-        if not _has_glob(head):
-            names = [head] if os.path.lexists(os.path.join(folder, head)) else []
-            entries = [os.path.join(folder, n) for n in names]
-        else:
-            entries = [e.path for e in self._entries(folder, head)]
-        for path in entries:
             try:
-                real = os.path.realpath(path)
+                st = os.stat(folder)
             except OSError:
-                continue
-            if not self._inside(real):
+                return
+            if (st.st_dev, st.st_ino) in seen:
+                return  # a link back up: a loop
+            seen = seen | {(st.st_dev, st.st_ino)}
+            self.match(folder, tail or ["*"], seen)  # `**` matching no folder
+            for path in self._entries(folder, "*"):
+                real = os.path.realpath(path)
+                if self.access._inside(real) and os.path.isdir(real):
+                    self.match(real, rest, seen)
+            return
+        if _has_glob(head):
+            paths = self._entries(folder, head)
+        else:
+            paths = [os.path.join(folder, head)] if os.path.lexists(
+                os.path.join(folder, head)) else []
+        for path in paths:
+            real = os.path.realpath(path)
+            if not self.access._inside(real):
                 continue  # silently: the client may not learn it exists
             if tail:
                 if os.path.isdir(real):
-                    self._walk(real, tail, out)
-            elif os.path.isfile(real):
-                out.append(real)
-                self._check_count(len(out))
+                    self.match(real, tail, seen)
+            elif real not in self.found and os.path.isfile(real):
+                self.found.add(real)
+                self.access._check_count(len(self.found))
 
-    @staticmethod
-    def _entries(folder: str, pattern: str) -> list[os.DirEntry]:
+    def _entries(self, folder: str, pattern: str) -> list[str]:
+        """Names in `folder` matching `pattern` (hidden ones only for a pattern that starts
+        with a dot, as glob does), counted against MAX_GLOB_VISITS."""
         try:
             with os.scandir(folder) as it:
-                return [e for e in it if fnmatch.fnmatchcase(e.name, pattern)
-                        and (not e.name.startswith(".") or pattern.startswith("."))]
+                names = [e.name for e in it]
         except OSError:  # unreadable or vanished: as glob does, nothing there
             return []
+        self.visits += len(names)
+        if self.visits > MAX_GLOB_VISITS:
+            raise InvalidSpecError(
+                f"`source.paths`: the glob {shorten(self.pattern)!r} looks at more than "
+                f"{MAX_GLOB_VISITS:,} directory entries; name a narrower folder.")
+        return [os.path.join(folder, n) for n in names if fnmatch.fnmatchcase(n, pattern)
+                and (not n.startswith(".") or pattern.startswith("."))]
 
 
 OPERATOR = DataAccess()

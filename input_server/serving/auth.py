@@ -26,7 +26,8 @@ from input_client.auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "input-server.sock"
+# The name clients of earlier releases dial in $XDG_RUNTIME_DIR.
+SOCKET_NAME = f"input-server-{os.geteuid()}.sock"
 # Probes (kubelet, load balancers) carry no token; health tells them only SERVING or not.
 OPEN_METHODS = "/grpc.health.v1.Health/"
 UNAUTHENTICATED = "missing or wrong token; pass token= or token_file= to the client"

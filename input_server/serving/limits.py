@@ -15,10 +15,9 @@ _MIB = 1 << 20
 # A batch on the server at its widest: MaxText's six arrays of int32 per token (the packed
 # form and the wire form are smaller; this bounds both).
 BYTES_PER_TOKEN = 6 * 4
-# A group of documents being read and tokenized: its text (at most GROUP_RAW_CHARS, held as
-# str and bytes) and its tokens, and one more waiting in Grain's buffer per thread.
-GROUP_MIB = 16
-GROUPS_PER_THREAD = 2
+# A group of documents being read and tokenized by one thread: its text (at most
+# GROUP_RAW_CHARS) and its tokens.
+GROUP_MIB = 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,7 +37,7 @@ def stream_memory_mb(spec: PipelineSpec, *, queue_depth: int, message_tokens: in
     b = spec.batch
     batch_mb = b.size * b.seq_len * BYTES_PER_TOKEN / _MIB
     batches = queue_depth + batches_per_message(b.size, b.seq_len, message_tokens) + 2
-    groups = max(1, processes) * max(1, threads) * GROUPS_PER_THREAD
+    groups = max(1, processes) * threads
     return batches * batch_mb + groups * GROUP_MIB
 
 

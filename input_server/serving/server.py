@@ -22,10 +22,11 @@ from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
+from input_server.errors import InvalidSpecError
 from input_server.serving import auth
 from input_server.serving.auth import default_socket
 from input_server.serving.coalesce import MESSAGE_TOKENS
-from input_server.serving.limits import Limits
+from input_server.serving.limits import Limits, check_workers
 from input_server.serving.service import InputServicer, add_to_server
 
 log = logging.getLogger(__name__)
@@ -205,8 +206,14 @@ class Server:
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
         # The operator's pipelines read any path, within the document limit.
         operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
+        for name, spec in self.config.pipelines.items():
+            try:
+                check_workers(spec, self.config.max_workers)
+            except InvalidSpecError as e:
+                raise InvalidSpecError(f"--pipelines {name!r}: {e}") from None
         pipelines = {name: Pipeline(spec, operator)
                      for name, spec in self.config.pipelines.items()}
+        self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()
         self._stopped = threading.Event()
         c = self.config
@@ -280,8 +287,9 @@ class Server:
         # Streams end with UNAVAILABLE at their next batch or tick; health and info still
         # answer meanwhile (gRPC's own stop refuses every new call at once).
         deadline = time.monotonic() + grace
-        while self._servicer.active_streams() and time.monotonic() < deadline:
+        while self._servicer.active_requests() and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.drained = not self._servicer.active_requests()
         self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
         self._remove_own_sockets()
         self._stopped.set()

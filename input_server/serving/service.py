@@ -27,6 +27,7 @@ from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline, Workers, default_threads
 from input_server.data.roots import DataAccess
 from input_server.errors import (
+    CancelledError,
     DataNotFoundError,
     InputServerError,
     InvalidSpecError,
@@ -35,7 +36,7 @@ from input_server.errors import (
     status_of,
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
-from input_server.serving.limits import Limits, check_memory, check_workers
+from input_server.serving.limits import Limits, check_memory, check_workers, stream_memory_mb
 from input_server.serving.session import UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool, Slot
 
@@ -117,6 +118,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._tuner = tuner or Tuner()
         self._ids = itertools.count(1)
         self._sessions: dict[int, tuple[StreamSession, Tuning | None]] = {}
+        self._handlers = 0  # StreamBatches calls from their start to their very end
         self._lock = threading.Lock()
 
     def _pipeline_of(self, request: pb.StreamBatchesRequest) -> tuple[str, Pipeline]:
@@ -135,14 +137,14 @@ class InputServicer(pb_grpc.InputServiceServicer):
         return "(request)", Pipeline(spec, self._limits.access)
 
     def _check_fits(self, spec: PipelineSpec) -> None:
-        """Refuses a spec over the server's worker cap or memory budget, at its largest."""
-        cap = self._limits.max_workers
-        check_workers(spec, cap)
+        """Refuses a spec over the server's worker cap, or over its memory budget with the
+        parallelism it asks for ("auto": the least; tuning then keeps within the rest)."""
+        check_workers(spec, self._limits.max_workers)
         count = spec.workers.count
-        processes = cap if count == "auto" else count
+        processes = 0 if count == "auto" else count
         check_memory(spec, self._limits.stream_memory_mb, queue_depth=self._queue_depth,
                      message_tokens=self._message_tokens, processes=processes,
-                     threads=default_threads(processes))
+                     threads=1 if count == "auto" else default_threads(processes))
 
     def _workers(self, pipeline: Pipeline, left: threading.Event) -> tuple[Workers,
                                                                          Tuning | None, int]:
@@ -150,12 +152,17 @@ class InputServicer(pb_grpc.InputServiceServicer):
         processes reserved for it (released by the caller)."""
         w = pipeline.spec.workers
         if w.count != "auto":
-            self._processes.take(w.count, left)
+            self._processes.take(w.count, left, self._draining)
             return (Workers(w.count, default_threads(w.count), "fixed by workers.count"), None,
                     w.count)
         # Tuning's candidates run briefly within what is free now; the choice is then held.
-        workers, tuning = self._tuner.workers_for(pipeline,
-                                                  max_processes=self._processes.free())
+        # Their measured memory stays within what the batches leave of the stream's budget.
+        batches_mb = stream_memory_mb(pipeline.spec, queue_depth=self._queue_depth,
+                                      message_tokens=self._message_tokens, processes=0,
+                                      threads=0)
+        workers, tuning = self._tuner.workers_for(
+            pipeline, max_processes=self._processes.free(),
+            ram_budget_mb=self._limits.stream_memory_mb - batches_mb)
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile
             workers = Workers(got, default_threads(got),
@@ -173,6 +180,25 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise RefusedError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
             raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
+        with self._lock:
+            # Streams whose client left free their slot at once but keep a thread while their
+            # set-up or teardown finishes: at most as many again, so that health and info
+            # always find a thread.
+            busy = self._handlers >= 2 * self._max_streams
+            if not busy:
+                self._handlers += 1
+        if busy:
+            raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               "the server is still closing streams of clients that left; "
+                               "retry shortly.")
+        try:
+            yield from self._stream(request, context)
+        finally:
+            with self._lock:
+                self._handlers -= 1
+
+    def _stream(self, request: pb.StreamBatchesRequest,
+                context: grpc.ServicerContext) -> Iterator[pb.Batch]:
         slot = Slot(self._slots)
         if not slot.take():
             raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -193,14 +219,20 @@ class InputServicer(pb_grpc.InputServiceServicer):
             on_leave()
         reserved = 0
         try:
-            with cancel.scope(left, self._draining):
-                cancel.check()
-                name, pipeline = self._pipeline_of(request)
-                # The state first: a request refused for it must not wait for (or hold) a
-                # tuning.
-                position = pipeline.parse_state(request.resume_state)
-                workers, tuning, reserved = self._workers(pipeline, left)
-                cancel.check()
+            try:
+                with cancel.scope(left, self._draining):
+                    cancel.check()
+                    name, pipeline = self._pipeline_of(request)
+                    # The state first: a request refused for it must not wait for (or hold) a
+                    # tuning.
+                    position = pipeline.parse_state(request.resume_state)
+                    workers, tuning, reserved = self._workers(pipeline, left)
+                    cancel.check()
+            except CancelledError:
+                if self._draining.is_set() and not left.is_set():  # the client may resume
+                    raise RefusedError(grpc.StatusCode.UNAVAILABLE,
+                                       "the server is shutting down.") from None
+                raise
             stream = pipeline.stream(position, workers=workers)
             stream_id = next(self._ids)
             session = StreamSession(stream_id, name, stream, self._queue_depth,
@@ -221,10 +253,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     self._sessions.pop(session.stream_id, None)
             self._processes.give(reserved)
 
-    def active_streams(self) -> int:
-        """Streams still running (their teardown included)."""
+    def active_requests(self) -> int:
+        """Streams being set up, running or closing."""
         with self._lock:
-            return len(self._sessions)
+            return self._handlers
 
     def _send(self, session: StreamSession,
               context: grpc.ServicerContext) -> Iterator[pb.Batch]:

@@ -46,18 +46,18 @@ class ProcessPool:
         with self._cond:
             return self._free
 
-    def take(self, n: int, left: threading.Event) -> None:
+    def take(self, n: int, *stop: threading.Event) -> None:
         """Takes `n` processes, waiting up to PROCESS_WAIT_S for them.
 
         Raises:
           RefusedError: RESOURCE_EXHAUSTED, other streams hold them.
-          CancelledError: `left` was set meanwhile.
+          CancelledError: one of `stop` (the client left, the server drains) was set meanwhile.
         """
         deadline = time.monotonic() + PROCESS_WAIT_S
         with self._cond:
             while self._free < n:
-                if left.is_set():
-                    raise CancelledError("the client left while waiting for worker processes.")
+                if any(e.is_set() for e in stop):
+                    raise CancelledError("cancelled while waiting for worker processes.")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RefusedError(

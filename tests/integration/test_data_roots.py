@@ -135,3 +135,45 @@ def test_relative_paths_join_the_first_root_and_links_inside_are_followed(place)
                   ["sub/../corpus.jsonl"]):
         code, details, messages = stream(target, spec(paths))
         assert code == grpc.StatusCode.OK and messages[-1].end_of_data, (paths, details)
+
+
+def test_dotdot_after_a_link_outside_tells_nothing_of_the_link(place, tmp_path):
+    """`..` applies to the path as written: after a link outside the roots it would say
+    whether that path is a link (and how deep its target lies)."""
+    target, root, secret = place
+    outside = secret.parent
+    (outside / "to_usr").symlink_to("/usr/share", target_is_directory=True)
+    (outside / "plain").mkdir()
+    answers = {stream(target, spec([f"{p}/../../root/corpus.jsonl"]))[0]
+               for p in (str(outside / "to_usr"), str(outside / "plain"),
+                         str(outside / "missing"))}
+    assert answers == {grpc.StatusCode.OK}  # each is root/corpus.jsonl, as written
+
+
+@pytest.mark.parametrize("pattern", ["**/**/**/**/**/**/**/**/*.jsonl", "sub/../*.jsonl",
+                                     "./**/corpus.jsonl"])
+def test_odd_globs_match_each_file_once(place, pattern):
+    target, root, _ = place
+    code, details, messages = stream(target, spec([pattern]))
+    plain = stream(target, spec(["corpus.jsonl"]))
+    assert code == grpc.StatusCode.OK, details
+    assert len(messages) == len(plain[2])  # corpus.jsonl (and its link inside) once
+
+
+def test_a_glob_with_too_many_parts_is_refused_not_a_crash(place):
+    target, root, _ = place
+    code, details, _ = stream(target, spec(["*/" * 40 + "a.jsonl"]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "parts" in details
+    code, details, _ = stream(target, spec(["**/" * 1200 + "a.jsonl"]))  # collapses to one
+    assert code == grpc.StatusCode.NOT_FOUND, details
+
+
+def test_a_glob_follows_links_to_folders_inside_the_roots(place):
+    target, root, _ = place
+    (root / "shards").mkdir(exist_ok=True)
+    link = root / "shards" / "linked"
+    if not link.exists():
+        link.symlink_to(root / "sub", target_is_directory=True)
+    code, details, messages = stream(target, spec(["shards/**/*.jsonl"]))
+    assert code == grpc.StatusCode.OK, details  # sub/inner_link.jsonl, reached by the link
+

@@ -178,3 +178,12 @@ def test_a_request_over_the_size_limit_is_refused_before_it_is_read(limited, mak
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     code, _, n = call(limited, make_spec().to_proto())
     assert code == grpc.StatusCode.OK and n > 1
+
+
+def test_a_named_pipeline_over_the_worker_cap_stops_the_start(tmp_path, make_spec):
+    """Else every stream of it would wait for processes it can never get."""
+    with pytest.raises(Exception) as e:
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2,
+                            pipelines={"big": make_spec(workers={"count": 3})}))
+    assert "'big'" in str(e.value) and "--max-workers 2" in str(e.value)
+    assert not os.path.exists(tmp_path / "s.sock")

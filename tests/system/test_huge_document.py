@@ -72,7 +72,7 @@ def test_a_200_mb_document_is_refused_and_other_streams_flow(tmp_path, make_spec
             consumer.join(10)
             flowing.close()
         assert server.is_running(), f"server killed at {peak[0] >> 20} MiB"
-        assert len(gaps) > 10 and max(gaps) < 2.0, (len(gaps), max(gaps, default=0))
+        assert len(gaps) > 10 and max(gaps) < 5.0, (len(gaps), max(gaps, default=0))
         assert peak[0] < 2 << 30, peak[0] >> 20
     finally:
         stop.set()

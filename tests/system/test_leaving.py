@@ -32,13 +32,13 @@ def cpu_seconds() -> float:
 
 
 def test_a_cancelled_glob_stops_and_frees_its_slot_within_a_second(tmp_path, make_spec):
-    """A glob walking /usr (seconds of work) for a client whose deadline passed: the walk
-    stops, and the one stream slot takes the next client."""
+    """A glob walking the whole disk (seconds of work, up to the walk's bound) for a client
+    whose deadline passed: the walk stops, and the one stream slot takes the next client."""
     config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=["/"],
                           max_streams=1)
     with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
         stub = pb_grpc.InputServiceStub(channel)
-        walk = make_spec(source={"paths": ["/usr/**/no_such_name_*.jsonl"]})
+        walk = make_spec(source={"paths": ["/**/no_such_name_*.jsonl"]})
         start = time.monotonic()
         with pytest.raises(grpc.RpcError) as e:
             list(stub.StreamBatches(request(walk), timeout=0.5))
@@ -47,11 +47,11 @@ def test_a_cancelled_glob_stops_and_frees_its_slot_within_a_second(tmp_path, mak
         # Free: a valid stream is served, not RESOURCE_EXHAUSTED.
         first = next(iter(stub.StreamBatches(request(make_spec()), timeout=30)))
         assert first.sequence_number == 0
-        assert time.monotonic() - start < 5
-        # And the walk is no longer burning CPU.
+        assert time.monotonic() - start < 8
+        # And the walk is no longer burning CPU (this process's: the server runs in it).
         before = cpu_seconds()
         time.sleep(1.0)
-        assert cpu_seconds() - before < 0.3
+        assert cpu_seconds() - before < 0.5
 
 
 def test_a_reconnecting_client_finds_its_slot_free(tmp_path, make_spec):
@@ -88,17 +88,17 @@ def test_a_cancelled_tuning_stops_and_never_held_up_another_spec(tmp_path, make_
         start = time.monotonic()
         first = next(iter(stub.StreamBatches(request(other), timeout=30)))
         assert first.sequence_number == 0
-        assert time.monotonic() - start < 5  # not the 60 s of the first spec's tuning
+        assert time.monotonic() - start < 15  # not the 60 s of the first spec's tuning
         leaver.join(30)
         assert outcome["code"] == grpc.StatusCode.DEADLINE_EXCEEDED
         # The tuning's worker processes are gone within about a second of the deadline.
-        deadline = outcome["at"] + 3
+        deadline = outcome["at"] + 5
         while worker_processes() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not worker_processes()
         before = cpu_seconds()
         time.sleep(1.0)
-        assert cpu_seconds() - before < 0.3
+        assert cpu_seconds() - before < 0.5
 
 
 def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(tmp_path,
@@ -129,8 +129,28 @@ def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(
             took = time.monotonic() - start
         assert child.p.poll() is not None, "still running 15 s after SIGTERM"
         assert took < 2 + 4, took
+        assert child.p.returncode == 1  # the drain was cut short, and says so
         assert health_pb2.HealthCheckResponse.NOT_SERVING in seen, seen
         assert health_pb2.HealthCheckResponse.SERVING not in seen, seen
         assert not os.path.exists(tmp_path / "s.sock")
     finally:
         child.kill()
+
+
+def test_a_stream_being_set_up_when_the_server_drains_gets_unavailable(tmp_path, make_spec):
+    """UNAVAILABLE, which a client resumes from elsewhere, not CANCELLED, which it does not."""
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=["/"], grace_s=3)
+    srv = Server(config)
+    with grpc.insecure_channel(srv.targets[0]) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        walk = make_spec(source={"paths": ["/**/no_such_name_*.jsonl"]})
+        call = stub.StreamBatches(request(walk), timeout=30)
+        time.sleep(0.5)  # walking
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        stopper.join(10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    assert srv.drained
+
