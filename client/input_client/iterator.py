@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 
-from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client._reconnect import RECONNECT_OPTIONS, Outage, check_protocol
+from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec

@@ -25,7 +25,10 @@ def ensure_absl_flags_parsed() -> None:
 
 
 # The signal Linux sends a worker when the thread that started it ends (PR_SET_PDEATHSIG).
-PARENT_DEATH_SIGNAL = signal.SIGUSR2
+# One whose default action is to ignore it: while a worker's interpreter shuts down (a clean
+# stop), Python has put the default actions back, and SIGUSR2's (terminate) killed it
+# mid-exit (exit code -12) when the thread ended at that moment.
+PARENT_DEATH_SIGNAL = signal.SIGURG
 
 
 def _die_with_parent(server_pid: int, worker_index: int, worker_count: int) -> None:

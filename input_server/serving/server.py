@@ -32,6 +32,8 @@ from input_server.serving.service import InputServicer, add_to_server
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20
+# Threads no stream may take: health checks and info always answer.
+SPARE_THREADS = 2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
 
@@ -229,7 +231,7 @@ class Server:
         # it closes (its slot already free); the spare threads keep health and info answering
         # when every stream slot is busy.
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2 * c.max_streams + 4,
+            futures.ThreadPoolExecutor(max_workers=self._servicer.max_handlers + SPARE_THREADS,
                                        thread_name_prefix="rpc"),
             interceptors=auth.interceptors(policy),
             options=[("grpc.so_reuseport", 0),

@@ -119,6 +119,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._ids = itertools.count(1)
         self._sessions: dict[int, tuple[StreamSession, Tuning | None]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
+        self.max_handlers = 2 * max_streams + 2
         self._lock = threading.Lock()
 
     def _pipeline_of(self, request: pb.StreamBatchesRequest) -> tuple[str, Pipeline]:
@@ -182,9 +183,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
         with self._lock:
             # Streams whose client left free their slot at once but keep a thread while their
-            # set-up or teardown finishes: at most as many again, so that health and info
-            # always find a thread.
-            busy = self._handlers >= 2 * self._max_streams
+            # set-up or teardown finishes: at most `max_handlers` in all, so that health and
+            # info always find one of the server's threads.
+            busy = self._handlers >= self.max_handlers
             if not busy:
                 self._handlers += 1
         if busy:
