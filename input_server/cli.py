@@ -58,6 +58,14 @@ def _exit_now(server) -> None:
     os._exit(1)
 
 
+def _tune_cache(value: str | None) -> str | None:
+    from input_server.autotune.remembered import default_folder
+
+    if value == "off":
+        return None
+    return os.path.abspath(value) if value else default_folder()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
     from input_server.serving.server import Server, ServerConfig
@@ -74,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
             token_file=args.token_file, insecure_tcp=args.insecure_tcp,
             insecure_abstract=args.insecure_abstract, socket_group=args.socket_group,
             stream_memory_mb=args.stream_memory_mb, max_document_mb=args.max_document_mb,
-            max_files=args.max_files, **optional))
+            max_files=args.max_files, tune_cache=_tune_cache(args.tune_cache), **optional))
     except (InputServerError, OSError, ValueError) as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -265,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="the most files a request may name after globbing")
     serve.add_argument("--max-workers", type=int, metavar="N",
                        help="worker processes across all streams (default the CPU count)")
+    serve.add_argument("--tune-cache", metavar="DIR|off",
+                       help="where \"auto\" worker choices persist across restarts (default "
+                            "$XDG_CACHE_HOME/input-server/tune); off = tune again each start")
     serve.add_argument("--max-streams", type=int, default=8, help="concurrent streams")
     serve.add_argument("--queue-depth", type=int, default=4,
                        help="batches each stream prepares ahead of the network")

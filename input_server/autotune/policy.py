@@ -162,6 +162,22 @@ class Tuning:
             d["ram_budget_mb"] = None
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tuning:
+        """The inverse of `to_dict` (derived fields dropped).
+
+        Raises:
+          TypeError, ValueError, KeyError: `d` is not a tuning's dict.
+        """
+        fields = {f.name for f in dataclasses.fields(Measurement)}
+        measurements = tuple(Measurement(**{k: v for k, v in m.items() if k in fields})
+                             for m in d["measurements"])
+        keep = {f.name for f in dataclasses.fields(cls)} - {"measurements"}
+        values = {k: v for k, v in d.items() if k in keep}
+        if values.get("ram_budget_mb") is None:
+            values["ram_budget_mb"] = math.inf
+        return cls(measurements=measurements, **values)
+
 def si_units(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= scale:

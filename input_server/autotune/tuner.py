@@ -34,6 +34,7 @@ from input_server.autotune.policy import (
     decide,
     pool,
 )
+from input_server.autotune.remembered import TuneCache
 from input_server.autotune.search import Candidate, capped, next_candidate, skipped_row
 from input_server.batching.pipeline import Pipeline, Workers, default_threads
 
@@ -164,10 +165,12 @@ class Tuner:
     later stream. One `Tuner` belongs to one server: its remembered choices go with it.
 
     Args:
-      max_remembered: choices kept, the oldest forgotten first.
+      max_remembered: choices kept in memory, the oldest forgotten first.
+      cache: where choices persist across restarts (`remembered.TuneCache`); None = nowhere.
     """
 
-    def __init__(self, *, max_remembered: int = 64):
+    def __init__(self, *, max_remembered: int = 64, cache: TuneCache | None = None):
+        self._cache = cache
         self._lock = threading.Lock()
         # By the pipeline's kind and spec: a stand-in source (testing.SlowPipeline) over the
         # same files is another pipeline.
@@ -196,6 +199,13 @@ class Tuner:
         try:
             with self._lock:
                 decided = self._decided.get(key)
+            if decided is None and self._cache is not None:
+                remembered = self._cache.get(pipeline.spec)
+                if remembered is not None:
+                    decided = (Workers(remembered.processes, remembered.threads,
+                                       f"auto, remembered: {remembered.summary()}"), remembered)
+                    with self._lock:
+                        self._decided[key] = decided
             if decided is None:
                 if not _measuring.acquire(blocking=False):
                     threads = default_threads(0)
@@ -216,6 +226,8 @@ class Tuner:
                         self._decided[key] = decided
                         while len(self._decided) > self._max_remembered:
                             self._decided.popitem(last=False)
+                    if self._cache is not None:
+                        self._cache.put(pipeline.spec, tuning)
         finally:
             spec_lock.release()
             with self._lock:

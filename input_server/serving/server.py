@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from input_client.proto import pb
 from input_client.spec import PipelineSpec
 from input_client.wire import MESSAGE_OPTIONS
+from input_server.autotune.remembered import TuneCache
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
@@ -142,6 +143,8 @@ class ServerConfig:
       max_document_mb: a longer document ends its stream with INVALID_ARGUMENT.
       max_files: the most files a request's paths may name after globbing.
       max_workers: worker processes across all streams of this server; default the CPU count.
+      tune_cache: a folder where "auto" choices persist across restarts (the CLI's default:
+        `remembered.default_folder()`); None = kept in memory only.
     """
 
     listen: Sequence[str] = ()
@@ -159,6 +162,7 @@ class ServerConfig:
     max_document_mb: float = 64.0
     max_files: int = 100_000
     max_workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    tune_cache: str | None = None
 
     def __post_init__(self):
         if self.max_streams < 1:
@@ -226,7 +230,9 @@ class Server:
         self._servicer = InputServicer(pipelines, max_streams=c.max_streams,
                                        queue_depth=c.queue_depth,
                                        message_tokens=c.message_tokens,
-                                       draining=self._draining, tuner=Tuner(), limits=limits)
+                                       draining=self._draining, limits=limits,
+                                       tuner=Tuner(cache=TuneCache(c.tune_cache)
+                                                   if c.tune_cache else None))
         # Streams hold a thread each, and a stream whose client left keeps its thread while
         # it closes (its slot already free); the spare threads keep health and info answering
         # when every stream slot is busy.

@@ -1,0 +1,111 @@
+""""auto" choices remembered across server restarts (`autotune/remembered.py`): a restarted
+server starts the spec's streams at the remembered parallelism at once; a corrupt or foreign
+cache file is ignored with a warning, never a failed stream."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import time
+
+import pytest
+
+from input_client import InputClient
+from input_server.autotune import remembered
+from input_server.autotune.policy import Measurement, Tuning
+from input_server.autotune.remembered import TuneCache
+from input_server.serving.server import Server, ServerConfig
+
+
+def a_tuning() -> Tuning:
+    rows = (Measurement(processes=0, threads=1, batches_per_s=100.0, tokens_per_s=4e4,
+                        rss_mb=3.0, cpu_cores=0.9, startup_s=0.1, seconds=1.0, batches=100),
+            Measurement(processes=0, threads=2, batches_per_s=180.0, tokens_per_s=7e4,
+                        rss_mb=5.0, cpu_cores=1.7, startup_s=0.1, seconds=1.0, batches=180),
+            Measurement(processes=2, threads=1, skipped="max workers"))
+    return Tuning(processes=0, threads=2, reason="plateau", detail="180 batches/s",
+                  measurements=rows, ram_budget_mb=float("inf"), tune_seconds=2.5)
+
+
+def test_a_choice_comes_back_as_it_was_put(tmp_path, make_spec):
+    cache = TuneCache(str(tmp_path / "tune"))
+    spec = make_spec(workers={"count": "auto"})
+    assert cache.get(spec) is None
+    cache.put(spec, a_tuning())
+    assert cache.get(spec) == a_tuning()
+    (path,) = (tmp_path / "tune").iterdir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "tune").stat().st_mode) == 0o700
+    # Another demand, other data, another host's CPU count: other keys.
+    assert cache.get(make_spec(workers={"count": "auto", "target_batches_per_s": 5})) is None
+    assert cache.get(make_spec(workers={"count": "auto"}, order={"seed": 3})) is None
+
+
+def test_a_corrupt_or_foreign_file_is_ignored_with_a_warning(tmp_path, make_spec, caplog,
+                                                             monkeypatch):
+    cache = TuneCache(str(tmp_path))
+    spec = make_spec(workers={"count": "auto"})
+    cache.put(spec, a_tuning())
+    (path,) = tmp_path.iterdir()
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(spec) is None
+    assert str(path) in caplog.text and "cannot be read" in caplog.text
+    caplog.clear()
+    record = {"key": {**remembered.key_fields(spec), "cpus": 999}, "tuning": {}}
+    path.write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(spec) is None
+    assert "another spec, host or version" in caplog.text
+    caplog.clear()
+    path.write_text(json.dumps({"key": remembered.key_fields(spec), "tuning": {"x": 1}}))
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(spec) is None
+    assert str(path) in caplog.text
+
+
+def test_an_unwritable_cache_warns_and_the_stream_goes_on(tmp_path, make_spec, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = TuneCache(str(blocker / "tune"))  # a folder under a file: cannot be made
+    with caplog.at_level(logging.WARNING):
+        cache.put(make_spec(workers={"count": "auto"}), a_tuning())
+    assert "cannot write" in caplog.text
+
+
+def test_a_restarted_server_starts_at_the_remembered_choice_at_once(tmp_path, make_spec):
+    spec = make_spec(workers={"count": "auto", "tune_seconds": 4})
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"))
+
+    def first_stream() -> tuple[float, str]:
+        with Server(config) as srv, InputClient(srv.targets[0]) as client:
+            start = time.monotonic()
+            with client.batches(spec) as it:
+                next(it)
+                took = time.monotonic() - start
+                (stream,) = client.info().streams
+            return took, stream.worker_reason
+
+    tuned_s, tuned_reason = first_stream()
+    assert "remembered" not in tuned_reason and "candidates measured" in tuned_reason
+    assert len(os.listdir(tmp_path / "t")) == 1
+    again_s, again_reason = first_stream()  # a new server: nothing in memory
+    assert again_reason.startswith("auto, remembered: ")
+    assert again_reason.split(": ", 1)[1] == tuned_reason.split(": ", 1)[1]
+    assert again_s < tuned_s / 2, (again_s, tuned_s)
+    # Without a cache folder, a new server tunes again.
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/u.sock"])) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+        next(it)
+        assert "remembered" not in client.info().streams[0].worker_reason
+
+
+@pytest.mark.parametrize("value, expected", [("off", None), (None, "default")])
+def test_serve_tune_cache_flag(value, expected, monkeypatch, tmp_path):
+    from input_server import cli
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    got = cli._tune_cache(value)
+    assert got == (None if expected is None else str(tmp_path / "input-server" / "tune"))
