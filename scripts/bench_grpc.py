@@ -98,7 +98,7 @@ def _receive(target: str, client: str, server, count: int) -> dict:
                 await channel.channel_ready()
                 stub = pb_grpc.InputServiceStub(channel)
                 marks = time.perf_counter(), _cpu(server), _cpu(me)
-                async for _ in stub.StreamBatches(pb.StreamBatchesRequest()):
+                async for _ in stub.StreamBatches(iter([pb.StreamBatchesRequest()])):
                     pass
                 return figures(*marks)
 
@@ -109,7 +109,7 @@ def _receive(target: str, client: str, server, count: int) -> dict:
         grpc.channel_ready_future(channel).result(timeout=60)
         stub = pb_grpc.InputServiceStub(channel)
         marks = time.perf_counter(), _cpu(server), _cpu(me)
-        for _ in stub.StreamBatches(pb.StreamBatchesRequest()):
+        for _ in stub.StreamBatches(iter([pb.StreamBatchesRequest()])):
             pass
         return figures(*marks)
 

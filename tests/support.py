@@ -273,8 +273,8 @@ def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = No
 
     spec = spec if isinstance(spec, pb.PipelineSpec) else spec.to_proto()
     with dial(target, token) as channel:
-        call = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION))
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
+            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]))
         messages = [next(call)]
         time.sleep(pause_s)
         messages += list(call)

@@ -55,9 +55,10 @@ class _Details(collections.namedtuple(
     pass
 
 
-class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds `authorization: Bearer TOKEN` to every call (the service has only unary and
-    server-streaming methods)."""
+class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                       grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call (unary `GetInfo`, bidirectional
+    `StreamBatches`; server-streaming for callers that send one request)."""
 
     def __init__(self, token: str):
         self._metadata = (("authorization", f"Bearer {token}"),)
@@ -72,3 +73,6 @@ class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._with_token(client_call_details), request_iterator)

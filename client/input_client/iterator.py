@@ -12,6 +12,7 @@ import grpc
 
 from input_client._reconnect import RECONNECT_OPTIONS, Outage, check_protocol
 from input_client.auth import TokenInterceptor, check_token, read_token_file
+from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
@@ -173,6 +174,8 @@ class BatchIterator:
         self._outage: Outage | None = None  # while reconnecting
         self._stop = threading.Event()
         self._lock = threading.Lock()  # orders close() against the fetch thread's new calls
+        self._prefetch = prefetch
+        self._taken: dict[int, Taken] = {}  # by id() of the call whose batches they count
         self._call: Any = self._open()
         self._done = False
         self.wait_time_s = 0.0
@@ -187,7 +190,12 @@ class BatchIterator:
         request = pb.StreamBatchesRequest()
         request.CopyFrom(self._request)
         request.resume_state = self._resume
-        return self._client._stub.StreamBatches(request)
+        # The batches this client holds untaken: its prefetch queue and the one in hand.
+        request.window = self._prefetch + 1
+        taken = Taken()
+        call = self._client._stub.StreamBatches(taken.requests(request))
+        self._taken[id(call)] = taken
+        return call
 
     def _track(self, call: Any) -> bool:
         """Makes `call` the one `close()` cancels; False (and cancelled) if closed already."""
@@ -211,6 +219,7 @@ class BatchIterator:
 
         Raises whatever decoding or placement raises.
         """
+        taken = self._taken.get(id(call))
         try:
             for message in call:
                 if self._outage is not None:
@@ -220,17 +229,21 @@ class BatchIterator:
                     self._outage = None
                 for msg in batches_of(message):
                     if msg.end_of_data:
-                        put((_END, msg.sequence_number, None, 0))
+                        put((_END, msg.sequence_number, None, 0, None))
                         return None
                     arrays = self._place(decode_batch(msg.tensors))
                     if not put((arrays, msg.sequence_number, decode_state(msg.state),
-                                msg.num_tokens)):
+                                msg.num_tokens, taken)):
                         return None
                     self._resume = msg.state
         except grpc.RpcError as e:
             if self._stop.is_set():
                 return None
             return StreamError(e.code(), e.details())
+        finally:
+            if taken is not None:
+                taken.end()
+            self._taken.pop(id(call), None)
         if self._stop.is_set():
             return None
         # A stream that stops without its end-of-data marker lost something (a proxy or a
@@ -297,7 +310,7 @@ class BatchIterator:
             raise StopIteration
         start = time.perf_counter()
         try:
-            arrays, seq, state, num_tokens = self._fetcher.get()
+            arrays, seq, state, num_tokens, taken = self._fetcher.get()
         except StopIteration:
             self._done = True
             raise StreamError(grpc.StatusCode.CANCELLED, "the iterator was closed.") from None
@@ -315,6 +328,8 @@ class BatchIterator:
         if arrays is _END:
             self.close()
             raise StopIteration
+        if taken is not None:
+            taken.took()  # the server may send one more
         self._expected_seq += 1
         self._state = state
         self.batches_yielded += 1
@@ -353,3 +368,4 @@ class BatchIterator:
             fetcher = getattr(self, "_fetcher", None)
             if fetcher is not None:
                 fetcher.stop()
+

@@ -24,7 +24,9 @@ from input_client.proto import pb
 #   1: compact packed batches (`inputs` + segment lengths), one batch a message.
 #   2: token ids as uint16 when the vocabulary fits; small batches share a message
 #      (`Batch.following`).
-PROTOCOL_VERSION = 2
+#   3: the stream is bidirectional: the client's later requests report the batches its loop
+#      has taken (`batches_taken`), within its `window` (flow control).
+PROTOCOL_VERSION = 3
 
 
 def protocol_mismatch(server: str, server_version: int, client_version: int) -> str | None:

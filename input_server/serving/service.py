@@ -36,11 +36,15 @@ from input_server.errors import (
     status_of,
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.credit import Credit
 from input_server.serving.limits import Limits, check_memory, check_workers, stream_memory_mb
 from input_server.serving.session import UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool, Slot
 
 log = logging.getLogger(__name__)
+
+# How often a stream waiting for the client's credit checks for cancellation and draining.
+_CREDIT_WAIT_S = 0.1
 
 
 def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
@@ -66,10 +70,9 @@ def _guard_stream(method: Callable) -> Callable:
     """The choke point of a streaming method: any exception becomes its status."""
 
     @functools.wraps(method)
-    def guarded(self, request, context):
+    def guarded(self, requests, context):
         try:
-            request = _parsed(pb.StreamBatchesRequest, request)
-            yield from method(self, request, context)
+            yield from method(self, requests, context)
         except Exception as e:  # noqa: BLE001 - every exception gets its status here
             _abort(context, e)
 
@@ -117,7 +120,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._draining = draining
         self._tuner = tuner or Tuner()
         self._ids = itertools.count(1)
-        self._sessions: dict[int, tuple[StreamSession, Tuning | None]] = {}
+        self._sessions: dict[int, tuple[StreamSession, Tuning | None, Credit]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
         self.max_handlers = 2 * max_streams + 2
         self._lock = threading.Lock()
@@ -172,8 +175,13 @@ class InputServicer(pb_grpc.InputServiceServicer):
         return workers, tuning, got
 
     @_guard_stream
-    def StreamBatches(self, request: pb.StreamBatchesRequest,
+    def StreamBatches(self, requests: Iterator[Any],
                       context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+        # The first request names the pipeline; the later ones are the client's credit.
+        try:
+            request = _parsed(pb.StreamBatchesRequest, next(requests))
+        except StopIteration:
+            raise InvalidSpecError("the stream carried no request.") from None
         # Batches laid out another way would be misread (or raise out of sequence).
         refusal = protocol_mismatch(f"this server (input-server {__version__})",
                                     PROTOCOL_VERSION, request.protocol_version)
@@ -192,14 +200,16 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                "the server is still closing streams of clients that left; "
                                "retry shortly.")
+        credit = Credit(request.window)
+        credit.follow(requests)
         try:
-            yield from self._stream(request, context)
+            yield from self._stream(request, context, credit)
         finally:
             with self._lock:
                 self._handlers -= 1
 
-    def _stream(self, request: pb.StreamBatchesRequest,
-                context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+    def _stream(self, request: pb.StreamBatchesRequest, context: grpc.ServicerContext,
+                credit: Credit) -> Iterator[pb.Batch]:
         slot = Slot(self._slots)
         if not slot.take():
             raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -239,12 +249,12 @@ class InputServicer(pb_grpc.InputServiceServicer):
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
             with self._lock:
-                self._sessions[stream_id] = (session, tuning)
+                self._sessions[stream_id] = (session, tuning, credit)
             if left.is_set():
                 session.stop()
             log.info("stream %d (%s): %d worker processes, %d threads (%s)", stream_id, name,
                      workers.processes, workers.threads, workers.reason)
-            yield from self._send(session, context)
+            yield from self._send(session, context, credit)
         finally:
             slot.give()
             if session is not None:
@@ -259,8 +269,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
         with self._lock:
             return self._handlers
 
-    def _send(self, session: StreamSession,
-              context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+    def _send(self, session: StreamSession, context: grpc.ServicerContext,
+              credit: Credit) -> Iterator[pb.Batch]:
         for msg, error in session:
             if self._draining.is_set():
                 raise RefusedError(grpc.StatusCode.UNAVAILABLE,
@@ -273,6 +283,12 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 if not context.is_active():
                     return
                 continue
+            while not credit.allows(session.batches_sent, _CREDIT_WAIT_S):
+                if self._draining.is_set():
+                    raise RefusedError(grpc.StatusCode.UNAVAILABLE,
+                                       "the server is shutting down; resume from the last state.")
+                if not context.is_active():
+                    return
             yield msg
             session.batches_sent += 1 + len(msg.following)
             if session.first_sent_s is None:
@@ -288,7 +304,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             server_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
-            streams=[_stream_info(s, tuning) for s, tuning in sessions],
+            streams=[_stream_info(*s) for s in sessions],
         )
 
 
@@ -297,7 +313,7 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     parsing answers a request that does not parse with INTERNAL ("Exception deserializing
     request!"), out of the guard's reach, and grpcio 1.85 then keeps ~17 KB per such request."""
     handlers = {
-        "StreamBatches": grpc.unary_stream_rpc_method_handler(
+        "StreamBatches": grpc.stream_stream_rpc_method_handler(
             servicer.StreamBatches, response_serializer=pb.Batch.SerializeToString),
         "GetInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetInfo, response_serializer=pb.GetInfoResponse.SerializeToString),
@@ -306,11 +322,16 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
-def _stream_info(s: StreamSession, tuning: Tuning | None) -> pb.StreamInfo:
+def _stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit) -> pb.StreamInfo:
     workers = s.stream.workers
+    # A client that reports what its loop takes gives its real pace; one that does not, only
+    # what gRPC let the server send.
+    reported = None if credit.open_ended and not credit.taken else credit.taken_per_s()
     return pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
                          worker_processes=workers.processes, worker_threads=workers.threads,
                          worker_reason=workers.reason, batches_sent=s.batches_sent,
                          batches_produced=s.batches_produced,
                          worker_tuning=report.tuning_proto(tuning) if tuning else None,
-                         consumed_batches_per_s=s.consumed_batches_per_s())
+                         consumed_batches_per_s=(s.consumed_batches_per_s() if reported is None
+                                                 else reported),
+                         batches_taken=credit.taken if credit.taken else s.batches_sent)

@@ -208,8 +208,8 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         # Wire size, from the raw messages of a short second stream.
         stub = pb_grpc.InputServiceStub(client._channel)
         wire, tokens = 0, 0
-        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=spec.to_proto(),
-                                                          protocol_version=PROTOCOL_VERSION))
+        call = stub.StreamBatches(iter([pb.StreamBatchesRequest(spec=spec.to_proto(),
+                                                          protocol_version=PROTOCOL_VERSION)]))
         for i, msg in enumerate(call):
             wire += msg.ByteSize()
             tokens += msg.num_tokens + sum(b.num_tokens for b in msg.following)

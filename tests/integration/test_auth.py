@@ -61,8 +61,8 @@ def call(target: str, method: str, spec, token: str | None) -> tuple[grpc.Status
             if method == "GetInfo":
                 stub.GetInfo(pb.GetInfoRequest(), timeout=10)
             else:
-                next(stub.StreamBatches(pb.StreamBatchesRequest(
-                    spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION), timeout=30))
+                next(stub.StreamBatches(iter([pb.StreamBatchesRequest(
+                    spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)]), timeout=30))
         except grpc.RpcError as e:
             return e.code(), e.details()
     return grpc.StatusCode.OK, ""

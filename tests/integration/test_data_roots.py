@@ -22,8 +22,8 @@ SECRET = "the launch code is swordfish"
 def stream(target: str, spec: pb.PipelineSpec) -> tuple[grpc.StatusCode, str, list[pb.Batch]]:
     """(status, details, messages) of a raw request, as any client could send it."""
     with grpc.insecure_channel(target) as channel:
-        call = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION), timeout=60)
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
+            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]), timeout=60)
         messages = []
         try:
             messages.extend(call)

@@ -22,8 +22,8 @@ def call(target: str, spec: pb.PipelineSpec, take: int | None = None,
          timeout: float = 60) -> tuple[grpc.StatusCode, str, int]:
     """(status, details, messages read) of a raw request; stops after `take` messages."""
     with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION),
+        stream = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
+            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
             timeout=timeout)
         n = 0
         try:
@@ -151,8 +151,8 @@ def test_worker_processes_are_capped_across_streams(limited, make_spec):
     assert "workers.count" in details and "--max-workers 2" in details
     endless = make_spec(workers={"count": 2}, order={"epochs": 0})
     with grpc.insecure_channel(limited) as channel:
-        first = pb_grpc.InputServiceStub(channel).StreamBatches(
-            pb.StreamBatchesRequest(spec=endless.to_proto(), protocol_version=PROTOCOL_VERSION))
+        first = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
+            pb.StreamBatchesRequest(spec=endless.to_proto(), protocol_version=PROTOCOL_VERSION)]))
         next(first)  # both processes held
         code, details, _ = call(limited, make_spec(workers={"count": 1}).to_proto())
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED

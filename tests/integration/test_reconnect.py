@@ -5,6 +5,7 @@ bounded; the batches must be exactly those of an uninterrupted run."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 
@@ -79,10 +80,12 @@ class _CuttingProxy(pb_grpc.InputServiceServicer):
     def GetInfo(self, request, context):
         return self._stub.GetInfo(request)
 
-    def StreamBatches(self, request, context):
+    def StreamBatches(self, requests, context):
         self.streams += 1
         first = self.streams == 1
-        call = self._stub.StreamBatches(request)
+        request = next(requests)
+        # The client's later requests (its credit) pass through too.
+        call = self._stub.StreamBatches(itertools.chain([request], requests))
         try:
             for i, message in enumerate(call):
                 if first and i == self._cut_after:
@@ -101,7 +104,7 @@ class _CuttingProxy(pb_grpc.InputServiceServicer):
         """Takes the slot the cut stream frees (once the server has let it go), for hog_s."""
         deadline = time.monotonic() + 10
         while True:
-            hog = self._stub.StreamBatches(request)
+            hog = self._stub.StreamBatches(iter([request]))
             try:
                 next(hog)
                 break

@@ -296,8 +296,8 @@ def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, v
 
     with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
-        call = stub.StreamBatches(pb.StreamBatchesRequest(spec=make_spec().to_proto(),
-                                                          protocol_version=version))
+        call = stub.StreamBatches(iter([pb.StreamBatchesRequest(spec=make_spec().to_proto(),
+                                                          protocol_version=version)]))
         with pytest.raises(grpc.RpcError) as e:
             next(call)
         assert stub.GetInfo(pb.GetInfoRequest()).protocol_version == PROTOCOL_VERSION

@@ -37,7 +37,7 @@ def raw_stream(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> 
         stub = pb_grpc.InputServiceStub(channel)
         request = pb.StreamBatchesRequest(spec=spec_proto, resume_state=state,
                                           protocol_version=PROTOCOL_VERSION)
-        return list(stub.StreamBatches(request, timeout=60))
+        return list(stub.StreamBatches(iter([request]), timeout=60))
 
 
 def status(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> grpc.RpcError:
@@ -191,7 +191,7 @@ def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spe
         request = pb.StreamBatchesRequest(pipeline_name="x" * (1 << 20),
                                           protocol_version=PROTOCOL_VERSION)
         with pytest.raises(grpc.RpcError) as e:
-            list(stub.StreamBatches(request, timeout=60))
+            list(stub.StreamBatches(iter([request]), timeout=60))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     assert "pipeline_name" in e.value.details() and len(e.value.details()) < 400
     msg = make_spec().to_proto()

@@ -41,11 +41,11 @@ def test_a_cancelled_glob_stops_and_frees_its_slot_within_a_second(tmp_path, mak
         walk = make_spec(source={"paths": ["/**/no_such_name_*.jsonl"]})
         start = time.monotonic()
         with pytest.raises(grpc.RpcError) as e:
-            list(stub.StreamBatches(request(walk), timeout=0.5))
+            list(stub.StreamBatches(iter([request(walk)]), timeout=0.5))
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         time.sleep(1.0)
         # Free: a valid stream is served, not RESOURCE_EXHAUSTED.
-        first = next(iter(stub.StreamBatches(request(make_spec()), timeout=30)))
+        first = next(iter(stub.StreamBatches(iter([request(make_spec())]), timeout=30)))
         assert first.sequence_number == 0
         assert time.monotonic() - start < 8
         # And the walk is no longer burning CPU (this process's: the server runs in it).
@@ -62,7 +62,7 @@ def test_a_reconnecting_client_finds_its_slot_free(tmp_path, make_spec):
     with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         for _ in range(40):
-            call = stub.StreamBatches(request(spec), timeout=30)
+            call = stub.StreamBatches(iter([request(spec)]), timeout=30)
             next(call)
             call.cancel()
 
@@ -77,7 +77,7 @@ def test_a_cancelled_tuning_stops_and_never_held_up_another_spec(tmp_path, make_
 
         def tune_then_leave():
             try:
-                list(stub.StreamBatches(request(tuned), timeout=4))
+                list(stub.StreamBatches(iter([request(tuned)]), timeout=4))
             except grpc.RpcError as e:
                 outcome["code"] = e.code()
                 outcome["at"] = time.monotonic()
@@ -86,7 +86,7 @@ def test_a_cancelled_tuning_stops_and_never_held_up_another_spec(tmp_path, make_
         leaver.start()
         time.sleep(1.0)  # the first spec is tuning now
         start = time.monotonic()
-        first = next(iter(stub.StreamBatches(request(other), timeout=30)))
+        first = next(iter(stub.StreamBatches(iter([request(other)]), timeout=30)))
         assert first.sequence_number == 0
         assert time.monotonic() - start < 15  # not the 60 s of the first spec's tuning
         leaver.join(30)
@@ -119,19 +119,23 @@ def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(
                 w.suspend()  # SIGSTOP: the stream's close now waits for ever
             start = time.monotonic()
             child.p.send_signal(signal.SIGTERM)
-            seen = set()
+            seen = []  # in order: the first answers may come before the signal is handled
             while child.p.poll() is None and time.monotonic() - start < 15:
                 try:
-                    seen.add(health(targets[0], ""))
+                    seen.append(health(targets[0], ""))
                 except grpc.RpcError as e:
-                    seen.add(e.code())
+                    seen.append(e.code())
                 time.sleep(0.1)
             took = time.monotonic() - start
         assert child.p.poll() is not None, "still running 15 s after SIGTERM"
         assert took < 2 + 4, took
         assert child.p.returncode == 1  # the drain was cut short, and says so
-        assert health_pb2.HealthCheckResponse.NOT_SERVING in seen, seen
-        assert health_pb2.HealthCheckResponse.SERVING not in seen, seen
+        serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert not_serving in seen, seen
+        drain = seen[seen.index(not_serving):]
+        assert serving not in drain, seen  # never SERVING again once draining
+        assert drain.count(not_serving) >= 5, seen  # answering through the drain (2 s)
         assert not os.path.exists(tmp_path / "s.sock")
     finally:
         child.kill()
@@ -144,7 +148,7 @@ def test_a_stream_being_set_up_when_the_server_drains_gets_unavailable(tmp_path,
     with grpc.insecure_channel(srv.targets[0]) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         walk = make_spec(source={"paths": ["/**/no_such_name_*.jsonl"]})
-        call = stub.StreamBatches(request(walk), timeout=30)
+        call = stub.StreamBatches(iter([request(walk)]), timeout=30)
         time.sleep(0.5)  # walking
         stopper = threading.Thread(target=srv.stop)
         stopper.start()

@@ -56,7 +56,7 @@ _CHILD = textwrap.dedent("""
             if request is None:
                 stub.GetInfo(pb.GetInfoRequest(), timeout=10)
             else:
-                next(stub.StreamBatches(request, timeout=60))  # the first batch
+                next(stub.StreamBatches(iter([request]), timeout=60))  # the first batch
             results.append(["OK", ""])
         except grpc.RpcError as e:
             results.append([e.code().name, e.details()])

@@ -87,16 +87,20 @@ class PipelineSpec(_message.Message):
     def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version")
+    __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version", "batches_taken", "window")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     spec: PipelineSpec
     pipeline_name: str
     resume_state: bytes
     protocol_version: int
-    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    batches_taken: int
+    window: int
+    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ..., protocol_version: _Optional[int] = ..., batches_taken: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape", "data")
@@ -131,7 +135,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +145,7 @@ class StreamInfo(_message.Message):
     BATCHES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
     WORKER_TUNING_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_TAKEN_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -150,7 +155,8 @@ class StreamInfo(_message.Message):
     batches_produced: int
     worker_tuning: WorkerTuning
     consumed_batches_per_s: float
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ...) -> None: ...
+    batches_taken: int
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ...) -> None: ...
 
 class WorkerMeasurement(_message.Message):
     __slots__ = ("processes", "threads", "batches_per_s", "tokens_per_s", "rss_mb_per_worker", "cpu_cores", "startup_s", "skipped")

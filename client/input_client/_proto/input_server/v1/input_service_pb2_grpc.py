@@ -34,7 +34,7 @@ class InputServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.StreamBatches = channel.unary_stream(
+        self.StreamBatches = channel.stream_stream(
                 '/input_server.v1.InputService/StreamBatches',
                 request_serializer=input__server_dot_v1_dot_input__service__pb2.StreamBatchesRequest.SerializeToString,
                 response_deserializer=input__server_dot_v1_dot_input__service__pb2.Batch.FromString,
@@ -49,12 +49,15 @@ class InputServiceStub:
 class InputServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def StreamBatches(self, request, context):
+    def StreamBatches(self, request_iterator, context):
         """Streams the batches of one pipeline, from the start or from a resume state.
         Errors: INVALID_ARGUMENT (bad spec or state, message names the key and value),
         NOT_FOUND (missing file, empty glob or unknown pipeline name), DATA_LOSS (a
         record that fails to decode, message names the file and record),
         RESOURCE_EXHAUSTED (too many concurrent streams), UNAVAILABLE (server draining).
+        The first request names the pipeline; each later one carries only `batches_taken`, the
+        credit that lets the server send more (flow control). A client that half-closes after
+        the first request takes whatever comes, bounded by gRPC's own flow control only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +73,7 @@ class InputServiceServicer:
 
 def add_InputServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'StreamBatches': grpc.unary_stream_rpc_method_handler(
+            'StreamBatches': grpc.stream_stream_rpc_method_handler(
                     servicer.StreamBatches,
                     request_deserializer=input__server_dot_v1_dot_input__service__pb2.StreamBatchesRequest.FromString,
                     response_serializer=input__server_dot_v1_dot_input__service__pb2.Batch.SerializeToString,
@@ -92,7 +95,7 @@ class InputService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def StreamBatches(request,
+    def StreamBatches(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -102,8 +105,8 @@ class InputService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/input_server.v1.InputService/StreamBatches',
             input__server_dot_v1_dot_input__service__pb2.StreamBatchesRequest.SerializeToString,

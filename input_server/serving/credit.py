@@ -1,0 +1,88 @@
+"""Flow control: a stream sends only as far ahead of the training loop as the client allows.
+
+gRPC's own flow control counts bytes in buffers that grow with the connection's measured
+bandwidth: with it alone, a server ran ~935 batches ahead of a loop taking 3 a second, so
+neither the server's queue nor the client's prefetch bounded anything, and the rate the
+server saw was its own, not the loop's. Here the client's later requests report how many
+batches its loop has taken (`batches_taken`), and the server sends while the batches sent
+but not taken are fewer than the client's `window`. The rate of those reports is the loop's
+real demand.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from input_client.proto import pb
+
+
+class Credit:
+    """What one stream's client has taken, and so how much more it may be sent.
+
+    Args:
+      window: batches the client may hold untaken (0 = no limit: a client that sends no
+        credit).
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self.taken = 0
+        self.open_ended = window <= 0  # no credit will come: send as gRPC allows
+        self._first: tuple[float, int] | None = None  # (time, taken) of the first report
+        self._last: tuple[float, int] | None = None
+        self._cond = threading.Condition()
+
+    def grant(self, taken: int) -> None:
+        """The client's loop has taken `taken` batches of this stream in all."""
+        now = time.monotonic()
+        with self._cond:
+            if taken <= self.taken:
+                return
+            self.taken = taken
+            if self._first is None:
+                self._first = (now, taken)
+            self._last = (now, taken)
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        """No more reports will come (the client half-closed): nothing holds the stream back."""
+        with self._cond:
+            self.open_ended = True
+            self._cond.notify_all()
+
+    def allows(self, sent: int, timeout: float) -> bool:
+        """Whether one more message may go after `sent` batches; waits up to `timeout`."""
+        with self._cond:
+            if not self._ahead(sent):
+                return True
+            self._cond.wait(timeout)
+            return not self._ahead(sent)
+
+    def _ahead(self, sent: int) -> bool:
+        return not self.open_ended and sent - self.taken >= self.window
+
+    def taken_per_s(self) -> float | None:
+        """Batches the loop took per second between its first and latest report; None before
+        two reports (or for a client that sends none)."""
+        with self._cond:
+            if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+                return None
+            return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+
+    def follow(self, requests: Iterator[Any]) -> None:
+        """Reads the client's later requests on a thread of its own, until the stream ends."""
+
+        def read() -> None:
+            try:
+                for raw in requests:
+                    msg = raw if not isinstance(raw, bytes) else pb.StreamBatchesRequest.FromString(
+                        raw)
+                    self.grant(msg.batches_taken)
+            except Exception:  # noqa: BLE001 - cancelled, or a report that does not parse
+                pass  # the stream's own end (or the sender's next wait) decides what follows
+            self.end()
+
+        threading.Thread(target=read, name="stream-credit", daemon=True).start()
