@@ -195,7 +195,10 @@ class StepTimer:
           A dict: `steps` (counted), `excluded` (left out), `median_step_s`, `p90_step_s`,
           `total_step_s`, `total_data_wait_s`, `input_bound_fraction` (wait / (wait + step)
           over counted steps), `mean_tokens_per_s`, `mean_tflops_per_device` (means of the
-          per-step rates). Figures are None where no step was counted or the inputs are unknown.
+          per-step rates); and, whether counted or not, the first step's data wait
+          (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers
+          makes long) and its device time (`first_step_s`: compilation, for a jitted step).
+          Figures are None where no step was counted or the inputs are unknown.
         """
         names = self.exclude if exclude is None else frozenset(exclude)
         counted = [r for r in self.records if r.name not in names]
@@ -213,6 +216,8 @@ class StepTimer:
             "input_bound_fraction": total_wait / busy if busy > 0 else None,
             "mean_tokens_per_s": _mean([r.tokens_per_s for r in counted]),
             "mean_tflops_per_device": _mean([r.tflops_per_device for r in counted]),
+            "first_data_wait_s": self.records[0].data_wait_s if self.records else None,
+            "first_step_s": self.records[0].step_s if self.records else None,
         }
 
     def format_summary(self, exclude: Iterable[str] | None = None) -> str:
@@ -241,6 +246,10 @@ class StepTimer:
             ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
             ("tokens/s", num(s["mean_tokens_per_s"], ",.0f")),
             ("TFLOP/s/device", num(s["mean_tflops_per_device"], ".4g")),
+            ("first step's data wait", num(s["first_data_wait_s"], ".3f") + " s"
+             if s["first_data_wait_s"] is not None else "n/a"),
+            ("first step (compile)", num(s["first_step_s"], ".3f") + " s"
+             if s["first_step_s"] is not None else "n/a"),
         ]
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
