@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import grpc
 
 from input_client._reconnect import RECONNECT_OPTIONS, Outage, check_protocol
+from input_client._slow_start import what_the_server_does
 from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
@@ -27,6 +29,9 @@ from input_client.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+# A first batch slower than this gets one log line saying what the server is doing.
+FIRST_BATCH_NOTICE_S = 2.0
 
 _POLL_S = 0.1
 _END = object()
@@ -182,6 +187,7 @@ class BatchIterator:
         self.longest_stall_s = 0.0
         self.reconnects = 0
         self.batches_yielded = 0
+        self._noticed = False  # the slow-first-batch line was logged
         self.tokens_yielded = 0
         self._fetcher = Prefetcher(self._fetch, depth=prefetch, name="input-client-fetch",
                                    poll_s=_POLL_S)
@@ -310,7 +316,7 @@ class BatchIterator:
             raise StopIteration
         start = time.perf_counter()
         try:
-            arrays, seq, state, num_tokens, taken = self._fetcher.get()
+            arrays, seq, state, num_tokens, taken = self._next_item()
         except StopIteration:
             self._done = True
             raise StreamError(grpc.StatusCode.CANCELLED, "the iterator was closed.") from None
@@ -335,6 +341,18 @@ class BatchIterator:
         self.batches_yielded += 1
         self.tokens_yielded += num_tokens
         return arrays
+
+    def _next_item(self) -> tuple:
+        """The fetch thread's next item; the first batch, if slow, says once why."""
+        if self.batches_yielded or self._noticed:
+            return self._fetcher.get()
+        try:
+            return self._fetcher.get(FIRST_BATCH_NOTICE_S)
+        except queue.Empty:
+            self._noticed = True
+            log.warning("input_client: no first batch after %.0f s; %s", FIRST_BATCH_NOTICE_S,
+                        what_the_server_does(self._client._stub, self._request))
+            return self._fetcher.get()
 
     def get_state(self) -> dict[str, Any] | None:
         """The state after the last batch yielded (not received): pass it as `state=` to resume.

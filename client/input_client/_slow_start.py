@@ -1,0 +1,27 @@
+"""What a client says when its first batch is slow: one line on what the server is doing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from input_client.proto import pb
+
+
+def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:
+    """One line on the stream's state, from the server's info (asked with a short deadline)."""
+    try:
+        info = stub.GetInfo(pb.GetInfoRequest(), timeout=2.0)
+    except grpc.RpcError as e:
+        return f"the server's info did not answer ({e.code().name})."
+    streams = ", ".join(
+        f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
+        f"{s.worker_processes} processes x {s.worker_threads} threads"
+        for s in info.streams)
+    auto = (request.WhichOneof("pipeline") == "spec"
+            and request.spec.workers.count in ("", "auto"))
+    setup = ("the server is still setting this stream up (opening files"
+             + (', tuning workers for workers.count = "auto", up to workers.tune_seconds'
+                if auto else "") + ")")
+    return f"{setup}; streams running now: {streams or 'none'}."
