@@ -16,6 +16,8 @@ def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:
     except grpc.RpcError as e:
         return f"the server's info did not answer ({e.code().name})."
     streams = ", ".join(
+        f"stream {s.stream_id} ({s.pipeline}): {s.worker_reason}"
+        if s.worker_reason.startswith("setting up") else
         f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
         f"{s.worker_processes} processes x {s.worker_threads} threads"
         for s in info.streams)

@@ -122,6 +122,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._ids = itertools.count(1)
         self._sessions: dict[int, tuple[StreamSession, Tuning | None, Credit]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
+        self._setting_up: dict[int, tuple[str, str]] = {}  # stream id: (pipeline, doing)
         self.max_handlers = 2 * max_streams + 2
         self._lock = threading.Lock()
 
@@ -229,6 +230,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
         if not context.add_callback(on_leave):
             on_leave()
         reserved = 0
+        # Listed by info from its first moment, with what its set-up is doing.
+        stream_id = next(self._ids)
+        shown = (request.pipeline_name if request.WhichOneof("pipeline") == "pipeline_name"
+                 else "(request)")
+        self._set_up(stream_id, shown, "opening its files and model")
         try:
             try:
                 with cancel.scope(left, self._draining):
@@ -237,6 +243,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # The state first: a request refused for it must not wait for (or hold) a
                     # tuning.
                     position = pipeline.parse_state(request.resume_state)
+                    w = pipeline.spec.workers
+                    self._set_up(stream_id, shown, "choosing its workers" if w.count != "auto"
+                                 else f"tuning its workers (\"auto\", up to "
+                                      f"{float(w.tune_seconds):g} s)")
                     workers, tuning, reserved = self._workers(pipeline, left)
                     cancel.check()
             except CancelledError:
@@ -245,11 +255,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
                                        "the server is shutting down.") from None
                 raise
             stream = pipeline.stream(position, workers=workers)
-            stream_id = next(self._ids)
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
             with self._lock:
                 self._sessions[stream_id] = (session, tuning, credit)
+                self._setting_up.pop(stream_id, None)
             if left.is_set():
                 session.stop()
             log.info("stream %d (%s): %d worker processes, %d threads (%s)", stream_id, name,
@@ -257,12 +267,18 @@ class InputServicer(pb_grpc.InputServiceServicer):
             yield from self._send(session, context, credit)
         finally:
             slot.give()
+            with self._lock:
+                self._setting_up.pop(stream_id, None)
             if session is not None:
                 session.stop()
                 session.join(None if session.failure is None else UNSTICK_S)
                 with self._lock:
                     self._sessions.pop(session.stream_id, None)
             self._processes.give(reserved)
+
+    def _set_up(self, stream_id: int, name: str, doing: str) -> None:
+        with self._lock:
+            self._setting_up[stream_id] = (name, doing)
 
     def active_requests(self) -> int:
         """Streams being set up, running or closing."""
@@ -300,11 +316,14 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 context: grpc.ServicerContext) -> pb.GetInfoResponse:
         with self._lock:
             sessions = list(self._sessions.values())
+            setting_up = [pb.StreamInfo(stream_id=i, pipeline=name,
+                                        worker_reason=f"setting up: {doing}")
+                          for i, (name, doing) in sorted(self._setting_up.items())]
         return pb.GetInfoResponse(
             server_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
-            streams=[_stream_info(*s) for s in sessions],
+            streams=[*setting_up, *(_stream_info(*s) for s in sessions)],
         )
 
 
