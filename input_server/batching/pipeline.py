@@ -202,6 +202,15 @@ class BatchStream:
         """The sequence number the next batch will carry."""
         return self._seq
 
+    @property
+    def closed(self) -> bool:
+        """Whether the stream has ended or was closed."""
+        return self._closed
+
+    def position(self) -> Position:
+        """Where the next batch starts: a stream opened here yields the same batches."""
+        return Position(self._seq, self._cursor.doc, self._cursor.offset)
+
     def __iter__(self) -> Iterator[Produced]:
         return self
 

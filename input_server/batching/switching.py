@@ -1,0 +1,68 @@
+"""A batch stream whose parallelism may change between two batches, the data unchanged.
+
+The batches are the same bytes for any processes x threads, and a stream opened at a position
+yields exactly the batches that follow it (`resume.Position`). So a switch is: note where the
+next batch starts, open the new parallel stage there, close the old one. Nothing is lost or
+repeated; the groups the old stage had read ahead are read again by the new one. The switch
+is asked for from any thread and made by the consuming thread before its next batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
+
+from input_server.batching.pipeline import Pipeline, Produced, Workers
+from input_server.batching.resume import Position
+
+
+class SwitchingStream:
+    """`BatchStream`'s interface, with `switch(workers)` taking effect at the next batch."""
+
+    def __init__(self, pipeline: Pipeline, position: Position, workers: Workers):
+        self.pipeline = pipeline
+        self._stream = pipeline.stream(position, workers=workers)
+        self._pending: Workers | None = None
+        self._lock = threading.Lock()
+        self.switches = 0
+
+    @property
+    def workers(self) -> Workers:
+        return self._stream.workers
+
+    @property
+    def next_seq(self) -> int:
+        return self._stream.next_seq
+
+    def switch(self, workers: Workers) -> None:
+        """Runs the batches after the next one asked for with `workers` (the last asked wins)."""
+        with self._lock:
+            self._pending = workers
+
+    def __iter__(self) -> Iterator[Produced]:
+        return self
+
+    def __next__(self) -> Produced:
+        with self._lock:
+            workers, self._pending = self._pending, None
+        current = self._stream.workers
+        if (workers is not None and not self._stream.closed
+                and (workers.processes, workers.threads) != (current.processes, current.threads)):
+            old = self._stream
+            self._stream = self.pipeline.stream(old.position(), workers=workers)
+            old.close()
+            self.switches += 1
+        return next(self._stream)
+
+    def worker_processes(self) -> list[tuple[int, BaseProcess]]:
+        return self._stream.worker_processes()
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> SwitchingStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""Switching a stream's processes x threads between batches never loses, repeats or changes a
+batch: byte-identical to a fixed count, at random switch points."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from input_server.batching.pipeline import Pipeline, Workers
+from input_server.batching.resume import Position
+from input_server.batching.switching import SwitchingStream
+from tests.support import assert_same_batches, run_pipeline
+
+# In process first (cheap), a few worker-process stages among them (each spawns workers).
+CHOICES = [(0, 1), (0, 2), (0, 4), (1, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_switches_give_the_fixed_count_batches(make_spec, seed):
+    spec = make_spec(batch={"size": 4, "seq_len": 128})
+    pipeline = Pipeline(spec)
+    want = run_pipeline(pipeline)
+    rng = random.Random(seed)
+    points = sorted(rng.sample(range(1, len(want) - 1), 5))
+    got = []
+    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+        for i, produced in enumerate(stream):
+            got.append(produced)
+            if i in points:
+                now = (stream.workers.processes, stream.workers.threads)
+                p, t = rng.choice([c for c in CHOICES if c != now])
+                stream.switch(Workers(p, t, "test"))
+        assert stream.switches == len(points)
+    assert_same_batches(got, want)
+
+
+def test_a_switch_asked_twice_before_a_batch_takes_the_last(make_spec):
+    pipeline = Pipeline(make_spec())
+    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+        next(stream)
+        stream.switch(Workers(0, 4, "a"))
+        stream.switch(Workers(0, 2, "b"))
+        next(stream)
+        assert (stream.workers.threads, stream.switches) == (2, 1)
+        stream.switch(Workers(0, 2, "same parallelism, another reason"))
+        next(stream)
+        assert stream.switches == 1
+
+
+def test_a_switch_from_a_resumed_position(make_spec):
+    pipeline = Pipeline(make_spec())
+    want = run_pipeline(pipeline)
+    state = want[6].state
+    with SwitchingStream(pipeline, pipeline.parse_state(state),
+                         Workers(0, 2, "start")) as stream:
+        got = [next(stream)]
+        stream.switch(Workers(1, 1, "test"))
+        got += list(stream)
+    assert_same_batches(got, want[7:])
