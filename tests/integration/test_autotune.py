@@ -14,6 +14,7 @@ import time
 import pytest
 
 from input_server import autotune
+from input_server.autotune.policy import OVERSUBSCRIBE_GAIN
 from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
 from input_server.tools.corpus import write_jsonl
@@ -59,7 +60,16 @@ def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
     cpus = autotune.cpu_count()
     # Longer windows than the default: steadier readings for the choice.
     t = autotune.tune(cpu_pipeline, ram_budget_mb=1024, window_s=1.5)
-    assert t.workers <= cpus, autotune.table(t)
+    # More workers than cores only when the table shows them faster than the best within the
+    # cores by OVERSUBSCRIBE_GAIN (on a loaded 2-core host, threads beyond the cores sometimes
+    # read faster: the choice follows what was measured; the speed itself is the benchmark's).
+    within = max(m.batches_per_s for m in t.measurements if m.ran and m.workers <= cpus)
+    beyond = max((m.batches_per_s for m in t.measurements if m.ran and m.workers > cpus),
+                 default=0.0)
+    if t.workers > cpus:
+        assert beyond > (1 + OVERSUBSCRIBE_GAIN) * within, autotune.table(t)
+    else:
+        assert t.workers <= cpus
     assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
 
 
