@@ -218,7 +218,8 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"choice: {tuning.processes} processes x {tuning.threads} threads "
           f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}")
     print(f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
-          f"`workers.count = {tuning.processes}` to fix the processes, or keep \"auto\".")
+          f"`workers.count = {tuning.processes}` and `workers.threads = {tuning.threads}` to "
+          f"fix this choice, or keep \"auto\".")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(),

@@ -23,6 +23,7 @@ PACKINGS = ("first_fit", "concat_then_split", "none")
 MAX_WORKERS = 1024
 # A stream waits for its tuning before its first batch; ten minutes is already far too long.
 MAX_TUNE_SECONDS = 600
+MAX_THREADS = 256
 
 
 class SpecError(ValueError):
@@ -116,6 +117,9 @@ class WorkersSpec:
         throughput plateau is chosen.
       tune_seconds: "auto" only: the most time the measurement may take before the first batch
         (the issue's bound; a plateau usually ends it in a few seconds).
+      threads: with a fixed `count`, threads per process (0 = the default: the cores shared
+        among the processes, at most 8); what `input-server tune` suggests, to fix its whole
+        choice. Must be 0 with "auto".
     """
 
     count: int | str = "auto"
@@ -123,6 +127,7 @@ class WorkersSpec:
     max_workers: int = 0
     target_batches_per_s: float = 0.0
     tune_seconds: float = 20.0
+    threads: int = 0
 
 
 _TABLES: dict[str, type] = {
@@ -241,7 +246,7 @@ class PipelineSpec:
             workers=pb.Workers(count=str(w.count), ram_budget_mb=w.ram_budget_mb,
                                max_workers=w.max_workers,
                                target_batches_per_s=w.target_batches_per_s,
-                               tune_seconds=w.tune_seconds),
+                               tune_seconds=w.tune_seconds, threads=w.threads),
         )
 
     @classmethod
@@ -275,7 +280,8 @@ class PipelineSpec:
                                 ram_budget_mb=w.ram_budget_mb or d_workers.ram_budget_mb,
                                 max_workers=w.max_workers,
                                 target_batches_per_s=w.target_batches_per_s,
-                                tune_seconds=w.tune_seconds or d_workers.tune_seconds),
+                                tune_seconds=w.tune_seconds or d_workers.tune_seconds,
+                                threads=w.threads),
         )
 
 
@@ -337,6 +343,11 @@ def validate(spec: PipelineSpec) -> None:
     _check(_is_number(w.target_batches_per_s) and 0 <= w.target_batches_per_s < math.inf,
            "workers.target_batches_per_s", w.target_batches_per_s,
            "must be a non-negative number (batches/s; 0 = unknown)")
+    _check(_is_int(w.threads) and 0 <= w.threads <= MAX_THREADS, "workers.threads", w.threads,
+           f"must be an integer from 0 (the default) to {MAX_THREADS}")
+    _check(w.threads == 0 or w.count != "auto", "workers.threads", w.threads,
+           'must be 0 with workers.count = "auto" (which picks threads itself); set a count '
+           'to fix both')
     _check(_is_number(w.tune_seconds) and 0 < w.tune_seconds <= MAX_TUNE_SECONDS,
            "workers.tune_seconds", w.tune_seconds,
            f"must be a number of seconds above 0 and at most {MAX_TUNE_SECONDS}")

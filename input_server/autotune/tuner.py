@@ -36,7 +36,7 @@ from input_server.autotune.policy import (
 )
 from input_server.autotune.remembered import TuneCache
 from input_server.autotune.search import Candidate, capped, next_candidate, skipped_row
-from input_server.batching.pipeline import Pipeline, Workers, default_threads
+from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class Tuner:
         """
         w = pipeline.spec.workers
         if w.count != "auto":
-            return Workers(w.count, default_threads(w.count), "fixed by workers.count"), None
+            return fixed_workers(w.count, w.threads), None
         key = (type(pipeline), pipeline.spec)
         with self._lock:
             spec_lock = self._tuning.setdefault(key, threading.Lock())

@@ -98,6 +98,13 @@ class _EncodeGroup:
                                      trim_to=self.trim_to).to_element()
 
 
+def fixed_workers(processes: int, threads: int = 0) -> Workers:
+    """The parallelism a fixed `workers.count` (and `workers.threads`, 0 = default) runs."""
+    if threads:
+        return Workers(processes, threads, "fixed by workers.count and workers.threads")
+    return Workers(processes, default_threads(processes), "fixed by workers.count")
+
+
 def default_threads(processes: int) -> int:
     """Grain threads per process, each reading and tokenizing a group: one per core, since
     sentencepiece's `encode` releases the GIL; more only pay off to overlap slow reads,

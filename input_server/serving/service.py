@@ -24,7 +24,7 @@ from input_server import __version__, cancel
 from input_server.autotune import report
 from input_server.autotune.policy import Tuning, cpu_count
 from input_server.autotune.tuner import Tuner
-from input_server.batching.pipeline import Pipeline, Workers, default_threads
+from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
 from input_server.data.roots import DataAccess
 from input_server.errors import (
     CancelledError,
@@ -149,7 +149,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
         processes = 0 if count == "auto" else count
         check_memory(spec, self._limits.stream_memory_mb, queue_depth=self._queue_depth,
                      message_tokens=self._message_tokens, processes=processes,
-                     threads=1 if count == "auto" else default_threads(processes))
+                     threads=1 if count == "auto" else fixed_workers(count,
+                                                                     spec.workers.threads).threads)
 
     def _workers(self, pipeline: Pipeline, left: threading.Event) -> tuple[Workers,
                                                                          Tuning | None, int]:
@@ -158,8 +159,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         w = pipeline.spec.workers
         if w.count != "auto":
             self._processes.take(w.count, left, self._draining)
-            return (Workers(w.count, default_threads(w.count), "fixed by workers.count"), None,
-                    w.count)
+            return fixed_workers(w.count, w.threads), None, w.count
         # Tuning's candidates run briefly within what is free now; the choice is then held.
         # Their measured memory stays within what the batches leave of the stream's budget.
         batches_mb = stream_memory_mb(pipeline.spec, queue_depth=self._queue_depth,

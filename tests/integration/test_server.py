@@ -322,3 +322,15 @@ def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spe
     assert_same_batches(batches[0], batches[1])  # the same batches either way
     with pytest.raises(ValueError, match="message_tokens"):
         ServerConfig(message_tokens=0)
+
+
+def test_workers_threads_sets_the_threads_of_a_fixed_count(tmp_path, make_spec):
+    spec = make_spec(workers={"count": 0, "threads": 3})
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+        got = [next(it), next(it)]
+        (stream,) = client.info().streams
+    assert (stream.worker_processes, stream.worker_threads) == (0, 3)
+    assert "workers.threads" in stream.worker_reason
+    assert_same_batches(got, run_pipeline(make_spec(), limit=2))
+

@@ -157,6 +157,10 @@ def test_pipelines_file_names_specs_and_errors(tmp_path):
     ({"target_batches_per_s": math.nan}, "workers.target_batches_per_s"),
     ({"tune_seconds": 0}, "workers.tune_seconds"),
     ({"tune_seconds": 10_000}, "workers.tune_seconds"),
+    ({"count": 2, "threads": -1}, "workers.threads"),
+    ({"count": 2, "threads": 1000}, "workers.threads"),
+    ({"count": 2, "threads": 1.5}, "workers.threads"),
+    ({"count": "auto", "threads": 2}, "workers.threads"),
 ])
 def test_bad_workers_keys_are_refused_by_name(keys, key):
     spec = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m"})
@@ -176,3 +180,14 @@ def test_workers_keys_survive_toml_and_proto(tmp_path):
     assert (w.max_workers, w.target_batches_per_s, w.tune_seconds) == (6, 2.5, 8)
     assert PipelineSpec.from_proto(spec.to_proto()) == spec
     assert spec.data_fingerprint() == spec.replace(workers={"max_workers": 1}).data_fingerprint()
+
+
+def test_workers_threads_fix_the_tuners_whole_choice(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text('[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
+                    'count = 2\nthreads = 3\n')
+    spec = PipelineSpec.from_toml(path)
+    assert (spec.workers.count, spec.workers.threads) == (2, 3)
+    assert PipelineSpec.from_proto(spec.to_proto()) == spec
+    assert spec.data_fingerprint() == spec.replace(workers={"threads": 0}).data_fingerprint()
+

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#input_server/v1/input_service.proto\x12\x0finput_server.v1\"R\n\x06Source\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x12\n\ntext_field\x18\x03 \x01(\t\x12\x15\n\rrecord_format\x18\x04 \x01(\t\"<\n\tTokenizer\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64_bos\x18\x02 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x03 \x01(\x08\"<\n\nBatchShape\x12\x0f\n\x07seq_len\x18\x01 \x01(\x05\x12\x0c\n\x04size\x18\x02 \x01(\x05\x12\x0f\n\x07packing\x18\x03 \x01(\t\"6\n\x05Order\x12\x0c\n\x04seed\x18\x01 \x01(\x03\x12\x0f\n\x07shuffle\x18\x02 \x01(\x08\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x05\"%\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"x\n\x07Workers\x12\r\n\x05\x63ount\x18\x01 \x01(\t\x12\x15\n\rram_budget_mb\x18\x02 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x03 \x01(\x05\x12\x1c\n\x14target_batches_per_s\x18\x04 \x01(\x01\x12\x14\n\x0ctune_seconds\x18\x05 \x01(\x01\"\x8b\x02\n\x0cPipelineSpec\x12\'\n\x06source\x18\x01 \x01(\x0b\x32\x17.input_server.v1.Source\x12-\n\ttokenizer\x18\x02 \x01(\x0b\x32\x1a.input_server.v1.Tokenizer\x12*\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1b.input_server.v1.BatchShape\x12%\n\x05order\x18\x04 \x01(\x0b\x32\x16.input_server.v1.Order\x12%\n\x05shard\x18\x05 \x01(\x0b\x32\x16.input_server.v1.Shard\x12)\n\x07workers\x18\x06 \x01(\x0b\x32\x18.input_server.v1.Workers\"\xc1\x01\n\x14StreamBatchesRequest\x12-\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.input_server.v1.PipelineSpecH\x00\x12\x17\n\rpipeline_name\x18\x02 \x01(\tH\x00\x12\x14\n\x0cresume_state\x18\x03 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x15\n\rbatches_taken\x18\x05 \x01(\x04\x12\x0e\n\x06window\x18\x06 \x01(\rB\n\n\x08pipeline\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xad\x01\n\x05\x42\x61tch\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x03\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.input_server.v1.Tensor\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_data\x18\x04 \x01(\x08\x12\x12\n\nnum_tokens\x18\x05 \x01(\x03\x12)\n\tfollowing\x18\x06 \x03(\x0b\x32\x16.input_server.v1.Batch\"\x10\n\x0eGetInfoRequest\"\x97\x02\n\nStreamInfo\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x18\n\x10worker_processes\x18\x03 \x01(\x05\x12\x16\n\x0eworker_threads\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tches_sent\x18\x05 \x01(\x03\x12\x15\n\rworker_reason\x18\x06 \x01(\t\x12\x18\n\x10\x62\x61tches_produced\x18\x07 \x01(\x03\x12\x34\n\rworker_tuning\x18\x08 \x01(\x0b\x32\x1d.input_server.v1.WorkerTuning\x12\x1e\n\x16\x63onsumed_batches_per_s\x18\t \x01(\x01\x12\x15\n\rbatches_taken\x18\n \x01(\x03\"\xb6\x01\n\x11WorkerMeasurement\x12\x11\n\tprocesses\x18\x01 \x01(\x05\x12\x0f\n\x07threads\x18\x02 \x01(\x05\x12\x15\n\rbatches_per_s\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x19\n\x11rss_mb_per_worker\x18\x05 \x01(\x01\x12\x11\n\tcpu_cores\x18\x06 \x01(\x01\x12\x11\n\tstartup_s\x18\x07 \x01(\x01\x12\x0f\n\x07skipped\x18\x08 \x01(\t\"\xb0\x01\n\x0cWorkerTuning\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x38\n\x0cmeasurements\x18\x02 \x03(\x0b\x32\".input_server.v1.WorkerMeasurement\x12\x11\n\tprocesses\x18\x03 \x01(\x05\x12\x0f\n\x07threads\x18\x04 \x01(\x05\x12\x1c\n\x14target_batches_per_s\x18\x05 \x01(\x01\x12\x14\n\x0ctune_seconds\x18\x06 \x01(\x01\"\x86\x02\n\x0fGetInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x42\n\tpipelines\x18\x02 \x03(\x0b\x32/.input_server.v1.GetInfoResponse.PipelinesEntry\x12,\n\x07streams\x18\x03 \x03(\x0b\x32\x1b.input_server.v1.StreamInfo\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x1aO\n\x0ePipelinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x05value\x18\x02 \x01(\x0b\x32\x1d.input_server.v1.PipelineSpec:\x02\x38\x01\x32\xb0\x01\n\x0cInputService\x12R\n\rStreamBatches\x12%.input_server.v1.StreamBatchesRequest\x1a\x16.input_server.v1.Batch(\x01\x30\x01\x12L\n\x07GetInfo\x12\x1f.input_server.v1.GetInfoRequest\x1a .input_server.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#input_server/v1/input_service.proto\x12\x0finput_server.v1\"R\n\x06Source\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x12\n\ntext_field\x18\x03 \x01(\t\x12\x15\n\rrecord_format\x18\x04 \x01(\t\"<\n\tTokenizer\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64_bos\x18\x02 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x03 \x01(\x08\"<\n\nBatchShape\x12\x0f\n\x07seq_len\x18\x01 \x01(\x05\x12\x0c\n\x04size\x18\x02 \x01(\x05\x12\x0f\n\x07packing\x18\x03 \x01(\t\"6\n\x05Order\x12\x0c\n\x04seed\x18\x01 \x01(\x03\x12\x0f\n\x07shuffle\x18\x02 \x01(\x08\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x05\"%\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\"\x89\x01\n\x07Workers\x12\r\n\x05\x63ount\x18\x01 \x01(\t\x12\x15\n\rram_budget_mb\x18\x02 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x03 \x01(\x05\x12\x1c\n\x14target_batches_per_s\x18\x04 \x01(\x01\x12\x14\n\x0ctune_seconds\x18\x05 \x01(\x01\x12\x0f\n\x07threads\x18\x06 \x01(\x05\"\x8b\x02\n\x0cPipelineSpec\x12\'\n\x06source\x18\x01 \x01(\x0b\x32\x17.input_server.v1.Source\x12-\n\ttokenizer\x18\x02 \x01(\x0b\x32\x1a.input_server.v1.Tokenizer\x12*\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1b.input_server.v1.BatchShape\x12%\n\x05order\x18\x04 \x01(\x0b\x32\x16.input_server.v1.Order\x12%\n\x05shard\x18\x05 \x01(\x0b\x32\x16.input_server.v1.Shard\x12)\n\x07workers\x18\x06 \x01(\x0b\x32\x18.input_server.v1.Workers\"\xc1\x01\n\x14StreamBatchesRequest\x12-\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.input_server.v1.PipelineSpecH\x00\x12\x17\n\rpipeline_name\x18\x02 \x01(\tH\x00\x12\x14\n\x0cresume_state\x18\x03 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x15\n\rbatches_taken\x18\x05 \x01(\x04\x12\x0e\n\x06window\x18\x06 \x01(\rB\n\n\x08pipeline\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xad\x01\n\x05\x42\x61tch\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x03\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.input_server.v1.Tensor\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_data\x18\x04 \x01(\x08\x12\x12\n\nnum_tokens\x18\x05 \x01(\x03\x12)\n\tfollowing\x18\x06 \x03(\x0b\x32\x16.input_server.v1.Batch\"\x10\n\x0eGetInfoRequest\"\x97\x02\n\nStreamInfo\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x18\n\x10worker_processes\x18\x03 \x01(\x05\x12\x16\n\x0eworker_threads\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tches_sent\x18\x05 \x01(\x03\x12\x15\n\rworker_reason\x18\x06 \x01(\t\x12\x18\n\x10\x62\x61tches_produced\x18\x07 \x01(\x03\x12\x34\n\rworker_tuning\x18\x08 \x01(\x0b\x32\x1d.input_server.v1.WorkerTuning\x12\x1e\n\x16\x63onsumed_batches_per_s\x18\t \x01(\x01\x12\x15\n\rbatches_taken\x18\n \x01(\x03\"\xb6\x01\n\x11WorkerMeasurement\x12\x11\n\tprocesses\x18\x01 \x01(\x05\x12\x0f\n\x07threads\x18\x02 \x01(\x05\x12\x15\n\rbatches_per_s\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x19\n\x11rss_mb_per_worker\x18\x05 \x01(\x01\x12\x11\n\tcpu_cores\x18\x06 \x01(\x01\x12\x11\n\tstartup_s\x18\x07 \x01(\x01\x12\x0f\n\x07skipped\x18\x08 \x01(\t\"\xb0\x01\n\x0cWorkerTuning\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x38\n\x0cmeasurements\x18\x02 \x03(\x0b\x32\".input_server.v1.WorkerMeasurement\x12\x11\n\tprocesses\x18\x03 \x01(\x05\x12\x0f\n\x07threads\x18\x04 \x01(\x05\x12\x1c\n\x14target_batches_per_s\x18\x05 \x01(\x01\x12\x14\n\x0ctune_seconds\x18\x06 \x01(\x01\"\x86\x02\n\x0fGetInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x42\n\tpipelines\x18\x02 \x03(\x0b\x32/.input_server.v1.GetInfoResponse.PipelinesEntry\x12,\n\x07streams\x18\x03 \x03(\x0b\x32\x1b.input_server.v1.StreamInfo\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x1aO\n\x0ePipelinesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x05value\x18\x02 \x01(\x0b\x32\x1d.input_server.v1.PipelineSpec:\x02\x38\x01\x32\xb0\x01\n\x0cInputService\x12R\n\rStreamBatches\x12%.input_server.v1.StreamBatchesRequest\x1a\x16.input_server.v1.Batch(\x01\x30\x01\x12L\n\x07GetInfo\x12\x1f.input_server.v1.GetInfoRequest\x1a .input_server.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,28 +43,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ORDER']._serialized_end=318
   _globals['_SHARD']._serialized_start=320
   _globals['_SHARD']._serialized_end=357
-  _globals['_WORKERS']._serialized_start=359
-  _globals['_WORKERS']._serialized_end=479
-  _globals['_PIPELINESPEC']._serialized_start=482
-  _globals['_PIPELINESPEC']._serialized_end=749
-  _globals['_STREAMBATCHESREQUEST']._serialized_start=752
-  _globals['_STREAMBATCHESREQUEST']._serialized_end=945
-  _globals['_TENSOR']._serialized_start=947
-  _globals['_TENSOR']._serialized_end=1013
-  _globals['_BATCH']._serialized_start=1016
-  _globals['_BATCH']._serialized_end=1189
-  _globals['_GETINFOREQUEST']._serialized_start=1191
-  _globals['_GETINFOREQUEST']._serialized_end=1207
-  _globals['_STREAMINFO']._serialized_start=1210
-  _globals['_STREAMINFO']._serialized_end=1489
-  _globals['_WORKERMEASUREMENT']._serialized_start=1492
-  _globals['_WORKERMEASUREMENT']._serialized_end=1674
-  _globals['_WORKERTUNING']._serialized_start=1677
-  _globals['_WORKERTUNING']._serialized_end=1853
-  _globals['_GETINFORESPONSE']._serialized_start=1856
-  _globals['_GETINFORESPONSE']._serialized_end=2118
-  _globals['_GETINFORESPONSE_PIPELINESENTRY']._serialized_start=2039
-  _globals['_GETINFORESPONSE_PIPELINESENTRY']._serialized_end=2118
-  _globals['_INPUTSERVICE']._serialized_start=2121
-  _globals['_INPUTSERVICE']._serialized_end=2297
+  _globals['_WORKERS']._serialized_start=360
+  _globals['_WORKERS']._serialized_end=497
+  _globals['_PIPELINESPEC']._serialized_start=500
+  _globals['_PIPELINESPEC']._serialized_end=767
+  _globals['_STREAMBATCHESREQUEST']._serialized_start=770
+  _globals['_STREAMBATCHESREQUEST']._serialized_end=963
+  _globals['_TENSOR']._serialized_start=965
+  _globals['_TENSOR']._serialized_end=1031
+  _globals['_BATCH']._serialized_start=1034
+  _globals['_BATCH']._serialized_end=1207
+  _globals['_GETINFOREQUEST']._serialized_start=1209
+  _globals['_GETINFOREQUEST']._serialized_end=1225
+  _globals['_STREAMINFO']._serialized_start=1228
+  _globals['_STREAMINFO']._serialized_end=1507
+  _globals['_WORKERMEASUREMENT']._serialized_start=1510
+  _globals['_WORKERMEASUREMENT']._serialized_end=1692
+  _globals['_WORKERTUNING']._serialized_start=1695
+  _globals['_WORKERTUNING']._serialized_end=1871
+  _globals['_GETINFORESPONSE']._serialized_start=1874
+  _globals['_GETINFORESPONSE']._serialized_end=2136
+  _globals['_GETINFORESPONSE_PIPELINESENTRY']._serialized_start=2057
+  _globals['_GETINFORESPONSE_PIPELINESENTRY']._serialized_end=2136
+  _globals['_INPUTSERVICE']._serialized_start=2139
+  _globals['_INPUTSERVICE']._serialized_end=2315
 # @@protoc_insertion_point(module_scope)

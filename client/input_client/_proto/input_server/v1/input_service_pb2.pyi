@@ -57,18 +57,20 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Workers(_message.Message):
-    __slots__ = ("count", "ram_budget_mb", "max_workers", "target_batches_per_s", "tune_seconds")
+    __slots__ = ("count", "ram_budget_mb", "max_workers", "target_batches_per_s", "tune_seconds", "threads")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     RAM_BUDGET_MB_FIELD_NUMBER: _ClassVar[int]
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     TARGET_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
     TUNE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
     count: str
     ram_budget_mb: int
     max_workers: int
     target_batches_per_s: float
     tune_seconds: float
-    def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ..., max_workers: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ...) -> None: ...
+    threads: int
+    def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ..., max_workers: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ..., threads: _Optional[int] = ...) -> None: ...
 
 class PipelineSpec(_message.Message):
     __slots__ = ("source", "tokenizer", "batch", "order", "shard", "workers")
