@@ -63,21 +63,15 @@ class DataAccess:
         """
         if self.roots is None:
             return path
-        try:
-            real = self._real(path)
-        except OSError:  # e.g. a name too long: judged by the path as written
-            lexical = os.path.abspath(os.path.join(self.roots[0], path))
-            if not self._inside(lexical):
-                raise self._outside(key, path) from None
-            raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
+        real = self._real(path)  # non-strict: never raises, even for a name too long
         if not self._inside(real):
             raise self._outside(key, path)
         try:
             st = os.stat(real)
-        except (FileNotFoundError, NotADirectoryError, OSError) as e:
-            if isinstance(e, PermissionError):
-                raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
-                                      f"(permission denied).") from None
+        except PermissionError:
+            raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
+                                  f"(permission denied).") from None
+        except OSError:  # missing, or a name too long to exist
             raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableError(f"`{key}`: {shorten(path)!r} is not a regular file; only "

@@ -23,12 +23,6 @@ from input_server.errors import (
 )
 
 
-def expand_paths(patterns: Sequence[str], access: DataAccess = OPERATOR) -> list[str]:
-    """Expands globs (sorted, so the order is reproducible); every pattern must match a file
-    that `access` allows."""
-    return access.expand(list(patterns))
-
-
 def open_reader(path: str, spec: SourceSpec, max_document_bytes: int | None = None) -> Reader:
     if spec.format == "jsonl":
         reader = JsonlReader(path, spec.text_field)
@@ -67,7 +61,7 @@ class DocumentSource:
     def _open(cls, spec: SourceSpec, access: DataAccess) -> DocumentSource:
         opened: dict[str, Reader] = {}
         readers = []
-        for p in expand_paths(spec.paths, access):
+        for p in access.expand(spec.paths):
             cancel.check()
             if p not in opened:
                 opened[p] = open_reader(p, spec, access.max_document_bytes)

@@ -343,14 +343,15 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
 
 def _stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit) -> pb.StreamInfo:
     workers = s.stream.workers
-    # A client that reports what its loop takes gives its real pace; one that does not, only
-    # what gRPC let the server send.
-    reported = None if credit.open_ended and not credit.taken else credit.taken_per_s()
+    # A client that reports what its loop takes gives its real pace; for one that does not
+    # (no window), what gRPC let the server send is all there is.
+    reports = credit.window > 0
+    rate = credit.taken_per_s() if reports else None
     return pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
                          worker_processes=workers.processes, worker_threads=workers.threads,
                          worker_reason=workers.reason, batches_sent=s.batches_sent,
                          batches_produced=s.batches_produced,
                          worker_tuning=report.tuning_proto(tuning) if tuning else None,
-                         consumed_batches_per_s=(s.consumed_batches_per_s() if reported is None
-                                                 else reported),
-                         batches_taken=credit.taken if credit.taken else s.batches_sent)
+                         consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None
+                                                 else rate),
+                         batches_taken=credit.taken if reports else s.batches_sent)

@@ -24,11 +24,13 @@ from input_server.serving import auth
 from input_server.serving.server import Server, ServerConfig
 from tests.support import (
     TOKENS,
+    assert_one_line,
     assert_same_batches,
     cli_argv,
     dial,
     free_port,
     health,
+    run_main,
     run_pipeline,
     serve_cli,
     serve_servicer,
@@ -166,18 +168,8 @@ def test_insecure_abstract_serves_without_a_token_while_tcp_keeps_needing_it(tmp
 
 # --- Mistakes that refuse the start: one line, exit 2 --------------------------------------------
 
-def assert_one_line(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("input-server: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, err)
-
-
 def serve_main(capsys, *args: str) -> tuple[int, str]:
-    code = cli.main(["serve", *args])
-    return code, capsys.readouterr().err
+    return run_main(capsys, "serve", *args)
 
 
 @pytest.mark.parametrize("listen, flag", [("127.0.0.1:0", "--insecure-tcp"),

@@ -10,21 +10,7 @@ import time
 import pytest
 
 from input_server import cli
-
-
-def run_main(capsys, *args: str) -> tuple[int, str]:
-    code = cli.main(list(args))
-    err = capsys.readouterr().err
-    return code, err
-
-
-def assert_one_line(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("input-server: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, err)
+from tests.support import assert_one_line, run_main
 
 
 @pytest.fixture
