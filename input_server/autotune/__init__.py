@@ -1,8 +1,9 @@
 """Autotune: measures a pipeline at candidate processes x threads and picks the parallelism.
 
 `policy` decides on a table of measurements (pure), `search` says what to measure next (pure),
-`measure` runs one candidate, `tuner` runs the loop and owns the remembered choices, `report`
-renders a tuning (table, proto, plot).
+`measure` runs one candidate offline, `tuner` runs the offline loop and owns the remembered
+choices, `live` and `online` measure and steer a served stream, `report` renders a tuning
+(table, proto, plot).
 """
 
 from input_server.autotune.measure import measure

@@ -30,7 +30,7 @@ PLATEAU_GAIN = 0.05
 CHOICE_GAIN = 0.02
 # With a target, the choice must measure this much above it, so the jitter of a shared host
 # (and of the consumer) does not starve the trainer.
-TARGET_HEADROOM = 1.2
+TARGET_HEADROOM = 1.25
 # Threads per process: latency-bound sources want many; past this, use processes.
 MAX_THREADS = 128
 # More workers than cores must gain this much: past the cores, extra threads only pay for

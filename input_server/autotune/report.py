@@ -85,3 +85,10 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def switch_proto(s) -> pb.WorkerSwitch:
+    """One `serving.retune.Switch` as `StreamInfo.switches` carries it."""
+    return pb.WorkerSwitch(at_s=s.at_s, from_processes=s.before[0], from_threads=s.before[1],
+                           to_processes=s.after[0], to_threads=s.after[1], reason=s.reason,
+                           capacity_batches_per_s=s.capacity, demand_batches_per_s=s.demand)

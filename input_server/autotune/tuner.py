@@ -1,15 +1,16 @@
 """Autotune: picks a stream's worker processes and threads by measuring its real pipeline.
 
 Grain's `pick_performance_config` divides a RAM budget by the size of five sampled elements
-and caps at the CPU count; it never measures speed. `tune` runs the stream's own pipeline
-(read + tokenize in parallel, pack in order) at candidate (processes, threads) (`measure`),
-times production after a warm-up, and stops on a plateau, once the consumer's demand is met, at
-the RAM budget (measured RSS) or at the time bound (`policy`). A `Tuner`, owned by a server,
-resolves a stream's `workers` table to the parallelism it runs with and remembers its choices.
+and caps at the CPU count; it never measures speed. Two ways measure here, with the same
+policy (`policy`, `search`):
 
-The tuning run's batches are discarded, never served: the stream then starts from its
-requested position with the chosen workers, and the choice cannot change the data (the
-batches are the same bytes for any processes and threads).
+- offline, `tune` (for `input-server tune` and the benchmarks): runs the spec's own pipeline
+  at candidate (processes, threads) (`measure`), its batches discarded, and stops on a
+  plateau, once the demand is met, at the RAM budget (measured RSS) or the time bound;
+- online, on a served stream (`online`, `serving/retune.py`): the stream starts at once and
+  its parallelism moves while it serves, measured on its real production.
+
+A `Tuner`, owned by a server, gives a stream its starting parallelism and keeps the choices.
 """
 
 from __future__ import annotations
@@ -154,15 +155,13 @@ def _unmeasured(rows: Sequence[Measurement], *, tune_seconds: float, elapsed: fl
 
 
 class Tuner:
-    """Resolves a spec's `workers` table to the parallelism its streams run with.
+    """Resolves a spec's `workers` table to the parallelism its streams start with, and keeps
+    the choices "auto" settled on.
 
-    A fixed `workers.count` is used as it is; "auto" is tuned (`tune`) on the first stream of
-    a spec, and later streams of it (a trainer resuming after preemption, a client
-    reconnecting, each building a new `Pipeline`) start at once with the same choice: a second
-    stream of a spec being tuned waits for that tuning (or until its client leaves). A stream
-    of another spec never waits: while one tuning runs (two at once would measure each
-    other), it starts at once in process with the default threads, and its spec is tuned by a
-    later stream. One `Tuner` belongs to one server: its remembered choices go with it.
+    A fixed `workers.count` is used as it is. "auto" starts at once: at the choice remembered
+    for the spec (in memory, else in the on-disk cache), or in process with the default
+    threads; the stream then tunes while it serves (`online`, `serving/retune.py`) and hands
+    its settled choice back (`remember`). One `Tuner` belongs to one server.
 
     Args:
       max_remembered: choices kept in memory, the oldest forgotten first.
@@ -175,71 +174,49 @@ class Tuner:
         # By the pipeline's kind and spec: a stand-in source (testing.SlowPipeline) over the
         # same files is another pipeline.
         self._decided: collections.OrderedDict[tuple[type, PipelineSpec],
-                                               tuple[Workers, Tuning]] = collections.OrderedDict()
-        self._tuning: dict[tuple[type, PipelineSpec], threading.Lock] = {}
+                                               Tuning] = collections.OrderedDict()
         self._max_remembered = max_remembered
 
-    def workers_for(self, pipeline: Pipeline, *, max_processes: int | None = None,
-                    ram_budget_mb: float = math.inf) -> tuple[Workers, Tuning | None]:
-        """The parallelism for a stream of `pipeline`, and the tuning behind it ("auto").
-
-        A remembered choice over `max_processes` (the server's free worker processes) is
-        clipped for this stream; a new tuning runs no candidate over it, nor over
-        `ram_budget_mb` (what the server's memory budget leaves), and is not remembered when
-        the free processes limited it (a later stream, with more free, tunes again).
-        """
+    def start(self, pipeline: Pipeline, *,
+              max_processes: int | None = None) -> tuple[Workers, Tuning | None]:
+        """The parallelism a new stream of `pipeline` opens with, and the remembered tuning
+        behind it (None: fixed, or nothing remembered). A remembered choice over
+        `max_processes` (the server's free worker processes) is clipped for this stream."""
         w = pipeline.spec.workers
         if w.count != "auto":
             return fixed_workers(w.count, w.threads), None
         key = (type(pipeline), pipeline.spec)
         with self._lock:
-            spec_lock = self._tuning.setdefault(key, threading.Lock())
-        while not spec_lock.acquire(timeout=0.1):  # the same spec being tuned: wait for it
-            cancel.check()
-        try:
-            with self._lock:
-                decided = self._decided.get(key)
-            if decided is None and self._cache is not None:
-                remembered = self._cache.get(pipeline.spec)
-                if remembered is not None:
-                    decided = (Workers(remembered.processes, remembered.threads,
-                                       f"auto, remembered: {remembered.summary()}"), remembered)
-                    with self._lock:
-                        self._decided[key] = decided
-            if decided is None:
-                if not _measuring.acquire(blocking=False):
-                    threads = default_threads(0)
-                    return Workers(0, threads, f"auto: another spec is being tuned; in process "
-                                               f"with {threads} threads meanwhile"), None
-                try:
-                    tuning = tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
-                                  max_workers=w.max_workers,
-                                  ram_budget_mb=min(w.ram_budget_mb, ram_budget_mb),
-                                  tune_seconds=float(w.tune_seconds),
-                                  max_processes=max_processes)
-                finally:
-                    _measuring.release()
-                decided = (Workers(tuning.processes, tuning.threads,
-                                   f"auto: {tuning.summary()}"), tuning)
-                if not any(m.skipped == SERVER_CAP for m in tuning.measurements):
-                    with self._lock:
-                        self._decided[key] = decided
-                        while len(self._decided) > self._max_remembered:
-                            self._decided.popitem(last=False)
-                    if self._cache is not None:
-                        self._cache.put(pipeline.spec, tuning)
-        finally:
-            spec_lock.release()
-            with self._lock:
-                if not spec_lock.locked() and self._tuning.get(key) is spec_lock:
-                    del self._tuning[key]
-        workers, tuning = decided
+            remembered = self._decided.get(key)
+        if remembered is None and self._cache is not None:
+            remembered = self._cache.get(pipeline.spec)
+            if remembered is not None:
+                self._keep(key, remembered)
+        if remembered is None:
+            threads = default_threads(0)
+            return Workers(0, threads, f"auto: started at once in process with {threads} "
+                                       f"threads; tuning on the live stream"), None
+        workers = Workers(remembered.processes, remembered.threads,
+                          f"auto, remembered: {remembered.summary()}")
         if max_processes is not None and workers.processes > max_processes:
             threads = default_threads(max_processes)
             workers = Workers(max_processes, threads,
                               f"{workers.reason}; clipped to the {max_processes} free of the "
                               f"server's --max-workers processes")
-        return workers, tuning
+        return workers, remembered
+
+    def remember(self, pipeline: Pipeline, tuning: Tuning) -> None:
+        """Keeps a settled choice for the spec's later streams (and restarts, with a cache)."""
+        self._keep((type(pipeline), pipeline.spec), tuning)
+        if self._cache is not None:
+            self._cache.put(pipeline.spec, tuning)
+
+    def _keep(self, key: tuple[type, PipelineSpec], tuning: Tuning) -> None:
+        with self._lock:
+            self._decided[key] = tuning
+            self._decided.move_to_end(key)
+            while len(self._decided) > self._max_remembered:
+                self._decided.popitem(last=False)
 
 
 def grain_choice(pipeline: Pipeline, *, ram_budget_mb: int | None = None) -> tuple[int, int]:

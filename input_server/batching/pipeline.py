@@ -12,9 +12,10 @@ import dataclasses
 import gc
 import math
 import os
+import time
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grain
 import numpy as np
@@ -29,6 +30,9 @@ from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer import TokenGroup, Tokenizer
 from input_server.errors import InvalidSpecError
+
+if TYPE_CHECKING:
+    from input_server.autotune.live import LiveMeter
 
 # Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -45,6 +49,8 @@ SAMPLE_DOCS = 64
 SAMPLE_CHARS = 16 << 20
 SAMPLE_DOC_CHARS = 64 << 10
 cpu_count = os.cpu_count
+# The element key of a group's wall time in its worker.
+BUSY_KEY = "busy_s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,7 @@ class _EncodeGroup:
         self.trim_to = trim_to
 
     def __call__(self, g: int) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
         first = g * self.size
         indices = self.order.source_indices(first, first + self.size).tolist()
         read_many = getattr(self.source, "read_many", None)
@@ -94,8 +101,12 @@ class _EncodeGroup:
         # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
         # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
         # against x 2: docs/benchmarks.md, "Tokenizer side").
-        return self.tokenizer.encode(texts, first_doc=first, num_threads=1,
-                                     trim_to=self.trim_to).to_element()
+        element = self.tokenizer.encode(texts, first_doc=first, num_threads=1,
+                                        trim_to=self.trim_to).to_element()
+        # How long the group took in its worker: what a live stream's tuner measures the
+        # parallel stage's utilization by (`autotune/live.py`).
+        element[BUSY_KEY] = np.float64(time.perf_counter() - started)
+        return element
 
 
 def fixed_workers(processes: int, threads: int = 0) -> Workers:
@@ -184,25 +195,38 @@ class Pipeline:
         return parse_state(state, fingerprint=self.fingerprint, num_docs=len(self.order))
 
     def stream(self, state: Position | bytes | dict[str, Any] | None = None, *,
-               workers: Workers) -> BatchStream:
+               workers: Workers, meter: LiveMeter | None = None) -> BatchStream:
         """Batches from the start (state None or empty), or right after the batch whose state
-        is given, with the parallelism the caller chose (the server's `Tuner` for "auto")."""
+        is given, with the parallelism the caller chose (the server's `Tuner` for "auto");
+        `meter` counts its groups' busy and waiting time."""
         position = state if isinstance(state, Position) else self.parse_state(state)
-        return BatchStream(self, position, workers)
+        return BatchStream(self, position, workers, meter)
 
 
 class BatchStream:
     """An iterator of `Produced` batches; `close()` stops the Grain workers."""
 
-    def __init__(self, pipeline: Pipeline, pos: Position, workers: Workers):
+    def __init__(self, pipeline: Pipeline, pos: Position, workers: Workers,
+                 meter: LiveMeter | None = None):
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
         self._it = iter(parallel(pipeline.groups(pos.doc), processes=workers.processes,
                                  threads=workers.threads))
-        groups = (TokenGroup.from_element(e) for e in self._it)
-        self._cursor = DocCursor(groups, pos.doc, pos.offset)
+        self._cursor = DocCursor(self._groups(meter), pos.doc, pos.offset)
         self._closed = False
+
+    def _groups(self, meter: LiveMeter | None) -> Iterator[TokenGroup]:
+        it = self._it
+        while True:
+            waited = time.perf_counter()
+            try:
+                element = next(it)
+            except StopIteration:
+                return
+            if meter is not None:
+                meter.group(float(element[BUSY_KEY]), time.perf_counter() - waited)
+            yield TokenGroup.from_element(element)
 
     @property
     def next_seq(self) -> int:

@@ -12,17 +12,23 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from input_server.batching.pipeline import Pipeline, Produced, Workers
 from input_server.batching.resume import Position
+
+if TYPE_CHECKING:
+    from input_server.autotune.live import LiveMeter
 
 
 class SwitchingStream:
     """`BatchStream`'s interface, with `switch(workers)` taking effect at the next batch."""
 
-    def __init__(self, pipeline: Pipeline, position: Position, workers: Workers):
+    def __init__(self, pipeline: Pipeline, position: Position, workers: Workers, *,
+                 meter: LiveMeter | None = None):
         self.pipeline = pipeline
-        self._stream = pipeline.stream(position, workers=workers)
+        self.meter = meter
+        self._stream = pipeline.stream(position, workers=workers, meter=meter)
         self._pending: Workers | None = None
         self._lock = threading.Lock()
         self.switches = 0
@@ -50,9 +56,11 @@ class SwitchingStream:
         if (workers is not None and not self._stream.closed
                 and (workers.processes, workers.threads) != (current.processes, current.threads)):
             old = self._stream
-            self._stream = self.pipeline.stream(old.position(), workers=workers)
-            old.close()
+            self._stream = self.pipeline.stream(old.position(), workers=workers,
+                                                meter=self.meter)
+            # Counted before the old stage stops: its workers' exits are not deaths.
             self.switches += 1
+            old.close()
         return next(self._stream)
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:

@@ -123,7 +123,8 @@ class ServerConfig:
 
     Attributes:
       listen: addresses to listen on (repeatable); default a Unix socket for a sidecar.
-      pipelines: pipelines clients may ask for by name, built and checked at start-up.
+      pipelines: pipelines clients may ask for by name, built and checked at start-up (or
+        built already: a `testing.SlowPipeline` stands remote storage in for benchmarks).
       max_streams: concurrent streams (each may run worker processes); more get
         RESOURCE_EXHAUSTED at once instead of starving health checks.
       queue_depth: batches each stream prepares ahead of the network (bounded memory).
@@ -148,7 +149,7 @@ class ServerConfig:
     """
 
     listen: Sequence[str] = ()
-    pipelines: Mapping[str, PipelineSpec] = dataclasses.field(default_factory=dict)
+    pipelines: Mapping[str, PipelineSpec | Pipeline] = dataclasses.field(default_factory=dict)
     max_streams: int = 8
     queue_depth: int = 4
     grace_s: float = 5.0
@@ -214,10 +215,10 @@ class Server:
         operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
         for name, spec in self.config.pipelines.items():
             try:
-                check_workers(spec, self.config.max_workers)
+                check_workers(getattr(spec, "spec", spec), self.config.max_workers)
             except InvalidSpecError as e:
                 raise InvalidSpecError(f"--pipelines {name!r}: {e}") from None
-        pipelines = {name: Pipeline(spec, operator)
+        pipelines = {name: spec if isinstance(spec, Pipeline) else Pipeline(spec, operator)
                      for name, spec in self.config.pipelines.items()}
         self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()

@@ -23,8 +23,11 @@ from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
 from input_server import __version__, cancel
 from input_server.autotune import report
 from input_server.autotune.policy import Tuning, cpu_count
+from input_server.autotune.live import LiveMeter
+from input_server.autotune.online import OnlineSearch
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
+from input_server.batching.switching import SwitchingStream
 from input_server.data.roots import DataAccess
 from input_server.errors import (
     CancelledError,
@@ -37,7 +40,14 @@ from input_server.errors import (
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.credit import Credit
-from input_server.serving.limits import Limits, check_memory, check_workers, stream_memory_mb
+from input_server.serving.limits import (
+    GROUP_MIB,
+    Limits,
+    check_memory,
+    check_workers,
+    stream_memory_mb,
+)
+from input_server.serving.retune import StreamTuner
 from input_server.serving.session import UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool, Slot
 
@@ -120,7 +130,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._draining = draining
         self._tuner = tuner or Tuner()
         self._ids = itertools.count(1)
-        self._sessions: dict[int, tuple[StreamSession, Tuning | None, Credit]] = {}
+        self._sessions: dict[int, tuple[StreamSession, Tuning | None, Credit,
+                                        StreamTuner | None]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
         self._setting_up: dict[int, tuple[str, str]] = {}  # stream id: (pipeline, doing)
         self.max_handlers = 2 * max_streams + 2
@@ -154,26 +165,39 @@ class InputServicer(pb_grpc.InputServiceServicer):
 
     def _workers(self, pipeline: Pipeline, left: threading.Event) -> tuple[Workers,
                                                                          Tuning | None, int]:
-        """The stream's parallelism within the server's free worker processes, and the
-        processes reserved for it (released by the caller)."""
+        """The parallelism the stream opens with, within the server's free worker processes,
+        the remembered tuning behind it ("auto"), and the processes reserved for it."""
         w = pipeline.spec.workers
         if w.count != "auto":
             self._processes.take(w.count, left, self._draining)
             return fixed_workers(w.count, w.threads), None, w.count
-        # Tuning's candidates run briefly within what is free now; the choice is then held.
-        # Their measured memory stays within what the batches leave of the stream's budget.
-        batches_mb = stream_memory_mb(pipeline.spec, queue_depth=self._queue_depth,
-                                      message_tokens=self._message_tokens, processes=0,
-                                      threads=0)
-        workers, tuning = self._tuner.workers_for(
-            pipeline, max_processes=self._processes.free(),
-            ram_budget_mb=self._limits.stream_memory_mb - batches_mb)
+        workers, remembered = self._tuner.start(pipeline, max_processes=self._processes.free())
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile
             workers = Workers(got, default_threads(got),
                               f"{workers.reason}; clipped to the {got} free of the server's "
                               f"--max-workers {self._processes.cap} processes")
-        return workers, tuning, got
+        return workers, remembered, got
+
+    def _live_tuner(self, pipeline: Pipeline, stream: SwitchingStream, session: StreamSession,
+                    credit: Credit, remembered: Tuning | None, reserved: int) -> StreamTuner:
+        """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
+        w = pipeline.spec.workers
+        # Candidates hold their groups within what the batches leave of the stream's budget.
+        batches_mb = stream_memory_mb(pipeline.spec, queue_depth=self._queue_depth,
+                                      message_tokens=self._message_tokens, processes=0,
+                                      threads=0)
+        search = OnlineSearch(
+            (stream.workers.processes, stream.workers.threads), cpus=cpu_count() or 1,
+            default_threads=default_threads, target=float(w.target_batches_per_s),
+            max_workers=w.max_workers,
+            ram_budget_mb=min(w.ram_budget_mb, self._limits.stream_memory_mb - batches_mb),
+            tune_seconds=float(w.tune_seconds), remembered=remembered, mb_per_worker=GROUP_MIB)
+        return StreamTuner(stream, search, processes=self._processes, reserved=reserved,
+                           taken=lambda: credit.taken if credit.window > 0 else
+                           session.batches_sent,
+                           remember=functools.partial(self._tuner.remember, pipeline),
+                           reason=stream.workers.reason)
 
     @_guard_stream
     def StreamBatches(self, requests: Iterator[Any],
@@ -230,6 +254,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         if not context.add_callback(on_leave):
             on_leave()
         reserved = 0
+        live: StreamTuner | None = None
         # Listed by info from its first moment, with what its set-up is doing.
         stream_id = next(self._ids)
         shown = (request.pipeline_name if request.WhichOneof("pipeline") == "pipeline_name"
@@ -243,10 +268,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # The state first: a request refused for it must not wait for (or hold) a
                     # tuning.
                     position = pipeline.parse_state(request.resume_state)
-                    w = pipeline.spec.workers
-                    self._set_up(stream_id, shown, "choosing its workers" if w.count != "auto"
-                                 else f"tuning its workers (\"auto\", up to "
-                                      f"{float(w.tune_seconds):g} s)")
+                    self._set_up(stream_id, shown, "choosing its workers")
                     workers, tuning, reserved = self._workers(pipeline, left)
                     cancel.check()
             except CancelledError:
@@ -254,11 +276,16 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     raise RefusedError(grpc.StatusCode.UNAVAILABLE,
                                        "the server is shutting down.") from None
                 raise
-            stream = pipeline.stream(position, workers=workers)
+            auto = pipeline.spec.workers.count == "auto"
+            stream = (SwitchingStream(pipeline, position, workers, meter=LiveMeter()) if auto
+                      else pipeline.stream(position, workers=workers))
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
+            if auto:
+                live = self._live_tuner(pipeline, stream, session, credit, tuning,
+                                        reserved).start()
             with self._lock:
-                self._sessions[stream_id] = (session, tuning, credit)
+                self._sessions[stream_id] = (session, tuning, credit, live)
                 self._setting_up.pop(stream_id, None)
             if left.is_set():
                 session.stop()
@@ -269,6 +296,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
             slot.give()
             with self._lock:
                 self._setting_up.pop(stream_id, None)
+            if live is not None:
+                live.stop()
+                live.join()
+                reserved = live.reserved  # what the stream holds after its switches
             if session is not None:
                 session.stop()
                 session.join(None if session.failure is None else UNSTICK_S)
@@ -341,17 +372,25 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
-def _stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit) -> pb.StreamInfo:
+def _stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit,
+                 live: StreamTuner | None) -> pb.StreamInfo:
     workers = s.stream.workers
     # A client that reports what its loop takes gives its real pace; for one that does not
     # (no window), what gRPC let the server send is all there is.
     reports = credit.window > 0
     rate = credit.taken_per_s() if reports else None
-    return pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
+    if live is not None:
+        tuning = live.search.tuning
+    info = pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
                          worker_processes=workers.processes, worker_threads=workers.threads,
-                         worker_reason=workers.reason, batches_sent=s.batches_sent,
-                         batches_produced=s.batches_produced,
+                         worker_reason=live.reason if live else workers.reason,
+                         batches_sent=s.batches_sent, batches_produced=s.batches_produced,
                          worker_tuning=report.tuning_proto(tuning) if tuning else None,
                          consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None
                                                  else rate),
                          batches_taken=credit.taken if reports else s.batches_sent)
+    if live is not None:
+        info.tuning_state = live.state
+        info.demand_batches_per_s = live.demand
+        info.switches.extend(report.switch_proto(w) for w in list(live.history))
+    return info

@@ -51,14 +51,16 @@ class StreamSession:
         self.first_sent_s: float | None = None  # time.monotonic() when the first message went
         self.first_message_batches = 0  # the batches that message held
         self.batches_produced = 0
+        self.meter = getattr(stream, "meter", None)  # a live-tuned stream's (`SwitchingStream`)
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
         self._failure_lock = threading.Lock()  # the watchdog and the producer both record
         self._closing = False
-        self._workers_seen: dict[int, tuple[int, BaseProcess]] = {}  # pid: (index, process)
+        # pid: (the stage's generation, index, process)
+        self._workers_seen: dict[int, tuple[int, int, BaseProcess]] = {}
         self._producer = Prefetcher(self._produce, depth=depth, name=f"stream-{stream_id}",
                                     poll_s=_POLL_S)
-        if stream.workers.processes > 0:
+        if stream.workers.processes > 0 or hasattr(stream, "switch"):  # may start some later
             threading.Thread(target=self._watch, name=f"stream-{stream_id}-watch",
                              daemon=True).start()
 
@@ -68,8 +70,16 @@ class StreamSession:
             f"cannot continue. Resume from the last state in a new stream; if it recurs, look "
             f"for the kernel's OOM killer (it sends SIGKILL) or a crash in the server's log.")
 
+    def _generation(self) -> int:
+        """Which parallel stage runs now: a live-tuned stream's switches so far (the workers
+        of a stage it switched away from are stopped, not dead)."""
+        return getattr(self.stream, "switches", 0)
+
     def _dead_worker(self) -> WorkerDiedError | None:
-        for slot, process in list(self._workers_seen.values()):
+        generation = self._generation()
+        for seen_in, slot, process in list(self._workers_seen.values()):
+            if seen_in != generation:
+                continue
             code = process.exitcode
             # `_closing` is read after the exit code: once the stream closes, Grain's teardown
             # may kill workers itself.
@@ -90,13 +100,16 @@ class StreamSession:
 
     def _watch(self) -> None:
         while not self._producer.wait_stopped(_WATCH_S) and not self._closing:
+            generation = self._generation()
             try:
                 for slot, process in self.stream.worker_processes():
-                    self._workers_seen.setdefault(process.pid, (slot, process))
+                    self._workers_seen.setdefault(process.pid, (generation, slot, process))
             except RuntimeError:  # the graph changed under the walk; look again next time
                 continue
             failure = self._dead_worker()
-            if failure is not None:
+            # A switch counts before it stops the old stage's workers: one that began meanwhile
+            # may have stopped them.
+            if failure is not None and self._generation() == generation:
                 self._record(failure)
                 return
 
@@ -112,8 +125,12 @@ class StreamSession:
                 next_seq = produced.seq + 1
                 msg = pb.Batch(sequence_number=produced.seq, state=last_state,
                                num_tokens=produced.num_tokens)
-                if not put((msg, produced.batch.compact(vocab_size))):
+                item = (msg, produced.batch.compact(vocab_size))
+                waited = time.perf_counter()
+                if not put(item):
                     return
+                if self.meter is not None:  # the time it waited for room: the loop's pace
+                    self.meter.batch(produced.num_tokens, time.perf_counter() - waited)
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker

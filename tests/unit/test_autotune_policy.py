@@ -51,7 +51,7 @@ def test_more_workers_than_cores_need_a_large_gain(gain_past_cores, threads):
 def test_target_picks_the_fewest_workers_that_meet_it_with_headroom():
     rows = [row(0, 1, 10), row(0, 2, 20), row(0, 4, 40), row(0, 8, 80)]
     t = decide(rows, target_batches_per_s=15, cpus=2)
-    assert (t.threads, t.reason) == (2, "target met")  # 20 >= 1.2 x 15
+    assert (t.threads, t.reason) == (2, "target met")  # 20 >= 1.25 x 15
     t = decide(rows, target_batches_per_s=17, cpus=2)
     assert t.threads == 4  # 20 < 1.2 x 17
     t = decide(rows, target_batches_per_s=500, cpus=2)

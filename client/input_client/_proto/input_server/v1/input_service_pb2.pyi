@@ -137,7 +137,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,9 @@ class StreamInfo(_message.Message):
     WORKER_TUNING_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
     BATCHES_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TUNING_STATE_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -158,7 +161,30 @@ class StreamInfo(_message.Message):
     worker_tuning: WorkerTuning
     consumed_batches_per_s: float
     batches_taken: int
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ...) -> None: ...
+    switches: _containers.RepeatedCompositeFieldContainer[WorkerSwitch]
+    demand_batches_per_s: float
+    tuning_state: str
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ...) -> None: ...
+
+class WorkerSwitch(_message.Message):
+    __slots__ = ("at_s", "from_processes", "from_threads", "to_processes", "to_threads", "reason", "capacity_batches_per_s", "demand_batches_per_s")
+    AT_S_FIELD_NUMBER: _ClassVar[int]
+    FROM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    FROM_THREADS_FIELD_NUMBER: _ClassVar[int]
+    TO_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    TO_THREADS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    at_s: float
+    from_processes: int
+    from_threads: int
+    to_processes: int
+    to_threads: int
+    reason: str
+    capacity_batches_per_s: float
+    demand_batches_per_s: float
+    def __init__(self, at_s: _Optional[float] = ..., from_processes: _Optional[int] = ..., from_threads: _Optional[int] = ..., to_processes: _Optional[int] = ..., to_threads: _Optional[int] = ..., reason: _Optional[str] = ..., capacity_batches_per_s: _Optional[float] = ..., demand_batches_per_s: _Optional[float] = ...) -> None: ...
 
 class WorkerMeasurement(_message.Message):
     __slots__ = ("processes", "threads", "batches_per_s", "tokens_per_s", "rss_mb_per_worker", "cpu_cores", "startup_s", "skipped")

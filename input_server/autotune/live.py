@@ -1,0 +1,131 @@
+"""Measuring a live stream: what its parallelism could produce, while it serves a loop that may
+take less.
+
+A stream's production is bounded by its consumer (flow control), so the rate it runs at says
+what the loop takes, not what the workers could make. What they could make follows from how
+busy each part was while making it (the utilization law, as tf.data's autotuner models its
+stages from their measured busy time): the parallel stage's groups each report their own wall
+time, so its utilization is their busy time over `workers` x the window; the in-order part
+(packing, the stream's per-batch work) is busy whenever the producer neither waits for a group
+nor for room in the send queue. The busier part is the bottleneck, and the rate it allows is
+the window's rate over its utilization. A stream that never waits for room (the loop takes all
+it makes) is running at that rate outright.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+# Module-level alias so tests can stand in another clock (STYLE.md item 4).
+clock = time.perf_counter
+
+# A window in which the producer waited for room less than this share of the time ran as fast
+# as it could: the loop takes everything it makes.
+FREE_RUNNING = 0.1
+# Utilization below this is not trusted to scale a rate up (one window's jitter).
+MIN_UTILIZATION = 0.05
+
+
+class LiveMeter:
+    """Counters a stream's producer and its parallel stage add to (any thread), read as
+    `Window`s by the stream's tuner."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._batches = 0
+        self._tokens = 0
+        self._groups = 0
+        self._group_s = 0.0  # wall time the groups took in their workers
+        self._waiting_s = 0.0  # the in-order part waiting for the next group
+        self._blocked_s = 0.0  # the producer waiting for room in the send queue
+
+    def group(self, busy_s: float, waited_s: float) -> None:
+        with self._lock:
+            self._groups += 1
+            self._group_s += busy_s
+            self._waiting_s += waited_s
+
+    def batch(self, tokens: int, blocked_s: float) -> None:
+        with self._lock:
+            self._batches += 1
+            self._tokens += tokens
+            self._blocked_s += blocked_s
+
+    def totals(self) -> Totals:
+        with self._lock:
+            return Totals(clock(), self._batches, self._tokens, self._groups, self._group_s,
+                          self._waiting_s, self._blocked_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """The meter's counters at one moment; two of them make a `Window`."""
+
+    at: float
+    batches: int
+    tokens: int
+    groups: int
+    group_s: float
+    waiting_s: float
+    blocked_s: float
+
+    def since(self, start: Totals, workers: int) -> Window:
+        return Window(seconds=self.at - start.at, batches=self.batches - start.batches,
+                      tokens=self.tokens - start.tokens, groups=self.groups - start.groups,
+                      group_s=self.group_s - start.group_s,
+                      waiting_s=self.waiting_s - start.waiting_s,
+                      blocked_s=self.blocked_s - start.blocked_s, workers=workers)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Window:
+    """What a stream did over `seconds` at `workers` groups in flight."""
+
+    seconds: float
+    batches: int
+    tokens: int
+    groups: int
+    group_s: float
+    waiting_s: float
+    blocked_s: float
+    workers: int
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def free_running(self) -> bool:
+        """Whether the loop took all the stream made (it hardly ever waited for room)."""
+        return self.blocked_s < FREE_RUNNING * self.seconds
+
+    @property
+    def parallel_busy(self) -> float:
+        """The parallel stage's utilization: group time over what `workers` could give."""
+        return min(1.0, self.group_s / max(1e-9, self.workers * self.seconds))
+
+    @property
+    def serial_busy(self) -> float:
+        """The in-order part's utilization: the producer's time neither waiting for a group
+        nor for room."""
+        idle = self.waiting_s + self.blocked_s
+        return min(1.0, max(0.0, self.seconds - idle) / max(1e-9, self.seconds))
+
+    @property
+    def bottleneck(self) -> str:
+        return "parallel" if self.parallel_busy >= self.serial_busy else "serial"
+
+    def capacity(self) -> float:
+        """Batches per second this parallelism could produce: the window's rate when it ran
+        free, else the rate scaled by the bottleneck's utilization."""
+        if self.free_running:
+            return self.batches_per_s
+        busy = max(self.parallel_busy, self.serial_busy, MIN_UTILIZATION)
+        return self.batches_per_s / busy
+
+    def tokens_capacity(self) -> float:
+        if self.batches == 0:
+            return 0.0
+        return self.capacity() * self.tokens / self.batches

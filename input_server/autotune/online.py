@@ -1,0 +1,247 @@
+"""Tuning a live stream: which parallelism to switch to next, from measured windows. Pure.
+
+A stream of "auto" starts at once at a provisional parallelism (the remembered choice, else
+the in-process default) and this search moves it while it serves (`serving/retune.py` runs
+it; `batching/switching.py` switches without changing a batch). Each candidate's row is its
+capacity measured on the live stream (`live.Window.capacity`), so the offline policy's pure
+functions decide here too:
+
+- the loop takes all the stream makes (no demand known): the offline search upward
+  (`search.next_candidate`) and the plateau rule (`policy.decide`): the fewest workers within
+  a few % of the fastest;
+- the loop takes less (its demand measured from its credit) or the spec sets
+  `target_batches_per_s`: a walk along the ladder of candidates, cheaper while the current
+  one meets TARGET_HEADROOM x the demand, dearer while it does not; the choice is the fewest
+  that meet it (`decide` with the target), leaving the host's other CPUs to training.
+
+Settled, it watches: a demand that moves by more than DEMAND_MOVE, or production falling
+behind a loop it used to keep ahead of, in CONFIRM_WINDOWS windows in a row (hysteresis: one
+noisy window does not move it) starts a new search from where the stream is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from input_server.autotune.live import Window
+from input_server.autotune.policy import (
+    TARGET_HEADROOM,
+    Measurement,
+    Tuning,
+    cost,
+    decide,
+    over_cap,
+    pool,
+)
+from input_server.autotune.search import next_candidate
+
+DEMAND_MOVE = 0.25
+CONFIRM_WINDOWS = 2
+# Windows a settled stream ignores its triggers after settling: the new parallelism warms up.
+COOLDOWN_WINDOWS = 3
+Config = tuple[int, int]  # (processes, threads)
+
+
+def ladder(cpus: int, *, default_threads) -> list[Config]:
+    """The candidates a demand walk moves along, cheapest first: in-process threads doubling
+    up to twice the cores, then worker processes doubling up to the cores."""
+    rungs = [(0, t) for t in _doubling(1, max(2, 2 * cpus))]
+    rungs += [(p, default_threads(p)) for p in _doubling(2, cpus)]
+    return rungs
+
+
+def _doubling(first: int, last: int) -> list[int]:
+    out, n = [], first
+    while n <= last:
+        out.append(n)
+        n *= 2
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What the search asks for after a window: switch to `to` (None: stay), and why."""
+
+    to: Config | None
+    reason: str
+
+
+class OnlineSearch:
+    """The state of one stream's online tuning; `observe` each measured window of the
+    current parallelism (after its warm-up), switch where the returned `Step` says.
+
+    Args:
+      start: the provisional parallelism the stream opened with.
+      cpus, default_threads: the host's cores, and threads per process by default.
+      target: the spec's `target_batches_per_s` (0 = measure the loop's demand).
+      max_workers, ram_budget_mb: the spec's caps (and what the server's memory leaves).
+      tune_seconds: a search settles on what it has measured by then.
+      remembered: the start is a remembered choice: begin settled, for this demand (0 = the
+        loop took all).
+      mb_per_worker: memory a group in flight holds, MiB, held to `ram_budget_mb` with the
+        worker processes' measured memory.
+    """
+
+    def __init__(self, start: Config, *, cpus: int, default_threads, target: float = 0.0,
+                 max_workers: int = 0, ram_budget_mb: float = math.inf,
+                 tune_seconds: float = 20.0, remembered: Tuning | None = None,
+                 mb_per_worker: float = 0.0):
+        self.current = start
+        self.cpus = cpus
+        self.target = target
+        self.caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
+        self.tune_seconds = tune_seconds
+        self.mb_per_worker = mb_per_worker
+        self.ladder = ladder(cpus, default_threads=default_threads)
+        self.rows: list[Measurement] = []
+        self.tuning: Tuning | None = remembered
+        self.settled = remembered is not None
+        self.demand: float | None = (remembered.target_batches_per_s or None) if remembered \
+            else None
+        self.searches = 0 if remembered else 1
+        self._search_started: float | None = None
+        self._unavailable: set[Config] = set()  # over the server's free processes
+        self._streak: list[str] = []
+        self._cooldown = COOLDOWN_WINDOWS if remembered else 0
+        self._now = 0.0
+
+    # --- the windows ----------------------------------------------------------------------
+
+    def observe(self, w: Window, *, demand: float | None, now: float,
+                cpu_cores: float = 0.0, rss_mb: float = 0.0) -> Step:
+        """Takes one window of the current parallelism; `demand` is the loop's measured pace
+        in batches/s (None when it took all the stream made)."""
+        self._now = now
+        if self.target > 0:
+            demand = self.target
+        elif w.free_running:
+            demand = None
+        row = Measurement(processes=self.current[0], threads=self.current[1],
+                          batches_per_s=w.capacity(), tokens_per_s=w.tokens_capacity(),
+                          cpu_cores=cpu_cores, rss_mb=rss_mb, seconds=w.seconds,
+                          batches=w.batches)
+        if self.settled:
+            return self._watch(row, demand, now)
+        if self._search_started is None:
+            self._search_started = now
+        self._record(row)
+        return self._search(demand, now)
+
+    def switched(self, config: Config) -> None:
+        """The stream now runs `config` (the windows that follow are its)."""
+        self.current = config
+
+    def unavailable(self, config: Config, now: float) -> Step:
+        """The server could not give `config` its worker processes: search without it."""
+        self._now = now
+        self._unavailable.add(config)
+        self.rows.append(Measurement(processes=config[0], threads=config[1],
+                                     skipped="server's max workers"))
+        return self._search(self.demand, now)
+
+    def _record(self, row: Measurement) -> None:
+        for i, r in enumerate(self.rows):
+            if r.ran and (r.processes, r.threads) == self.current:
+                self.rows[i] = pool(r, row)
+                return
+        self.rows.append(row)
+
+    def _row(self, config: Config) -> Measurement | None:
+        return next((r for r in self.rows if r.ran and (r.processes, r.threads) == config), None)
+
+    # --- searching ------------------------------------------------------------------------
+
+    def _search(self, demand: float | None, now: float) -> Step:
+        self.demand = demand
+        if now - (self._search_started or now) >= self.tune_seconds:
+            return self._settle(demand, "the time bound")
+        if demand is None:
+            nxt = next_candidate(self.rows, cpus=self.cpus, **self.caps)
+            while nxt is not None and (nxt.processes, nxt.threads) in self._unavailable:
+                nxt = None
+            if nxt is None or nxt.skip:
+                return self._settle(None, "the loop takes all the stream makes")
+            return Step((nxt.processes, nxt.threads), "searching: the loop takes all the "
+                                                      "stream makes; trying more workers")
+        need = TARGET_HEADROOM * demand
+        here = self._row(self.current)
+        meets = here is not None and here.batches_per_s >= need
+        rungs = [c for c in self.ladder if c not in self._unavailable and self._fits(c)]
+        if meets:
+            cheaper = [c for c in rungs if cost_of(c) < cost_of(self.current)]
+            if cheaper and self._row(cheaper[-1]) is None:
+                return Step(cheaper[-1], f"searching: meets {need:.1f} batches/s "
+                                         f"({TARGET_HEADROOM:g} x the demand); trying fewer")
+            return self._settle(demand, "the demand")
+        dearer = [c for c in rungs if cost_of(c) > cost_of(self.current)]
+        for c in dearer:
+            r = self._row(c)
+            if r is None:
+                return Step(c, f"searching: below {need:.1f} batches/s "
+                               f"({TARGET_HEADROOM:g} x the demand); trying more")
+            if r.batches_per_s >= need:
+                break
+        return self._settle(demand, "the demand")
+
+    def _fits(self, c: Config) -> bool:
+        workers = max(1, c[0]) * c[1]
+        measured = [r for r in self.rows if r.ran and r.processes > 0]
+        process_mb = measured[-1].rss_mb / measured[-1].processes * c[0] if measured else 0.0
+        return not over_cap(workers, workers * self.mb_per_worker + process_mb, **self.caps)
+
+    def _settle(self, demand: float | None, why: str) -> Step:
+        tuning = decide(self.rows, target_batches_per_s=demand or 0.0, cpus=self.cpus,
+                        **self.caps)
+        self.tuning = dataclasses.replace(tuning, tune_seconds=self._elapsed())
+        self.settled = True
+        self.demand = demand
+        self._streak = []
+        self._cooldown = COOLDOWN_WINDOWS
+        to = (tuning.processes, tuning.threads)
+        return Step(None if to == self.current else to,
+                    f"settled for {why}: {tuning.reason}")
+
+    def _elapsed(self) -> float:
+        return 0.0 if self._search_started is None else self._now - self._search_started
+
+    # --- settled --------------------------------------------------------------------------
+
+    def _watch(self, row: Measurement, demand: float | None, now: float) -> Step:
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return Step(None, "")
+        trigger = self._trigger(row, demand)
+        self._streak = [*self._streak, trigger][-CONFIRM_WINDOWS:] if trigger else []
+        if len(self._streak) < CONFIRM_WINDOWS or len(set(self._streak)) != 1:
+            return Step(None, "")
+        self.settled = False
+        self.searches += 1
+        self.rows = [row]
+        self._unavailable.clear()
+        self._search_started = now
+        self._streak = []
+        step = self._search(demand, now)
+        return Step(step.to, f"re-tuning: {trigger}; {step.reason}")
+
+    def _trigger(self, row: Measurement, demand: float | None) -> str:
+        """Why the settled choice no longer fits this window, or ""."""
+        if self.demand is not None and demand is None:
+            if any(cost_of(c) > cost_of(self.current) for c in self.ladder):
+                return "production fell behind the loop"
+            return ""
+        if demand is None:
+            return ""
+        if self.demand is None:
+            # Chosen while the loop took everything; now it takes less: fewer may do.
+            cheaper = any(cost_of(c) < cost_of(self.current) for c in self.ladder)
+            if cheaper and TARGET_HEADROOM * demand < (1 - DEMAND_MOVE) * row.batches_per_s:
+                return "the loop now takes less than the stream makes"
+            return ""
+        if abs(demand - self.demand) > DEMAND_MOVE * self.demand:
+            return f"the demand moved from {self.demand:.1f} to {demand:.1f} batches/s"
+        return ""
+
+
+def cost_of(c: Config) -> tuple[int, int]:
+    return cost(Measurement(processes=c[0], threads=c[1]))

@@ -1,0 +1,211 @@
+"""Tuning an "auto" stream while it serves: measure windows, switch parallelism, remember.
+
+The stream opened at a provisional parallelism; this thread reads its meter each window,
+asks the online search (`autotune/online.py`) where to go, switches the stream there
+(`batching/switching.py`: the next batch comes from the new stage, the data unchanged), takes
+or gives back the server's worker processes, and keeps the history that `input-server info`
+shows. A settled choice is remembered for the spec's later streams and restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+
+from input_server.autotune.live import LiveMeter, Window, clock
+from input_server.autotune.online import Config, OnlineSearch, Step
+from input_server.autotune.policy import Tuning
+from input_server.batching.pipeline import Workers
+from input_server.batching.switching import SwitchingStream
+from input_server.serving.slots import ProcessPool
+
+log = logging.getLogger(__name__)
+
+# A window lasts at least WINDOW_S and MIN_BATCHES batches; one that reaches MAX_WINDOW_S
+# with fewer (a loop that pauses, e.g. to evaluate or checkpoint) is dropped, not judged.
+WINDOW_S = 1.0
+MIN_BATCHES = 4
+MAX_WINDOW_S = 10.0
+# After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
+WARMUP_S = 0.5
+_POLL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """One change of a stream's parallelism, as `input-server info` lists it."""
+
+    at_s: float  # since the stream opened
+    before: Config
+    after: Config
+    reason: str
+    capacity: float  # batches/s measured at `before` in the window that decided
+    demand: float  # the loop's batches/s then (0: it took all the stream made)
+
+
+class StreamTuner:
+    """One "auto" stream's online tuning, on a thread of its own until `stop`.
+
+    Args:
+      stream: the stream, switchable, with its meter.
+      search: the online search, started at the stream's parallelism.
+      taken: the batches the loop has taken so far (its credit, or what was sent).
+      processes: the server's worker processes; `reserved` of them are the stream's now.
+      remember: called with a settled choice (not one the server's free processes cut).
+    """
+
+    def __init__(self, stream: SwitchingStream, search: OnlineSearch, *,
+                 taken: Callable[[], int], processes: ProcessPool, reserved: int,
+                 remember: Callable[[Tuning], None], reason: str):
+        self.stream = stream
+        self.search = search
+        self.reserved = reserved
+        self.history: list[Switch] = []
+        self.demand = 0.0
+        self.reason = reason
+        self._meter: LiveMeter = stream.meter
+        self._taken = taken
+        self._processes = processes
+        self._remember = remember
+        self._opened = clock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
+
+    def start(self) -> StreamTuner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+
+    @property
+    def state(self) -> str:
+        return "settled" if self.search.settled else "searching"
+
+    def _run(self) -> None:
+        try:
+            self._warm_up()
+            while not self._stop.is_set():
+                measured = self._window()
+                if measured is None:
+                    continue
+                window, demand, cpu_cores = measured
+                step = self.search.observe(window, demand=demand, now=clock(),
+                                           cpu_cores=cpu_cores, rss_mb=self._worker_rss_mb())
+                self._follow(step, window, demand)
+        except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
+            log.warning("stream tuning stopped; the stream goes on at %s", self.stream.workers,
+                        exc_info=True)
+
+    def _follow(self, step: Step, window: Window, demand: float | None) -> None:
+        while step.to is not None and not self._stop.is_set():
+            if step.to == (self.stream.workers.processes, self.stream.workers.threads):
+                break
+            if self._take_processes(step.to[0]):
+                self._switch(step, window, demand)
+                return
+            step = self.search.unavailable(step.to, clock())
+        if self.search.settled and step.reason:
+            self._settled()
+
+    def _settled(self) -> None:
+        tuning = self.search.tuning
+        self.reason = f"auto: {tuning.summary()}"
+        log.info("stream tuning settled: %s", tuning.summary())
+        if not any(m.skipped == "server's max workers" for m in tuning.measurements):
+            self._remember(tuning)
+
+    def _take_processes(self, wanted: int) -> bool:
+        more = wanted - self.reserved
+        if more <= 0:
+            return True
+        got = self._processes.take_up_to(more)
+        if got < more:
+            self._processes.give(got)
+            return False
+        self.reserved += got
+        return True
+
+    def _switch(self, step: Step, window: Window, demand: float | None) -> None:
+        before = self.stream.workers
+        p, t = step.to
+        self.history.append(Switch(clock() - self._opened, (before.processes, before.threads),
+                                   (p, t), step.reason, window.capacity(), demand or 0.0))
+        log.info("stream tuning: %d x %d -> %d x %d (%s)", before.processes, before.threads,
+                 p, t, step.reason)
+        self.reason = f"auto: {step.reason}"
+        switches = self.stream.switches
+        self.stream.switch(Workers(p, t, self.reason))
+        # The producer switches before its next batch; a loop that is not taking may keep it
+        # waiting, and the old stage's processes stay the stream's until then.
+        while self.stream.switches == switches and not self._stop.wait(_POLL_S):
+            pass
+        if self.stream.switches == switches:
+            return  # stopped before the stream took the switch
+        self.search.switched((p, t))
+        if p < self.reserved:
+            self._processes.give(self.reserved - p)
+            self.reserved = p
+        if self.search.settled:
+            self._settled()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Waits for the stage's first batch and WARMUP_S more."""
+        start = self._meter.totals().batches
+        while self._meter.totals().batches == start and not self._stop.wait(_POLL_S):
+            pass
+        self._stop.wait(WARMUP_S)
+
+    def _window(self) -> tuple[Window, float, float] | None:
+        """The next window: what the stream did, the loop's pace and the CPU cores busy."""
+        start, taken0 = self._meter.totals(), self._taken()
+        cpu0 = _cpu_seconds()
+        while not self._stop.wait(_POLL_S):
+            now = self._meter.totals()
+            long_enough = now.at - start.at >= WINDOW_S and now.batches - start.batches \
+                >= MIN_BATCHES
+            if long_enough or now.at - start.at >= MAX_WINDOW_S:
+                break
+        else:
+            return None
+        w = self.stream.workers
+        window = now.since(start, max(1, w.processes) * w.threads)
+        cpu_cores = (_cpu_seconds() - cpu0) / max(window.seconds, 1e-9)
+        if window.batches < MIN_BATCHES:
+            return None
+        demand = (self._taken() - taken0) / window.seconds
+        self.demand = 0.0 if window.free_running and self.search.target <= 0 else demand
+        return window, demand, cpu_cores
+
+    def _worker_rss_mb(self) -> float:
+        import psutil
+
+        total = 0
+        try:
+            for _, process in self.stream.worker_processes():
+                total += psutil.Process(process.pid).memory_info().rss
+        except (RuntimeError, psutil.Error):
+            pass
+        return total / (1 << 20)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of the server process and its worker processes so far."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return total
+
