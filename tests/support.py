@@ -429,3 +429,27 @@ def assert_one_line(code: int, err: str, *needles: str) -> None:
     for needle in needles:
         assert needle in lines[0], (needle, err)
 
+
+
+def consume_until(it, client, done, *, pace: float = 0.0, timeout: float = 40.0,
+                  into: list | None = None):
+    """Takes batches from `it` (at `pace` a second; 0 = as fast as they come) until
+    `done(stream_info)` holds for the one stream the server runs, checked twice a second.
+
+    An "auto" stream tunes only while its loop takes batches, so a test waiting for its
+    tuning keeps taking them. Returns the last StreamInfo; the batches go into `into`.
+    """
+    deadline = time.monotonic() + timeout
+    checked = 0.0
+    while True:
+        batch = next(it)
+        if into is not None:
+            into.append(batch)
+        if pace:
+            time.sleep(1 / pace)
+        if time.monotonic() - checked >= 0.5:
+            checked = time.monotonic()
+            (stream,) = client.info().streams
+            if done(stream):
+                return stream
+            assert checked < deadline, f"not reached in {timeout} s: {stream}"

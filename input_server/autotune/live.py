@@ -15,68 +15,14 @@ it makes) is running at that rate outright.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 
-# Module-level alias so tests can stand in another clock (STYLE.md item 4).
-clock = time.perf_counter
+from input_server.batching.meter import Totals
 
 # A window in which the producer waited for room less than this share of the time ran as fast
 # as it could: the loop takes everything it makes.
 FREE_RUNNING = 0.1
 # Utilization below this is not trusted to scale a rate up (one window's jitter).
 MIN_UTILIZATION = 0.05
-
-
-class LiveMeter:
-    """Counters a stream's producer and its parallel stage add to (any thread), read as
-    `Window`s by the stream's tuner."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._batches = 0
-        self._tokens = 0
-        self._groups = 0
-        self._group_s = 0.0  # wall time the groups took in their workers
-        self._waiting_s = 0.0  # the in-order part waiting for the next group
-        self._blocked_s = 0.0  # the producer waiting for room in the send queue
-
-    def group(self, busy_s: float, waited_s: float) -> None:
-        with self._lock:
-            self._groups += 1
-            self._group_s += busy_s
-            self._waiting_s += waited_s
-
-    def batch(self, tokens: int, blocked_s: float) -> None:
-        with self._lock:
-            self._batches += 1
-            self._tokens += tokens
-            self._blocked_s += blocked_s
-
-    def totals(self) -> Totals:
-        with self._lock:
-            return Totals(clock(), self._batches, self._tokens, self._groups, self._group_s,
-                          self._waiting_s, self._blocked_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class Totals:
-    """The meter's counters at one moment; two of them make a `Window`."""
-
-    at: float
-    batches: int
-    tokens: int
-    groups: int
-    group_s: float
-    waiting_s: float
-    blocked_s: float
-
-    def since(self, start: Totals, workers: int) -> Window:
-        return Window(seconds=self.at - start.at, batches=self.batches - start.batches,
-                      tokens=self.tokens - start.tokens, groups=self.groups - start.groups,
-                      group_s=self.group_s - start.group_s,
-                      waiting_s=self.waiting_s - start.waiting_s,
-                      blocked_s=self.blocked_s - start.blocked_s, workers=workers)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,3 +75,11 @@ class Window:
         if self.batches == 0:
             return 0.0
         return self.capacity() * self.tokens / self.batches
+
+
+def window(start: Totals, end: Totals, workers: int) -> Window:
+    """What the stream did between two readings of its meter, at `workers` groups in flight."""
+    return Window(seconds=end.at - start.at, batches=end.batches - start.batches,
+                  tokens=end.tokens - start.tokens, groups=end.groups - start.groups,
+                  group_s=end.group_s - start.group_s, waiting_s=end.waiting_s - start.waiting_s,
+                  blocked_s=end.blocked_s - start.blocked_s, workers=workers)

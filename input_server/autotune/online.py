@@ -154,16 +154,22 @@ class OnlineSearch:
 
     def _search(self, demand: float | None, now: float) -> Step:
         self.demand = demand
-        if now - (self._search_started or now) >= self.tune_seconds:
-            return self._settle(demand, "the time bound")
+        out_of_time = now - (self._search_started or now) >= self.tune_seconds
         if demand is None:
             nxt = next_candidate(self.rows, cpus=self.cpus, **self.caps)
+            if out_of_time and nxt is not None and not nxt.skip:
+                # Still gaining when the bound came: the choice says so ("time limit").
+                self.rows.append(Measurement(processes=nxt.processes, threads=nxt.threads,
+                                             skipped="time limit"))
+                return self._settle(None, "the time bound")
             while nxt is not None and (nxt.processes, nxt.threads) in self._unavailable:
                 nxt = None
             if nxt is None or nxt.skip:
                 return self._settle(None, "the loop takes all the stream makes")
             return Step((nxt.processes, nxt.threads), "searching: the loop takes all the "
                                                       "stream makes; trying more workers")
+        if out_of_time:
+            return self._settle(demand, "the time bound")
         need = TARGET_HEADROOM * demand
         here = self._row(self.current)
         meets = here is not None and here.batches_per_s >= need

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grain
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
+from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.resume import Position, parse_state
 from input_server.data.order import DocumentOrder
@@ -30,9 +31,6 @@ from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer import TokenGroup, Tokenizer
 from input_server.errors import InvalidSpecError
-
-if TYPE_CHECKING:
-    from input_server.autotune.live import LiveMeter
 
 # Text to tokenize per group (after long documents are cut, see tokenize.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:

@@ -12,13 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING
 
+from input_server.batching.meter import LiveMeter
 from input_server.batching.pipeline import Pipeline, Produced, Workers
 from input_server.batching.resume import Position
-
-if TYPE_CHECKING:
-    from input_server.autotune.live import LiveMeter
 
 
 class SwitchingStream:

@@ -14,9 +14,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from input_server.autotune.live import LiveMeter, Window, clock
+from input_server.autotune.live import Window, window
 from input_server.autotune.online import Config, OnlineSearch, Step
 from input_server.autotune.policy import Tuning
+from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.pipeline import Workers
 from input_server.batching.switching import SwitchingStream
 from input_server.serving.slots import ProcessPool
@@ -176,13 +177,13 @@ class StreamTuner:
         else:
             return None
         w = self.stream.workers
-        window = now.since(start, max(1, w.processes) * w.threads)
-        cpu_cores = (_cpu_seconds() - cpu0) / max(window.seconds, 1e-9)
-        if window.batches < MIN_BATCHES:
+        measured = window(start, now, max(1, w.processes) * w.threads)
+        cpu_cores = (_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
+        if measured.batches < MIN_BATCHES:
             return None
-        demand = (self._taken() - taken0) / window.seconds
-        self.demand = 0.0 if window.free_running and self.search.target <= 0 else demand
-        return window, demand, cpu_cores
+        demand = (self._taken() - taken0) / measured.seconds
+        self.demand = 0.0 if measured.free_running and self.search.target <= 0 else demand
+        return measured, demand, cpu_cores
 
     def _worker_rss_mb(self) -> float:
         import psutil

@@ -22,10 +22,10 @@ from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
 from input_server import __version__, cancel
 from input_server.autotune import report
-from input_server.autotune.policy import Tuning, cpu_count
-from input_server.autotune.live import LiveMeter
 from input_server.autotune.online import OnlineSearch
+from input_server.autotune.policy import Tuning, cpu_count
 from input_server.autotune.tuner import Tuner
+from input_server.batching.meter import LiveMeter
 from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
 from input_server.batching.switching import SwitchingStream
 from input_server.data.roots import DataAccess

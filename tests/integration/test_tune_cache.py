@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import stat
-import time
 
 import pytest
 
@@ -76,30 +75,37 @@ def test_an_unwritable_cache_warns_and_the_stream_goes_on(tmp_path, make_spec, c
 
 
 def test_a_restarted_server_starts_at_the_remembered_choice_at_once(tmp_path, make_spec):
-    spec = make_spec(workers={"count": "auto", "tune_seconds": 4})
+    from tests.support import consume_until
+
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 4})
     config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"))
 
-    def first_stream() -> tuple[float, str]:
-        with Server(config) as srv, InputClient(srv.targets[0]) as client:
-            start = time.monotonic()
-            with client.batches(spec) as it:
-                next(it)
-                took = time.monotonic() - start
-                (stream,) = client.info().streams
-            return took, stream.worker_reason
+    def settled(stream) -> bool:
+        return stream.tuning_state == "settled"
 
-    tuned_s, tuned_reason = first_stream()
-    assert "remembered" not in tuned_reason and "candidates measured" in tuned_reason
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
+            client.batches(spec) as it:
+        tuned = consume_until(it, client, settled, pace=50)
+    assert "remembered" not in tuned.worker_reason
+    assert "candidates measured" in tuned.worker_reason
     assert len(os.listdir(tmp_path / "t")) == 1
-    again_s, again_reason = first_stream()  # a new server: nothing in memory
-    assert again_reason.startswith("auto, remembered: ")
-    assert again_reason.split(": ", 1)[1] == tuned_reason.split(": ", 1)[1]
-    assert again_s < tuned_s / 2, (again_s, tuned_s)
-    # Without a cache folder, a new server tunes again.
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
+            client.batches(spec) as it:  # a new server: nothing in memory
+        next(it)
+        (again,) = client.info().streams
+    # From its first batch, at the choice, without a search.
+    assert again.worker_reason.startswith("auto, remembered: ")
+    assert again.worker_reason.split(": ", 1)[1] == tuned.worker_reason.split(": ", 1)[1]
+    assert (again.worker_processes, again.worker_threads) == (tuned.worker_processes,
+                                                              tuned.worker_threads)
+    assert again.tuning_state == "settled" and not again.switches
+    # Without a cache folder, a new server starts provisionally and tunes again.
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/u.sock"])) as srv, \
             InputClient(srv.targets[0]) as client, client.batches(spec) as it:
         next(it)
-        assert "remembered" not in client.info().streams[0].worker_reason
+        (fresh,) = client.info().streams
+        assert "remembered" not in fresh.worker_reason
+        assert fresh.tuning_state == "searching"
 
 
 @pytest.mark.parametrize("value, expected", [("off", None), (None, "default")])

@@ -1,0 +1,56 @@
+"""A stream's production counters: what its parallel stage and its producer did, added to
+from any thread and read by the stream's live tuner (`autotune/live.py` turns two readings
+into a window, `serving/retune.py` reads them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+# Module-level alias so tests can stand in another clock (STYLE.md item 4).
+clock = time.perf_counter
+
+
+class LiveMeter:
+    """Counters a stream's producer and its parallel stage add to (any thread), read as
+    `Window`s by the stream's tuner."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._batches = 0
+        self._tokens = 0
+        self._groups = 0
+        self._group_s = 0.0  # wall time the groups took in their workers
+        self._waiting_s = 0.0  # the in-order part waiting for the next group
+        self._blocked_s = 0.0  # the producer waiting for room in the send queue
+
+    def group(self, busy_s: float, waited_s: float) -> None:
+        with self._lock:
+            self._groups += 1
+            self._group_s += busy_s
+            self._waiting_s += waited_s
+
+    def batch(self, tokens: int, blocked_s: float) -> None:
+        with self._lock:
+            self._batches += 1
+            self._tokens += tokens
+            self._blocked_s += blocked_s
+
+    def totals(self) -> Totals:
+        with self._lock:
+            return Totals(clock(), self._batches, self._tokens, self._groups, self._group_s,
+                          self._waiting_s, self._blocked_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """The meter's counters at one moment; two of them make a window (`autotune.live.window`)."""
+
+    at: float
+    batches: int
+    tokens: int
+    groups: int
+    group_s: float
+    waiting_s: float
+    blocked_s: float

@@ -1,0 +1,96 @@
+""""auto" tuned on the live stream (`serving/retune.py`, `autotune/online.py`): a stream starts
+at once, moves to the fewest workers that meet its loop's demand, follows the demand when it
+moves, and every batch stays the bytes a fixed count gives."""
+
+from __future__ import annotations
+
+import time
+
+from input_client import InputClient
+from input_server.batching.pipeline import MIN_GROUP, Pipeline, Workers
+from input_server.serving.server import Server, ServerConfig
+from input_server.testing import SlowPipeline
+from tests.support import assert_same_batches, consume_until, run_pipeline
+
+DELAY_S = 0.004  # per record: remote storage's latency, which threads overlap without CPU
+
+
+def settled(stream) -> bool:
+    return stream.tuning_state == "settled"
+
+
+def test_an_auto_stream_starts_at_once_and_tunes_while_it_serves(tmp_path, make_spec):
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 5})
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+        next(it)
+        (first,) = client.info().streams
+        stream = consume_until(it, client, settled, pace=50)
+    # The first batch came before any measurement: the tuning happens on the stream.
+    assert first.tuning_state == "searching"
+    assert "started at once" in first.worker_reason
+    assert stream.worker_reason.startswith("auto: ") and stream.worker_tuning.reason
+
+
+def slow_pipeline(spec) -> SlowPipeline:
+    pipeline = SlowPipeline(spec, delay_s=DELAY_S)
+    pipeline.group_size = MIN_GROUP  # short groups: a window holds several
+    return pipeline
+
+
+def one_thread_rate(spec) -> float:
+    """Batches a second one in-process thread makes of the slow pipeline (no server)."""
+    pipeline = slow_pipeline(spec)
+    with pipeline.stream(workers=Workers(0, 1, "test")) as stream:
+        next(stream)
+        start, n = time.monotonic(), 0
+        for _ in stream:
+            n += 1
+            if time.monotonic() - start > 2:
+                break
+    return n / (time.monotonic() - start)
+
+
+def test_a_throttled_loop_gets_few_workers_and_a_faster_loop_gets_more(tmp_path, make_spec):
+    """Over storage whose latency threads overlap: a loop at a quarter of what one thread makes
+    gets one thread; when it speeds up 4 x the stream re-tunes to more; the batches through
+    it all, across every switch, are those of a fixed count."""
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 15})
+    one = one_thread_rate(spec)
+    got: list = []
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"],
+                             pipelines={"slow": slow_pipeline(spec)})) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches("slow") as it:
+        slow = consume_until(it, client, settled, pace=one / 4, into=got)
+        assert (slow.worker_processes, slow.worker_threads) == (0, 1), slow
+        assert slow.worker_tuning.reason == "target met"
+        assert abs(slow.demand_batches_per_s - one / 4) <= 0.2 * one / 4, slow
+        fast = consume_until(it, client, lambda s: settled(s) and len(s.switches) > len(
+            slow.switches) and s.worker_threads > 1, pace=one, into=got)
+    retuned = fast.switches[len(slow.switches)]
+    assert retuned.reason.startswith("re-tuning: "), fast.switches
+    assert retuned.from_threads == 1
+    assert max(1, fast.worker_processes) * fast.worker_threads >= 2
+    assert len(got) > 100
+    assert_same_batches(got, run_pipeline(Pipeline(spec), limit=len(got)))
+
+
+def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(tmp_path,
+                                                                                make_spec):
+    """A target no parallelism meets walks the whole ladder, worker processes included, within
+    the server's --max-workers; the processes return to the server when the stream ends."""
+    spec = make_spec(order={"epochs": 0},
+                     workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6})
+    fixed = make_spec(order={"epochs": 0}, workers={"count": 2})
+    got: list = []
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2)
+    with Server(config) as srv, InputClient(srv.targets[0]) as client:
+        with client.batches(spec) as it:
+            stream = consume_until(it, client, settled, into=got, timeout=60)
+        assert any(w.to_processes == 2 for w in stream.switches), stream.switches
+        assert stream.worker_tuning.reason != "target met"
+        with client.batches(fixed) as it:  # both processes are free again
+            next(it)
+            (again,) = client.info().streams
+            assert again.worker_processes == 2
+    assert_same_batches(got, run_pipeline(Pipeline(spec), limit=len(got)))

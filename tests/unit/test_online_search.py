@@ -1,0 +1,138 @@
+"""The online search (`autotune/online.py`) and the live capacity it reads (`autotune/live.py`),
+on synthetic windows: where it walks, where it settles, what moves it again."""
+
+from __future__ import annotations
+
+import pytest
+
+from input_server.autotune.live import Window
+from input_server.autotune.online import COOLDOWN_WINDOWS, OnlineSearch
+
+
+def default_threads(processes: int) -> int:
+    return max(1, 8 // max(1, processes))
+
+
+def window(rate: float, *, workers: int = 1, blocked: float = 0.0, busy: float = 1.0,
+           seconds: float = 1.0) -> Window:
+    """A window at `rate` batches/s whose producer waited for room `blocked` of the time and
+    whose parallel stage was `busy` (its in-order part idle while it waited)."""
+    batches = int(rate * seconds)
+    return Window(seconds=seconds, batches=batches, tokens=100 * batches, groups=batches,
+                  group_s=busy * workers * seconds, waiting_s=(1 - blocked) * seconds,
+                  blocked_s=blocked * seconds, workers=workers)
+
+
+def test_a_window_that_ran_free_is_its_own_capacity():
+    w = window(50, blocked=0.0, busy=0.7)
+    assert w.free_running and w.capacity() == 50
+
+
+def test_a_throttled_window_scales_its_rate_by_the_bottlenecks_utilization():
+    w = window(10, workers=2, blocked=0.8, busy=0.25)  # groups busy a quarter of the time
+    assert not w.free_running
+    assert w.bottleneck == "parallel"
+    assert w.capacity() == pytest.approx(10 / 0.25)
+
+
+def capacities(per_thread: float, gil: float = 1.0):
+    """Capacity of (processes, threads) for a stage whose threads add `per_thread` each, a
+    fraction `gil` of that beyond the first."""
+    def capacity(config):
+        p, t = config
+        n = max(1, p) * t
+        return per_thread * (1 + gil * (n - 1))
+    return capacity
+
+
+def run(search: OnlineSearch, capacity, demand: float | None, *, windows: int = 30,
+        now: float = 0.0):
+    """Feeds the search the windows its current parallelism would give, switching where it
+    says; returns the configs it ran and the time."""
+    path = [search.current]
+    for _ in range(windows):
+        cap = capacity(search.current)
+        if demand is None or demand >= cap:  # the loop takes all it makes
+            w = window(cap, workers=max(1, search.current[0]) * search.current[1])
+        else:
+            busy = demand / cap
+            w = window(demand, workers=max(1, search.current[0]) * search.current[1],
+                       blocked=1 - busy, busy=busy)
+        now += 1.0
+        step = search.observe(w, demand=w.batches_per_s, now=now)
+        if step.to is not None:
+            search.switched(step.to)
+            path.append(step.to)
+    return path, now
+
+
+def test_a_slow_loop_gets_the_fewest_workers_that_meet_its_demand_with_headroom():
+    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    path, _ = run(s, capacities(10), demand=24)  # needs 1.25 x 24 = 30: three threads' worth
+    assert s.settled and s.current == (0, 4)  # the ladder: 1, 2, 4, 8 threads; 2 give 20
+    assert s.tuning.reason == "target met"
+    assert path[:3] == [(0, 8), (0, 4), (0, 2)] and path[-1] == (0, 4)
+
+
+def test_a_loop_that_takes_everything_gets_the_plateau():
+    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads)
+    # Threads add 10 each up to 4, nothing after.
+    run(s, lambda c: 10 * min(4, max(1, c[0]) * c[1]), demand=None)
+    assert s.settled and s.current == (0, 4) and s.tuning.reason == "plateau"
+
+
+def test_a_spec_target_overrides_the_measured_demand():
+    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads, target=8)
+    run(s, capacities(10), demand=None)  # a loop that takes everything, but the target is 8
+    assert s.settled and s.current == (0, 1)
+
+
+def test_a_demand_that_moves_by_more_than_a_quarter_re_tunes_after_two_windows():
+    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    run(s, capacities(10), demand=6)
+    assert s.settled and s.current == (0, 1) and s.searches == 1
+    # A 10 % move, for long: nothing. One window of a big move: nothing (hysteresis).
+    run(s, capacities(10), demand=6.6, windows=COOLDOWN_WINDOWS + 5)
+    assert s.settled and s.searches == 1
+    cap = 10
+    w = window(cap, workers=1)  # one window in which the loop took everything
+    assert s.observe(w, demand=cap, now=100).to is None and s.settled
+    assert s.observe(window(6, blocked=0.4, busy=0.6), demand=6, now=101).to is None
+    # The loop speeds up 4 x: the stream falls behind, then re-tunes up to meet it.
+    path, _ = run(s, capacities(10), demand=24, now=102)
+    assert s.searches == 2 and s.settled and s.current == (0, 4), path
+
+
+def test_the_time_bound_settles_on_what_was_measured():
+    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, tune_seconds=2.5)
+    run(s, capacities(10), demand=None, windows=6)
+    assert s.settled
+    assert s.tuning.reason == "time limit"  # the search was still gaining
+    # Windows at 0, 1 and 2 s of the search lie within it; the one at 3 s ends it.
+    assert sum(m.ran for m in s.tuning.measurements) == 4
+
+
+def test_caps_bound_the_walk():
+    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, max_workers=2)
+    run(s, capacities(10), demand=100)  # never enough: the cap stops it
+    assert s.settled and s.current == (0, 2)
+
+
+def test_a_remembered_choice_starts_settled_and_watches():
+    first = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    run(first, capacities(10), demand=6)
+    again = OnlineSearch(first.current, cpus=8, default_threads=default_threads,
+                         remembered=first.tuning)
+    assert again.settled
+    path, _ = run(again, capacities(10), demand=6, windows=10)
+    assert path == [first.current] and again.searches == 0
+
+
+def test_processes_the_server_cannot_give_are_passed_over():
+    s = OnlineSearch((0, 16), cpus=8, default_threads=default_threads)
+    # The loop wants more than 16 threads give; the next rung is 2 processes.
+    step = s.observe(window(160, workers=16, blocked=0.5), demand=10_000, now=1)
+    assert step.to == (2, 4)
+    step = s.unavailable((2, 4), now=1)
+    assert step.to is None and s.settled and s.current == (0, 16)
+    assert any(m.skipped == "server's max workers" for m in s.tuning.measurements)
