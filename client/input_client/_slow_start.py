@@ -9,7 +9,7 @@ import grpc
 from input_client.proto import pb
 
 
-def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:
+def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:  # noqa: ARG001
     """One line on the stream's state, from the server's info (asked with a short deadline)."""
     try:
         info = stub.GetInfo(pb.GetInfoRequest(), timeout=2.0)
@@ -20,10 +20,7 @@ def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:
         if s.worker_reason.startswith("setting up") else
         f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
         f"{s.worker_processes} processes x {s.worker_threads} threads"
+        + (f" ({s.tuning_state})" if s.tuning_state else "")
         for s in info.streams)
-    auto = (request.WhichOneof("pipeline") == "spec"
-            and request.spec.workers.count in ("", "auto"))
-    setup = ("the server is still setting this stream up (opening files"
-             + (', tuning workers for workers.count = "auto", up to workers.tune_seconds'
-                if auto else "") + ")")
-    return f"{setup}; streams running now: {streams or 'none'}."
+    return ("the server is still setting this stream up or making its first batch (opening "
+            f"files, reading the first groups); streams running now: {streams or 'none'}.")

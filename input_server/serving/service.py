@@ -298,7 +298,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 self._setting_up.pop(stream_id, None)
             if live is not None:
                 live.stop()
-                live.join()
+                live.join()  # it waits on nothing but its stop event
                 reserved = live.reserved  # what the stream holds after its switches
             if session is not None:
                 session.stop()

@@ -1,0 +1,274 @@
+"""Benchmark: "auto" tuned on the live stream against fixed worker counts, side by side.
+
+    python scripts/bench_online_tune.py [--out FILE.json] [--rounds 3] [--seconds 8]
+
+A real server (`input-server serve`, its own process) streams the standard library's
+docstrings (~4 KB documents, a sentencepiece model trained on them; CPU-bound) to a client in
+this process. Printed as JSON, ratios against fixed counts measured in the same run:
+
+- first_batch: request to first batch on a fresh server, "auto" against the best fixed count
+  (goal <= 1.5 x, and <= 2 s);
+- restart: the same after a restart that found the choice remembered (goal <= 1.5 x);
+- unthrottled: steady batches/s of a loop that takes all it gets, "auto" (after it settled)
+  against the best fixed count (goal >= 0.95 x);
+- throttled: a loop at ~5 batches/s: the workers "auto" chose against the fewest fixed ones
+  that give 1.25 x its pace, and the server's CPU use against that count's (goal <= 1.3 x);
+- demand_step: the loop then takes 4 x faster: seconds until it gets what it asks for, and
+  whether every batch equals a fixed count's;
+- the run-ahead bound (sent - taken) and the reported demand against the loop's real pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+from input_client import InputClient, PipelineSpec
+from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_autotune import corpus  # noqa: E402
+
+FIXED = [(0, 1), (0, 2), (0, 4), (2, 1)]
+PACE = 5.0
+QUEUE_DEPTH, PREFETCH = 4, 2
+
+
+def spec_for(path: str, model: str, workers: dict, seed: int = 0) -> PipelineSpec:
+    # `seed` makes a spec another spec (nothing remembered for it) without changing its cost.
+    return PipelineSpec(source={"paths": [path]}, tokenizer={"model": model},
+                        batch={"seq_len": 1024, "size": 8},
+                        order={"epochs": 0, "shuffle": True, "seed": seed}, workers=workers)
+
+
+def fixed(p: int, t: int) -> dict:
+    return {"count": p, "threads": t}
+
+
+class Served:
+    """`input-server serve` in its own process, on a Unix socket."""
+
+    def __init__(self, directory: str, cache: str):
+        self.socket = os.path.join(directory, f"s{time.monotonic_ns()}.sock")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "input_server.cli", "serve", "--listen",
+             f"unix://{self.socket}", "--data-root", directory, "--tune-cache", cache,
+             "--queue-depth", str(QUEUE_DEPTH)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        self.client = InputClient(f"unix://{self.socket}", connect_timeout_s=30)
+
+    def cpu_s(self) -> float:
+        import psutil
+
+        me = psutil.Process(self.proc.pid)
+        total = sum(me.cpu_times()[:2])
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return total
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def first_batch_s(served: Served, spec: PipelineSpec) -> float:
+    start = time.monotonic()
+    with served.client.batches(spec, prefetch=PREFETCH) as it:
+        next(it)
+        return time.monotonic() - start
+
+
+def stream_info(served: Served):
+    (s,) = served.client.info().streams
+    return s
+
+
+def take(it, seconds: float, pace: float = 0.0, record: list | None = None) -> float:
+    """Takes batches for `seconds` at `pace` (0 = as fast as they come); batches/s taken."""
+    start, n = time.monotonic(), 0
+    while time.monotonic() - start < seconds:
+        batch = next(it)
+        n += 1
+        if record is not None:
+            record.append(digest(batch))
+        if pace:
+            time.sleep(max(0.0, start + n / pace - time.monotonic()))
+    return n / (time.monotonic() - start)
+
+
+def digest(batch) -> str:
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(k.encode())
+        h.update(batch[k].tobytes())
+    return h.hexdigest()
+
+
+def until_settled(served: Served, it, pace: float, timeout: float = 60.0,
+                  record: list | None = None) -> float:
+    start = time.monotonic()
+    while stream_info(served).tuning_state != "settled":
+        take(it, 0.5, pace, record)
+        if time.monotonic() - start > timeout:
+            raise RuntimeError("auto did not settle")
+    return time.monotonic() - start
+
+
+def steady_rate(served: Served, spec: PipelineSpec, seconds: float, pace: float = 0.0):
+    """(batches/s the loop took, server CPU cores, the stream's info) over `seconds` after
+    warm-up (an "auto" stream: after it settled)."""
+    with served.client.batches(spec, prefetch=PREFETCH) as it:
+        next(it)
+        if spec.workers.count == "auto":
+            until_settled(served, it, pace)
+        take(it, 1.0, pace)
+        cpu0, t0 = served.cpu_s(), time.monotonic()
+        rate = take(it, seconds, pace)
+        cpu = (served.cpu_s() - cpu0) / (time.monotonic() - t0)
+        return rate, cpu, stream_info(served)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    flags.FLAGS.mark_as_parsed()
+    with tempfile.TemporaryDirectory() as d:
+        path, model = corpus(d)
+        auto = {"count": "auto", "tune_seconds": 20}
+        out: dict = {"host": platform.node(), "cpus": os.cpu_count(),
+                     "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+        seeds = iter(range(1, 10_000))
+
+        # Unthrottled: every fixed count and "auto" (fresh spec), alternating, best of rounds.
+        rates: dict[str, list[float]] = {}
+        with Served(d, "off") as served:
+            for _ in range(args.rounds):
+                for p, t in FIXED:
+                    r, _, _ = steady_rate(served, spec_for(path, model, fixed(p, t)),
+                                          args.seconds)
+                    rates.setdefault(f"{p}x{t}", []).append(r)
+                r, _, info = steady_rate(served, spec_for(path, model, auto, next(seeds)),
+                                         args.seconds)
+                rates.setdefault("auto", []).append(r)
+                rates.setdefault("auto_choice", []).append(
+                    f"{info.worker_processes}x{info.worker_threads}")
+        best_fixed = max((k for k in rates if "x" in k and k != "auto_choice"),
+                         key=lambda k: max(rates[k]))
+        out["unthrottled"] = {
+            "batches_per_s": {k: max(v) for k, v in rates.items() if k != "auto_choice"},
+            "auto_choices": rates["auto_choice"], "best_fixed": best_fixed,
+            "auto_over_best_fixed": max(rates["auto"]) / max(rates[best_fixed])}
+        bp, bt = map(int, best_fixed.split("x"))
+
+        # First batch on a fresh server and fresh spec; then after a restart that remembers.
+        firsts: dict[str, list[float]] = {"auto": [], "fixed": [], "auto_restart": [],
+                                          "fixed_restart": []}
+        for _ in range(args.rounds):
+            cache = tempfile.mkdtemp(dir=d)
+            spec = spec_for(path, model, auto, next(seeds))
+            with Served(d, cache) as served:
+                firsts["auto"].append(first_batch_s(served, spec))
+                with served.client.batches(spec, prefetch=PREFETCH) as it:
+                    until_settled(served, it, 0.0)
+            with Served(d, "off") as served:
+                firsts["fixed"].append(first_batch_s(served, spec_for(path, model,
+                                                                      fixed(bp, bt))))
+            with Served(d, cache) as served:  # restarted: the choice is on disk
+                firsts["auto_restart"].append(first_batch_s(served, spec))
+            with Served(d, "off") as served:
+                firsts["fixed_restart"].append(first_batch_s(served, spec_for(
+                    path, model, fixed(bp, bt), 0)))
+        med = {k: statistics.median(v) for k, v in firsts.items()}
+        out["first_batch_s"] = {**med, "auto_over_fixed": med["auto"] / med["fixed"],
+                                "restart_auto_over_fixed":
+                                    med["auto_restart"] / med["fixed_restart"]}
+
+        # Throttled loop at PACE: the choice, the CPU it costs, the bound, the demand.
+        need = 1.25 * PACE
+        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1")
+                      if max(rates[k]) >= need)
+        fp, ft = map(int, fewest.split("x"))
+        with Served(d, "off") as served:
+            _, cpu_fixed, _ = steady_rate(served, spec_for(path, model, fixed(fp, ft)),
+                                          args.seconds, PACE)
+            rate, cpu_auto, info = steady_rate(served, spec_for(path, model, auto,
+                                                                next(seeds)),
+                                               args.seconds, PACE)
+        out["throttled"] = {
+            "pace": rate, "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
+            "fewest_fixed_meeting_1.25x": fewest, "server_cpu_cores_auto": cpu_auto,
+            "server_cpu_cores_fixed": cpu_fixed, "cpu_auto_over_fixed": cpu_auto / cpu_fixed,
+            "reported_demand": info.consumed_batches_per_s,
+            "demand_error": abs(info.consumed_batches_per_s - rate) / rate}
+
+        # Demand step: a quarter of one thread's rate, then 4 x.
+        slow = max(rates["0x1"]) / 4
+        spec = spec_for(path, model, auto, next(seeds))
+        got: list[str] = []
+        # The issue's bound: the server's queue, the client's prefetch and one message.
+        ahead_max = 0
+        bound = QUEUE_DEPTH + PREFETCH + batches_per_message(8, 1024, MESSAGE_TOKENS)
+        with Served(d, "off") as served:
+            with served.client.batches(spec, prefetch=PREFETCH) as it:
+                got.append(digest(next(it)))
+                until_settled(served, it, slow, record=got)
+                before = stream_info(served)
+                step_at, met_after, windows = time.monotonic(), None, []
+                while time.monotonic() - step_at < 20:
+                    r = take(it, 1.0, 4 * slow, got)
+                    windows.append(r)
+                    s = stream_info(served)
+                    ahead_max = max(ahead_max, s.batches_sent - s.batches_taken)
+                    if met_after is None and r >= 0.95 * 4 * slow:
+                        met_after = time.monotonic() - step_at
+                after = stream_info(served)
+        with Served(d, "off") as served:
+            with served.client.batches(spec.replace(workers=fixed(0, 1)),
+                                       prefetch=PREFETCH) as it:
+                want = [digest(next(it)) for _ in range(len(got))]
+        out["demand_step"] = {
+            "slow_pace": slow, "fast_pace": 4 * slow,
+            "choice_before": f"{before.worker_processes}x{before.worker_threads}",
+            "choice_after": f"{after.worker_processes}x{after.worker_threads}",
+            "met_after_s": met_after, "paces_taken": windows,
+            "switches": [f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
+                         f"{w.to_processes}x{w.to_threads}: {w.reason}" for w in after.switches],
+            "batches": len(got), "identical_to_fixed": got == want,
+            "most_ahead": ahead_max, "ahead_bound": bound}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
