@@ -217,9 +217,11 @@ class OnlineSearch:
         if self._cooldown > 0:
             self._cooldown -= 1
             return Step(None, "")
+        # Any reason in each of CONFIRM_WINDOWS windows in a row: near its capacity a loop's
+        # windows alternate between "took everything" and "took more", both saying "more".
         trigger = self._trigger(row, demand)
         self._streak = [*self._streak, trigger][-CONFIRM_WINDOWS:] if trigger else []
-        if len(self._streak) < CONFIRM_WINDOWS or len(set(self._streak)) != 1:
+        if len(self._streak) < CONFIRM_WINDOWS:
             return Step(None, "")
         self.settled = False
         self.searches += 1

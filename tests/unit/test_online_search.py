@@ -140,3 +140,14 @@ def test_processes_the_server_cannot_give_are_passed_over():
     assert asked == [(2, 4), (4, 2), (8, 1)]
     assert s.settled and s.current == (0, 16)
     assert any(m.skipped == "server's max workers" for m in s.tuning.measurements)
+
+
+def test_a_loop_near_capacity_whose_windows_alternate_still_re_tunes():
+    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    run(s, capacities(10), demand=6)
+    run(s, capacities(10), demand=6, windows=COOLDOWN_WINDOWS)
+    assert s.settled and s.current == (0, 1)
+    # One window it took all 10 a second, the next 9.5 of them: both say "more".
+    assert s.observe(window(10), demand=10, now=200).to is None
+    step = s.observe(window(9.5, blocked=0.2, busy=0.95), demand=9.5, now=201)
+    assert not s.settled and step.to == (0, 2), step
