@@ -104,8 +104,8 @@ def first_batch_s(served: Served, spec: PipelineSpec) -> float:
 
 
 def stream_info(served: Served):
-    (s,) = served.client.info().streams
-    return s
+    # The newest: a stream closed just before may still be listed while it tears down.
+    return max(served.client.info().streams, key=lambda s: s.stream_id)
 
 
 def take(it, seconds: float, pace: float = 0.0, record: list | None = None) -> float:
@@ -179,13 +179,19 @@ def main() -> None:
                                          args.seconds)
                 rates.setdefault("auto", []).append(r)
                 rates.setdefault("auto_choice", []).append(
-                    f"{info.worker_processes}x{info.worker_threads}")
+                    f"{info.worker_processes}x{info.worker_threads}: {info.worker_reason}")
         best_fixed = max((k for k in rates if "x" in k and k != "auto_choice"),
                          key=lambda k: max(rates[k]))
+        # Per round: "auto" over the best fixed count of the same round; the median of those.
+        per_round = [a / max(rates[k][i] for k in rates if "x" in k and k != "auto_choice")
+                     for i, a in enumerate(rates["auto"])]
         out["unthrottled"] = {
             "batches_per_s": {k: max(v) for k, v in rates.items() if k != "auto_choice"},
+            "rounds": {k: [round(x, 1) for x in v] if k != "auto_choice" else v
+                       for k, v in rates.items()},
             "auto_choices": rates["auto_choice"], "best_fixed": best_fixed,
-            "auto_over_best_fixed": max(rates["auto"]) / max(rates[best_fixed])}
+            "auto_over_best_fixed_best_rounds": max(rates["auto"]) / max(rates[best_fixed]),
+            "auto_over_best_fixed_median_round": statistics.median(per_round)}
         bp, bt = map(int, best_fixed.split("x"))
 
         # First batch on a fresh server and fresh spec; then after a restart that remembers.

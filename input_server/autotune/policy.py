@@ -204,7 +204,7 @@ def over_cap(workers: int, rss_mb: float, *, max_workers: int, ram_budget_mb: fl
 
 def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.inf,
            target_batches_per_s: float = 0.0, max_workers: int = 0,
-           cpus: int | None = None) -> Tuning:
+           cpus: int | None = None, oversubscribe_gain: float = OVERSUBSCRIBE_GAIN) -> Tuning:
     """Chooses among measured candidates; pure, so it runs on synthetic tables too.
 
     With a target, the cheapest candidate whose rate is at least TARGET_HEADROOM x the target;
@@ -220,6 +220,8 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
       target_batches_per_s: the consumer's demand; 0 = unknown.
       max_workers: the most workers (processes x threads); 0 = no cap.
       cpus: the host's cores; default `cpu_count()`.
+      oversubscribe_gain: what more workers than cores must gain to count (the online search,
+        whose loop is waiting for data, asks less: `online.ONLINE_OVERSUBSCRIBE_GAIN`).
 
     Returns:
       The `Tuning` (its `tune_seconds` is left 0 for the caller to fill).
@@ -260,7 +262,7 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
     cpus = cpus or cpu_count() or 1
     inside = [m for m in fits if m.workers <= cpus] or fits
     best_in = max(inside, key=lambda m: m.batches_per_s)
-    pool = (fits if best.batches_per_s > (1 + OVERSUBSCRIBE_GAIN) * best_in.batches_per_s
+    pool = (fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
             else inside)
     best = max(pool, key=lambda m: m.batches_per_s)
     c = next(m for m in pool if m.batches_per_s * (1 + CHOICE_GAIN) >= best.batches_per_s)
@@ -279,7 +281,7 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
         detail = (f"{rate}; more workers added under {PLATEAU_GAIN:.0%} "
                   f"(best {best.batches_per_s:.1f} batches/s, {best.label()})")
         if pool is inside and len(inside) < len(fits):
-            detail += (f", more than the {cpus} cores under {OVERSUBSCRIBE_GAIN:.0%}")
+            detail += (f", more than the {cpus} cores under {oversubscribe_gain:.0%}")
     elif cut:
         reason = cut[0]
         detail = f"{rate}; the {reason} stopped a search that was still gaining"

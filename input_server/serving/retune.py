@@ -30,7 +30,7 @@ WINDOW_S = 1.0
 MIN_BATCHES = 4
 MAX_WINDOW_S = 10.0
 # After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
-WARMUP_S = 0.5
+WARMUP_S = 1.0
 _POLL_S = 0.05
 
 
