@@ -13,8 +13,9 @@ this process. Printed as JSON, ratios against fixed counts measured in the same 
   against the best fixed count (goal >= 0.95 x);
 - throttled: a loop at ~5 batches/s: the workers "auto" chose against the fewest fixed ones
   that give 1.25 x its pace, and the server's CPU use against that count's (goal <= 1.3 x);
-- demand_step: the loop then takes 4 x faster: seconds until it gets what it asks for, and
-  whether every batch equals a fixed count's;
+- demand_step: a loop at a third of one thread's rate, then 4 x faster (past what one thread
+  makes): seconds until it gets what it asks for (0.95 x, in 1 s windows), and whether every
+  batch equals a fixed count's;
 - the run-ahead bound (sent - taken) and the reported demand against the loop's real pace.
 """
 
@@ -223,11 +224,12 @@ def main() -> None:
                       if max(rates[k]) >= need)
         fp, ft = map(int, fewest.split("x"))
         with Served(d, "off") as served:
+            # Twice the window: at a few batches a second the server uses ~2 % of a core.
             _, cpu_fixed, _ = steady_rate(served, spec_for(path, model, fixed(fp, ft)),
-                                          args.seconds, PACE)
+                                          2 * args.seconds, PACE)
             rate, cpu_auto, info = steady_rate(served, spec_for(path, model, auto,
                                                                 next(seeds)),
-                                               args.seconds, PACE)
+                                               2 * args.seconds, PACE)
         out["throttled"] = {
             "pace": rate, "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
             "fewest_fixed_meeting_1.25x": fewest, "server_cpu_cores_auto": cpu_auto,
@@ -235,8 +237,8 @@ def main() -> None:
             "reported_demand": info.consumed_batches_per_s,
             "demand_error": abs(info.consumed_batches_per_s - rate) / rate}
 
-        # Demand step: a quarter of one thread's rate, then 4 x.
-        slow = max(rates["0x1"]) / 4
+        # Demand step: a third of one thread's rate, then 4 x: past what one thread makes.
+        slow = max(rates["0x1"]) / 3
         spec = spec_for(path, model, auto, next(seeds))
         got: list[str] = []
         # The issue's bound: the server's queue, the client's prefetch and one message.

@@ -32,6 +32,7 @@ MAX_WINDOW_S = 10.0
 # After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
 WARMUP_S = 1.0
 _POLL_S = 0.05
+_SETTLED_POLL_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +169,9 @@ class StreamTuner:
         """The next window: what the stream did, the loop's pace and the CPU cores busy."""
         start, taken0 = self._meter.totals(), self._taken()
         cpu0 = _cpu_seconds()
-        while not self._stop.wait(_POLL_S):
+        # Settled, it looks less often: a loop at a few batches a second should not pay for it.
+        poll_s = _SETTLED_POLL_S if self.search.settled else _POLL_S
+        while not self._stop.wait(poll_s):
             now = self._meter.totals()
             long_enough = now.at - start.at >= WINDOW_S and now.batches - start.batches \
                 >= MIN_BATCHES

@@ -100,6 +100,8 @@ class StreamSession:
 
     def _watch(self) -> None:
         while not self._producer.wait_stopped(_WATCH_S) and not self._closing:
+            if self.stream.workers.processes == 0:  # in process now: nothing to watch
+                continue
             generation = self._generation()
             try:
                 for slot, process in self.stream.worker_processes():
