@@ -27,9 +27,9 @@ import math
 from input_server.autotune.live import Window
 from input_server.autotune.policy import (
     TARGET_HEADROOM,
-    contenders,
     Measurement,
     Tuning,
+    contenders,
     cost,
     decide,
     over_cap,
@@ -46,6 +46,7 @@ ONLINE_OVERSUBSCRIBE_GAIN = 0.05
 CONFIRM_WINDOWS = 2
 # Windows a settled stream ignores its triggers after settling: the new parallelism warms up.
 COOLDOWN_WINDOWS = 3
+MAX_COOLDOWN_WINDOWS = 60
 Config = tuple[int, int]  # (processes, threads)
 
 
@@ -123,10 +124,13 @@ class OnlineSearch:
             demand = self.target
         elif w.free_running:
             demand = None
+        # Memory: the groups in flight (as the server's budget counts them) and the worker
+        # processes' measured RSS, so the caps hold for threads too.
+        workers = max(1, self.current[0]) * self.current[1]
         row = Measurement(processes=self.current[0], threads=self.current[1],
                           batches_per_s=w.capacity(), tokens_per_s=w.tokens_capacity(),
-                          cpu_cores=cpu_cores, rss_mb=rss_mb, seconds=w.seconds,
-                          batches=w.batches)
+                          cpu_cores=cpu_cores, rss_mb=rss_mb + workers * self.mb_per_worker,
+                          seconds=w.seconds, batches=w.batches)
         if self.settled:
             return self._watch(row, demand, now)
         if self._search_started is None:
@@ -141,6 +145,7 @@ class OnlineSearch:
     def unavailable(self, config: Config, now: float) -> Step:
         """The server could not give `config` its worker processes: search without it."""
         self._now = now
+        self.settled = False  # a settled choice it cannot run is no choice
         self._unavailable.add(config)
         self.rows.append(Measurement(processes=config[0], threads=config[1],
                                      skipped="server's max workers"))
@@ -199,15 +204,22 @@ class OnlineSearch:
                 break
         return self._settle(demand, "the demand")
 
+    def _choosable(self) -> list[Measurement]:
+        """The rows a choice may fall on: not a parallelism the server could not give (its
+        processes went to other streams), unless the stream runs it now."""
+        return [r for r in self.rows if not r.ran  # a skipped row says why, and stays
+                or (r.processes, r.threads) not in self._unavailable
+                or (r.processes, r.threads) == self.current]
+
     def _decide(self, demand: float | None) -> Tuning:
-        return decide(self.rows, target_batches_per_s=demand or 0.0, cpus=self.cpus,
+        return decide(self._choosable(), target_batches_per_s=demand or 0.0, cpus=self.cpus,
                       oversubscribe_gain=ONLINE_OVERSUBSCRIBE_GAIN, **self.caps)
 
     def _measure_again(self) -> Step | None:
         """A second window for the choice and its close contenders, as the offline search
         takes one: a single window on a busy host is noisy. None when each has had two."""
         tuning = self._decide(None)
-        for m in (tuning.chosen, *contenders(self.rows, tuning, cpus=self.cpus)):
+        for m in (tuning.chosen, *contenders(self._choosable(), tuning, cpus=self.cpus)):
             config = (m.processes, m.threads)
             if m.samples < 2 and config not in self._unavailable:
                 return Step(None if config == self.current else config,
@@ -217,7 +229,11 @@ class OnlineSearch:
     def _fits(self, c: Config) -> bool:
         workers = max(1, c[0]) * c[1]
         measured = [r for r in self.rows if r.ran and r.processes > 0]
-        process_mb = measured[-1].rss_mb / measured[-1].processes * c[0] if measured else 0.0
+        # A measured process row's memory holds its groups too; per process, it predicts c's.
+        process_mb = 0.0
+        if measured and c[0] > 0:
+            m = measured[-1]
+            process_mb = (m.rss_mb - m.workers * self.mb_per_worker) / m.processes * c[0]
         return not over_cap(workers, workers * self.mb_per_worker + process_mb, **self.caps)
 
     def _settle(self, demand: float | None, why: str) -> Step:
@@ -226,7 +242,9 @@ class OnlineSearch:
         self.settled = True
         self.demand = demand
         self._streak = []
-        self._cooldown = COOLDOWN_WINDOWS
+        # Each re-tune waits longer before the next (a capacity misread at low load must not
+        # make the stream cycle between searches).
+        self._cooldown = min(MAX_COOLDOWN_WINDOWS, COOLDOWN_WINDOWS * 2 ** (self.searches - 1))
         to = (tuning.processes, tuning.threads)
         return Step(None if to == self.current else to,
                     f"settled for {why}: {tuning.reason}")

@@ -27,6 +27,7 @@ from input_server import cancel
 from input_server.autotune import report
 from input_server.autotune.measure import WARMUP_S, WINDOW_S, clock, measure
 from input_server.autotune.policy import (
+    MAX_THREADS,
     TUNE_SECONDS,
     Measurement,
     Tuning,
@@ -193,7 +194,7 @@ class Tuner:
             if remembered is not None:
                 self._keep(key, remembered)
         if remembered is None:
-            threads = default_threads(0)
+            threads = min(default_threads(0), w.max_workers or MAX_THREADS)
             return Workers(0, threads, f"auto: started at once in process with {threads} "
                                        f"threads; tuning on the live stream"), None
         workers = Workers(remembered.processes, remembered.threads,

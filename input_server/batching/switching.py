@@ -9,6 +9,7 @@ is asked for from any thread and made by the consuming thread before its next ba
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
@@ -16,6 +17,8 @@ from multiprocessing.process import BaseProcess
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pipeline import Pipeline, Produced, Workers
 from input_server.batching.resume import Position
+
+log = logging.getLogger(__name__)
 
 
 class SwitchingStream:
@@ -28,7 +31,9 @@ class SwitchingStream:
         self._stream = pipeline.stream(position, workers=workers, meter=meter)
         self._pending: Workers | None = None
         self._lock = threading.Lock()
-        self.switches = 0
+        self.switches = 0  # stages opened after the first (the watchdog's generations)
+        self.closed_switches = 0  # of which the old stage is closed
+        self.failed_switches = 0  # asked for, but the new stage would not open
 
     @property
     def workers(self) -> Workers:
@@ -53,11 +58,22 @@ class SwitchingStream:
         if (workers is not None and not self._stream.closed
                 and (workers.processes, workers.threads) != (current.processes, current.threads)):
             old = self._stream
-            self._stream = self.pipeline.stream(old.position(), workers=workers,
-                                                meter=self.meter)
+            try:
+                new = self.pipeline.stream(old.position(), workers=workers, meter=self.meter)
+            except Exception:  # noqa: BLE001 - the stream goes on as it was
+                log.warning("switching to %d processes x %d threads failed; the stream goes on "
+                            "at %d x %d", workers.processes, workers.threads, current.processes,
+                            current.threads, exc_info=True)
+                self.failed_switches += 1
+                return next(self._stream)
+            self._stream = new
             # Counted before the old stage stops: its workers' exits are not deaths.
             self.switches += 1
-            old.close()
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - e.g. Grain's teardown tripping over its pipe
+                log.warning("closing the stage switched from failed", exc_info=True)
+            self.closed_switches += 1  # its worker processes are gone
         return next(self._stream)
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:

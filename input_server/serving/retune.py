@@ -32,6 +32,8 @@ MAX_WINDOW_S = 10.0
 # After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
 WARMUP_S = 1.0
 _POLL_S = 0.05
+# Windows in a row whose tuning failed before it stops for the stream (the stream goes on).
+MAX_FAILURES = 3
 _SETTLED_POLL_S = 0.25
 
 
@@ -91,9 +93,10 @@ class StreamTuner:
         return "settled" if self.search.settled else "searching"
 
     def _run(self) -> None:
-        try:
-            self._warm_up()
-            while not self._stop.is_set():
+        failures = 0
+        self._warm_up()
+        while not self._stop.is_set():
+            try:
                 measured = self._window()
                 if measured is None:
                     continue
@@ -101,9 +104,15 @@ class StreamTuner:
                 step = self.search.observe(window, demand=demand, now=clock(),
                                            cpu_cores=cpu_cores, rss_mb=self._worker_rss_mb())
                 self._follow(step, window, demand)
-        except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
-            log.warning("stream tuning stopped; the stream goes on at %s", self.stream.workers,
-                        exc_info=True)
+                failures = 0
+            except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
+                failures += 1
+                log.warning("stream tuning failed (%d in a row)", failures, exc_info=True)
+                if failures >= MAX_FAILURES:
+                    log.warning("stream tuning stopped; the stream goes on at %s",
+                                self.stream.workers)
+                    return
+                self._stop.wait(WINDOW_S)
 
     def _follow(self, step: Step, window: Window, demand: float | None) -> None:
         while step.to is not None and not self._stop.is_set():
@@ -142,14 +151,17 @@ class StreamTuner:
         log.info("stream tuning: %d x %d -> %d x %d (%s)", before.processes, before.threads,
                  p, t, step.reason)
         self.reason = f"auto: {step.reason}"
-        switches = self.stream.switches
+        closed, failed = self.stream.closed_switches, self.stream.failed_switches
         self.stream.switch(Workers(p, t, self.reason))
-        # The producer switches before its next batch; a loop that is not taking may keep it
-        # waiting, and the old stage's processes stay the stream's until then.
-        while self.stream.switches == switches and not self._stop.wait(_POLL_S):
+        # The producer switches before its next batch (a loop that is not taking may keep it
+        # waiting); the old stage's processes stay the stream's until they are gone.
+        while (self.stream.closed_switches == closed and self.stream.failed_switches == failed
+               and not self._stop.wait(_POLL_S)):
             pass
-        if self.stream.switches == switches:
-            return  # stopped before the stream took the switch
+        if self.stream.closed_switches == closed:  # stopped meanwhile, or it would not open
+            if self.stream.failed_switches != failed:
+                self.search.unavailable((p, t), clock())
+            return
         self.search.switched((p, t))
         if p < self.reserved:
             self._processes.give(self.reserved - p)

@@ -21,7 +21,6 @@ from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
 from input_server import __version__, cancel
-from input_server.autotune import report
 from input_server.autotune.online import OnlineSearch
 from input_server.autotune.policy import Tuning, cpu_count
 from input_server.autotune.tuner import Tuner
@@ -40,6 +39,7 @@ from input_server.errors import (
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.credit import Credit
+from input_server.serving.info import stream_info
 from input_server.serving.limits import (
     GROUP_MIB,
     Limits,
@@ -172,6 +172,14 @@ class InputServicer(pb_grpc.InputServiceServicer):
             self._processes.take(w.count, left, self._draining)
             return fixed_workers(w.count, w.threads), None, w.count
         workers, remembered = self._tuner.start(pipeline, max_processes=self._processes.free())
+        if remembered is None:  # the provisional threads' groups within the memory budget
+            left_mb = self._limits.stream_memory_mb - stream_memory_mb(
+                pipeline.spec, queue_depth=self._queue_depth,
+                message_tokens=self._message_tokens, processes=0, threads=0)
+            fit = max(1, int(min(left_mb / GROUP_MIB, workers.threads)))
+            if fit < workers.threads:
+                workers = Workers(0, fit, workers.reason.replace(
+                    f"with {workers.threads} threads", f"with {fit} threads"))
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile
             workers = Workers(got, default_threads(got),
@@ -354,7 +362,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             server_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
-            streams=[*setting_up, *(_stream_info(*s) for s in sessions)],
+            streams=[*setting_up, *(stream_info(*s) for s in sessions)],
         )
 
 
@@ -370,27 +378,3 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     }
     name = pb.DESCRIPTOR.services_by_name["InputService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-
-
-def _stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit,
-                 live: StreamTuner | None) -> pb.StreamInfo:
-    workers = s.stream.workers
-    # A client that reports what its loop takes gives its real pace; for one that does not
-    # (no window), what gRPC let the server send is all there is.
-    reports = credit.window > 0
-    rate = credit.taken_per_s() if reports else None
-    if live is not None:
-        tuning = live.search.tuning
-    info = pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
-                         worker_processes=workers.processes, worker_threads=workers.threads,
-                         worker_reason=live.reason if live else workers.reason,
-                         batches_sent=s.batches_sent, batches_produced=s.batches_produced,
-                         worker_tuning=report.tuning_proto(tuning) if tuning else None,
-                         consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None
-                                                 else rate),
-                         batches_taken=credit.taken if reports else s.batches_sent)
-    if live is not None:
-        info.tuning_state = live.state
-        info.demand_batches_per_s = live.demand
-        info.switches.extend(report.switch_proto(w) for w in list(live.history))
-    return info

@@ -104,10 +104,13 @@ class StreamSession:
                 continue
             generation = self._generation()
             try:
-                for slot, process in self.stream.worker_processes():
-                    self._workers_seen.setdefault(process.pid, (generation, slot, process))
+                found = self.stream.worker_processes()
             except RuntimeError:  # the graph changed under the walk; look again next time
                 continue
+            if self._generation() != generation:  # switched under the walk: which stage's?
+                continue
+            for slot, process in found:
+                self._workers_seen.setdefault(process.pid, (generation, slot, process))
             failure = self._dead_worker()
             # A switch counts before it stops the old stage's workers: one that began meanwhile
             # may have stopped them.

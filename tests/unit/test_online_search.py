@@ -151,3 +151,30 @@ def test_a_loop_near_capacity_whose_windows_alternate_still_re_tunes():
     assert s.observe(window(10), demand=10, now=200).to is None
     step = s.observe(window(9.5, blocked=0.2, busy=0.95), demand=9.5, now=201)
     assert not s.settled and step.to == (0, 2), step
+
+
+def test_a_measured_parallelism_whose_processes_went_elsewhere_is_not_chosen_again():
+    """Measured once, then its processes taken by another stream: the search must not keep
+    settling on it (each refusal would search again, forever)."""
+    s = OnlineSearch((0, 2), cpus=2, default_threads=lambda p: 1)
+    s.observe(window(10, workers=2), demand=None, now=1)  # took all: plateau search
+    s.switched((0, 4))
+    s.observe(window(11, workers=4), demand=None, now=2)
+    s.switched((2, 1))
+    s.observe(window(30, workers=2), demand=None, now=3)  # processes: far faster
+    s.switched((0, 2))  # say the search went back to measure again
+    step = s.unavailable((2, 1), now=4)
+    for _ in range(10):
+        if step.to is None:
+            break
+        assert step.to != (2, 1)
+        s.switched(step.to)
+        step = s.observe(window(10, workers=2), demand=None, now=5)
+    assert (s.tuning.processes, s.tuning.threads) != (2, 1)
+
+
+def test_threads_are_held_to_the_memory_budget():
+    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40,
+                     mb_per_worker=8)
+    run(s, capacities(10), demand=None)  # 4 threads hold 32 MiB, 8 would hold 64
+    assert s.settled and s.current == (0, 4), s.tuning
