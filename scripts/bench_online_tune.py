@@ -159,6 +159,8 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--only-unthrottled", action="store_true",
+                        help="measure the unthrottled loop only (a quicker look)")
     args = parser.parse_args()
     flags.FLAGS.mark_as_parsed()
     with tempfile.TemporaryDirectory() as d:
@@ -179,8 +181,10 @@ def main() -> None:
                 r, _, info = steady_rate(served, spec_for(path, model, auto, next(seeds)),
                                          args.seconds)
                 rates.setdefault("auto", []).append(r)
+                # The state at the end of the timed window: "searching" if it re-tuned then.
                 rates.setdefault("auto_choice", []).append(
-                    f"{info.worker_processes}x{info.worker_threads}: {info.worker_reason}")
+                    f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
+                    f"{info.worker_reason}")
         best_fixed = max((k for k in rates if "x" in k and k != "auto_choice"),
                          key=lambda k: max(rates[k]))
         # Per round: "auto" over the best fixed count of the same round; the median of those.
@@ -194,6 +198,9 @@ def main() -> None:
             "auto_over_best_fixed_best_rounds": max(rates["auto"]) / max(rates[best_fixed]),
             "auto_over_best_fixed_median_round": statistics.median(per_round)}
         bp, bt = map(int, best_fixed.split("x"))
+        if args.only_unthrottled:
+            print(json.dumps(out, indent=2))
+            return
 
         # First batch on a fresh server and fresh spec; then after a restart that remembers.
         firsts: dict[str, list[float]] = {"auto": [], "fixed": [], "auto_restart": [],

@@ -240,7 +240,9 @@ class OnlineSearch:
         tuning = self._decide(demand)
         self.tuning = dataclasses.replace(tuning, tune_seconds=self._elapsed())
         self.settled = True
-        self.demand = demand
+        # A demand no candidate met is a loop that takes all the stream makes: its pace then
+        # follows production, and a faster stage "moving" it is no reason to search again.
+        self.demand = demand if tuning.reason == "target met" else None
         self._streak = []
         # Each re-tune waits longer before the next (a capacity misread at low load must not
         # make the stream cycle between searches).
