@@ -290,7 +290,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
             if auto:
-                live = self._live_tuner(pipeline, stream, session, credit, tuning,
+                # A remembered choice it could not have (its processes run other streams)
+                # is no settled choice: tune from where it starts.
+                kept = tuning if tuning is not None and (tuning.processes, tuning.threads) == (
+                    workers.processes, workers.threads) else None
+                live = self._live_tuner(pipeline, stream, session, credit, kept,
                                         reserved).start()
             with self._lock:
                 self._sessions[stream_id] = (session, tuning, credit, live)

@@ -115,3 +115,27 @@ def test_serve_tune_cache_flag(value, expected, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     got = cli._tune_cache(value)
     assert got == (None if expected is None else str(tmp_path / "input-server" / "tune"))
+
+
+def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, make_spec):
+    """Remembered: 2 processes; the server has 1 to give. The stream starts with what it can
+    have and searches from there, instead of sitting settled on a clipped choice."""
+    from dataclasses import replace
+
+    from input_client import PipelineSpec
+
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
+    cache = TuneCache(str(tmp_path / "t"))
+    served = PipelineSpec.from_proto(spec.to_proto())  # the spec as the server reads it
+    cache.put(served, replace(a_tuning(), processes=2, threads=1, measurements=(
+        *a_tuning().measurements[:2],
+        Measurement(processes=2, threads=1, batches_per_s=300.0, tokens_per_s=1e5, rss_mb=90.0,
+                    cpu_cores=1.9, startup_s=1.0, seconds=1.0, batches=300))))
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"),
+                          max_workers=1)
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
+            client.batches(spec) as it:
+        next(it)
+        (stream,) = client.info().streams
+    assert stream.worker_processes == 1 and "clipped" in stream.worker_reason
+    assert stream.tuning_state == "searching"
