@@ -178,11 +178,12 @@ class Tuner:
                                                Tuning] = collections.OrderedDict()
         self._max_remembered = max_remembered
 
-    def start(self, pipeline: Pipeline, *,
-              max_processes: int | None = None) -> tuple[Workers, Tuning | None]:
+    def start(self, pipeline: Pipeline, *, max_processes: int | None = None,
+              max_threads: int = MAX_THREADS) -> tuple[Workers, Tuning | None]:
         """The parallelism a new stream of `pipeline` opens with, and the remembered tuning
         behind it (None: fixed, or nothing remembered). A remembered choice over
-        `max_processes` (the server's free worker processes) is clipped for this stream."""
+        `max_processes` (the server's free worker processes) is clipped for this stream; the
+        provisional one keeps to `max_workers` and `max_threads` (what memory allows)."""
         w = pipeline.spec.workers
         if w.count != "auto":
             return fixed_workers(w.count, w.threads), None
@@ -194,7 +195,7 @@ class Tuner:
             if remembered is not None:
                 self._keep(key, remembered)
         if remembered is None:
-            threads = min(default_threads(0), w.max_workers or MAX_THREADS)
+            threads = min(default_threads(0), w.max_workers or MAX_THREADS, max_threads)
             return Workers(0, threads, f"auto: started at once in process with {threads} "
                                        f"threads; tuning on the live stream"), None
         workers = Workers(remembered.processes, remembered.threads,

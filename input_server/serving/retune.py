@@ -62,13 +62,13 @@ class StreamTuner:
 
     def __init__(self, stream: SwitchingStream, search: OnlineSearch, *,
                  taken: Callable[[], int], processes: ProcessPool, reserved: int,
-                 remember: Callable[[Tuning], None], reason: str):
+                 remember: Callable[[Tuning], None]):
         self.stream = stream
         self.search = search
         self.reserved = reserved
         self.history: list[Switch] = []
         self.demand = 0.0
-        self.reason = reason
+        self.reason = stream.workers.reason
         self._meter: LiveMeter = stream.meter
         self._taken = taken
         self._processes = processes

@@ -171,15 +171,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
         if w.count != "auto":
             self._processes.take(w.count, left, self._draining)
             return fixed_workers(w.count, w.threads), None, w.count
-        workers, remembered = self._tuner.start(pipeline, max_processes=self._processes.free())
-        if remembered is None:  # the provisional threads' groups within the memory budget
-            left_mb = self._limits.stream_memory_mb - stream_memory_mb(
-                pipeline.spec, queue_depth=self._queue_depth,
-                message_tokens=self._message_tokens, processes=0, threads=0)
-            fit = max(1, int(min(left_mb / GROUP_MIB, workers.threads)))
-            if fit < workers.threads:
-                workers = Workers(0, fit, workers.reason.replace(
-                    f"with {workers.threads} threads", f"with {fit} threads"))
+        workers, remembered = self._tuner.start(
+            pipeline, max_processes=self._processes.free(),
+            max_threads=max(1, int(self._groups_mb(pipeline.spec) / GROUP_MIB)))
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile
             workers = Workers(got, default_threads(got),
@@ -187,25 +181,26 @@ class InputServicer(pb_grpc.InputServiceServicer):
                               f"--max-workers {self._processes.cap} processes")
         return workers, remembered, got
 
+    def _groups_mb(self, spec: PipelineSpec) -> float:
+        """What the batches leave of a stream's memory budget for its groups in flight."""
+        return self._limits.stream_memory_mb - stream_memory_mb(
+            spec, queue_depth=self._queue_depth, message_tokens=self._message_tokens,
+            processes=0, threads=0)
+
     def _live_tuner(self, pipeline: Pipeline, stream: SwitchingStream, session: StreamSession,
                     credit: Credit, remembered: Tuning | None, reserved: int) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
-        # Candidates hold their groups within what the batches leave of the stream's budget.
-        batches_mb = stream_memory_mb(pipeline.spec, queue_depth=self._queue_depth,
-                                      message_tokens=self._message_tokens, processes=0,
-                                      threads=0)
         search = OnlineSearch(
             (stream.workers.processes, stream.workers.threads), cpus=cpu_count() or 1,
             default_threads=default_threads, target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
-            ram_budget_mb=min(w.ram_budget_mb, self._limits.stream_memory_mb - batches_mb),
+            ram_budget_mb=min(w.ram_budget_mb, self._groups_mb(pipeline.spec)),
             tune_seconds=float(w.tune_seconds), remembered=remembered, mb_per_worker=GROUP_MIB)
         return StreamTuner(stream, search, processes=self._processes, reserved=reserved,
                            taken=lambda: credit.taken if credit.window > 0 else
                            session.batches_sent,
-                           remember=functools.partial(self._tuner.remember, pipeline),
-                           reason=stream.workers.reason)
+                           remember=functools.partial(self._tuner.remember, pipeline))
 
     @_guard_stream
     def StreamBatches(self, requests: Iterator[Any],
