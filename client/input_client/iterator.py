@@ -306,7 +306,10 @@ class BatchIterator:
                     error = StreamError(e.code(), e.details())
                 continue
             call = self._open()
-            return call if self._track(call) else None
+            if not self._track(call):  # closed meanwhile: end its credit too
+                self._taken.pop(id(call)).end()
+                return None
+            return call
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
@@ -351,7 +354,7 @@ class BatchIterator:
         except queue.Empty:
             self._noticed = True
             log.warning("input_client: no first batch after %.0f s; %s", FIRST_BATCH_NOTICE_S,
-                        what_the_server_does(self._client._stub, self._request))
+                        what_the_server_does(self._client._stub))
             return self._fetcher.get()
 
     def get_state(self) -> dict[str, Any] | None:
