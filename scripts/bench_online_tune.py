@@ -35,6 +35,7 @@ import time
 from absl import flags
 
 from input_client import InputClient, PipelineSpec
+from input_server.autotune.measure import tree_cpu_seconds
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -74,16 +75,7 @@ class Served:
         self.client = InputClient(f"unix://{self.socket}", connect_timeout_s=30)
 
     def cpu_s(self) -> float:
-        import psutil
-
-        me = psutil.Process(self.proc.pid)
-        total = sum(me.cpu_times()[:2])
-        for child in me.children(recursive=True):
-            try:
-                total += sum(child.cpu_times()[:2])
-            except psutil.Error:
-                pass
-        return total
+        return tree_cpu_seconds(self.proc.pid)
 
     def close(self) -> None:
         self.client.close()

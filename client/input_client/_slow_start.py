@@ -9,7 +9,7 @@ import grpc
 from input_client.proto import pb
 
 
-def what_the_server_does(stub: Any, request: pb.StreamBatchesRequest) -> str:  # noqa: ARG001
+def what_the_server_does(stub: Any) -> str:
     """One line on the stream's state, from the server's info (asked with a short deadline)."""
     try:
         info = stub.GetInfo(pb.GetInfoRequest(), timeout=2.0)

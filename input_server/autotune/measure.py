@@ -91,6 +91,21 @@ def _rate(times: Sequence[float], tokens: Sequence[int], *,
     return n / seconds, sum(tokens[1:]) / seconds
 
 
+def tree_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds so far of a process (default this one) and every process it started that
+    still runs."""
+    import psutil
+
+    me = psutil.Process(pid)
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            continue
+    return total
+
+
 def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
     """CPU seconds, RSS bytes of this process, and of worker processes started since."""
     import psutil

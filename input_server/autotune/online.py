@@ -26,6 +26,7 @@ import math
 
 from input_server.autotune.live import Window
 from input_server.autotune.policy import (
+    SERVER_CAP,
     TARGET_HEADROOM,
     Measurement,
     Tuning,
@@ -148,7 +149,7 @@ class OnlineSearch:
         self.settled = False  # a settled choice it cannot run is no choice
         self._unavailable.add(config)
         self.rows.append(Measurement(processes=config[0], threads=config[1],
-                                     skipped="server's max workers"))
+                                     skipped=SERVER_CAP))
         return self._search(self.demand, now)
 
     def _record(self, row: Measurement) -> None:

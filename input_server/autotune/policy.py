@@ -50,6 +50,8 @@ CONFIRM_MAX = 2
 # busy: their per-record Python work (and the packer, in the server) holds the GIL.
 GIL_BOUND_SHARE = 0.9
 TUNE_SECONDS = 20.0
+# Why a candidate was skipped when the server's free worker processes could not run it.
+SERVER_CAP = "server's max workers"
 REASONS = ("target met", "plateau", "ram cap", "max workers", "time limit", "fastest")
 
 

@@ -28,6 +28,7 @@ from input_server.autotune import report
 from input_server.autotune.measure import WARMUP_S, WINDOW_S, clock, measure
 from input_server.autotune.policy import (
     MAX_THREADS,
+    SERVER_CAP,
     TUNE_SECONDS,
     Measurement,
     Tuning,
@@ -42,8 +43,6 @@ from input_server.batching.pipeline import Pipeline, Workers, default_threads, f
 
 log = logging.getLogger(__name__)
 
-# Why a candidate was skipped when the server's free worker processes could not run it.
-SERVER_CAP = "server's max workers"
 # One measurement at a time in a process: two at once would measure each other.
 _measuring = threading.RLock()
 

@@ -64,6 +64,11 @@ class Credit:
     def _ahead(self, sent: int) -> bool:
         return not self.open_ended and sent - self.taken >= self.window
 
+    def taken_or(self, sent: int) -> int:
+        """The batches the loop has taken: its reports, or for a client that sends none,
+        `sent` (what gRPC let the server send)."""
+        return self.taken if self.window > 0 else sent
+
     def taken_per_s(self) -> float | None:
         """Batches the loop took per second between its first and latest report; None before
         two reports (or for a client that sends none)."""

@@ -26,7 +26,7 @@ def stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit,
                          worker_tuning=report.tuning_proto(tuning) if tuning else None,
                          consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None
                                                  else rate),
-                         batches_taken=credit.taken if reports else s.batches_sent)
+                         batches_taken=credit.taken_or(s.batches_sent))
     if live is not None:
         info.tuning_state = live.state
         info.demand_batches_per_s = live.demand

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable
 
 from input_server.autotune.live import Window, window
+from input_server.autotune.measure import tree_cpu_seconds
 from input_server.autotune.online import Config, OnlineSearch, Step
-from input_server.autotune.policy import Tuning
+from input_server.autotune.policy import SERVER_CAP, Tuning
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.pipeline import Workers
 from input_server.batching.switching import SwitchingStream
@@ -129,7 +130,7 @@ class StreamTuner:
         tuning = self.search.tuning
         self.reason = f"auto: {tuning.summary()}"
         log.info("stream tuning settled: %s", tuning.summary())
-        if not any(m.skipped == "server's max workers" for m in tuning.measurements):
+        if not any(m.skipped == SERVER_CAP for m in tuning.measurements):
             self._remember(tuning)
 
     def _take_processes(self, wanted: int) -> bool:
@@ -180,7 +181,7 @@ class StreamTuner:
     def _window(self) -> tuple[Window, float, float] | None:
         """The next window: what the stream did, the loop's pace and the CPU cores busy."""
         start, taken0 = self._meter.totals(), self._taken()
-        cpu0 = _cpu_seconds()
+        cpu0 = tree_cpu_seconds()
         # Settled, it looks less often: a loop at a few batches a second should not pay for it.
         poll_s = _SETTLED_POLL_S if self.search.settled else _POLL_S
         while not self._stop.wait(poll_s):
@@ -193,7 +194,7 @@ class StreamTuner:
             return None
         w = self.stream.workers
         measured = window(start, now, max(1, w.processes) * w.threads)
-        cpu_cores = (_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
+        cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
         if measured.batches < MIN_BATCHES:
             return None
         demand = (self._taken() - taken0) / measured.seconds
@@ -210,18 +211,3 @@ class StreamTuner:
         except (RuntimeError, psutil.Error):
             pass
         return total / (1 << 20)
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of the server process and its worker processes so far."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:
-            continue
-    return total
-

@@ -198,8 +198,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             ram_budget_mb=min(w.ram_budget_mb, self._groups_mb(pipeline.spec)),
             tune_seconds=float(w.tune_seconds), remembered=remembered, mb_per_worker=GROUP_MIB)
         return StreamTuner(stream, search, processes=self._processes, reserved=reserved,
-                           taken=lambda: credit.taken if credit.window > 0 else
-                           session.batches_sent,
+                           taken=lambda: credit.taken_or(session.batches_sent),
                            remember=functools.partial(self._tuner.remember, pipeline))
 
     @_guard_stream

@@ -19,8 +19,11 @@ from input_server.serving.server import Server, ServerConfig
 def test_the_server_runs_a_bounded_way_ahead_of_the_loop(tmp_path, make_spec, prefetch):
     spec = make_spec(order={"epochs": 0})
     depth = 3
-    bound = depth + prefetch + batches_per_message(spec.batch.size, spec.batch.seq_len,
-                                                   MESSAGE_TOKENS)
+    # What flow control allows: the client's window (prefetch + the batch in hand) less one,
+    # plus one message; the server's queue holds batches produced, not sent. The issue's
+    # bound adds `depth` to it.
+    bound = prefetch + batches_per_message(spec.batch.size, spec.batch.seq_len,
+                                           MESSAGE_TOKENS)
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=depth)) as srv, \
             InputClient(srv.targets[0]) as client, client.batches(spec, prefetch=prefetch) as it:
         next(it)

@@ -94,3 +94,17 @@ def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(
             (again,) = client.info().streams
             assert again.worker_processes == 2
     assert_same_batches(got, run_pipeline(Pipeline(spec), limit=len(got)))
+
+
+def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(tmp_path, make_spec):
+    spec = make_spec(order={"epochs": 0},
+                     workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6})
+    cache = tmp_path / "tune"
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=1,
+                          tune_cache=str(cache))
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
+            client.batches(spec) as it:
+        stream = consume_until(it, client, settled, timeout=60)
+    skipped = [m for m in stream.worker_tuning.measurements if m.batches_per_s == 0]
+    assert skipped and stream.worker_processes <= 1, stream
+    assert not cache.exists() or not list(cache.iterdir())  # a later stream tunes again

@@ -8,7 +8,7 @@ import threading
 import time
 
 from input_client import InputClient
-from input_server.batching.pipeline import MIN_GROUP
+from input_server.batching.pipeline import MIN_GROUP, default_threads
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
 
@@ -33,7 +33,9 @@ def test_a_slow_first_batch_says_why_once(tmp_path, make_spec, caplog):
     lines = [r.getMessage() for r in caplog.records if "no first batch" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "making its first batch" in lines[0]
-    assert "stream 1 (slow): 0 batches produced, 0 processes x 2 threads (searching)" in lines[0]
+    threads = default_threads(0)  # the provisional start: in process, the default threads
+    assert (f"stream 1 (slow): 0 batches produced, 0 processes x {threads} threads (searching)"
+            in lines[0])
 
 
 def test_info_lists_a_stream_from_its_first_moment(tmp_path, make_spec):

@@ -58,3 +58,17 @@ def test_a_switch_from_a_resumed_position(make_spec):
         stream.switch(Workers(1, 1, "test"))
         got += list(stream)
     assert_same_batches(got, want[7:])
+
+
+def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monkeypatch,
+                                                                   caplog):
+    spec = make_spec()
+    pipeline = Pipeline(spec)
+    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+        got = [next(stream)]
+        monkeypatch.setattr(pipeline, "stream", lambda *a, **k: 1 / 0)
+        stream.switch(Workers(0, 4, "cannot open"))
+        got += [next(stream) for _ in range(5)]
+        assert (stream.workers.threads, stream.switches, stream.failed_switches) == (1, 0, 1)
+    assert "switching to 0 processes x 4 threads failed" in caplog.text
+    assert_same_batches(got, run_pipeline(spec, limit=len(got)))

@@ -178,3 +178,19 @@ def test_threads_are_held_to_the_memory_budget():
                      mb_per_worker=8)
     run(s, capacities(10), demand=None)  # 4 threads hold 32 MiB, 8 would hold 64
     assert s.settled and s.current == (0, 4), s.tuning
+
+
+def test_each_re_tune_waits_longer_before_the_next():
+    """The windows ignored after a settle double with each search (no cycling searches)."""
+    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    at_settle = []
+    for demand in (6, 24, 96):  # each 4 x the last: a re-tune once the cool-down has passed
+        searches = s.searches
+        for _ in range(30):
+            was_settled = s.settled
+            run(s, capacities(10), demand=demand, windows=1)
+            if s.settled and not was_settled:
+                at_settle.append(s._cooldown)
+            if s.settled and s._cooldown == 0 and s.searches > searches - (demand == 6):
+                break
+    assert at_settle == [COOLDOWN_WINDOWS, 2 * COOLDOWN_WINDOWS, 4 * COOLDOWN_WINDOWS]
