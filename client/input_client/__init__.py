@@ -1,7 +1,8 @@
 """input_client: the thin client of the input server (grpcio, protobuf, numpy; jax lazily)."""
 
+from input_client.client import InputClient
 from input_client.errors import InputClientError, ReconnectError, SequenceError, StreamError
-from input_client.iterator import BatchIterator, InputClient
+from input_client.iterator import BatchIterator
 from input_client.spec import (
     BatchSpec,
     OrderSpec,

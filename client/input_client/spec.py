@@ -11,11 +11,16 @@ import hashlib
 import json
 import math
 import os
-import tomllib
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from input_client.proto import pb
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from its backport
+    import tomli as tomllib
 
 FORMATS = ("jsonl", "arrayrecord", "parquet")
 RECORD_FORMATS = ("json", "text", "tf_example")

@@ -39,6 +39,7 @@ from input_server.errors import (
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.credit import Credit
+from input_server.serving.describe import describe_tokenizer
 from input_server.serving.info import stream_info
 from input_server.serving.limits import (
     GROUP_MIB,
@@ -89,17 +90,21 @@ def _guard_stream(method: Callable) -> Callable:
     return guarded
 
 
-def _guard_unary(method: Callable) -> Callable:
-    """The choke point of a unary method: any exception becomes its status."""
+def _guard_unary(kind: type) -> Callable[[Callable], Callable]:
+    """The choke point of a unary method taking a `kind` message: any exception becomes its
+    status."""
 
-    @functools.wraps(method)
-    def guarded(self, request, context):
-        try:
-            return method(self, _parsed(pb.GetInfoRequest, request), context)
-        except Exception as e:  # noqa: BLE001 - every exception gets its status here
-            _abort(context, e)
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def guarded(self, request, context):
+            try:
+                return method(self, _parsed(kind, request), context)
+            except Exception as e:  # noqa: BLE001 - every exception gets its status here
+                _abort(context, e)
 
-    return guarded
+        return guarded
+
+    return wrap
 
 
 class InputServicer(pb_grpc.InputServiceServicer):
@@ -348,7 +353,12 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 session.first_sent_s = time.monotonic()
                 session.first_message_batches = session.batches_sent
 
-    @_guard_unary
+    @_guard_unary(pb.Tokenizer)
+    def DescribeTokenizer(self, request: pb.Tokenizer,
+                          context: grpc.ServicerContext) -> pb.TokenizerInfo:
+        return describe_tokenizer(request, self._limits.access)
+
+    @_guard_unary(pb.GetInfoRequest)
     def GetInfo(self, request: pb.GetInfoRequest,
                 context: grpc.ServicerContext) -> pb.GetInfoResponse:
         with self._lock:
@@ -373,6 +383,8 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
             servicer.StreamBatches, response_serializer=pb.Batch.SerializeToString),
         "GetInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetInfo, response_serializer=pb.GetInfoResponse.SerializeToString),
+        "DescribeTokenizer": grpc.unary_unary_rpc_method_handler(
+            servicer.DescribeTokenizer, response_serializer=pb.TokenizerInfo.SerializeToString),
     }
     name = pb.DESCRIPTOR.services_by_name["InputService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))

@@ -1,8 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -26,7 +25,23 @@ class Tokenizer(_message.Message):
     model: str
     add_bos: bool
     add_eos: bool
-    def __init__(self, model: _Optional[str] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ...) -> None: ...
+
+class TokenizerInfo(_message.Message):
+    __slots__ = ("vocab_size", "bos_id", "eos_id", "pad_id", "unk_id", "sha256")
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BOS_ID_FIELD_NUMBER: _ClassVar[int]
+    EOS_ID_FIELD_NUMBER: _ClassVar[int]
+    PAD_ID_FIELD_NUMBER: _ClassVar[int]
+    UNK_ID_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    unk_id: int
+    sha256: str
+    def __init__(self, vocab_size: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., unk_id: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class BatchShape(_message.Message):
     __slots__ = ("seq_len", "size", "packing")
@@ -46,7 +61,7 @@ class Order(_message.Message):
     seed: int
     shuffle: bool
     epochs: int
-    def __init__(self, seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., epochs: _Optional[int] = ...) -> None: ...
+    def __init__(self, seed: _Optional[int] = ..., shuffle: bool = ..., epochs: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("index", "count")
@@ -130,7 +145,7 @@ class Batch(_message.Message):
     end_of_data: bool
     num_tokens: int
     following: _containers.RepeatedCompositeFieldContainer[Batch]
-    def __init__(self, sequence_number: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., state: _Optional[bytes] = ..., end_of_data: _Optional[bool] = ..., num_tokens: _Optional[int] = ..., following: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ...) -> None: ...
+    def __init__(self, sequence_number: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., state: _Optional[bytes] = ..., end_of_data: bool = ..., num_tokens: _Optional[int] = ..., following: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

@@ -5,8 +5,10 @@ import warnings
 
 from . import input_service_pb2 as input__server_dot_v1_dot_input__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.65.5'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.66.0'
+SCHEDULED_RELEASE_DATE = 'August 6, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in input_server/v1/input_service_pb2_grpc.py depends on'
+        + f' but the generated code in input_server/v1/input_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class InputServiceStub:
+class InputServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -44,9 +49,14 @@ class InputServiceStub:
                 request_serializer=input__server_dot_v1_dot_input__service__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=input__server_dot_v1_dot_input__service__pb2.GetInfoResponse.FromString,
                 _registered_method=True)
+        self.DescribeTokenizer = channel.unary_unary(
+                '/input_server.v1.InputService/DescribeTokenizer',
+                request_serializer=input__server_dot_v1_dot_input__service__pb2.Tokenizer.SerializeToString,
+                response_deserializer=input__server_dot_v1_dot_input__service__pb2.TokenizerInfo.FromString,
+                _registered_method=True)
 
 
-class InputServiceServicer:
+class InputServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def StreamBatches(self, request_iterator, context):
@@ -70,6 +80,16 @@ class InputServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeTokenizer(self, request, context):
+        """Describes the sentencepiece model a spec names, as the server reads it: its special ids
+        and a digest of the file, so a trainer can check its own settings (e.g. MaxText's pad id
+        and tokenizer_path) against the data it will get. The model path is checked like a
+        stream's: PERMISSION_DENIED outside the server's data roots, NOT_FOUND when missing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InputServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +103,11 @@ def add_InputServiceServicer_to_server(servicer, server):
                     request_deserializer=input__server_dot_v1_dot_input__service__pb2.GetInfoRequest.FromString,
                     response_serializer=input__server_dot_v1_dot_input__service__pb2.GetInfoResponse.SerializeToString,
             ),
+            'DescribeTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTokenizer,
+                    request_deserializer=input__server_dot_v1_dot_input__service__pb2.Tokenizer.FromString,
+                    response_serializer=input__server_dot_v1_dot_input__service__pb2.TokenizerInfo.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'input_server.v1.InputService', rpc_method_handlers)
@@ -91,7 +116,7 @@ def add_InputServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class InputService:
+class InputService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -138,6 +163,33 @@ class InputService:
             '/input_server.v1.InputService/GetInfo',
             input__server_dot_v1_dot_input__service__pb2.GetInfoRequest.SerializeToString,
             input__server_dot_v1_dot_input__service__pb2.GetInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/input_server.v1.InputService/DescribeTokenizer',
+            input__server_dot_v1_dot_input__service__pb2.Tokenizer.SerializeToString,
+            input__server_dot_v1_dot_input__service__pb2.TokenizerInfo.FromString,
             options,
             channel_credentials,
             insecure,

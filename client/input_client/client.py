@@ -1,0 +1,142 @@
+"""A connection to an input server: its calls, and the batch streams it opens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
+from input_client.auth import TokenInterceptor, check_token, read_token_file
+from input_client.errors import StreamError
+from input_client.iterator import BatchIterator
+from input_client.proto import pb, pb_grpc
+from input_client.spec import PipelineSpec
+from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION
+
+
+class InputClient:
+    """A connection to an input server.
+
+    Args:
+      address: a gRPC target: `unix:///path/to.sock` (sidecar) or `host:port`.
+      connect_timeout_s: how long `batches()` and `info()` wait for the server to be reachable
+        before raising, so a missing server is an error, not a hang.
+      token: the shared token of a server started with `--token-file`, sent on every call
+        (`authorization: Bearer TOKEN`). Its abstract sockets and TCP ports need it; its
+        socket files do not (their file mode admits only the server's user), unless it also
+        serves an abstract socket that needs the token.
+      token_file: a file holding the token instead (read once, whitespace stripped).
+
+    Raises:
+      ValueError: both `token` and `token_file`, or an empty or non-ASCII token.
+      OSError: `token_file` cannot be read.
+    """
+
+    def __init__(self, address: str, *, connect_timeout_s: float = 30.0,
+                 token: str | None = None, token_file: str | None = None):
+        if token is not None and token_file is not None:
+            raise ValueError("pass `token` or `token_file`, not both.")
+        if token_file is not None:
+            token = read_token_file(token_file)
+        elif token is not None:
+            token = check_token(token, "`token`")
+        self.address = address
+        self.connect_timeout_s = connect_timeout_s
+        self._channel = grpc.insecure_channel(address,
+                                              options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+        if token is not None:
+            self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
+        self._stub = pb_grpc.InputServiceStub(self._channel)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Blocks until the server is reachable and checks that it speaks this client's wire
+        protocol.
+
+        Raises:
+          ConnectionError: no server reachable within the timeout.
+          StreamError: FAILED_PRECONDITION, the server speaks another wire protocol.
+        """
+        timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
+        # A cheap call that waits for the connection (channel_ready_future leaves a polling
+        # thread behind that fails once the channel closes).
+        try:
+            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s,
+                                      wait_for_ready=True)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ConnectionError(f"no input server reachable at {self.address!r} after "
+                                      f"{timeout_s:g} s.") from None
+            raise StreamError(e.code(), e.details()) from None
+        check_protocol(info, self.address)
+
+    def info(self) -> pb.GetInfoResponse:
+        """Server version, configured pipelines and the streams running now."""
+        try:
+            return self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.connect_timeout_s,
+                                      wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise StreamError(e.code(), e.details()) from None
+
+    def describe_tokenizer(self, spec: PipelineSpec) -> pb.TokenizerInfo:
+        """The server's view of `spec`'s sentencepiece model: vocabulary size, special ids
+        (-1 where the model has none) and the file's SHA-256.
+
+        Raises:
+          StreamError: the model is outside the server's data roots (PERMISSION_DENIED),
+            missing (NOT_FOUND) or not a model (INVALID_ARGUMENT).
+        """
+        t = spec.tokenizer
+        try:
+            return self._stub.DescribeTokenizer(
+                pb.Tokenizer(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
+                timeout=self.connect_timeout_s, wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise StreamError(e.code(), e.details()) from None
+
+    def batches(self, spec: PipelineSpec | str, *, state: dict[str, Any] | None = None,
+                prefetch: int = 2, sharding: Any = None,
+                reconnect_deadline_s: float = 300.0) -> BatchIterator:
+        """Streams the batches of `spec` (or of the pipeline the server knows by that name).
+
+        Args:
+          spec: a `PipelineSpec`, or the name of a pipeline the server was started with.
+          state: a `get_state()` result, to continue right after the batch it belongs to.
+          prefetch: batches fetched and decoded ahead of the training loop.
+          sharding: a `jax.sharding.Sharding`; when given, batches are global `jax.Array`s
+            built from this process's data (`jax.make_array_from_process_local_data`).
+          reconnect_deadline_s: when the stream breaks (the server is killed, restarts, drains,
+            or the connection drops), the iterator reconnects by itself and continues right
+            after the last batch it received, for at most this long per outage; then `next()`
+            raises `ReconnectError`. 0 = never reconnect: the failure raises at once. Five
+            minutes covers a rescheduled server process, not a lost host.
+
+        Raises:
+          ConnectionError: no server reachable within `connect_timeout_s`.
+        """
+        if state is not None and not (isinstance(state, dict) and type(state.get("seq")) is int
+                                      and state["seq"] >= 0):
+            raise ValueError(f"`state` must be a get_state() result (a dict with an integer "
+                             f"'seq'), got {str(state)[:200]}.")
+        if prefetch < 1:
+            raise ValueError(f"`prefetch` must be at least 1, got {prefetch}.")
+        if not reconnect_deadline_s >= 0:
+            raise ValueError(f"`reconnect_deadline_s` must be 0 (off) or positive, got "
+                             f"{reconnect_deadline_s}.")
+        request = pb.StreamBatchesRequest(protocol_version=PROTOCOL_VERSION)
+        if isinstance(spec, str):
+            request.pipeline_name = spec
+        else:
+            request.spec.CopyFrom(spec.to_proto())
+        self.wait_ready()
+        return BatchIterator(self._stub, self.address, request, state=state, prefetch=prefetch,
+                             sharding=sharding, reconnect_deadline_s=reconnect_deadline_s)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> InputClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,109 @@
+"""The input server as MaxText's input pipeline: a drop-in for its Grain factories.
+
+```
+from input_client import maxtext as input_maxtext
+input_maxtext.install("unix:///run/input.sock", "train.toml", eval_spec="eval.toml")
+# then MaxText's own trainer, e.g. maxtext.trainers.pre_train.train.main(argv)
+```
+
+or the launcher, `python -m input_client.maxtext.train --server ADDRESS --spec SPEC.toml
+[--eval-spec SPEC.toml] <base.yml> key=value ...`.
+
+`make_train_iterator` / `make_eval_iterator` have the signature of MaxText's
+`make_grain_train_iterator(config, global_mesh, process_indices)`. Each checks the spec against
+the config first (`check.check_against_config`), reads this host's shard, and returns MaxText's
+own `MultiHostDataLoadIterator` over the server's stream, with batches in MaxText's conventions
+(`conventions.to_maxtext`). With `dataset_type=grain`, MaxText's checkpoints then save and
+restore the data position (`source.ServerIterator.get_state`). Eval is a finite, unshuffled
+pass from the start at every eval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from input_client.client import InputClient
+from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
+from input_client.maxtext.check import MaxTextConfigError, check_against_config, shard_for
+from input_client.maxtext.conventions import to_maxtext
+from input_client.maxtext.source import ServerSource
+from input_client.spec import OrderSpec, PipelineSpec
+
+__all__ = ["MaxTextConfigError", "MaxTextHookError", "configure", "install",
+           "make_eval_iterator", "make_train_iterator", "to_maxtext"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    server: str
+    spec: PipelineSpec
+    eval_spec: PipelineSpec | None
+    token_file: str | None
+    prefetch: int
+
+
+_settings: _Settings | None = None
+
+
+def _spec(spec: PipelineSpec | str) -> PipelineSpec:
+    return spec if isinstance(spec, PipelineSpec) else PipelineSpec.from_toml(spec)
+
+
+def configure(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
+              *, token_file: str | None = None, prefetch: int = 2) -> None:
+    """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths)."""
+    global _settings
+    _settings = _Settings(server, _spec(spec), None if eval_spec is None else _spec(eval_spec),
+                          token_file, prefetch)
+
+
+def install(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
+            **options: Any) -> None:
+    """`configure`, then sets MaxText's Grain factories to this module's. Run MaxText with
+    `dataset_type=grain` (its iterator checkpointing needs it) and any non-empty
+    `grain_train_files` (and `grain_eval_files` with eval): its config check asks for them,
+    and nothing reads them once the factories are replaced."""
+    configure(server, spec, eval_spec, **options)
+    interface = interface_module()
+    interface.make_grain_train_iterator = make_train_iterator
+    interface.make_grain_eval_iterator = make_eval_iterator
+
+
+def make_train_iterator(config: Any, global_mesh: Any, process_indices: list[int]) -> Any:
+    """MaxText's train iterator, fed by the server."""
+    return _make(config, global_mesh, process_indices, train=True)
+
+
+def make_eval_iterator(config: Any, global_mesh: Any, process_indices: list[int]) -> Any:
+    """MaxText's eval iterator: the eval spec once, unshuffled, from its start at each eval."""
+    return _make(config, global_mesh, process_indices, train=False)
+
+
+def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: bool) -> Any:
+    import jax
+
+    if _settings is None:
+        raise MaxTextConfigError("input_client.maxtext has no server and spec: call "
+                                 "input_client.maxtext.install(...) (or configure) first, or use "
+                                 "python -m input_client.maxtext.train.")
+    spec = _settings.spec if train else _settings.eval_spec
+    if spec is None:
+        raise MaxTextConfigError("MaxText asks for an eval iterator (eval_interval > 0) but no "
+                                 "eval spec was given (--eval-spec, or eval_spec=).")
+    if not train:  # one repeatable pass: the same batches at every eval
+        spec = dataclasses.replace(spec, order=OrderSpec(seed=spec.order.seed, shuffle=False,
+                                                         epochs=1))
+    spec = shard_for(spec, list(process_indices), jax.process_index())
+    client = InputClient(_settings.server, token_file=_settings.token_file)
+    tokenizer = client.describe_tokenizer(spec)
+    check_against_config(spec, config, tokenizer, process_count=jax.process_count(),
+                         which="train" if train else "eval")
+
+    def open_stream(state):
+        return client.batches(spec, state=state, prefetch=_settings.prefetch)
+
+    source = ServerSource(open_stream, pad_id=tokenizer.pad_id, packing=spec.batch.packing)
+    padding = (config.generate_padding_batch_train if train
+               else config.generate_padding_batch_eval)
+    return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))

@@ -1,0 +1,83 @@
+"""The spec a MaxText run streams, checked against that run's config before any batch.
+
+Settings live twice, in the spec (what the server makes) and in MaxText's config (what the
+model expects); one that differs would train on the wrong shape or the wrong tokens, or fail deep
+inside a jitted step. Each mismatch is named with both values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+from input_client.spec import PipelineSpec, ShardSpec
+
+
+class MaxTextConfigError(ValueError):
+    """The spec and MaxText's config disagree, or the config asks for what the adapter lacks."""
+
+
+def per_process_batch(config: Any, process_count: int) -> int:
+    """MaxText's per-host batch (`data_processing_utils.get_local_batch_size`)."""
+    return int(config.global_batch_size_to_load) // process_count
+
+
+def shard_for(spec: PipelineSpec, process_indices: list[int], process_index: int) -> PipelineSpec:
+    """The spec with this host's shard: the data-loading process's place among
+    `process_indices`, as MaxText's Grain factories shard, unless the spec sets its own."""
+    if spec.shard != ShardSpec() or len(process_indices) == 1:
+        return spec
+    shard = ShardSpec(index=process_indices.index(process_index), count=len(process_indices))
+    return dataclasses.replace(spec, shard=shard)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
+                         process_count: int, which: str) -> None:
+    """Raises MaxTextConfigError naming the first setting where `spec` and `config` differ.
+
+    `tokenizer` is the server's `DescribeTokenizer` answer for the spec's model; `which` says
+    which spec ("train" or "eval") for the message.
+    """
+    def differ(spec_key: str, spec_value: Any, config_key: str, config_value: Any) -> None:
+        raise MaxTextConfigError(
+            f"the {which} spec's `{spec_key}` is {spec_value!r} but MaxText's `{config_key}` is "
+            f"{config_value!r}; make them agree.")
+
+    if int(getattr(config, "expansion_factor_real_data", -1)) not in (-1, 1):
+        raise MaxTextConfigError(
+            f"`expansion_factor_real_data` {config.expansion_factor_real_data} is not supported "
+            f"by input_client.maxtext; leave it at -1.")
+    if str(getattr(config, "tokenizer_type", "sentencepiece")) != "sentencepiece":
+        differ("tokenizer.model", spec.tokenizer.model, "tokenizer_type", config.tokenizer_type)
+    if spec.batch.seq_len != int(config.max_target_length):
+        differ("batch.seq_len", spec.batch.seq_len, "max_target_length", config.max_target_length)
+    rows = per_process_batch(config, process_count)
+    if spec.batch.size != rows:
+        differ("batch.size", spec.batch.size,
+               f"global_batch_size_to_load // process count ({config.global_batch_size_to_load}"
+               f" // {process_count})", rows)
+    for key in ("add_bos", "add_eos"):
+        if bool(getattr(spec.tokenizer, key)) != bool(getattr(config, key)):
+            differ(f"tokenizer.{key}", getattr(spec.tokenizer, key), key, getattr(config, key))
+    if tokenizer.vocab_size > int(config.vocab_size):
+        differ("tokenizer.model", f"{spec.tokenizer.model} ({tokenizer.vocab_size} pieces)",
+               "vocab_size", config.vocab_size)
+    path = str(getattr(config, "tokenizer_path", "") or "")
+    if not os.path.isfile(path):
+        raise MaxTextConfigError(
+            f"MaxText's `tokenizer_path` {path!r} is not a file here, so it cannot be checked "
+            f"against the {which} spec's `tokenizer.model` {spec.tokenizer.model!r}; set it to a "
+            f"local copy of that model.")
+    if _sha256(path) != tokenizer.sha256:
+        differ("tokenizer.model", spec.tokenizer.model, "tokenizer_path",
+               f"{path} (another file: its SHA-256 differs)")

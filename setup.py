@@ -1,0 +1,43 @@
+"""Which packages and requirements the input-server distribution has.
+
+See scripts/packaging/input_server_build.py: a built wheel is the server alone and requires
+`input-client` by name; an editable install is the whole checkout, both packages from the tree.
+"""
+
+import os
+import pathlib
+import tomllib
+
+from setuptools import find_packages, setup
+
+ROOT = pathlib.Path(__file__).resolve().parent
+CLIENT = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
+
+SERVER_REQUIRES = [
+    # batching/_grain.py reads Grain internals (worker processes), checked against 0.2.18; the
+    # newest Grain for Python 3.10 (0.2.13) lays them out otherwise, hence Python 3.11 at least.
+    "grain>=0.2.18",
+    "sentencepiece>=0.2.3",  # encode(return_type="numpy"), GIL released in encode
+    "grpcio-health-checking>=1.66",
+    "absl-py>=2.1",
+    "zstandard>=0.22",
+    "pyarrow>=15",
+    "array-record>=0.7",
+    "tqdm>=4.66",
+    "psutil>=5.9",  # autotune measures worker memory (RSS)
+    "orjson>=3.9",  # several times faster JSON lines than the standard library
+    "jax>=0.4.35",  # the demo places batches on devices and times steps
+]
+
+if os.environ.get("INPUT_SERVER_BUILD_EDITABLE") == "1":
+    packages = find_packages(include=["input_server*"]) + find_packages(
+        "client", include=["input_client*"])
+    package_dir = {"input_client": "client/input_client"}
+    client_requires = list(CLIENT["dependencies"])
+else:
+    packages = find_packages(include=["input_server*"])
+    package_dir = {}
+    client_requires = [f"input-client=={CLIENT['version']}"]
+
+setup(packages=packages, package_dir=package_dir,
+      install_requires=client_requires + SERVER_REQUIRES)
