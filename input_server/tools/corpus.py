@@ -88,8 +88,12 @@ def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "tex
 
 
 def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
-                        vocab_size: int = 1000, model_type: str = "unigram") -> str:
-    """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path."""
+                        vocab_size: int = 1000, model_type: str = "unigram",
+                        with_pad: bool = True) -> str:
+    """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path.
+
+    `with_pad=False` leaves out the pad piece, as Llama 2's model does (`pad_id()` is -1).
+    """
     import sentencepiece as spm
 
     # Train on lines: sentencepiece skips "sentences" over 4192 bytes, and caps their count.
@@ -98,7 +102,8 @@ def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
         sentence_iterator=lines, model_prefix=os.fspath(model_prefix),
         vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
         # 0 stays padding for the batches (MaxText's convention); unk moves to 3.
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+        **(dict(pad_id=0, bos_id=1, eos_id=2, unk_id=3) if with_pad
+           else dict(pad_id=-1, bos_id=1, eos_id=2, unk_id=0)),
         input_sentence_size=200000, shuffle_input_sentence=True, num_threads=2,
         hard_vocab_limit=False,  # a small corpus gets the vocabulary it supports
         minloglevel=2)

@@ -57,7 +57,8 @@ def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
         raise MaxTextConfigError(
             f"`expansion_factor_real_data` {config.expansion_factor_real_data} is not supported "
             f"by input_client.maxtext; leave it at -1.")
-    if str(getattr(config, "tokenizer_type", "sentencepiece")) != "sentencepiece":
+    kind = getattr(config, "tokenizer_type", "sentencepiece")
+    if getattr(kind, "value", kind) != "sentencepiece":  # an enum in MaxText's config
         differ("tokenizer.model", spec.tokenizer.model, "tokenizer_type", config.tokenizer_type)
     if spec.batch.seq_len != int(config.max_target_length):
         differ("batch.seq_len", spec.batch.seq_len, "max_target_length", config.max_target_length)

@@ -1,0 +1,76 @@
+"""MaxText's own trainer with the input server as its input pipeline.
+
+python -m input_client.maxtext.train --server ADDRESS --spec SPEC.toml [--eval-spec SPEC.toml]
+    [--token-file FILE] [<base.yml>] key=value ...
+
+Everything after the adapter's own flags goes to `maxtext.trainers.pre_train.train` unchanged,
+except that `dataset_type=grain` and placeholder `grain_train_files` / `grain_eval_files` are
+added when missing: MaxText checkpoints a data iterator only for `dataset_type=grain`, and its
+config check wants those files named though nothing reads them once the factories are replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from input_client.maxtext import MaxTextConfigError, MaxTextHookError, install
+from input_client.spec import PipelineSpec, SpecError
+
+PLACEHOLDER = "input-server"  # what grain_*_files say when the server supplies the data
+
+
+def _keys(args: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in args if "=" in a)
+
+
+def maxtext_argv(args: list[str], *, with_eval: bool) -> list[str]:
+    """MaxText's arguments with what the adapter needs added; raises ValueError if they ask for
+    another dataset type."""
+    keys = _keys(args)
+    if keys.get("dataset_type", "grain") != "grain":
+        raise ValueError(f"dataset_type={keys['dataset_type']} would bypass the server; leave it "
+                         f"out (the launcher sets dataset_type=grain).")
+    extra = [f"{k}={v}" for k, v in (("dataset_type", "grain"),
+                                     ("grain_train_files", PLACEHOLDER))
+             if k not in keys]
+    if with_eval and "grain_eval_files" not in keys:
+        extra.append(f"grain_eval_files={PLACEHOLDER}")
+    return [*args, *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m input_client.maxtext.train",
+        description="Runs MaxText's pre-training trainer fed by an input server.")
+    parser.add_argument("--server", required=True,
+                        help="the server: unix:///path.sock, unix-abstract:NAME or host:port")
+    parser.add_argument("--spec", required=True, help="the training pipeline spec (TOML)")
+    parser.add_argument("--eval-spec", help="the eval pipeline spec (TOML); needed when "
+                                            "eval_interval > 0")
+    parser.add_argument("--token-file", help="the server's token, for TCP or abstract sockets")
+    parser.add_argument("maxtext", nargs=argparse.REMAINDER,
+                        help="MaxText's own arguments: [base.yml] key=value ...")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")  # MaxText's switch for hosts off GCP
+    try:
+        spec = PipelineSpec.from_toml(args.spec)
+        eval_spec = PipelineSpec.from_toml(args.eval_spec) if args.eval_spec else None
+        mt_args = maxtext_argv(args.maxtext, with_eval=eval_spec is not None)
+        install(args.server, spec, eval_spec, token_file=args.token_file)
+    except (SpecError, OSError, ValueError, MaxTextHookError) as e:
+        parser.exit(2, f"{parser.prog}: {e}\n")
+    from absl import app
+    from maxtext.trainers.pre_train import train
+
+    try:
+        app.run(train.main, argv=[train.__file__, *mt_args])
+    except MaxTextConfigError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""input_client.maxtext without MaxText: the conventions, the config check, the shard.
+
+tests/maxtext/ checks the same against real MaxText (its own ShiftData, its trainer)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from input_client import PipelineSpec
+from input_client.maxtext import MaxTextConfigError, check, to_maxtext
+from input_client.maxtext.train import PLACEHOLDER, maxtext_argv
+from input_client.wire import expand_packed
+
+
+def _batch(rows: list[list[list[int]]], seq_len: int) -> dict[str, np.ndarray]:
+    """A client batch from each row's documents (token lists), packed as the server packs."""
+    inputs = np.zeros((len(rows), seq_len), np.int32)
+    lengths, per_row = [], []
+    for r, docs in enumerate(rows):
+        flat = [t for d in docs for t in d]
+        inputs[r, :len(flat)] = flat
+        lengths += [len(d) for d in docs]
+        per_row.append(len(docs))
+    return expand_packed(inputs, np.array(lengths, np.int32), np.array(per_row, np.int32))
+
+
+@pytest.mark.parametrize("pad_id", [0, -1])
+def test_packed_rows_follow_maxtext_shift_data(pad_id):
+    b = to_maxtext(_batch([[[1, 5, 6, 2], [1, 7, 2]], [[1, 8, 9, 9, 2]]], 8), pad_id, "first_fit")
+    assert b["inputs"].tolist() == [[1, 5, 6, 2, 1, 7, 2, 0], [1, 8, 9, 9, 2, 0, 0, 0]]
+    assert b["inputs_segmentation"].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0],
+                                                 [1, 1, 1, 1, 1, 0, 0, 0]]
+    assert b["inputs_position"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 0, 0, 0]]
+    # Targets shift left across the row; the last column is the pad id.
+    assert b["targets"].tolist() == [[5, 6, 2, 1, 7, 2, 0, pad_id],
+                                     [8, 9, 9, 2, 0, 0, 0, pad_id]]
+    # A document's EOS predicts the next one's BOS (weighted, as in MaxText); the token before
+    # padding predicts padding (weight 0), and so does the last column.
+    want_tseg = [[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]
+    assert b["targets_segmentation"].tolist() == want_tseg
+    assert np.array_equal(b["targets_position"], b["inputs_position"])  # not shifted
+    assert all(a.dtype == np.int32 for a in b.values())
+
+
+def test_a_target_equal_to_the_pad_id_carries_no_weight():
+    # pad id 0 with a row whose padding starts mid-row: every 0 target has weight 0.
+    b = to_maxtext(_batch([[[1, 4, 2]]], 6), 0, "first_fit")
+    assert b["targets"].tolist() == [[4, 2, 0, 0, 0, 0]]
+    assert b["targets_segmentation"].tolist() == [[1, 1, 0, 0, 0, 0]]
+
+
+def test_empty_rows_are_whole_rows_of_the_pad_id_as_batch_and_pad_makes_them():
+    b = to_maxtext(_batch([[[1, 4, 2]], []], 4), -1, "first_fit")
+    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets",
+                "targets_position"):
+        assert b[key][1].tolist() == [-1] * 4, key
+    assert b["targets_segmentation"][1].tolist() == [0] * 4
+    assert b["inputs"][0].tolist() == [1, 4, 2, 0]  # a real row keeps the packer's 0 padding
+
+
+def test_unpacked_rows_pad_every_input_array_with_the_pad_id():
+    b = to_maxtext(_batch([[[1, 4, 2]]], 5), -1, "none")
+    assert b["inputs"].tolist() == [[1, 4, 2, -1, -1]]
+    assert b["inputs_segmentation"].tolist() == [[1, 1, 1, -1, -1]]
+    assert b["inputs_position"].tolist() == [[0, 1, 2, -1, -1]]
+    assert b["targets"].tolist() == [[4, 2, -1, -1, -1]]
+    assert b["targets_segmentation"].tolist() == [[1, 1, 0, 0, 0]]
+
+
+def _config(**over):
+    base = dict(max_target_length=256, global_batch_size_to_load=16, add_bos=True, add_eos=True,
+                vocab_size=8192, tokenizer_type="sentencepiece", tokenizer_path="",
+                expansion_factor_real_data=-1)
+    return types.SimpleNamespace(**{**base, **over})
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "m.model"
+    path.write_bytes(b"model bytes")
+    return str(path)
+
+
+def _tokenizer(model_file, **over):
+    import hashlib
+
+    sha = hashlib.sha256(open(model_file, "rb").read()).hexdigest()
+    return types.SimpleNamespace(**{"vocab_size": 1000, "sha256": sha, **over})
+
+
+def _spec(model_file, **batch):
+    return PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model_file},
+                        batch={"seq_len": 256, "size": 8, **batch})
+
+
+def test_a_spec_that_agrees_passes(model_file):
+    check.check_against_config(_spec(model_file), _config(tokenizer_path=model_file),
+                               _tokenizer(model_file), process_count=2, which="train")
+
+
+@pytest.mark.parametrize(("config", "batch", "tokenizer", "names"), [
+    ({"max_target_length": 512}, {}, {}, ("`batch.seq_len` is 256", "`max_target_length` is 512")),
+    ({}, {"size": 16}, {}, ("`batch.size` is 16", "is 8")),
+    ({"add_eos": False}, {}, {}, ("`tokenizer.add_eos` is True", "`add_eos` is False")),
+    ({"vocab_size": 512}, {}, {}, ("1000 pieces", "`vocab_size` is 512")),
+    ({}, {}, {"sha256": "0" * 64}, ("`tokenizer.model`", "its SHA-256 differs")),
+    ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
+    ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
+])
+def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, names):
+    with pytest.raises(MaxTextConfigError) as e:
+        check.check_against_config(_spec(model_file, **batch),
+                                   _config(tokenizer_path=model_file, **config),
+                                   _tokenizer(model_file, **tokenizer), process_count=2,
+                                   which="train")
+    for name in names:
+        assert name in str(e.value)
+
+
+def test_a_tokenizer_path_that_is_not_here_is_refused_by_name(model_file):
+    with pytest.raises(MaxTextConfigError, match="'gs://bucket/tok.model' is not a file here"):
+        check.check_against_config(_spec(model_file),
+                                   _config(tokenizer_path="gs://bucket/tok.model"),
+                                   _tokenizer(model_file), process_count=2, which="eval")
+
+
+def test_each_host_reads_its_place_among_the_loading_processes(model_file):
+    spec = _spec(model_file)
+    assert check.shard_for(spec, [0], 0) is spec
+    s = check.shard_for(spec, [0, 2, 5], 5).shard
+    assert (s.index, s.count) == (2, 3)
+    own = PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model_file},
+                       shard={"index": 1, "count": 4})
+    assert check.shard_for(own, [0, 1], 0).shard == own.shard  # the spec's own shard wins
+
+
+def test_the_launcher_adds_what_maxtext_needs_and_refuses_another_dataset():
+    assert maxtext_argv(["steps=5"], with_eval=True) == [
+        "steps=5", "dataset_type=grain", f"grain_train_files={PLACEHOLDER}",
+        f"grain_eval_files={PLACEHOLDER}"]
+    assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"],
+                        with_eval=False) == ["base.yml", "dataset_type=grain",
+                                             "grain_train_files=x"]
+    with pytest.raises(ValueError, match="dataset_type=hf would bypass the server"):
+        maxtext_argv(["dataset_type=hf"], with_eval=False)
