@@ -1,0 +1,190 @@
+"""input_client.maxtext in real MaxText (0.2.5, its own Python 3.12 venv built by
+scripts/maxtext_venv.sh and cached): the launcher trains a tiny decoder from a real server with
+checkpoints; a killed run restarted from its checkpoint repeats the same steps exactly; eval
+passes repeat; the batches equal MaxText's own ShiftData/PadOrTrimToMaxLength applied to the
+same documents; a config that disagrees with the spec stops before training, in one line.
+
+Skip locally with `-m "not maxtext"`; CI runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+
+import pytest
+
+from input_client import InputClient, PipelineSpec
+from input_client.maxtext.conventions import to_maxtext
+from input_server.tools.corpus import train_sentencepiece, write_jsonl
+from tests.support import ROOT
+
+pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
+
+SEQ, ROWS, STEPS = 256, 8, 20
+STEP_LINE = re.compile(r"completed step: (\d+), .*?total_weights: (\d+), loss: ([\d.]+), "
+                       r"lm_loss: [\d.]+, perplexity: ([\d.]+)")
+EVAL_LINE = re.compile(r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
+                       r"total_weights=([\d.]+)")
+MODEL = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
+         "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=256",
+         f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}", "hardware=cpu",
+         "attention=dot_product", "skip_jax_distributed_system=true", "log_config=false",
+         "enable_tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def maxtext_python() -> str:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory, docs):
+    """Train (endless, shuffled) and eval (150 documents: a last partial batch) specs over real
+    text, and a model without a pad piece (pad id -1, like Llama 2's), all inside the test
+    server's root."""
+    d = tmp_path_factory.mktemp("maxtext")
+    model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
+    train = PipelineSpec(source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
+                         tokenizer={"model": model}, batch={"seq_len": SEQ, "size": ROWS},
+                         order={"epochs": 0, "seed": 3})
+    evals = train.replace(source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
+                          order={"epochs": 1, "shuffle": False})
+    for name, spec in (("train", train), ("eval", evals)):
+        (d / f"{name}.toml").write_text(_toml(spec.to_dict()))
+    return d, train, evals, model
+
+
+def _toml(tables: dict) -> str:
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items())
+                   for name, t in tables.items())
+
+
+def _launch(python, server, d, model, run, *extra, stream=False):
+    argv = [python, "-m", "input_client.maxtext.train", "--server", server.targets[0],
+            "--spec", str(d / "train.toml"), "--eval-spec", str(d / "eval.toml"),
+            f"run_name={run}", f"base_output_directory={d / 'out'}", f"tokenizer_path={model}",
+            *MODEL, f"steps={STEPS}", "checkpoint_period=5", "enable_checkpointing=true",
+            "async_checkpointing=false", "eval_interval=10", "eval_steps=-1", *extra]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE"}
+    env.pop("XLA_FLAGS", None)  # one CPU device, as the model's batch is sized
+    if stream:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+
+
+def _steps(log: str) -> dict[int, tuple[int, str, str]]:
+    return {int(s): (int(w), loss, ppl) for s, w, loss, ppl in STEP_LINE.findall(log)}
+
+
+def _weights(spec, server, n=None) -> list[int]:
+    """Each batch's `total_weights` as MaxText's loss counts it (targets_segmentation != 0)."""
+    out = []
+    with InputClient(server.targets[0]) as c, c.batches(spec) as it:
+        for b in it:
+            out.append(int((to_maxtext(b, -1, spec.batch.packing)["targets_segmentation"]
+                            != 0).sum()))
+            if n is not None and len(out) == n:
+                break
+    return out
+
+
+def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
+    d, train, evals, model = specs
+    a = _launch(maxtext_python, server, d, model, "whole")
+    assert a.returncode == 0, a.stderr[-4000:]
+    whole = _steps(a.stderr)
+    assert sorted(whole) == list(range(STEPS))
+    # MaxText trained on the server's batches, in order, weighted by MaxText's rule.
+    assert [whole[s][0] for s in range(STEPS)] == _weights(train, server, STEPS)
+    # Eval after steps 0 and 10: the same finite pass both times (all of the eval file).
+    evals_seen = EVAL_LINE.findall(a.stderr)
+    assert [int(s) for s, _, _ in evals_seen] == [0, 10]
+    assert {float(w) for _, _, w in evals_seen} == {float(sum(_weights(evals, server)))}
+
+    # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
+    b = _launch(maxtext_python, server, d, model, "killed", stream=True)
+    for line in b.stderr:
+        if "completed step: 12," in line:
+            os.killpg(b.pid, signal.SIGKILL)
+            break
+    b.wait(timeout=60)
+    assert b.returncode == -signal.SIGKILL
+    saved = sorted(int(p) for p in os.listdir(d / "out" / "killed" / "checkpoints")
+                   if p.isdigit())
+    assert saved[-1] >= 10 and (d / "out" / "killed" / "checkpoints" / str(saved[-1]) / "iter"
+                                / "process_0-of-1.json").is_file()
+    # ... and restarted: it continues from its checkpoint with the model and data as they were.
+    c = _launch(maxtext_python, server, d, model, "killed")
+    assert c.returncode == 0, c.stderr[-4000:]
+    assert f"restoring from this run's directory step {saved[-1]}" in c.stderr
+    resumed = _steps(c.stderr)
+    assert sorted(resumed) == list(range(saved[-1] + 1, STEPS))
+    assert {s: whole[s] for s in resumed} == resumed  # loss, perplexity and total_weights
+
+
+def test_a_config_that_disagrees_stops_in_one_line(maxtext_python, server, specs):
+    d, _, _, model = specs
+    out = _launch(maxtext_python, server, d, model, "mismatch", "max_target_length=128")
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert "`batch.seq_len` is 256" in last and "`max_target_length` is 128" in last
+    assert "Traceback" not in out.stderr
+
+
+CONVENTIONS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from maxtext.input_pipeline.input_pipeline_utils import PadOrTrimToMaxLength, ShiftData
+    from input_client import InputClient, PipelineSpec
+    from input_client.maxtext.conventions import to_maxtext
+    server, pad_id, seq, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    spec = PipelineSpec.from_dict(json.loads(sys.argv[5]))
+    shift = ShiftData(ignored_ids=[pad_id], axis=1)
+    checked = 0
+    with InputClient(server) as c, c.batches(spec) as it:
+        for b in it:
+            seg = np.asarray(b["inputs_segmentation"])
+            if spec.batch.packing == "none":  # MaxText pads each document, then the batch
+                docs = [np.asarray(b["inputs"])[r][seg[r] > 0] for r in range(rows)
+                        if seg[r].any()]
+                pre = [PadOrTrimToMaxLength(seq, pad_id).map({"inputs": d, "targets": d.copy()})
+                       for d in docs]
+            else:  # Grain's packer gave these rows (0 padding); MaxText pads the batch
+                pre = [{"inputs": b["inputs"][r], "inputs_segmentation": seg[r],
+                        "inputs_position": b["inputs_position"][r], "targets": b["inputs"][r],
+                        "targets_segmentation": seg[r], "targets_position":
+                        b["inputs_position"][r]} for r in range(rows) if seg[r].any()]
+            batch = {k: np.stack([np.asarray(p[k], np.int32) for p in pre]
+                                 + [np.full(seq, pad_id, np.int32)] * (rows - len(pre)))
+                     for k in pre[0]}
+            want = shift.map(batch)
+            got = to_maxtext(b, pad_id, spec.batch.packing)
+            assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+            for k in want:
+                assert np.array_equal(got[k], want[k]), (checked, k, got[k], want[k])
+            checked += 1
+    print(checked)
+""")
+
+
+@pytest.mark.parametrize("packing", ["first_fit", "none"])
+@pytest.mark.parametrize("pad_id", [-1, 0])
+def test_batches_equal_maxtexts_own_transforms(maxtext_python, server, specs, packing, pad_id):
+    _, _, evals, _ = specs
+    spec = evals.replace(batch={"seq_len": 64, "size": 8, "packing": packing})
+
+    out = subprocess.run([maxtext_python, "-c", CONVENTIONS, server.targets[0], str(pad_id), "64",
+                          "8", json.dumps(spec.to_dict())], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE",
+                                           "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.strip().splitlines()[-1]) > 3
