@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -35,6 +36,7 @@ MODEL = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
          f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}", "hardware=cpu",
          "attention=dot_product", "skip_jax_distributed_system=true", "log_config=false",
          "enable_tensorboard=false"]
+ONE_HOST = ["skip_jax_distributed_system=true"]
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +69,16 @@ def _toml(tables: dict) -> str:
                    for name, t in tables.items())
 
 
-def _launch(python, server, d, model, run, *extra, stream=False):
+def _launch(python, server, d, model, run, *extra, stream=False, steps=STEPS, env=None,
+            evaluate=True):
     argv = [python, "-m", "input_client.maxtext.train", "--server", server.targets[0],
-            "--spec", str(d / "train.toml"), "--eval-spec", str(d / "eval.toml"),
+            "--spec", str(d / "train.toml"),
+            *(["--eval-spec", str(d / "eval.toml")] if evaluate else []),
             f"run_name={run}", f"base_output_directory={d / 'out'}", f"tokenizer_path={model}",
-            *MODEL, f"steps={STEPS}", "checkpoint_period=5", "enable_checkpointing=true",
-            "async_checkpointing=false", "eval_interval=10", "eval_steps=-1", *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE"}
+            *MODEL, f"steps={steps}", "checkpoint_period=5", "enable_checkpointing=true",
+            "async_checkpointing=false", f"eval_interval={10 if evaluate else -1}",
+            "eval_steps=-1", *extra]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE", **(env or {})}
     env.pop("XLA_FLAGS", None)  # one CPU device, as the model's batch is sized
     if stream:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -99,7 +104,7 @@ def _weights(spec, server, n=None) -> list[int]:
 
 def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     d, train, evals, model = specs
-    a = _launch(maxtext_python, server, d, model, "whole")
+    a = _launch(maxtext_python, server, d, model, "whole", *ONE_HOST)
     assert a.returncode == 0, a.stderr[-4000:]
     whole = _steps(a.stderr)
     assert sorted(whole) == list(range(STEPS))
@@ -111,7 +116,7 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     assert {float(w) for _, _, w in evals_seen} == {float(sum(_weights(evals, server)))}
 
     # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
-    b = _launch(maxtext_python, server, d, model, "killed", stream=True)
+    b = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True)
     for line in b.stderr:
         if "completed step: 12," in line:
             os.killpg(b.pid, signal.SIGKILL)
@@ -123,7 +128,7 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     assert saved[-1] >= 10 and (d / "out" / "killed" / "checkpoints" / str(saved[-1]) / "iter"
                                 / "process_0-of-1.json").is_file()
     # ... and restarted: it continues from its checkpoint with the model and data as they were.
-    c = _launch(maxtext_python, server, d, model, "killed")
+    c = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST)
     assert c.returncode == 0, c.stderr[-4000:]
     assert f"restoring from this run's directory step {saved[-1]}" in c.stderr
     resumed = _steps(c.stderr)
@@ -133,11 +138,45 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
 
 def test_a_config_that_disagrees_stops_in_one_line(maxtext_python, server, specs):
     d, _, _, model = specs
-    out = _launch(maxtext_python, server, d, model, "mismatch", "max_target_length=128")
+    out = _launch(maxtext_python, server, d, model, "mismatch", *ONE_HOST,
+                  "max_target_length=128")
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert "`batch.seq_len` is 256" in last and "`max_target_length` is 128" in last
     assert "Traceback" not in out.stderr
+
+
+def _two_hosts(python, server, d, model, run, steps):
+    """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them."""
+    procs = [_launch(python, server, d, model, run, "skip_jax_distributed_system=false",
+                     stream=True, steps=steps, evaluate=False,
+                     env={"JAX_COORDINATOR_ADDRESS": "localhost", "JOB_INDEX": "0",
+                          "JOB_COMPLETION_INDEX": str(i), "PROCESSES_IN_JOB": "2",
+                          "JAX_PROCESS_COUNT": "2"}) for i in (0, 1)]
+    with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall its process
+        logs = list(pool.map(lambda p: p.stderr.read(), procs))
+    for p, log in zip(procs, logs, strict=True):
+        assert p.wait(timeout=600) == 0, log[-4000:]
+    return logs
+
+
+def test_two_hosts_each_read_their_shard_and_resume_it(maxtext_python, server, specs):
+    d, train, _, model = specs
+    per_host = train.replace(batch={"seq_len": SEQ, "size": ROWS})  # per-process batch
+    shards = [_weights(per_host.replace(shard={"index": i, "count": 2}), server, 14)
+              for i in (0, 1)]
+    want = [a + b for a, b in zip(*shards, strict=True)]  # MaxText logs the global batch's sum
+    logs = _two_hosts(maxtext_python, server, d, model, "hosts", 12)
+    assert [_steps(log) for log in logs][0] == _steps(logs[1])  # one global step, two logs
+    first = _steps(logs[0])
+    assert [first[s][0] for s in range(12)] == want[:12]
+    iters = d / "out" / "hosts" / "checkpoints" / "11" / "iter"
+    states = [json.loads((iters / f"process_{i}-of-2.json").read_text()) for i in (0, 1)]
+    assert states[0]["seq"] == states[1]["seq"] == 12
+    assert states[0]["fingerprint"] != states[1]["fingerprint"]  # each host's own shard
+    # Both restart from step 11's checkpoint, each at its own shard's position.
+    again = _steps(_two_hosts(maxtext_python, server, d, model, "hosts", 14)[0])
+    assert [again[s][0] for s in (12, 13)] == want[12:14]
 
 
 CONVENTIONS = textwrap.dedent("""
