@@ -231,6 +231,14 @@ class PipelineSpec:
         out["source"]["paths"] = list(self.source.paths)
         return out
 
+    def to_toml(self) -> str:
+        """The spec as a TOML file's text, which `from_toml` reads back to an equal spec."""
+        # JSON's strings, numbers, booleans and arrays of strings are TOML's too (a spec's
+        # numbers are finite: `validate` refuses the rest).
+        return "".join(f"[{name}]\n" + "".join(f"{key} = {json.dumps(value)}\n"
+                                               for key, value in table.items())
+                       for name, table in self.to_dict().items())
+
     def data_fingerprint(self) -> str:
         """A hash of all that decides the data (all but [workers]), to match resume states."""
         tables = self.to_dict()

@@ -93,7 +93,7 @@ def test_the_client_alone(python, deps, server, make_spec, tmp_path):
     assert install.returncode == 0, install.stderr[-3000:]
     spec = make_spec(batch={"seq_len": 64, "size": 4})
     spec_file = tmp_path / "spec.toml"
-    spec_file.write_text(_toml(spec.to_dict()))
+    spec_file.write_text(spec.to_toml())
     out = subprocess.run([str(venv / "bin/python"), "-c", PROBE, server.targets[0],
                           str(spec_file)], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
@@ -114,13 +114,3 @@ def test_the_client_alone(python, deps, server, make_spec, tmp_path):
 
         want = [hashlib.sha256(batch_bytes(b)).hexdigest() for b in it]
     assert got["digests"] == want and len(want) > 5
-
-
-def _toml(tables: dict) -> str:
-    """A spec's tables as TOML (strings, numbers, booleans and lists of strings are enough)."""
-    lines = []
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"

@@ -60,13 +60,10 @@ def specs(tmp_path_factory, docs):
     evals = train.replace(source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
                           order={"epochs": 1, "shuffle": False})
     for name, spec in (("train", train), ("eval", evals)):
-        (d / f"{name}.toml").write_text(_toml(spec.to_dict()))
+        (d / f"{name}.toml").write_text(spec.to_toml())
     return d, train, evals, model
 
 
-def _toml(tables: dict) -> str:
-    return "".join(f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items())
-                   for name, t in tables.items())
 
 
 def _launch(python, server, d, model, run, *extra, stream=False, steps=STEPS, env=None,

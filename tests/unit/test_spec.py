@@ -52,6 +52,19 @@ def test_toml_reads_every_table_and_resolves_relative_paths(tmp_path):
     validate(spec)
 
 
+def test_to_toml_reads_back_equal(tmp_path):
+    spec = PipelineSpec(
+        source={"paths": ["/data/été \"quoted\"/*.parquet", "/b\\c.jsonl"], "format": "parquet",
+                "text_field": "body"},
+        tokenizer={"model": "/m/spm.model", "add_bos": False},
+        batch={"seq_len": 512, "size": 3, "packing": "none"},
+        order={"seed": 7, "shuffle": False, "epochs": 0}, shard={"index": 1, "count": 4},
+        workers={"count": "auto", "target_batches_per_s": 12.5, "tune_seconds": 3.0})
+    path = tmp_path / "spec.toml"
+    path.write_text(spec.to_toml())
+    assert PipelineSpec.from_toml(path) == spec
+
+
 def test_keyword_construction_equals_toml(tmp_path):
     path = tmp_path / "spec.toml"
     path.write_text(ISSUE_EXAMPLE)
