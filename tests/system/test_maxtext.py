@@ -224,3 +224,24 @@ def test_batches_equal_maxtexts_own_transforms(maxtext_python, server, specs, pa
                                            "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.strip().splitlines()[-1]) > 3
+
+
+def test_a_moved_hook_point_is_refused_naming_the_version(maxtext_python):
+    # A later MaxText that no longer reads this name where the adapter sets it (stood in for by
+    # removing it) must fail before training, saying which MaxText it found.
+    code = textwrap.dedent("""
+        from maxtext.input_pipeline import input_pipeline_interface as ipi
+        del ipi.make_grain_eval_iterator
+        from input_client import PipelineSpec, maxtext
+        spec = PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": "m.model"})
+        try:
+            maxtext.install("unix:///nowhere.sock", spec)
+        except maxtext.MaxTextHookError as e:
+            print(e)
+    """)
+    out = subprocess.run([maxtext_python, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    message = out.stdout.strip().splitlines()[-1]
+    assert "MaxText 0.2.5" in message and "make_grain_eval_iterator" in message
+    assert "tested with MaxText 0.2.5" in message

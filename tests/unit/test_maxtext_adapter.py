@@ -109,6 +109,7 @@ def test_a_spec_that_agrees_passes(model_file):
     ({}, {}, {"sha256": "0" * 64}, ("`tokenizer.model`", "its SHA-256 differs")),
     ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
     ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
+    ({"colocated_python_data_input": True}, {}, {}, ("`colocated_python_data_input`",)),
 ])
 def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, names):
     with pytest.raises(MaxTextConfigError) as e:
@@ -146,3 +147,29 @@ def test_the_launcher_adds_what_maxtext_needs_and_refuses_another_dataset():
                                              "grain_train_files=x"]
     with pytest.raises(ValueError, match="dataset_type=hf would bypass the server"):
         maxtext_argv(["dataset_type=hf"], with_eval=False)
+
+
+def _launcher(capsys, *args):
+    from input_client.maxtext import train
+
+    with pytest.raises(SystemExit) as e:
+        train.main(list(args))
+    return e.value.code, capsys.readouterr().err
+
+
+def test_the_launcher_without_maxtext_says_so_in_one_line(capsys, model_file, tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(_spec(model_file).to_toml())
+    code, err = _launcher(capsys, "--server", "unix:///nowhere.sock", "--spec", str(spec),
+                          "steps=5")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "python -m input_client.maxtext.train: MaxText is not installed in this environment "
+        "(pip install maxtext==0.2.5)."]
+
+
+def test_the_launcher_names_a_spec_mistake(capsys, tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[source]\npaths = ['x.jsonl']\n[tokenizer]\nmodel = 'm'\n[batch]\nsize = 0\n")
+    code, err = _launcher(capsys, "--server", "unix:///x.sock", "--spec", str(spec))
+    assert code == 2 and "Traceback" not in err and "`batch.size`" in err

@@ -57,6 +57,10 @@ def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
         raise MaxTextConfigError(
             f"`expansion_factor_real_data` {config.expansion_factor_real_data} is not supported "
             f"by input_client.maxtext; leave it at -1.")
+    for key in ("colocated_python_data_input", "grain_use_elastic_iterator"):
+        if getattr(config, key, False):
+            raise MaxTextConfigError(f"`{key}` is not supported by input_client.maxtext (the "
+                                     f"server is the data pipeline); leave it false.")
     kind = getattr(config, "tokenizer_type", "sentencepiece")
     if getattr(kind, "value", kind) != "sentencepiece":  # an enum in MaxText's config
         differ("tokenizer.model", spec.tokenizer.model, "tokenizer_type", config.tokenizer_type)
