@@ -12,6 +12,11 @@ from setuptools import find_packages, setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 CLIENT = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
+SERVER = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# One release of both: the server requires the client of its own version.
+if CLIENT["version"] != SERVER["version"]:
+    raise SystemExit(f"client/pyproject.toml says version {CLIENT['version']}, pyproject.toml "
+                     f"{SERVER['version']}: release them together.")
 
 SERVER_REQUIRES = [
     # batching/_grain.py reads Grain internals (worker processes), checked against 0.2.18; the

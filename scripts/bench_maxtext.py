@@ -35,11 +35,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+),")
-MODEL = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
-         "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=256",
-         "hardware=cpu", "attention=dot_product", "skip_jax_distributed_system=true",
-         "enable_checkpointing=false", "eval_interval=-1", "log_config=false",
-         "enable_tensorboard=false"]
+sys.path.insert(0, ROOT)
+from tests.support import TINY_MAXTEXT  # noqa: E402  (the tiny decoder of the MaxText tests)
+
+MODEL = [*TINY_MAXTEXT, "skip_jax_distributed_system=true", "enable_checkpointing=false",
+         "eval_interval=-1"]
 STEADY_FROM = 5
 
 
@@ -134,8 +134,7 @@ def main() -> None:
                       f"max_target_length={args.seq}", f"per_device_batch_size={args.batch}",
                       "dataset_type=grain"]
             configs = {
-                "server": ({"server": f"unix://{sock}", "spec": spec_file},
-                           ["grain_train_files=input-server"]),
+                "server": ({"server": f"unix://{sock}", "spec": spec_file}, []),
                 **{f"grain_{name}": ({}, ["grain_file_type=parquet",
                                           f"grain_train_files={pattern}",
                                           f"grain_worker_count={count}"])

@@ -30,25 +30,41 @@ GENERATED = (
 
 
 TOOLS_VERSION = "1.65.5"
-_PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
-TOOLS = (pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-         / "input-server" / f"grpcio-tools-{TOOLS_VERSION}-{_PY}")
+# grpcio-tools 1.65.5 has wheels for CPython 3.8-3.12; a newer interpreter runs it under one.
+TOOLS_PYTHONS = ("3.12", "3.11", "3.10")
 
 
-def _tools() -> pathlib.Path:
-    if not (TOOLS / "grpc_tools").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--only-binary=:all:", "--target", str(TOOLS),
+def _tools_python() -> str:
+    if sys.version_info < (3, 13):
+        return sys.executable
+    sys.path.insert(0, str(ROOT))
+    from tests.support import find_python
+
+    for version in TOOLS_PYTHONS:
+        if found := find_python(version):
+            return found
+    sys.exit(f"grpcio-tools {TOOLS_VERSION} needs Python 3.12 or older to run; none found.")
+
+
+def _tools(python: str) -> pathlib.Path:
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    tools = cache / "input-server" / f"grpcio-tools-{TOOLS_VERSION}-py{version}"
+    if not (tools / "grpc_tools").is_dir():
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
+                        "--only-binary=:all:", "--target", str(tools),
                         f"grpcio-tools=={TOOLS_VERSION}"], check=True)
-    return TOOLS
+    return tools
 
 
 def _protoc(*args: str) -> None:
-    tools = _tools()
-    command = [sys.executable, "-c", "import sys; from grpc_tools import protoc; "
+    python = _tools_python()
+    tools = _tools(python)
+    # -S: no site-packages, so the environment's own protobuf and grpcio stay out of it.
+    command = [python, "-S", "-c", "import sys; from grpc_tools import protoc; "
                "sys.exit(protoc.main(sys.argv[1:]))",
                "protoc", f"-I{PROTO}", f"-I{tools / 'grpc_tools' / '_proto'}", *args]
-    # Only the generator's folder: the environment's own protobuf and grpcio stay out of it.
     if subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tools)}).returncode != 0:
         sys.exit(f"protoc failed on {args[-1]}")
 

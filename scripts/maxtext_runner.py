@@ -35,15 +35,17 @@ def main() -> None:
             waits.append((start - STARTED, time.perf_counter() - start))
 
     data_loader.DataLoader.load_next_batch_pre_sharding = timed
-    if options.get("server"):
-        from input_client import maxtext
-
-        maxtext.install(options["server"], options["spec"])
-    from absl import app
-    from maxtext.trainers.pre_train import train
-
     try:
-        app.run(train.main, argv=[train.__file__, *maxtext_args])
+        if options.get("server"):  # the launcher, as a user runs it
+            from input_client.maxtext import train as launcher
+
+            launcher.main(["--server", options["server"], "--spec", options["spec"],
+                           *maxtext_args])
+        else:  # MaxText's own trainer and input pipeline
+            from absl import app
+            from maxtext.trainers.pre_train import train
+
+            app.run(train.main, argv=[train.__file__, *maxtext_args])
     except SystemExit as e:
         if e.code:
             raise

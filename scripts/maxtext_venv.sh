@@ -2,13 +2,16 @@
 # Builds (or reuses) a Python 3.12 venv with real MaxText for the MaxText tests and benchmark:
 # `pip install maxtext==VERSION`, then the CPU lines of the decoupled-requirements.txt that its
 # wheel ships (no nvidia-*, cuda-* or apache-tvm-ffi), then this repository's client.
-# The venv is kept between runs and rebuilt only when this script or the pin changes.
+# maxtext_constraints.txt pins every package as first built and tested, so a rebuilt venv is
+# the same one. The venv is kept between runs and rebuilt only when this script, the
+# constraints or the pin change.
 # Prints the venv's python on its last line.
 set -euo pipefail
 MAXTEXT_VERSION="${MAXTEXT_VERSION:-0.2.5}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${INPUT_SERVER_MAXTEXT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/input-server/maxtext-$MAXTEXT_VERSION-py3.12}"
-stamp="$(sha256sum "$0" | cut -c1-16)-$MAXTEXT_VERSION"
+constraints="$here/scripts/maxtext_constraints.txt"
+stamp="$(cat "$0" "$constraints" | sha256sum | cut -c1-16)-$MAXTEXT_VERSION"
 
 find_python312() {
   # pyenv's shims answer `command -v` even when that version is not selected, so each
@@ -24,7 +27,7 @@ if [[ ! -f "$venv/.stamp" || "$(cat "$venv/.stamp")" != "$stamp" ]]; then
   rm -rf "$venv"
   "$(find_python312)" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q "maxtext==$MAXTEXT_VERSION" >&2
+  "$venv/bin/python" -m pip install -q -c "$constraints" "maxtext==$MAXTEXT_VERSION" >&2
   reqs="$("$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 files = [f for f in md.files("maxtext") if f.name == "decoupled-requirements.txt"]
@@ -36,9 +39,14 @@ PY
     exit 2
   fi
   grep -v -E '^\s*(#|$)|^(nvidia-|cuda-|apache-tvm-ffi)' "$reqs" > "$venv/cpu-requirements.txt"
-  "$venv/bin/python" -m pip install -q -r "$venv/cpu-requirements.txt" >&2
+  "$venv/bin/python" -m pip install -q -c "$constraints" -r "$venv/cpu-requirements.txt" >&2
   echo "$stamp" > "$venv/.stamp"
 fi
 # The client is reinstalled every time (it is small): the tests exercise this checkout's code.
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$here/client" >&2
+# It is built from a copy, so no build/ folder left in the tree brings back deleted files.
+copy="$(mktemp -d)"
+trap 'rm -rf "$copy"' EXIT
+cp -r "$here/client" "$copy/client"
+rm -rf "$copy/client/build" "$copy"/client/*.egg-info
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$copy/client" >&2
 echo "$venv/bin/python"

@@ -453,3 +453,40 @@ def consume_until(it, client, done, *, pace: float = 0.0, timeout: float = 40.0,
             if done(stream):
                 return stream
             assert checked < deadline, f"not reached in {timeout} s: {stream}"
+
+
+# --- Other Pythons and real MaxText ---------------------------------------------------------------
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of `version` ("3.12"): pyenv's, else one on PATH that runs (pyenv's shims
+    answer for versions that are not selected)."""
+    import glob
+    import shutil
+
+    candidates = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/"
+                                                     f"python{version}")))
+    found = shutil.which(f"python{version}")
+    for candidate in [*candidates, *([found] if found else [])]:
+        if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def python_or_skip(version: str, why: str) -> str:
+    """`find_python(version)`; without it, a skip here and a failure in CI (which has it)."""
+    import pytest
+
+    found = find_python(version)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"Python {version} is not installed; CI needs it for {why}.")
+        pytest.skip(f"Python {version} is not installed here ({why})")
+    return found
+
+
+# The tiny decoder of the MaxText tests and benchmark (MaxText's own flags), on one CPU device.
+TINY_MAXTEXT = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
+                "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16",
+                "base_mlp_dim=256", "hardware=cpu", "attention=dot_product", "log_config=false",
+                "enable_tensorboard=false"]

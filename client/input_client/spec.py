@@ -234,10 +234,14 @@ class PipelineSpec:
     def to_toml(self) -> str:
         """The spec as a TOML file's text, which `from_toml` reads back to an equal spec."""
         # JSON's strings, numbers, booleans and arrays of strings are TOML's too (a spec's
-        # numbers are finite: `validate` refuses the rest).
-        return "".join(f"[{name}]\n" + "".join(f"{key} = {json.dumps(value)}\n"
-                                               for key, value in table.items())
-                       for name, table in self.to_dict().items())
+        # numbers are finite: `validate` refuses the rest), once characters beyond the BMP stay
+        # themselves (JSON would write surrogate pairs) and DEL is escaped (TOML's control
+        # characters include it; JSON's do not).
+        def value(v: Any) -> str:
+            return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+        return "".join(f"[{name}]\n" + "".join(f"{key} = {value(v)}\n" for key, v in t.items())
+                       for name, t in self.to_dict().items())
 
     def data_fingerprint(self) -> str:
         """A hash of all that decides the data (all but [workers]), to match resume states."""

@@ -14,8 +14,6 @@ from input_server.data.roots import DataAccess
 from input_server.data.tokenizer import Tokenizer
 from input_server.errors import InvalidSpecError
 
-_CHUNK = 1 << 20
-
 
 def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.TokenizerInfo:
     if not request.model:
@@ -24,9 +22,7 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
     model = access.file(request.model, "tokenizer.model")
     sp = Tokenizer(TokenizerSpec(model=model)).processor()
-    digest = hashlib.sha256()
     with open(model, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+        digest = hashlib.file_digest(f, "sha256")
     return pb.TokenizerInfo(vocab_size=sp.vocab_size(), bos_id=sp.bos_id(), eos_id=sp.eos_id(),
                             pad_id=sp.pad_id(), unk_id=sp.unk_id(), sha256=digest.hexdigest())

@@ -1,6 +1,7 @@
-"""input_client.maxtext's source against a real server (no MaxText here; tests/maxtext/ runs
-it in MaxText's own loop): the tokenizer's description, resume through get_state/set_state as
-MaxText's checkpoint stores it, eval passes that repeat, per-host shards."""
+"""input_client.maxtext's source against a real server (no MaxText here;
+tests/system/test_maxtext.py runs it in MaxText's own loop): the tokenizer's description, resume
+through get_state/set_state as MaxText's checkpoint stores it, eval passes that repeat,
+per-host shards."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_a_checkpointed_position_resumes_exactly(client, make_spec):
     spec = make_spec(order={"epochs": 0})
     source = _source(client, spec)
     first = iter(source)
-    head = [next(first) for _ in range(7)]
+    for _ in range(7):
+        next(first)
     blob = first.get_state()  # what MaxText writes to iter/process_0-of-1.json
     assert isinstance(blob, bytes) and blob.decode().startswith("{")
     rest = [next(first) for _ in range(5)]
@@ -65,7 +67,22 @@ def test_a_checkpointed_position_resumes_exactly(client, make_spec):
     again.set_state(blob.decode().encode())
     assert _same([next(again) for _ in range(5)], rest)
     again.close()
-    assert len(head) == 7
+
+
+def test_a_state_set_mid_stream_moves_the_stream_there(client, make_spec):
+    spec = make_spec(order={"epochs": 0})
+    reference = iter(_source(client, spec))
+    batches = [next(reference) for _ in range(9)]
+    state_after_3 = None
+    it = iter(_source(client, spec))
+    for i in range(6):
+        next(it)
+        if i == 2:
+            state_after_3 = it.get_state()
+    it.set_state(state_after_3)  # back to batch 4, with the stream already open
+    assert _same([next(it) for _ in range(6)], batches[3:9])
+    it.close()
+    reference.close()
 
 
 def test_state_before_any_batch_restores_to_the_start(client, make_spec):

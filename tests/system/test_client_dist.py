@@ -5,18 +5,16 @@ the same batches from a real server as this environment's client."""
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import re
-import shutil
 import subprocess
+import sys
 import textwrap
 import tomllib
 
 import pytest
 
-from tests.support import ROOT, batch_bytes
+from tests.support import ROOT, batch_bytes, python_or_skip
 
 CLIENT = ROOT / "client"
 DECLARED = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
@@ -27,16 +25,6 @@ SERVER_PACKAGES = ("grain", "sentencepiece", "pyarrow", "array-record", "array_r
 def _lowest_and_highest() -> tuple[str, str]:
     low = re.fullmatch(r">=(3\.\d+)", DECLARED["requires-python"]).group(1)
     return low, "3.13"  # the newest CPython the client is declared and tested for (README)
-
-
-def _python(version: str) -> str | None:
-    for candidate in sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/"
-                                                         f"python{version}"))):
-        return candidate
-    found = shutil.which(f"python{version}")
-    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
-        return found
-    return None
 
 
 def _floors(version: str) -> list[str]:
@@ -78,11 +66,7 @@ PROBE = textwrap.dedent("""
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("python", "deps"), CASES, ids=[f"py{p}-{d}" for p, d in CASES])
 def test_the_client_alone(python, deps, server, make_spec, tmp_path):
-    exe = _python(python)
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"Python {python} is not installed; CI tests the client on it.")
-        pytest.skip(f"Python {python} is not installed here")
+    exe = python_or_skip(python, "the client's declared Pythons")
     venv = tmp_path / "venv"
     subprocess.run([exe, "-m", "venv", str(venv)], check=True, timeout=120)
     pins = _floors(python) if deps == "floor" else []
@@ -114,3 +98,25 @@ def test_the_client_alone(python, deps, server, make_spec, tmp_path):
 
         want = [hashlib.sha256(batch_bytes(b)).hexdigest() for b in it]
     assert got["digests"] == want and len(want) > 5
+
+
+@pytest.mark.client_dist
+@pytest.mark.timeout(600)
+def test_both_distributions_build_from_their_sdists(tmp_path):
+    """`python -m build` makes each sdist, then its wheel from that sdist: the server's wheel
+    holds the server alone and requires the client of its version by name; the client's
+    holds the client and its .proto."""
+    import zipfile
+
+    for folder in (ROOT, CLIENT):
+        out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path),
+                              str(folder)], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    wheels = {p.name.split("-")[0]: zipfile.ZipFile(p) for p in tmp_path.glob("*.whl")}
+    server, client = wheels["input_server"], wheels["input_client"]
+    server_meta = next(n for n in server.namelist() if n.endswith("METADATA"))
+    assert f"Requires-Dist: input-client=={DECLARED['version']}" in (
+        server.read(server_meta).decode().splitlines())
+    assert not [n for n in server.namelist() if n.startswith("input_client/")]
+    assert "input_client/_proto/input_server/v1/input_service.proto" in client.namelist()
+    assert not [n for n in client.namelist() if n.startswith("input_server/")]

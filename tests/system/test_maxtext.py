@@ -1,8 +1,8 @@
 """input_client.maxtext in real MaxText (0.2.5, its own Python 3.12 venv built by
 scripts/maxtext_venv.sh and cached): the launcher trains a tiny decoder from a real server with
 checkpoints; a killed run restarted from its checkpoint repeats the same steps exactly; eval
-passes repeat; the batches equal MaxText's own ShiftData/PadOrTrimToMaxLength applied to the
-same documents; a config that disagrees with the spec stops before training, in one line.
+passes repeat; two JAX processes read and resume their own shards; the batches equal MaxText's
+own ShiftData/PadOrTrimToMaxLength applied to the same documents; mistakes stop in one line.
 
 Skip locally with `-m "not maxtext"`; CI runs it.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
 from input_server.tools.corpus import train_sentencepiece, write_jsonl
-from tests.support import ROOT
+from tests.support import ROOT, TINY_MAXTEXT, python_or_skip
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -31,16 +32,15 @@ STEP_LINE = re.compile(r"completed step: (\d+), .*?total_weights: (\d+), loss: (
                        r"lm_loss: [\d.]+, perplexity: ([\d.]+)")
 EVAL_LINE = re.compile(r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
                        r"total_weights=([\d.]+)")
-MODEL = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
-         "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=256",
-         f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}", "hardware=cpu",
-         "attention=dot_product", "skip_jax_distributed_system=true", "log_config=false",
-         "enable_tensorboard=false"]
+MODEL = [*TINY_MAXTEXT, f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}"]
 ONE_HOST = ["skip_jax_distributed_system=true"]
+EVAL_PASS = {"shuffle": False, "epochs": 1}  # what the adapter makes of any eval spec
+PROG = "python -m input_client.maxtext.train: "
 
 
 @pytest.fixture(scope="module")
 def maxtext_python() -> str:
+    python_or_skip("3.12", "the MaxText venv")
     out = subprocess.run(["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -49,32 +49,34 @@ def maxtext_python() -> str:
 
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory, docs):
-    """Train (endless, shuffled) and eval (150 documents: a last partial batch) specs over real
-    text, and a model without a pad piece (pad id -1, like Llama 2's), all inside the test
-    server's root."""
+    """Train (endless, shuffled), train without packing, and eval (150 documents, written
+    shuffled and endless: the adapter must make it one pass in order) specs over real text, and
+    a model without a pad piece (pad id -1, like Llama 2's), inside the test server's root."""
     d = tmp_path_factory.mktemp("maxtext")
     model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
     train = PipelineSpec(source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
                          tokenizer={"model": model}, batch={"seq_len": SEQ, "size": ROWS},
                          order={"epochs": 0, "seed": 3})
     evals = train.replace(source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
-                          order={"epochs": 1, "shuffle": False})
-    for name, spec in (("train", train), ("eval", evals)):
+                          order={"epochs": 0, "shuffle": True, "seed": 5})
+    unpacked = train.replace(batch={"packing": "none"})
+    missing = train.replace(source={"paths": [str(d / "no-such.jsonl")]})
+    for name, spec in (("train", train), ("eval", evals), ("unpacked", unpacked),
+                       ("missing", missing)):
         (d / f"{name}.toml").write_text(spec.to_toml())
     return d, train, evals, model
 
 
-
-
-def _launch(python, server, d, model, run, *extra, stream=False, steps=STEPS, env=None,
-            evaluate=True):
-    argv = [python, "-m", "input_client.maxtext.train", "--server", server.targets[0],
-            "--spec", str(d / "train.toml"),
+def _launch(python, server, d, model, run, *extra, spec="train", stream=False, steps=STEPS,
+            env=None, evaluate=True, sync_checkpoints=False, address=None):
+    argv = [python, "-m", "input_client.maxtext.train", "--server",
+            address or server.targets[0], "--connect-timeout-s", "3",
+            "--spec", str(d / f"{spec}.toml"),
             *(["--eval-spec", str(d / "eval.toml")] if evaluate else []),
             f"run_name={run}", f"base_output_directory={d / 'out'}", f"tokenizer_path={model}",
             *MODEL, f"steps={steps}", "checkpoint_period=5", "enable_checkpointing=true",
-            "async_checkpointing=false", f"eval_interval={10 if evaluate else -1}",
-            "eval_steps=-1", *extra]
+            *(["async_checkpointing=false"] if sync_checkpoints else []),
+            f"eval_interval={10 if evaluate else -1}", "eval_steps=50", *extra]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE", **(env or {})}
     env.pop("XLA_FLAGS", None)  # one CPU device, as the model's batch is sized
     if stream:
@@ -99,31 +101,47 @@ def _weights(spec, server, n=None) -> list[int]:
     return out
 
 
+def _one_line(out, code, *needles):
+    assert out.returncode == code, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(PROG), last
+    for needle in needles:
+        assert needle in last, (needle, last)
+
+
 def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     d, train, evals, model = specs
-    a = _launch(maxtext_python, server, d, model, "whole", *ONE_HOST)
+    a = _launch(maxtext_python, server, d, model, "whole", *ONE_HOST)  # async checkpoints
     assert a.returncode == 0, a.stderr[-4000:]
     whole = _steps(a.stderr)
     assert sorted(whole) == list(range(STEPS))
     # MaxText trained on the server's batches, in order, weighted by MaxText's rule.
     assert [whole[s][0] for s in range(STEPS)] == _weights(train, server, STEPS)
-    # Eval after steps 0 and 10: the same finite pass both times (all of the eval file).
+    # Eval after steps 0 and 10: the same single pass in order both times (within eval_steps).
     evals_seen = EVAL_LINE.findall(a.stderr)
     assert [int(s) for s, _, _ in evals_seen] == [0, 10]
-    assert {float(w) for _, _, w in evals_seen} == {float(sum(_weights(evals, server)))}
+    one_pass = _weights(evals.replace(order=EVAL_PASS), server)
+    assert len(one_pass) < 50
+    assert {float(w) for _, _, w in evals_seen} == {float(sum(one_pass))}
 
     # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
-    b = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True)
-    for line in b.stderr:
-        if "completed step: 12," in line:
+    b = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True,
+                sync_checkpoints=True)
+    try:
+        for line in b.stderr:
+            if "completed step: 12," in line:
+                os.killpg(b.pid, signal.SIGKILL)
+                break
+        b.wait(timeout=60)
+    finally:
+        if b.poll() is None:
             os.killpg(b.pid, signal.SIGKILL)
-            break
-    b.wait(timeout=60)
     assert b.returncode == -signal.SIGKILL
-    saved = sorted(int(p) for p in os.listdir(d / "out" / "killed" / "checkpoints")
-                   if p.isdigit())
-    assert saved[-1] >= 10 and (d / "out" / "killed" / "checkpoints" / str(saved[-1]) / "iter"
-                                / "process_0-of-1.json").is_file()
+    checkpoints = d / "out" / "killed" / "checkpoints"
+    saved = sorted(int(p) for p in os.listdir(checkpoints) if p.isdigit())
+    assert 10 <= saved[-1] < STEPS - 1
+    assert (checkpoints / str(saved[-1]) / "iter" / "process_0-of-1.json").is_file()
     # ... and restarted: it continues from its checkpoint with the model and data as they were.
     c = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST)
     assert c.returncode == 0, c.stderr[-4000:]
@@ -133,38 +151,71 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     assert {s: whole[s] for s in resumed} == resumed  # loss, perplexity and total_weights
 
 
-def test_a_config_that_disagrees_stops_in_one_line(maxtext_python, server, specs):
+def test_trains_without_packing(maxtext_python, server, specs):
+    d, train, _, model = specs
+    out = _launch(maxtext_python, server, d, model, "unpacked", *ONE_HOST, "packing=false",
+                  spec="unpacked", steps=4, evaluate=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    steps = _steps(out.stderr)
+    assert [steps[s][0] for s in range(4)] == _weights(
+        train.replace(batch={"packing": "none"}), server, 4)
+
+
+def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
     d, _, _, model = specs
-    out = _launch(maxtext_python, server, d, model, "mismatch", *ONE_HOST,
-                  "max_target_length=128")
-    assert out.returncode == 2
-    last = out.stderr.strip().splitlines()[-1]
-    assert "`batch.seq_len` is 256" in last and "`max_target_length` is 128" in last
-    assert "Traceback" not in out.stderr
+    _one_line(_launch(maxtext_python, server, d, model, "mismatch", *ONE_HOST,
+                      "max_target_length=128", evaluate=False), 2,
+              "`batch.seq_len` is 256", "`max_target_length` is 128")
+    _one_line(_launch(maxtext_python, server, d, model, "nowhere", *ONE_HOST, evaluate=False,
+                      address=f"unix://{d}/nowhere.sock"), 2, "no input server reachable")
+    no_eval = _launch(maxtext_python, server, d, model, "no-eval", *ONE_HOST, evaluate=False,
+                      steps=3)
+    assert no_eval.returncode == 0, no_eval.stderr[-3000:]  # eval_interval=-1 needs no spec
+    _one_line(_launch(maxtext_python, server, d, model, "eval-without-spec", *ONE_HOST,
+                      "eval_interval=2", evaluate=False), 2, "no eval spec was given")
+    _one_line(_launch(maxtext_python, server, d, model, "missing", *ONE_HOST, spec="missing",
+                      evaluate=False), 1, "the data stream failed: NOT_FOUND",
+              "no-such.jsonl")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _two_hosts(python, server, d, model, run, steps):
-    """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them."""
+    """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them; MaxText
+    fixes the coordinator's port at 1234."""
+    if not _port_free(1234):
+        pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
     procs = [_launch(python, server, d, model, run, "skip_jax_distributed_system=false",
                      stream=True, steps=steps, evaluate=False,
                      env={"JAX_COORDINATOR_ADDRESS": "localhost", "JOB_INDEX": "0",
                           "JOB_COMPLETION_INDEX": str(i), "PROCESSES_IN_JOB": "2",
                           "JAX_PROCESS_COUNT": "2"}) for i in (0, 1)]
-    with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall its process
-        logs = list(pool.map(lambda p: p.stderr.read(), procs))
-    for p, log in zip(procs, logs, strict=True):
-        assert p.wait(timeout=600) == 0, log[-4000:]
+    try:
+        with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall a process
+            logs = list(pool.map(lambda p: p.stderr.read(), procs))
+        for p, log in zip(procs, logs, strict=True):
+            assert p.wait(timeout=600) == 0, log[-4000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
     return logs
 
 
 def test_two_hosts_each_read_their_shard_and_resume_it(maxtext_python, server, specs):
     d, train, _, model = specs
-    per_host = train.replace(batch={"seq_len": SEQ, "size": ROWS})  # per-process batch
-    shards = [_weights(per_host.replace(shard={"index": i, "count": 2}), server, 14)
+    shards = [_weights(train.replace(shard={"index": i, "count": 2}), server, 14)
               for i in (0, 1)]
     want = [a + b for a, b in zip(*shards, strict=True)]  # MaxText logs the global batch's sum
     logs = _two_hosts(maxtext_python, server, d, model, "hosts", 12)
-    assert [_steps(log) for log in logs][0] == _steps(logs[1])  # one global step, two logs
+    assert _steps(logs[0]) == _steps(logs[1])  # one global step, two logs
     first = _steps(logs[0])
     assert [first[s][0] for s in range(12)] == want[:12]
     iters = d / "out" / "hosts" / "checkpoints" / "11" / "iter"
@@ -216,7 +267,7 @@ CONVENTIONS = textwrap.dedent("""
 @pytest.mark.parametrize("pad_id", [-1, 0])
 def test_batches_equal_maxtexts_own_transforms(maxtext_python, server, specs, packing, pad_id):
     _, _, evals, _ = specs
-    spec = evals.replace(batch={"seq_len": 64, "size": 8, "packing": packing})
+    spec = evals.replace(batch={"seq_len": 64, "size": 8, "packing": packing}, order=EVAL_PASS)
 
     out = subprocess.run([maxtext_python, "-c", CONVENTIONS, server.targets[0], str(pad_id), "64",
                           "8", json.dumps(spec.to_dict())], capture_output=True, text=True,

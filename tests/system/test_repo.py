@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -28,3 +29,13 @@ def test_ruff_is_clean(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True,
                          text=True, cwd=tmp_path)  # from any folder: ruff finds ROOT's settings
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_client_in_use_is_this_checkouts():
+    """The editable install takes both packages from the tree; an `input-client` installed
+    beside it would shadow the client's code, and the tests would run another copy."""
+    import input_client
+
+    assert pathlib.Path(input_client.__file__).resolve().is_relative_to(ROOT / "client"), (
+        f"input_client comes from {input_client.__file__}: uninstall that input-client "
+        f"(pip uninstall input-client) and reinstall with pip install -e '.[dev]'.")

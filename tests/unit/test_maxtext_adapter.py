@@ -1,6 +1,7 @@
 """input_client.maxtext without MaxText: the conventions, the config check, the shard.
 
-tests/maxtext/ checks the same against real MaxText (its own ShiftData, its trainer)."""
+tests/system/test_maxtext.py checks the same against real MaxText (its own ShiftData, its
+trainer)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def test_unpacked_rows_pad_every_input_array_with_the_pad_id():
 def _config(**over):
     base = dict(max_target_length=256, global_batch_size_to_load=16, add_bos=True, add_eos=True,
                 vocab_size=8192, tokenizer_type="sentencepiece", tokenizer_path="",
-                expansion_factor_real_data=-1)
+                expansion_factor_real_data=-1, packing=True, grain_packing_type="first_fit",
+                max_segments_per_seq=-1, use_truncation=True)
     return types.SimpleNamespace(**{**base, **over})
 
 
@@ -110,6 +112,13 @@ def test_a_spec_that_agrees_passes(model_file):
     ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
     ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
     ({"colocated_python_data_input": True}, {}, {}, ("`colocated_python_data_input`",)),
+    ({"packing": False}, {}, {}, ("`batch.packing` is 'first_fit'", "`packing` is False")),
+    ({}, {"packing": "none"}, {}, ("`batch.packing` is 'none'", "`packing` is True")),
+    ({"grain_packing_type": "best_fit"}, {}, {}, ("`grain_packing_type` is 'best_fit'",)),
+    ({"grain_packing_type": "concat_then_split"}, {"packing": "concat_then_split"}, {},
+     ("`grain_packing_type` 'concat_then_split' is not supported", "use first_fit")),
+    ({"max_segments_per_seq": 8}, {}, {}, ("`max_segments_per_seq` 8 is not supported",)),
+    ({"use_truncation": False}, {}, {}, ("`use_truncation` False is not supported",)),
 ])
 def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, names):
     with pytest.raises(MaxTextConfigError) as e:
@@ -139,14 +148,14 @@ def test_each_host_reads_its_place_among_the_loading_processes(model_file):
 
 
 def test_the_launcher_adds_what_maxtext_needs_and_refuses_another_dataset():
-    assert maxtext_argv(["steps=5"], with_eval=True) == [
+    assert maxtext_argv(["steps=5"]) == [
         "steps=5", "dataset_type=grain", f"grain_train_files={PLACEHOLDER}",
         f"grain_eval_files={PLACEHOLDER}"]
-    assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"],
-                        with_eval=False) == ["base.yml", "dataset_type=grain",
-                                             "grain_train_files=x"]
+    assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"]) == [
+        "base.yml", "dataset_type=grain", "grain_train_files=x",
+        f"grain_eval_files={PLACEHOLDER}"]
     with pytest.raises(ValueError, match="dataset_type=hf would bypass the server"):
-        maxtext_argv(["dataset_type=hf"], with_eval=False)
+        maxtext_argv(["dataset_type=hf"])
 
 
 def _launcher(capsys, *args):

@@ -54,7 +54,8 @@ def test_toml_reads_every_table_and_resolves_relative_paths(tmp_path):
 
 def test_to_toml_reads_back_equal(tmp_path):
     spec = PipelineSpec(
-        source={"paths": ["/data/été \"quoted\"/*.parquet", "/b\\c.jsonl"], "format": "parquet",
+        source={"paths": ["/data/été \"quoted\"/*.parquet", "/b\\c.jsonl", "/d/😀\x7f\t.jsonl"],
+                "format": "parquet",
                 "text_field": "body"},
         tokenizer={"model": "/m/spm.model", "add_bos": False},
         batch={"seq_len": 512, "size": 3, "packing": "none"},

@@ -21,11 +21,20 @@ pass from the start at every eval.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
+import grpc
+
 from input_client.client import InputClient
+from input_client.errors import StreamError
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
-from input_client.maxtext.check import MaxTextConfigError, check_against_config, shard_for
+from input_client.maxtext.check import (
+    MaxTextConfigError,
+    check_shape,
+    check_tokenizer,
+    shard_for,
+)
 from input_client.maxtext.conventions import to_maxtext
 from input_client.maxtext.source import ServerSource
 from input_client.spec import OrderSpec, PipelineSpec
@@ -41,6 +50,7 @@ class _Settings:
     eval_spec: PipelineSpec | None
     token_file: str | None
     prefetch: int
+    connect_timeout_s: float
 
 
 _settings: _Settings | None = None
@@ -51,11 +61,15 @@ def _spec(spec: PipelineSpec | str) -> PipelineSpec:
 
 
 def configure(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
-              *, token_file: str | None = None, prefetch: int = 2) -> None:
-    """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths)."""
+              *, token_file: str | None = None, prefetch: int = 2,
+              connect_timeout_s: float = 30.0) -> None:
+    """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths).
+
+    `connect_timeout_s`: how long a factory waits for the server before raising
+    `ConnectionError`."""
     global _settings
     _settings = _Settings(server, _spec(spec), None if eval_spec is None else _spec(eval_spec),
-                          token_file, prefetch)
+                          token_file, prefetch, connect_timeout_s)
 
 
 def install(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
@@ -95,15 +109,31 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
         spec = dataclasses.replace(spec, order=OrderSpec(seed=spec.order.seed, shuffle=False,
                                                          epochs=1))
     spec = shard_for(spec, list(process_indices), jax.process_index())
-    client = InputClient(_settings.server, token_file=_settings.token_file)
-    tokenizer = client.describe_tokenizer(spec)
-    check_against_config(spec, config, tokenizer, process_count=jax.process_count(),
-                         which="train" if train else "eval")
+    which = "train" if train else "eval"
+    check_shape(spec, config, process_count=jax.process_count(), which=which)
+    client = InputClient(_settings.server, token_file=_settings.token_file,
+                         connect_timeout_s=_settings.connect_timeout_s)
+    client.wait_ready()  # a missing server or another wire protocol, said before anything else
+    tokenizer = _describe(client, spec)
+    check_tokenizer(spec, config, tokenizer, which=which)
 
     def open_stream(state):
         return client.batches(spec, state=state, prefetch=_settings.prefetch)
 
     source = ServerSource(open_stream, pad_id=tokenizer.pad_id, packing=spec.batch.packing)
+    weakref.finalize(source, client.close)
     padding = (config.generate_padding_batch_train if train
                else config.generate_padding_batch_eval)
     return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))
+
+
+def _describe(client: InputClient, spec: PipelineSpec) -> Any:
+    try:
+        return client.describe_tokenizer(spec)
+    except StreamError as e:
+        if e.code == grpc.StatusCode.UNIMPLEMENTED:
+            raise MaxTextConfigError(
+                f"the server at {client.address!r} cannot describe a tokenizer "
+                f"(DescribeTokenizer): it is older than this client; update input-server."
+            ) from None
+        raise

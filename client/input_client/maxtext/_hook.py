@@ -61,3 +61,14 @@ def multihost_dataloading() -> ModuleType:
                                f"MultiHostDataLoadIterator; input_client.maxtext was tested with "
                                f"MaxText {', '.join(TESTED_VERSIONS)}.")
     return module
+
+
+def trainer_module() -> ModuleType:
+    """`maxtext.trainers.pre_train.train`, MaxText's pre-training entry point (`main(argv)`)."""
+    version = maxtext_version()
+    module = _import("maxtext.trainers.pre_train.train", version)
+    if not callable(getattr(module, "main", None)):
+        raise MaxTextHookError(f"MaxText {version}'s maxtext.trainers.pre_train.train has no "
+                               f"main(argv); input_client.maxtext was tested with MaxText "
+                               f"{', '.join(TESTED_VERSIONS)}.")
+    return module

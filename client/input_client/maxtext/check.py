@@ -41,42 +41,70 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
-                         process_count: int, which: str) -> None:
-    """Raises MaxTextConfigError naming the first setting where `spec` and `config` differ.
+def _differ(which: str, spec_key: str, spec_value: Any, config_key: str,
+            config_value: Any) -> MaxTextConfigError:
+    return MaxTextConfigError(
+        f"the {which} spec's `{spec_key}` is {spec_value!r} but MaxText's `{config_key}` is "
+        f"{config_value!r}; make them agree.")
 
-    `tokenizer` is the server's `DescribeTokenizer` answer for the spec's model; `which` says
-    which spec ("train" or "eval") for the message.
-    """
-    def differ(spec_key: str, spec_value: Any, config_key: str, config_value: Any) -> None:
-        raise MaxTextConfigError(
-            f"the {which} spec's `{spec_key}` is {spec_value!r} but MaxText's `{config_key}` is "
-            f"{config_value!r}; make them agree.")
 
+def _unsupported(key: str, value: Any, instead: str) -> MaxTextConfigError:
+    return MaxTextConfigError(f"MaxText's `{key}` {value!r} is not supported by "
+                              f"input_client.maxtext; {instead}.")
+
+
+def check_shape(spec: PipelineSpec, config: Any, *, process_count: int, which: str) -> None:
+    """What needs no server: the batch's shape, packing and special tokens against `config`."""
     if int(getattr(config, "expansion_factor_real_data", -1)) not in (-1, 1):
-        raise MaxTextConfigError(
-            f"`expansion_factor_real_data` {config.expansion_factor_real_data} is not supported "
-            f"by input_client.maxtext; leave it at -1.")
+        raise _unsupported("expansion_factor_real_data", config.expansion_factor_real_data,
+                           "leave it at -1")
     for key in ("colocated_python_data_input", "grain_use_elastic_iterator"):
         if getattr(config, key, False):
-            raise MaxTextConfigError(f"`{key}` is not supported by input_client.maxtext (the "
-                                     f"server is the data pipeline); leave it false.")
+            raise _unsupported(key, True, "the server is the data pipeline; leave it false")
     kind = getattr(config, "tokenizer_type", "sentencepiece")
-    if getattr(kind, "value", kind) != "sentencepiece":  # an enum in MaxText's config
-        differ("tokenizer.model", spec.tokenizer.model, "tokenizer_type", config.tokenizer_type)
+    kind = getattr(kind, "value", kind)  # an enum in MaxText's config
+    if kind != "sentencepiece":
+        raise _differ(which, "tokenizer.model", "(a sentencepiece model)", "tokenizer_type", kind)
     if spec.batch.seq_len != int(config.max_target_length):
-        differ("batch.seq_len", spec.batch.seq_len, "max_target_length", config.max_target_length)
+        raise _differ(which, "batch.seq_len", spec.batch.seq_len, "max_target_length",
+                      config.max_target_length)
     rows = per_process_batch(config, process_count)
     if spec.batch.size != rows:
-        differ("batch.size", spec.batch.size,
-               f"global_batch_size_to_load // process count ({config.global_batch_size_to_load}"
-               f" // {process_count})", rows)
+        raise _differ(which, "batch.size", spec.batch.size,
+                      f"global_batch_size_to_load // process count "
+                      f"({config.global_batch_size_to_load} // {process_count})", rows)
     for key in ("add_bos", "add_eos"):
         if bool(getattr(spec.tokenizer, key)) != bool(getattr(config, key)):
-            differ(f"tokenizer.{key}", getattr(spec.tokenizer, key), key, getattr(config, key))
+            raise _differ(which, f"tokenizer.{key}", getattr(spec.tokenizer, key), key,
+                          getattr(config, key))
+    _check_packing(spec, config, which)
+
+
+def _check_packing(spec: PipelineSpec, config: Any, which: str) -> None:
+    packs = bool(getattr(config, "packing", True))
+    kind = str(getattr(config, "grain_packing_type", "first_fit"))
+    if (spec.batch.packing == "none") == packs:
+        raise _differ(which, "batch.packing", spec.batch.packing, "packing", packs)
+    if packs and kind != spec.batch.packing:
+        raise _differ(which, "batch.packing", spec.batch.packing, "grain_packing_type", kind)
+    if packs and spec.batch.packing != "first_fit":
+        # MaxText's ConcatThenSplit starts every row with BOS; the server's rows do not.
+        raise _unsupported("grain_packing_type", kind, "use first_fit, or packing=false")
+    if packs and int(getattr(config, "max_segments_per_seq", -1)) > 0:
+        raise _unsupported("max_segments_per_seq", config.max_segments_per_seq,
+                           "the server packs without a cap; leave it at -1")
+    if not bool(getattr(config, "use_truncation", True)):
+        raise _unsupported("use_truncation", False,
+                           "the server trims long documents to seq_len; leave it true")
+
+
+def check_tokenizer(spec: PipelineSpec, config: Any, tokenizer: Any, *, which: str) -> None:
+    """The server's description of the spec's model (`DescribeTokenizer`) against `config`:
+    its pieces fit `vocab_size`, and `tokenizer_path` is the same file."""
     if tokenizer.vocab_size > int(config.vocab_size):
-        differ("tokenizer.model", f"{spec.tokenizer.model} ({tokenizer.vocab_size} pieces)",
-               "vocab_size", config.vocab_size)
+        raise _differ(which, "tokenizer.model",
+                      f"{spec.tokenizer.model} ({tokenizer.vocab_size} pieces)", "vocab_size",
+                      config.vocab_size)
     path = str(getattr(config, "tokenizer_path", "") or "")
     if not os.path.isfile(path):
         raise MaxTextConfigError(
@@ -84,5 +112,16 @@ def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
             f"against the {which} spec's `tokenizer.model` {spec.tokenizer.model!r}; set it to a "
             f"local copy of that model.")
     if _sha256(path) != tokenizer.sha256:
-        differ("tokenizer.model", spec.tokenizer.model, "tokenizer_path",
-               f"{path} (another file: its SHA-256 differs)")
+        raise _differ(which, "tokenizer.model", spec.tokenizer.model, "tokenizer_path",
+                      f"{path} (another file: its SHA-256 differs)")
+
+
+def check_against_config(spec: PipelineSpec, config: Any, tokenizer: Any, *,
+                         process_count: int, which: str) -> None:
+    """Raises MaxTextConfigError naming the first setting where `spec` and `config` differ.
+
+    `tokenizer` is the server's `DescribeTokenizer` answer for the spec's model; `which` says
+    which spec ("train" or "eval") for the message.
+    """
+    check_shape(spec, config, process_count=process_count, which=which)
+    check_tokenizer(spec, config, tokenizer, which=which)

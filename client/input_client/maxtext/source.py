@@ -13,11 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from input_client.errors import InputClientError
 from input_client.iterator import BatchIterator
 from input_client.maxtext.conventions import to_maxtext
 from input_client.wire import decode_state, encode_state
 
 OpenStream = Callable[[dict[str, Any] | None], BatchIterator]
+
+# Streams that failed in this process. MaxText turns any exception from `next()` into a quiet
+# "Training stopped" and exits 0; the launcher reads this to exit 1 with the server's status.
+failures: list[InputClientError] = []
 
 
 class ServerIterator:
@@ -45,7 +50,11 @@ class ServerIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         if self._stream is None:
             self._stream = self._open_stream(self._state)
-        batch = next(self._stream)  # StopIteration ends a finite spec (MaxText stops cleanly)
+        try:
+            batch = next(self._stream)  # StopIteration ends a finite spec (MaxText stops cleanly)
+        except InputClientError as e:
+            failures.append(e)
+            raise
         self._state = self._stream.get_state()
         return to_maxtext(batch, self._pad_id, self._packing)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
+from input_client.errors import InputClientError
 from input_client.maxtext import MaxTextConfigError, MaxTextHookError, install
+from input_client.maxtext._hook import trainer_module
+from input_client.maxtext.source import failures
 from input_client.spec import PipelineSpec, SpecError
 
 PLACEHOLDER = "input-server"  # what grain_*_files say when the server supplies the data
@@ -25,22 +27,21 @@ def _keys(args: list[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in args if "=" in a)
 
 
-def maxtext_argv(args: list[str], *, with_eval: bool) -> list[str]:
+def maxtext_argv(args: list[str]) -> list[str]:
     """MaxText's arguments with what the adapter needs added; raises ValueError if they ask for
-    another dataset type."""
+    another dataset type. The eval placeholder is added even without an eval spec, so that an
+    `eval_interval` without one reaches the adapter's own message, not MaxText's."""
     keys = _keys(args)
     if keys.get("dataset_type", "grain") != "grain":
         raise ValueError(f"dataset_type={keys['dataset_type']} would bypass the server; leave it "
                          f"out (the launcher sets dataset_type=grain).")
-    extra = [f"{k}={v}" for k, v in (("dataset_type", "grain"),
-                                     ("grain_train_files", PLACEHOLDER))
-             if k not in keys]
-    if with_eval and "grain_eval_files" not in keys:
-        extra.append(f"grain_eval_files={PLACEHOLDER}")
-    return [*args, *extra]
+    return [*args, *(f"{k}={v}" for k, v in (("dataset_type", "grain"),
+                                             ("grain_train_files", PLACEHOLDER),
+                                             ("grain_eval_files", PLACEHOLDER))
+                     if k not in keys)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m input_client.maxtext.train",
         description="Runs MaxText's pre-training trainer fed by an input server.")
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-spec", help="the eval pipeline spec (TOML); needed when "
                                             "eval_interval > 0")
     parser.add_argument("--token-file", help="the server's token, for TCP or abstract sockets")
+    parser.add_argument("--connect-timeout-s", type=float, default=30.0,
+                        help="how long to wait for the server before giving up (default 30)")
     parser.add_argument("maxtext", nargs=argparse.REMAINDER,
                         help="MaxText's own arguments: [base.yml] key=value ...")
     args = parser.parse_args(argv)
@@ -57,20 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = PipelineSpec.from_toml(args.spec)
         eval_spec = PipelineSpec.from_toml(args.eval_spec) if args.eval_spec else None
-        mt_args = maxtext_argv(args.maxtext, with_eval=eval_spec is not None)
-        install(args.server, spec, eval_spec, token_file=args.token_file)
+        mt_args = maxtext_argv(args.maxtext)
+        install(args.server, spec, eval_spec, token_file=args.token_file,
+                connect_timeout_s=args.connect_timeout_s)
+        trainer = trainer_module()
     except (SpecError, OSError, ValueError, MaxTextHookError) as e:
         parser.exit(2, f"{parser.prog}: {e}\n")
     from absl import app
-    from maxtext.trainers.pre_train import train
 
     try:
-        app.run(train.main, argv=[train.__file__, *mt_args])
-    except MaxTextConfigError as e:
-        print(f"{parser.prog}: {e}", file=sys.stderr)
-        return 2
-    return 0
+        app.run(trainer.main, argv=[trainer.__file__, *mt_args])
+    except (MaxTextConfigError, ConnectionError, InputClientError) as e:
+        parser.exit(2, f"{parser.prog}: {e}\n")
+    except SystemExit as e:
+        if e.code or not failures:
+            raise
+    # MaxText ended "Training stopped" after a failed `next()`, which it does not count as an
+    # error; the stream's status is one.
+    parser.exit(1, f"{parser.prog}: the data stream failed: {failures[-1]}\n")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
