@@ -46,6 +46,7 @@ PROBE = textwrap.dedent("""
     warnings.simplefilter("error", UserWarning)  # protobuf's gencode check
     import numpy as np
     from input_client import InputClient, PipelineSpec
+    import input_client.maxtext.train  # the adapter imports without MaxText or JAX
     spec = PipelineSpec.from_toml(sys.argv[2])
     proto = importlib.resources.files("input_client._proto") / "input_server/v1/input_service.proto"
     with InputClient(sys.argv[1], connect_timeout_s=30) as c:
