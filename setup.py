@@ -6,6 +6,7 @@ See scripts/packaging/input_server_build.py: a built wheel is the server alone a
 
 import os
 import pathlib
+import re
 import tomllib
 
 from setuptools import find_packages, setup
@@ -13,10 +14,13 @@ from setuptools import find_packages, setup
 ROOT = pathlib.Path(__file__).resolve().parent
 CLIENT = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
 SERVER = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-# One release of both: the server requires the client of its own version.
-if CLIENT["version"] != SERVER["version"]:
-    raise SystemExit(f"client/pyproject.toml says version {CLIENT['version']}, pyproject.toml "
-                     f"{SERVER['version']}: release them together.")
+# One release of both: the server requires the client of its own version, and reports it.
+REPORTED = re.search(r'__version__ = "([^"]+)"',
+                     (ROOT / "input_server" / "__init__.py").read_text()).group(1)
+if not CLIENT["version"] == SERVER["version"] == REPORTED:
+    raise SystemExit(f"versions differ: client/pyproject.toml {CLIENT['version']}, "
+                     f"pyproject.toml {SERVER['version']}, input_server/__init__.py "
+                     f"{REPORTED}; release them together.")
 
 SERVER_REQUIRES = [
     # batching/_grain.py reads Grain internals (worker processes), checked against 0.2.18; the

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto"
@@ -52,9 +54,15 @@ def _tools(python: str) -> pathlib.Path:
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
     tools = cache / "input-server" / f"grpcio-tools-{TOOLS_VERSION}-py{version}"
     if not (tools / "grpc_tools").is_dir():
-        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
-                        "--only-binary=:all:", "--target", str(tools),
-                        f"grpcio-tools=={TOOLS_VERSION}"], check=True)
+        # Into a fresh folder, renamed into place once whole: an interrupted install leaves
+        # nothing that looks finished.
+        tools.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tools.parent, ignore_cleanup_errors=True) as partial:
+            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
+                            "--only-binary=:all:", "--target", partial,
+                            f"grpcio-tools=={TOOLS_VERSION}"], check=True)
+            shutil.rmtree(tools, ignore_errors=True)
+            os.rename(partial, tools)
     return tools
 
 

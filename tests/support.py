@@ -490,3 +490,14 @@ TINY_MAXTEXT = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2
                 "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16",
                 "base_mlp_dim=256", "hardware=cpu", "attention=dot_product", "log_config=false",
                 "enable_tensorboard=false"]
+
+
+def clean_copy(source, destination) -> pathlib.Path:
+    """`source` copied without git's, builds' and caches' folders: what a fresh clone has, so a
+    package built from it cannot take stale files from an earlier `build/`."""
+    import shutil
+
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
+        ".venv"))
+    return pathlib.Path(destination)

@@ -14,7 +14,7 @@ import tomllib
 
 import pytest
 
-from tests.support import ROOT, batch_bytes, python_or_skip
+from tests.support import ROOT, batch_bytes, clean_copy, python_or_skip
 
 CLIENT = ROOT / "client"
 DECLARED = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
@@ -71,9 +71,10 @@ def test_the_client_alone(python, deps, server, make_spec, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([exe, "-m", "venv", str(venv)], check=True, timeout=120)
     pins = _floors(python) if deps == "floor" else []
+    client = clean_copy(CLIENT, tmp_path / "client")
     install = subprocess.run(
         [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--only-binary=:all:",
-         "--disable-pip-version-check", str(CLIENT), *pins],
+         "--disable-pip-version-check", str(client), *pins],
         capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr[-3000:]
     spec = make_spec(batch={"seq_len": 64, "size": 4})
@@ -109,11 +110,12 @@ def test_both_distributions_build_from_their_sdists(tmp_path):
     holds the client and its .proto."""
     import zipfile
 
-    for folder in (ROOT, CLIENT):
-        out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path),
+    tree = clean_copy(ROOT, tmp_path / "tree")  # a fresh clone's files; builds leave nothing
+    for folder in (tree, tree / "client"):
+        out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"),
                               str(folder)], capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    wheels = {p.name.split("-")[0]: zipfile.ZipFile(p) for p in tmp_path.glob("*.whl")}
+    wheels = {p.name.split("-")[0]: zipfile.ZipFile(p) for p in (tmp_path / "dist").glob("*.whl")}
     server, client = wheels["input_server"], wheels["input_client"]
     server_meta = next(n for n in server.namelist() if n.endswith("METADATA"))
     assert f"Requires-Dist: input-client=={DECLARED['version']}" in (

@@ -124,6 +124,9 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     one_pass = _weights(evals.replace(order=EVAL_PASS), server)
     assert len(one_pass) < 50
     assert {float(w) for _, _, w in evals_seen} == {float(sum(one_pass))}
+    for step in (10, 19):  # async checkpoints carry the data position too
+        saved = d / "out" / "whole" / "checkpoints" / str(step) / "iter" / "process_0-of-1.json"
+        assert json.loads(saved.read_text())["seq"] == step + 1
 
     # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
     b = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True,
@@ -180,6 +183,7 @@ def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the coordinator binds
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -286,6 +290,42 @@ def test_batches_equal_maxtexts_own_transforms(maxtext_python, server, specs, pa
     assert out.returncode == 0, out.stderr[-3000:]
     checked, partial = map(int, out.stdout.strip().splitlines()[-1].split())
     assert checked > 3 and partial == 1  # the last batch has rows of padding, as MaxText's
+
+
+FACTORY = textwrap.dedent("""
+    import json, sys, types
+    import jax, numpy as np
+    from input_client import maxtext
+    server, spec, model = sys.argv[1:4]
+    maxtext.install(server, spec)
+    config = types.SimpleNamespace(
+        max_target_length=256, global_batch_size_to_load=8, add_bos=True, add_eos=True,
+        vocab_size=8192, tokenizer_type="sentencepiece", tokenizer_path=model,
+        expansion_factor_real_data=-1, packing=False, grain_packing_type="first_fit",
+        max_segments_per_seq=-1, use_truncation=True, generate_padding_batch_train=False)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    it = maxtext.make_train_iterator(config, mesh, [0])
+    batch = {k: np.asarray(v) for k, v in next(it).items()}
+    padding = batch["inputs_segmentation"] <= 0
+    print(json.dumps({k: sorted(set(batch[k][padding].tolist())) for k in batch}))
+""")
+
+
+def test_the_pad_id_comes_from_the_servers_description_of_the_model(maxtext_python, server,
+                                                                    specs):
+    # Through install() and MaxText's own MultiHostDataLoadIterator: the model has no pad
+    # piece, so unpacked rows are padded with -1, as MaxText's PadOrTrimToMaxLength pads.
+    d, _, _, model = specs
+    out = subprocess.run([maxtext_python, "-c", FACTORY, server.targets[0],
+                          str(d / "unpacked.toml"), model], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE",
+                                           "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    values = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets",
+                "targets_position"):
+        assert values[key] == [-1], (key, values[key])
+    assert values["targets_segmentation"] == [0]
 
 
 def test_a_moved_hook_point_is_refused_naming_the_version(maxtext_python):

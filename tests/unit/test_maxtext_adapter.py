@@ -182,3 +182,41 @@ def test_the_launcher_names_a_spec_mistake(capsys, tmp_path):
     spec.write_text("[source]\npaths = ['x.jsonl']\n[tokenizer]\nmodel = 'm'\n[batch]\nsize = 0\n")
     code, err = _launcher(capsys, "--server", "unix:///x.sock", "--spec", str(spec))
     assert code == 2 and "Traceback" not in err and "`batch.size`" in err
+
+
+@pytest.mark.parametrize("factor", [0, -2, 1])
+def test_maxtexts_off_values_of_the_expansion_factor_pass(model_file, factor):
+    check.check_shape(_spec(model_file), _config(expansion_factor_real_data=factor),
+                      process_count=2, which="train")
+
+
+def test_a_fractional_expansion_factor_is_refused(model_file):
+    with pytest.raises(MaxTextConfigError, match="`expansion_factor_real_data` 1.5"):
+        check.check_shape(_spec(model_file), _config(expansion_factor_real_data=1.5),
+                          process_count=2, which="train")
+
+
+def test_a_checkpoint_from_another_pipeline_is_refused_by_name():
+    from input_client.maxtext.source import ServerIterator
+
+    it = ServerIterator(lambda state: pytest.fail("opened"), pad_id=-1, packing="first_fit")
+    # What MaxText's own Grain iterator saves under the same run name.
+    for blob in (b'{"next_index": 12, "worker_count": 1}', b"[1, 2]", b"not json"):
+        with pytest.raises(MaxTextConfigError, match="not an input server's position"):
+            it.set_state(blob)
+    it.set_state(b"{}")  # our own "from the start"
+
+
+def test_a_stream_that_cannot_open_is_recorded_for_the_launcher():
+    from input_client.maxtext import source
+
+    def refuse(state):
+        raise ConnectionError("no input server reachable at 'unix:///x' after 30 s.")
+
+    it = source.ServerIterator(refuse, pad_id=-1, packing="first_fit")
+    before = len(source.failures)
+    with pytest.raises(ConnectionError):
+        next(it)
+    assert len(source.failures) == before + 1
+    assert isinstance(source.failures[-1], ConnectionError)
+    del source.failures[before:]

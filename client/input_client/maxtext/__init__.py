@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from input_client.auth import read_token_file
 from input_client.client import InputClient
 from input_client.errors import StreamError
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
@@ -48,12 +49,13 @@ class _Settings:
     server: str
     spec: PipelineSpec
     eval_spec: PipelineSpec | None
-    token_file: str | None
+    token: str | None
     prefetch: int
     connect_timeout_s: float
 
 
 _settings: _Settings | None = None
+RECONNECT_DEADLINE_S = 300.0  # the client's default: a rescheduled server, not a lost host
 
 
 def _spec(spec: PipelineSpec | str) -> PipelineSpec:
@@ -68,8 +70,9 @@ def configure(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | s
     `connect_timeout_s`: how long a factory waits for the server before raising
     `ConnectionError`."""
     global _settings
+    token = None if token_file is None else read_token_file(token_file)  # its mistakes now
     _settings = _Settings(server, _spec(spec), None if eval_spec is None else _spec(eval_spec),
-                          token_file, prefetch, connect_timeout_s)
+                          token, prefetch, connect_timeout_s)
 
 
 def install(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
@@ -111,14 +114,18 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     spec = shard_for(spec, list(process_indices), jax.process_index())
     which = "train" if train else "eval"
     check_shape(spec, config, process_count=jax.process_count(), which=which)
-    client = InputClient(_settings.server, token_file=_settings.token_file,
+    client = InputClient(_settings.server, token=_settings.token,
                          connect_timeout_s=_settings.connect_timeout_s)
     client.wait_ready()  # a missing server or another wire protocol, said before anything else
     tokenizer = _describe(client, spec)
     check_tokenizer(spec, config, tokenizer, which=which)
+    # Later opens (each eval, a restored state) wait for a restarting server as long as a
+    # broken stream does.
+    client.connect_timeout_s = max(client.connect_timeout_s, RECONNECT_DEADLINE_S)
 
     def open_stream(state):
-        return client.batches(spec, state=state, prefetch=_settings.prefetch)
+        return client.batches(spec, state=state, prefetch=_settings.prefetch,
+                              reconnect_deadline_s=RECONNECT_DEADLINE_S)
 
     source = ServerSource(open_stream, pad_id=tokenizer.pad_id, packing=spec.batch.packing)
     weakref.finalize(source, client.close)

@@ -55,7 +55,8 @@ def _unsupported(key: str, value: Any, instead: str) -> MaxTextConfigError:
 
 def check_shape(spec: PipelineSpec, config: Any, *, process_count: int, which: str) -> None:
     """What needs no server: the batch's shape, packing and special tokens against `config`."""
-    if int(getattr(config, "expansion_factor_real_data", -1)) not in (-1, 1):
+    factor = float(getattr(config, "expansion_factor_real_data", -1))
+    if factor > 1 or 0 < factor < 1:  # MaxText's "off" is any value <= 0, or 1
         raise _unsupported("expansion_factor_real_data", config.expansion_factor_real_data,
                            "leave it at -1")
     for key in ("colocated_python_data_input", "grain_use_elastic_iterator"):

@@ -13,16 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from input_client.errors import InputClientError
 from input_client.iterator import BatchIterator
+from input_client.maxtext.check import MaxTextConfigError
 from input_client.maxtext.conventions import to_maxtext
 from input_client.wire import decode_state, encode_state
 
 OpenStream = Callable[[dict[str, Any] | None], BatchIterator]
 
 # Streams that failed in this process. MaxText turns any exception from `next()` into a quiet
-# "Training stopped" and exits 0; the launcher reads this to exit 1 with the server's status.
-failures: list[InputClientError] = []
+# "Training stopped" and exits 0; the launcher reads this to exit 1 with the failure.
+failures: list[BaseException] = []
 
 
 class ServerIterator:
@@ -48,11 +48,13 @@ class ServerIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self._stream is None:
-            self._stream = self._open_stream(self._state)
         try:
-            batch = next(self._stream)  # StopIteration ends a finite spec (MaxText stops cleanly)
-        except InputClientError as e:
+            if self._stream is None:
+                self._stream = self._open_stream(self._state)
+            batch = next(self._stream)
+        except StopIteration:  # the end of a finite spec: MaxText stops cleanly
+            raise
+        except Exception as e:
             failures.append(e)
             raise
         self._state = self._stream.get_state()
@@ -63,8 +65,20 @@ class ServerIterator:
         return encode_state(self._state or {})
 
     def set_state(self, blob: bytes) -> None:
-        """Continues right after the batch `blob` (a `get_state()` result) belongs to."""
-        state = decode_state(bytes(blob))
+        """Continues right after the batch `blob` (a `get_state()` result) belongs to.
+
+        Raises MaxTextConfigError for anything else, e.g. the state of MaxText's own Grain
+        iterator, saved under the same run name before the switch to the server."""
+        try:
+            state = decode_state(bytes(blob))
+        except ValueError as e:
+            state = e
+        if state and not (isinstance(state, dict) and type(state.get("seq")) is int
+                          and state["seq"] >= 0 and isinstance(state.get("fingerprint"), str)):
+            shown = bytes(blob)[:120].decode(errors="replace")
+            raise MaxTextConfigError(
+                f"the checkpoint's data state is not an input server's position ({shown!r}); "
+                f"was this run started with another input pipeline? Start a new run_name.")
         self.close()
         self._state = state or None
 

@@ -71,12 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app.run(trainer.main, argv=[trainer.__file__, *mt_args])
     except (MaxTextConfigError, ConnectionError, InputClientError) as e:
-        parser.exit(2, f"{parser.prog}: {e}\n")
+        if e not in failures:  # before any batch: the set-up's mistake
+            parser.exit(2, f"{parser.prog}: {e}\n")
     except SystemExit as e:
         if e.code or not failures:
             raise
-    # MaxText ended "Training stopped" after a failed `next()`, which it does not count as an
-    # error; the stream's status is one.
+    # A data stream failed: MaxText ends training "stopped" (exit 0) after a failed `next()`
+    # and lets one in eval through; either way the failure is the run's.
     parser.exit(1, f"{parser.prog}: the data stream failed: {failures[-1]}\n")
 
 
