@@ -119,9 +119,11 @@ class StreamTuner:
         while step.to is not None and not self._stop.is_set():
             if step.to == (self.stream.workers.processes, self.stream.workers.threads):
                 break
-            if self._take_processes(step.to[0]):
-                self._switch(step, window, demand)
+            if self._take_processes(step.to[0]) and self._switch(step, window, demand):
                 return
+            if self._stop.is_set():
+                return
+            # The server's processes are taken, or the stage would not open: search without it.
             step = self.search.unavailable(step.to, clock())
         if self.search.settled and step.reason:
             self._settled()
@@ -144,32 +146,40 @@ class StreamTuner:
         self.reserved += got
         return True
 
-    def _switch(self, step: Step, window: Window, demand: float | None) -> None:
+    def _switch(self, step: Step, window: Window, demand: float | None) -> bool:
+        """Switches to `step.to`; False if the stream stopped first or the stage would not
+        open (the stream goes on as it was, and keeps only the processes it runs)."""
         before = self.stream.workers
         p, t = step.to
-        self.history.append(Switch(clock() - self._opened, (before.processes, before.threads),
-                                   (p, t), step.reason, window.capacity(), demand or 0.0))
+        record = Switch(clock() - self._opened, (before.processes, before.threads), (p, t),
+                        step.reason, window.capacity(), demand or 0.0)
         log.info("stream tuning: %d x %d -> %d x %d (%s)", before.processes, before.threads,
                  p, t, step.reason)
-        self.reason = f"auto: {step.reason}"
+        reason = f"auto: {step.reason}"
         closed, failed = self.stream.closed_switches, self.stream.failed_switches
-        self.stream.switch(Workers(p, t, self.reason))
+        self.stream.switch(Workers(p, t, reason))
         # The producer switches before its next batch (a loop that is not taking may keep it
         # waiting); the old stage's processes stay the stream's until they are gone.
         while (self.stream.closed_switches == closed and self.stream.failed_switches == failed
                and not self._stop.wait(_POLL_S)):
             pass
         if self.stream.closed_switches == closed:  # stopped meanwhile, or it would not open
-            if self.stream.failed_switches != failed:
-                self.search.unavailable((p, t), clock())
-            return
+            self._keep_processes(before.processes)
+            return False
+        self.history.append(record)
+        self.reason = reason
         self.search.switched((p, t))
-        if p < self.reserved:
-            self._processes.give(self.reserved - p)
-            self.reserved = p
+        self._keep_processes(p)
         if self.search.settled:
             self._settled()
         self._warm_up()
+        return True
+
+    def _keep_processes(self, running: int) -> None:
+        """Gives the server back what the stream holds beyond the stage it runs."""
+        if running < self.reserved:
+            self._processes.give(self.reserved - running)
+            self.reserved = running
 
     def _warm_up(self) -> None:
         """Waits for the stage's first batch and WARMUP_S more."""

@@ -4,6 +4,7 @@ moves, and every batch stays the bytes a fixed count gives."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from input_client import InputClient
@@ -108,3 +109,54 @@ def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(tmp_pat
     skipped = [m for m in stream.worker_tuning.measurements if m.batches_per_s == 0]
     assert skipped and stream.worker_processes <= 1, stream
     assert not cache.exists() or not list(cache.iterdir())  # a later stream tunes again
+
+
+def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_back(
+        make_spec, monkeypatch):
+    from input_server.autotune.live import Window
+    from input_server.autotune.online import SERVER_CAP, OnlineSearch, Step
+    from input_server.batching.meter import LiveMeter
+    from input_server.batching.pipeline import default_threads
+    from input_server.batching.resume import Position
+    from input_server.batching.switching import SwitchingStream
+    from input_server.serving.retune import StreamTuner
+    from input_server.serving.slots import ProcessPool
+
+    pipeline = Pipeline(make_spec(order={"epochs": 0}))
+    stream = SwitchingStream(pipeline, Position(), Workers(0, 1, "start"), meter=LiveMeter())
+    opens = pipeline.stream
+
+    def no_worker_processes(state=None, *, workers, **kwargs):  # e.g. the host's process limit
+        if workers.processes:
+            raise OSError("cannot start a worker process")
+        return opens(state, workers=workers, **kwargs)
+
+    monkeypatch.setattr(pipeline, "stream", no_worker_processes)
+    pool = ProcessPool(2)
+    search = OnlineSearch((0, 1), cpus=2, default_threads=default_threads)
+    tuner = StreamTuner(stream, search, taken=lambda: 0, processes=pool, reserved=0,
+                        remember=lambda tuning: None)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            next(stream)
+
+    consumer = threading.Thread(target=loop, daemon=True)
+    consumer.start()
+    try:
+        measured = Window(seconds=1.0, batches=10, tokens=1000, groups=10, group_s=1.0,
+                          waiting_s=0.0, blocked_s=0.0, workers=1)
+        search.observe(measured, demand=None, now=1.0, cpu_cores=1.0, rss_mb=0.0)
+        tuner._follow(Step(to=(1, 1), reason="test: one worker process"), measured, None)
+        # The stage that would not open left no trace but a skipped row, held no process,
+        # and the search went on to a parallelism that opens.
+        assert (pool.free(), tuner.reserved) == (2, 0)
+        assert (1, 1) not in [s.to for s in tuner.history]
+        assert any((m.processes, m.threads, m.skipped) == (1, 1, SERVER_CAP)
+                   for m in search.rows)
+        assert stream.workers.processes == 0
+    finally:
+        stop.set()
+        consumer.join(timeout=10)
+        stream.close()
