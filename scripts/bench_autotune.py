@@ -15,7 +15,6 @@ other work on the host only slows a window down). Printed as JSON: the chosen / 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -28,6 +27,7 @@ from input_server import autotune
 from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
 from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
+from input_server.tools.report import emit_json
 
 DOC_CHARS = 4000
 
@@ -130,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         result["latency_bound"] = bench("latency-bound", slow, grid(cpus, True), args.rounds,
                                         args.tune_seconds)
     result["host"]["load_average_at_end"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

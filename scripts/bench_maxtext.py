@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+),")
 sys.path.insert(0, ROOT)
+from input_server.tools.report import emit_json  # noqa: E402
 from tests.support import TINY_MAXTEXT  # noqa: E402  (the tiny decoder of the MaxText tests)
 
 MODEL = [*TINY_MAXTEXT, "skip_jax_distributed_system=true", "enable_checkpointing=false",
@@ -163,11 +164,7 @@ def main() -> None:
                                  for name in best if name != "server"},
         "client_venv": venv,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, args.out)
 
 
 if __name__ == "__main__":

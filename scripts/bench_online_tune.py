@@ -37,6 +37,7 @@ from absl import flags
 from input_client import InputClient, PipelineSpec
 from input_server.autotune.measure import tree_cpu_seconds
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
+from input_server.tools.report import emit_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_autotune import corpus  # noqa: E402
@@ -270,11 +271,7 @@ def main() -> None:
                          f"{w.to_processes}x{w.to_threads}: {w.reason}" for w in after.switches],
             "batches": len(got), "identical_to_fixed": got == want,
             "most_ahead": ahead_max, "ahead_bound": bound}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(out, args.out)
 
 
 if __name__ == "__main__":

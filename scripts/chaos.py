@@ -37,6 +37,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from input_server.tools.report import emit_json  # noqa: E402
 from tests.support import (  # noqa: E402
     ChildProcess,
     ServerProcess,
@@ -305,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                  seed=args.seed, checkpoint_every=args.checkpoint_every, seq_len=args.seq_len,
                  batch_size=args.batch_size, max_gap=args.max_gap,
                  reconnect_deadline_s=args.reconnect_deadline_s)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, args.json)
     return 0 if result["ok"] else 1
 
 

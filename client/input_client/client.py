@@ -12,7 +12,7 @@ from input_client.errors import StreamError
 from input_client.iterator import BatchIterator
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
-from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION
+from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION, is_resume_state
 
 
 class InputClient:
@@ -86,11 +86,10 @@ class InputClient:
           StreamError: the model is outside the server's data roots (PERMISSION_DENIED),
             missing (NOT_FOUND) or not a model (INVALID_ARGUMENT).
         """
-        t = spec.tokenizer
         try:
-            return self._stub.DescribeTokenizer(
-                pb.Tokenizer(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
-                timeout=self.connect_timeout_s, wait_for_ready=True)
+            return self._stub.DescribeTokenizer(spec.to_proto().tokenizer,
+                                                timeout=self.connect_timeout_s,
+                                                wait_for_ready=True)
         except grpc.RpcError as e:
             raise StreamError(e.code(), e.details()) from None
 
@@ -114,8 +113,7 @@ class InputClient:
         Raises:
           ConnectionError: no server reachable within `connect_timeout_s`.
         """
-        if state is not None and not (isinstance(state, dict) and type(state.get("seq")) is int
-                                      and state["seq"] >= 0):
+        if state is not None and not is_resume_state(state):
             raise ValueError(f"`state` must be a get_state() result (a dict with an integer "
                              f"'seq'), got {str(state)[:200]}.")
         if prefetch < 1:

@@ -157,6 +157,12 @@ def encode_state(state: Mapping[str, Any]) -> bytes:
     return json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
+def is_resume_state(state: Any) -> bool:
+    """Whether `state` can be a stream's resume state (the server checks the rest): a dict
+    with a non-negative integer `seq`."""
+    return isinstance(state, dict) and type(state.get("seq")) is int and state["seq"] >= 0
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a state can hold")
 

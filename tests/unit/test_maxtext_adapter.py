@@ -69,6 +69,7 @@ def test_unpacked_rows_pad_every_input_array_with_the_pad_id():
     assert b["inputs_position"].tolist() == [[0, 1, 2, -1, -1]]
     assert b["targets"].tolist() == [[4, 2, -1, -1, -1]]
     assert b["targets_segmentation"].tolist() == [[1, 1, 0, 0, 0]]
+    assert all(a.dtype == np.int32 for a in b.values())
 
 
 def _config(**over):

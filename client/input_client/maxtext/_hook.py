@@ -52,23 +52,23 @@ def interface_module() -> ModuleType:
     return module
 
 
+def _module_with(name: str, attribute: str) -> ModuleType:
+    """MaxText's module `name`, refused by MaxText's version unless it has `attribute`."""
+    version = maxtext_version()
+    module = _import(name, version)
+    if not hasattr(module, attribute):
+        raise MaxTextHookError(f"MaxText {version}'s {name} has no {attribute}; "
+                               f"input_client.maxtext was tested with MaxText "
+                               f"{', '.join(TESTED_VERSIONS)}.")
+    return module
+
+
 def multihost_dataloading() -> ModuleType:
     """MaxText's own global-batch assembly (`MultiHostDataLoadIterator`)."""
-    version = maxtext_version()
-    module = _import("maxtext.input_pipeline.multihost_dataloading", version)
-    if not hasattr(module, "MultiHostDataLoadIterator"):
-        raise MaxTextHookError(f"MaxText {version} has no multihost_dataloading."
-                               f"MultiHostDataLoadIterator; input_client.maxtext was tested with "
-                               f"MaxText {', '.join(TESTED_VERSIONS)}.")
-    return module
+    return _module_with("maxtext.input_pipeline.multihost_dataloading",
+                        "MultiHostDataLoadIterator")
 
 
 def trainer_module() -> ModuleType:
     """`maxtext.trainers.pre_train.train`, MaxText's pre-training entry point (`main(argv)`)."""
-    version = maxtext_version()
-    module = _import("maxtext.trainers.pre_train.train", version)
-    if not callable(getattr(module, "main", None)):
-        raise MaxTextHookError(f"MaxText {version}'s maxtext.trainers.pre_train.train has no "
-                               f"main(argv); input_client.maxtext was tested with MaxText "
-                               f"{', '.join(TESTED_VERSIONS)}.")
-    return module
+    return _module_with("maxtext.trainers.pre_train.train", "main")

@@ -16,7 +16,7 @@ import numpy as np
 from input_client.iterator import BatchIterator
 from input_client.maxtext.check import MaxTextConfigError
 from input_client.maxtext.conventions import to_maxtext
-from input_client.wire import decode_state, encode_state
+from input_client.wire import decode_state, encode_state, is_resume_state
 
 OpenStream = Callable[[dict[str, Any] | None], BatchIterator]
 
@@ -71,10 +71,10 @@ class ServerIterator:
         iterator, saved under the same run name before the switch to the server."""
         try:
             state = decode_state(bytes(blob))
-        except ValueError as e:
-            state = e
-        if state and not (isinstance(state, dict) and type(state.get("seq")) is int
-                          and state["seq"] >= 0 and isinstance(state.get("fingerprint"), str)):
+            ours = not state or is_resume_state(state)  # {}: from the start
+        except ValueError:  # not JSON, or not an object
+            ours = False
+        if not ours:
             shown = bytes(blob)[:120].decode(errors="replace")
             raise MaxTextConfigError(
                 f"the checkpoint's data state is not an input server's position ({shown!r}); "
