@@ -94,6 +94,9 @@ class BatchIterator:
         with self._lock:
             if self._stop.is_set():
                 call.cancel()
+                taken = self._taken.pop(id(call), None)  # a stream's credit ends with it
+                if taken is not None:
+                    taken.end()
                 return False
             self._call = call
             return True
@@ -192,8 +195,7 @@ class BatchIterator:
                     error = StreamError(e.code(), e.details())
                 continue
             call = self._open()
-            if not self._track(call):  # closed meanwhile: end its credit too
-                self._taken.pop(id(call)).end()
+            if not self._track(call):
                 return None
             return call
 

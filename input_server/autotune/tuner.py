@@ -180,9 +180,10 @@ class Tuner:
     def start(self, pipeline: Pipeline, *, max_processes: int | None = None,
               max_threads: int = MAX_THREADS) -> tuple[Workers, Tuning | None]:
         """The parallelism a new stream of `pipeline` opens with, and the remembered tuning
-        behind it (None: fixed, or nothing remembered). A remembered choice over
-        `max_processes` (the server's free worker processes) is clipped for this stream; the
-        provisional one keeps to `max_workers` and `max_threads` (what memory allows)."""
+        behind it (None: fixed, nothing remembered, or a remembered choice this stream cannot
+        have). A remembered choice over `max_processes` (the server's free worker processes)
+        is clipped for this stream, and tuned from there like a new one; the provisional one
+        keeps to `max_workers` and `max_threads` (what memory allows)."""
         w = pipeline.spec.workers
         if w.count != "auto":
             return fixed_workers(w.count, w.threads), None
@@ -201,9 +202,9 @@ class Tuner:
                           f"auto, remembered: {remembered.summary()}")
         if max_processes is not None and workers.processes > max_processes:
             threads = default_threads(max_processes)
-            workers = Workers(max_processes, threads,
-                              f"{workers.reason}; clipped to the {max_processes} free of the "
-                              f"server's --max-workers processes")
+            return Workers(max_processes, threads,
+                           f"{workers.reason}; clipped to the {max_processes} free of the "
+                           f"server's --max-workers processes"), None
         return workers, remembered
 
     def remember(self, pipeline: Pipeline, tuning: Tuning) -> None:

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from input_client.proto import pb
 from input_server.autotune import report
-from input_server.autotune.policy import Tuning
 from input_server.serving.credit import Credit
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import StreamSession
 
 
-def stream_info(s: StreamSession, tuning: Tuning | None, credit: Credit,
-                 live: StreamTuner | None) -> pb.StreamInfo:
+def stream_info(s: StreamSession, credit: Credit, live: StreamTuner | None) -> pb.StreamInfo:
     workers = s.stream.workers
     # A client that reports what its loop takes gives its real pace; for one that does not
-    # (no window), what gRPC let the server send is all there is.
-    reports = credit.window > 0
-    rate = credit.taken_per_s() if reports else None
-    if live is not None:
-        tuning = live.search.tuning
+    # (None), what gRPC let the server send is all there is.
+    rate = credit.taken_per_s()
+    tuning = live.search.tuning if live is not None else None  # a fixed count has none
     info = pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
                          worker_processes=workers.processes, worker_threads=workers.threads,
                          worker_reason=live.reason if live else workers.reason,

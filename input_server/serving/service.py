@@ -135,7 +135,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._draining = draining
         self._tuner = tuner or Tuner()
         self._ids = itertools.count(1)
-        self._sessions: dict[int, tuple[StreamSession, Tuning | None, Credit,
+        self._sessions: dict[int, tuple[StreamSession, Credit,
                                         StreamTuner | None]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
         self._setting_up: dict[int, tuple[str, str]] = {}  # stream id: (pipeline, doing)
@@ -180,17 +180,18 @@ class InputServicer(pb_grpc.InputServiceServicer):
             pipeline, max_processes=self._processes.free(),
             max_threads=max(1, int(self._groups_mb(pipeline.spec) / GROUP_MIB)))
         got = self._processes.take_up_to(workers.processes)
-        if got < workers.processes:  # taken by other streams meanwhile
-            workers = Workers(got, default_threads(got),
-                              f"{workers.reason}; clipped to the {got} free of the server's "
-                              f"--max-workers {self._processes.cap} processes")
+        if got < workers.processes:  # taken by other streams meanwhile: no settled choice
+            return Workers(got, default_threads(got),
+                           f"{workers.reason}; clipped to the {got} free of the server's "
+                           f"--max-workers {self._processes.cap} processes"), None, got
         return workers, remembered, got
 
     def _groups_mb(self, spec: PipelineSpec) -> float:
-        """What the batches leave of a stream's memory budget for its groups in flight."""
-        return self._limits.stream_memory_mb - stream_memory_mb(
+        """The memory a stream's groups in flight may use: its spec's `ram_budget_mb`, within
+        what the batches leave of the server's budget for a stream."""
+        return min(spec.workers.ram_budget_mb, self._limits.stream_memory_mb - stream_memory_mb(
             spec, queue_depth=self._queue_depth, message_tokens=self._message_tokens,
-            processes=0, threads=0)
+            processes=0, threads=0))
 
     def _live_tuner(self, pipeline: Pipeline, stream: SwitchingStream, session: StreamSession,
                     credit: Credit, remembered: Tuning | None, reserved: int) -> StreamTuner:
@@ -200,7 +201,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             (stream.workers.processes, stream.workers.threads), cpus=cpu_count() or 1,
             default_threads=default_threads, target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
-            ram_budget_mb=min(w.ram_budget_mb, self._groups_mb(pipeline.spec)),
+            ram_budget_mb=self._groups_mb(pipeline.spec),
             tune_seconds=float(w.tune_seconds), remembered=remembered, mb_per_worker=GROUP_MIB)
         return StreamTuner(stream, search, processes=self._processes, reserved=reserved,
                            taken=lambda: credit.taken_or(session.batches_sent),
@@ -276,7 +277,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # tuning.
                     position = pipeline.parse_state(request.resume_state)
                     self._set_up(stream_id, shown, "choosing its workers")
-                    workers, tuning, reserved = self._workers(pipeline, left)
+                    workers, remembered, reserved = self._workers(pipeline, left)
                     cancel.check()
             except CancelledError:
                 if self._draining.is_set() and not left.is_set():  # the client may resume
@@ -289,14 +290,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
             session = StreamSession(stream_id, name, stream, self._queue_depth,
                                     message_tokens=self._message_tokens)
             if auto:
-                # A remembered choice it could not have (its processes run other streams)
-                # is no settled choice: tune from where it starts.
-                kept = tuning if tuning is not None and (tuning.processes, tuning.threads) == (
-                    workers.processes, workers.threads) else None
-                live = self._live_tuner(pipeline, stream, session, credit, kept,
+                live = self._live_tuner(pipeline, stream, session, credit, remembered,
                                         reserved).start()
             with self._lock:
-                self._sessions[stream_id] = (session, tuning, credit, live)
+                self._sessions[stream_id] = (session, credit, live)
                 self._setting_up.pop(stream_id, None)
             if left.is_set():
                 session.stop()

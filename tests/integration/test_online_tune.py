@@ -33,6 +33,17 @@ def test_an_auto_stream_starts_at_once_and_tunes_while_it_serves(tmp_path, make_
     assert stream.worker_reason.startswith("auto: ") and stream.worker_tuning.reason
 
 
+def test_an_auto_stream_starts_within_its_specs_memory_budget(tmp_path, make_spec):
+    # 8 MiB is one thread's group of documents in flight: the stream starts with one thread,
+    # as its search would allow, not with the host's default.
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "ram_budget_mb": 8})
+    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
+            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+        next(it)
+        (first,) = client.info().streams
+    assert (first.worker_processes, first.worker_threads) == (0, 1), first.worker_reason
+
+
 def slow_pipeline(spec) -> SlowPipeline:
     pipeline = SlowPipeline(spec, delay_s=DELAY_S)
     pipeline.group_size = MIN_GROUP  # short groups: a window holds several
