@@ -178,10 +178,10 @@ def main() -> None:
                 rates.setdefault("auto_choice", []).append(
                     f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
                     f"{info.worker_reason}")
-        best_fixed = max((k for k in rates if "x" in k and k != "auto_choice"),
-                         key=lambda k: max(rates[k]))
+        fixed_counts = [f"{p}x{t}" for p, t in FIXED]
+        best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
         # Per round: "auto" over the best fixed count of the same round; the median of those.
-        per_round = [a / max(rates[k][i] for k in rates if "x" in k and k != "auto_choice")
+        per_round = [a / max(rates[k][i] for k in fixed_counts)
                      for i, a in enumerate(rates["auto"])]
         out["unthrottled"] = {
             "batches_per_s": {k: max(v) for k, v in rates.items() if k != "auto_choice"},
