@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import statistics
@@ -192,7 +191,7 @@ def main() -> None:
             "auto_over_best_fixed_median_round": statistics.median(per_round)}
         bp, bt = map(int, best_fixed.split("x"))
         if args.only_unthrottled:
-            print(json.dumps(out, indent=2))
+            emit_json(out, args.out)
             return
 
         # First batch on a fresh server and fresh spec; then after a restart that remembers.
