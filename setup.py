@@ -15,12 +15,15 @@ ROOT = pathlib.Path(__file__).resolve().parent
 CLIENT = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
 SERVER = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # One release of both: the server requires the client of its own version, and reports it.
-REPORTED = re.search(r'__version__ = "([^"]+)"',
-                     (ROOT / "input_server" / "__init__.py").read_text()).group(1)
+REPORTED = re.search(
+    r'__version__ = "([^"]+)"', (ROOT / "input_server" / "__init__.py").read_text()
+).group(1)
 if not CLIENT["version"] == SERVER["version"] == REPORTED:
-    raise SystemExit(f"versions differ: client/pyproject.toml {CLIENT['version']}, "
-                     f"pyproject.toml {SERVER['version']}, input_server/__init__.py "
-                     f"{REPORTED}; release them together.")
+    raise SystemExit(
+        f"versions differ: client/pyproject.toml {CLIENT['version']}, "
+        f"pyproject.toml {SERVER['version']}, input_server/__init__.py "
+        f"{REPORTED}; release them together."
+    )
 
 SERVER_REQUIRES = [
     # batching/_grain.py reads Grain internals (worker processes), checked against 0.2.18; the
@@ -40,7 +43,8 @@ SERVER_REQUIRES = [
 
 if os.environ.get("INPUT_SERVER_BUILD_EDITABLE") == "1":
     packages = find_packages(include=["input_server*"]) + find_packages(
-        "client", include=["input_client*"])
+        "client", include=["input_client*"]
+    )
     package_dir = {"input_client": "client/input_client"}
     client_requires = list(CLIENT["dependencies"])
 else:
@@ -48,5 +52,6 @@ else:
     package_dir = {}
     client_requires = [f"input-client=={CLIENT['version']}"]
 
-setup(packages=packages, package_dir=package_dir,
-      install_requires=client_requires + SERVER_REQUIRES)
+setup(
+    packages=packages, package_dir=package_dir, install_requires=client_requires + SERVER_REQUIRES
+)

@@ -32,5 +32,7 @@ def scope(*events: threading.Event) -> Iterator[None]:
 def check() -> None:
     """Raises `CancelledError` when the request this thread works for was cancelled."""
     if any(e.is_set() for e in getattr(_local, "events", ())):
-        raise CancelledError("the request was cancelled (the client left, its deadline "
-                             "passed, or the server is shutting down).")
+        raise CancelledError(
+            "the request was cancelled (the client left, its deadline "
+            "passed, or the server is shutting down)."
+        )

@@ -44,6 +44,7 @@ def _positive(kind):
         if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
         return value
+
     return parse
 
 
@@ -73,16 +74,31 @@ def _serve(args: argparse.Namespace) -> int:
     pipelines = {}
     for path in args.pipelines or []:
         pipelines.update(load_pipelines(path))
-    optional = {k: v for k, v in (("message_tokens", args.message_tokens),
-                                  ("max_workers", args.max_workers)) if v is not None}
+    optional = {
+        k: v
+        for k, v in (("message_tokens", args.message_tokens), ("max_workers", args.max_workers))
+        if v is not None
+    }
     try:
-        server = Server(ServerConfig(
-            listen=args.listen or (), pipelines=pipelines, max_streams=args.max_streams,
-            queue_depth=args.queue_depth, grace_s=args.grace_s, data_roots=args.data_root or (),
-            token_file=args.token_file, insecure_tcp=args.insecure_tcp,
-            insecure_abstract=args.insecure_abstract, socket_group=args.socket_group,
-            stream_memory_mb=args.stream_memory_mb, max_document_mb=args.max_document_mb,
-            max_files=args.max_files, tune_cache=_tune_cache(args.tune_cache), **optional))
+        server = Server(
+            ServerConfig(
+                listen=args.listen or (),
+                pipelines=pipelines,
+                max_streams=args.max_streams,
+                queue_depth=args.queue_depth,
+                grace_s=args.grace_s,
+                data_roots=args.data_root or (),
+                token_file=args.token_file,
+                insecure_tcp=args.insecure_tcp,
+                insecure_abstract=args.insecure_abstract,
+                socket_group=args.socket_group,
+                stream_memory_mb=args.stream_memory_mb,
+                max_document_mb=args.max_document_mb,
+                max_files=args.max_files,
+                tune_cache=_tune_cache(args.tune_cache),
+                **optional,
+            )
+        )
     except (InputServerError, OSError, ValueError) as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -122,15 +138,18 @@ def _info(args: argparse.Namespace) -> int:
     try:
         if not args.address:  # a folder another user made could hold an impostor's socket
             auth.ensure_private_dir(auth.default_socket_dir(), create=False)
-        with InputClient(address, connect_timeout_s=args.timeout_s,
-                         token_file=args.token_file) as client:
+        with InputClient(
+            address, connect_timeout_s=args.timeout_s, token_file=args.token_file
+        ) as client:
             client.wait_ready()
             print(json_format.MessageToJson(client.info()))
     except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
         hint = ""
-        if (isinstance(e, (ConnectionError, StreamError))
-                and ":" not in address.split("/", 1)[0]
-                and ("/" in address or address.endswith(".sock"))):
+        if (
+            isinstance(e, (ConnectionError, StreamError))
+            and ":" not in address.split("/", 1)[0]
+            and ("/" in address or address.endswith(".sock"))
+        ):
             hint = f" (a Unix socket needs its scheme: unix://{os.path.abspath(address)})"
         print(f"input-server: {e}{hint}", file=sys.stderr)
         return 2
@@ -172,9 +191,15 @@ def _tune(args: argparse.Namespace) -> int:
             print(f"input-server: {e}", file=sys.stderr)
             return 2
     spec = PipelineSpec.from_toml(args.spec)
-    overrides = {k: v for k, v in (("max_workers", args.max_workers),
-                                   ("target_batches_per_s", args.target_batches_per_s),
-                                   ("tune_seconds", args.tune_seconds)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("max_workers", args.max_workers),
+            ("target_batches_per_s", args.target_batches_per_s),
+            ("tune_seconds", args.tune_seconds),
+        )
+        if v is not None
+    }
     # A bad flag is refused here (the spec validates itself), under its key, e.g.
     # `workers.max_workers`.
     spec = spec.replace(workers=overrides) if overrides else spec
@@ -184,8 +209,13 @@ def _tune(args: argparse.Namespace) -> int:
     except InputServerError as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
-    bar = tqdm(total=float(w.tune_seconds), desc="tuning", unit="s", disable=None,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} s {postfix}")
+    bar = tqdm(
+        total=float(w.tune_seconds),
+        desc="tuning",
+        unit="s",
+        disable=None,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} s {postfix}",
+    )
     done = threading.Event()
     start = time.perf_counter()
 
@@ -198,15 +228,21 @@ def _tune(args: argparse.Namespace) -> int:
         if row is None:
             bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr ...")
         elif row.ran:
-            bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr: "
-                                f"{row.batches_per_s:.1f} batches/s")
+            bar.set_postfix_str(
+                f"{c.processes} proc x {c.threads} thr: {row.batches_per_s:.1f} batches/s"
+            )
 
     ticker = threading.Thread(target=tick, name="tune-progress", daemon=True)
     ticker.start()
     try:
-        tuning = tuner.tune(pipeline, target_batches_per_s=float(w.target_batches_per_s),
-                            max_workers=w.max_workers, ram_budget_mb=w.ram_budget_mb,
-                            tune_seconds=float(w.tune_seconds), progress=progress)
+        tuning = tuner.tune(
+            pipeline,
+            target_batches_per_s=float(w.target_batches_per_s),
+            max_workers=w.max_workers,
+            ram_budget_mb=w.ram_budget_mb,
+            tune_seconds=float(w.tune_seconds),
+            progress=progress,
+        )
     except InputServerError as e:
         print(f"input-server: {e}", file=sys.stderr)
         return 2
@@ -215,15 +251,22 @@ def _tune(args: argparse.Namespace) -> int:
         ticker.join()
         bar.close()
     print(report.table(tuning))
-    print(f"choice: {tuning.processes} processes x {tuning.threads} threads "
-          f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}")
-    print(f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
-          f"`workers.count = {tuning.processes}` and `workers.threads = {tuning.threads}` to "
-          f"fix this choice, or keep \"auto\".")
+    print(
+        f"choice: {tuning.processes} processes x {tuning.threads} threads "
+        f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}"
+    )
+    print(
+        f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
+        f"`workers.count = {tuning.processes}` and `workers.threads = {tuning.threads}` to "
+        f'fix this choice, or keep "auto".'
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(),
-                       **tuning.to_dict()}, f, indent=2)
+            json.dump(
+                {"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(), **tuning.to_dict()},
+                f,
+                indent=2,
+            )
     if args.plot:
         try:
             report.plot(tuning, args.plot, title=os.path.basename(args.spec))
@@ -244,93 +287,177 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--listen", action="append", metavar="ADDRESS",
-                       help="unix:///path/to.sock, unix-abstract:NAME or a loopback HOST:PORT "
-                            "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR, else in "
-                            "a private $TMPDIR/input-server-UID/ folder); abstract sockets and "
-                            "TCP need "
-                            "--token-file or --insecure-*")
-    serve.add_argument("--pipelines", action="append", metavar="FILE",
-                       help="TOML file of named pipelines ([NAME.source] ...), repeatable")
-    serve.add_argument("--data-root", action="append", metavar="DIR",
-                       help="a folder requests may read files and models from (repeatable); "
-                            "default the working directory. Paths resolve (links followed) "
-                            "and must land inside a root; relative ones join the first root")
-    serve.add_argument("--token-file", metavar="FILE",
-                       help="a file only its owner can read, holding the token clients must "
-                            "send on abstract sockets and TCP")
-    serve.add_argument("--insecure-tcp", action="store_true",
-                       help="serve loopback TCP without a token (open to every local user)")
-    serve.add_argument("--insecure-abstract", action="store_true",
-                       help="serve unix-abstract: sockets without a token (open to every "
-                            "local user)")
-    serve.add_argument("--socket-group", metavar="GROUP",
-                       help="let this group use the Unix socket files too (mode 0660)")
-    serve.add_argument("--stream-memory-mb", type=_positive(float), default=2048.0,
-                       help="the most memory one stream may hold; larger specs are refused")
-    serve.add_argument("--max-document-mb", type=_positive(float), default=64.0,
-                       help="a longer document ends its stream with INVALID_ARGUMENT")
-    serve.add_argument("--max-files", type=_positive(int), default=100_000,
-                       help="the most files a request may name after globbing")
-    serve.add_argument("--max-workers", type=int, metavar="N",
-                       help="worker processes across all streams (default the CPU count)")
-    serve.add_argument("--tune-cache", metavar="DIR|off",
-                       help="where \"auto\" worker choices persist across restarts (default "
-                            "$XDG_CACHE_HOME/input-server/tune); off = tune again each start")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDRESS",
+        help="unix:///path/to.sock, unix-abstract:NAME or a loopback HOST:PORT "
+        "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR, else in "
+        "a private $TMPDIR/input-server-UID/ folder); abstract sockets and "
+        "TCP need "
+        "--token-file or --insecure-*",
+    )
+    serve.add_argument(
+        "--pipelines",
+        action="append",
+        metavar="FILE",
+        help="TOML file of named pipelines ([NAME.source] ...), repeatable",
+    )
+    serve.add_argument(
+        "--data-root",
+        action="append",
+        metavar="DIR",
+        help="a folder requests may read files and models from (repeatable); "
+        "default the working directory. Paths resolve (links followed) "
+        "and must land inside a root; relative ones join the first root",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file only its owner can read, holding the token clients must "
+        "send on abstract sockets and TCP",
+    )
+    serve.add_argument(
+        "--insecure-tcp",
+        action="store_true",
+        help="serve loopback TCP without a token (open to every local user)",
+    )
+    serve.add_argument(
+        "--insecure-abstract",
+        action="store_true",
+        help="serve unix-abstract: sockets without a token (open to every local user)",
+    )
+    serve.add_argument(
+        "--socket-group",
+        metavar="GROUP",
+        help="let this group use the Unix socket files too (mode 0660)",
+    )
+    serve.add_argument(
+        "--stream-memory-mb",
+        type=_positive(float),
+        default=2048.0,
+        help="the most memory one stream may hold; larger specs are refused",
+    )
+    serve.add_argument(
+        "--max-document-mb",
+        type=_positive(float),
+        default=64.0,
+        help="a longer document ends its stream with INVALID_ARGUMENT",
+    )
+    serve.add_argument(
+        "--max-files",
+        type=_positive(int),
+        default=100_000,
+        help="the most files a request may name after globbing",
+    )
+    serve.add_argument(
+        "--max-workers",
+        type=int,
+        metavar="N",
+        help="worker processes across all streams (default the CPU count)",
+    )
+    serve.add_argument(
+        "--tune-cache",
+        metavar="DIR|off",
+        help='where "auto" worker choices persist across restarts (default '
+        "$XDG_CACHE_HOME/input-server/tune); off = tune again each start",
+    )
     serve.add_argument("--max-streams", type=int, default=8, help="concurrent streams")
-    serve.add_argument("--queue-depth", type=int, default=4,
-                       help="batches each stream prepares ahead of the network")
+    serve.add_argument(
+        "--queue-depth",
+        type=int,
+        default=4,
+        help="batches each stream prepares ahead of the network",
+    )
     serve.add_argument("--grace-s", type=float, default=5.0, help="drain time on SIGTERM")
-    serve.add_argument("--message-tokens", type=int, metavar="N",
-                       help="smaller batches share gRPC messages of up to N tokens (gRPC's "
-                            "cost is mostly per message); default 262144")
+    serve.add_argument(
+        "--message-tokens",
+        type=int,
+        metavar="N",
+        help="smaller batches share gRPC messages of up to N tokens (gRPC's "
+        "cost is mostly per message); default 262144",
+    )
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="train a tiny JAX model through the server, offline")
     demo_module.add_arguments(demo)
     demo.set_defaults(run=_demo)
 
-    bench = sub.add_parser("bench", help="measure a spec's throughput against the tokenizer's "
-                                         "limit and a MaxText-style Grain pipeline")
+    bench = sub.add_parser(
+        "bench",
+        help="measure a spec's throughput against the tokenizer's "
+        "limit and a MaxText-style Grain pipeline",
+    )
     bench.add_argument("spec", help="pipeline spec TOML")
     bench.add_argument("--json", metavar="OUT", help="also write the result as JSON")
-    bench.add_argument("--min-tokens", type=_positive(int), default=8_000_000,
-                       help="tokens each measured run delivers")
-    bench.add_argument("--rounds", type=_positive(int), default=5,
-                       help="rounds, each measuring everything back to back; a ratio is the "
-                            "median of the rounds' ratios, a rate the best round's")
+    bench.add_argument(
+        "--min-tokens",
+        type=_positive(int),
+        default=8_000_000,
+        help="tokens each measured run delivers",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=_positive(int),
+        default=5,
+        help="rounds, each measuring everything back to back; a ratio is the "
+        "median of the rounds' ratios, a rate the best round's",
+    )
     bench.set_defaults(run=_bench)
 
     info = sub.add_parser("info", help="print a running server's info")
-    info.add_argument("address", nargs="?",
-                      help="the server's gRPC target (default the server's default socket)")
+    info.add_argument(
+        "address", nargs="?", help="the server's gRPC target (default the server's default socket)"
+    )
     info.add_argument("--timeout-s", type=_positive(float), default=10.0)
-    info.add_argument("--token-file", metavar="FILE",
-                      help="a file holding the server's token (its abstract sockets and TCP "
-                           "need it)")
+    info.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file holding the server's token (its abstract sockets and TCP need it)",
+    )
     info.set_defaults(run=_info)
 
-    tune = sub.add_parser("tune", help="measure a spec's pipeline at candidate worker counts "
-                                       "and print the autotuner's choice")
+    tune = sub.add_parser(
+        "tune",
+        help="measure a spec's pipeline at candidate worker counts "
+        "and print the autotuner's choice",
+    )
     tune.add_argument("spec", metavar="SPEC.toml", help="a pipeline spec file")
-    tune.add_argument("--max-workers", type=int, metavar="N",
-                      help="at most N workers (processes x threads); default the spec's "
-                           "workers.max_workers (0 = no cap)")
-    tune.add_argument("--target-batches-per-s", type=float, metavar="R",
-                      help="the consumer's demand: choose the fewest workers that deliver it; "
-                           "default the spec's workers.target_batches_per_s (0 = unknown)")
-    tune.add_argument("--tune-seconds", type=float, metavar="S",
-                      help="time bound; default the spec's workers.tune_seconds (20)")
+    tune.add_argument(
+        "--max-workers",
+        type=int,
+        metavar="N",
+        help="at most N workers (processes x threads); default the spec's "
+        "workers.max_workers (0 = no cap)",
+    )
+    tune.add_argument(
+        "--target-batches-per-s",
+        type=float,
+        metavar="R",
+        help="the consumer's demand: choose the fewest workers that deliver it; "
+        "default the spec's workers.target_batches_per_s (0 = unknown)",
+    )
+    tune.add_argument(
+        "--tune-seconds",
+        type=float,
+        metavar="S",
+        help="time bound; default the spec's workers.tune_seconds (20)",
+    )
     tune.add_argument("--json", metavar="OUT", help="write the measurements and choice as JSON")
-    tune.add_argument("--plot", metavar="OUT.png",
-                      help="draw batches/s against workers, choice marked (needs matplotlib)")
+    tune.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="draw batches/s against workers, choice marked (needs matplotlib)",
+    )
     tune.set_defaults(run=_tune)
 
     from input_server.errors import InputServerError
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return args.run(args)
     except (SpecError, ConnectionError, OSError, InputServerError) as e:

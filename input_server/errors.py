@@ -76,15 +76,17 @@ MAX_MESSAGE_CHARS = 1000
 def _fit(message: str) -> str:
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
-    return (f"{message[:MAX_MESSAGE_CHARS - 300]} ... {message[-200:]} (message cut from "
-            f"{len(message)} characters)")
+    return (
+        f"{message[: MAX_MESSAGE_CHARS - 300]} ... {message[-200:]} (message cut from "
+        f"{len(message)} characters)"
+    )
 
 
 def shorten(text: str, limit: int = 200) -> str:
     """A request's own words (a name, a path) cut to about `limit` characters for a message."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit // 2]}...{text[-(limit // 2 - 20):]} ({len(text)} characters)"
+    return f"{text[: limit // 2]}...{text[-(limit // 2 - 20) :]} ({len(text)} characters)"
 
 
 def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -33,9 +33,12 @@ def main() -> int:
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     jsonl, model = corpus.corpus_from_arguments(parser, args)
-    spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model},
-                        batch={"seq_len": args.seq_len, "size": args.batch_size},
-                        workers={"count": 0})
+    spec = PipelineSpec(
+        source={"paths": [jsonl]},
+        tokenizer={"model": model},
+        batch={"seq_len": args.seq_len, "size": args.batch_size},
+        workers={"count": 0},
+    )
     result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
     print(bench.format_table(result))
     text = json.dumps(result, indent=2)

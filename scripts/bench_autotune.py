@@ -45,18 +45,20 @@ def corpus(directory: str) -> tuple[str, str]:
 
 
 def grid(cpus: int, latency: bool) -> list[tuple[int, int]]:
-    threads = [2 ** i for i in range(8 if latency else 4)]  # 1..128 or 1..8
+    threads = [2**i for i in range(8 if latency else 4)]  # 1..128 or 1..8
     configs = [(0, t) for t in threads]
     for p in sorted({1, 2, cpus, 2 * cpus}):
         configs += [(p, t) for t in sorted({1, max(1, 32 // p)} if latency else {1})]
     return configs
 
 
-def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds: int,
-          tune_seconds: float) -> dict:
+def bench(
+    name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds: int, tune_seconds: float
+) -> dict:
     print(f"[{name}] tuning ...", file=sys.stderr, flush=True)
-    tuning = autotune.tune(pipeline, ram_budget_mb=pipeline.spec.workers.ram_budget_mb,
-                           tune_seconds=tune_seconds)
+    tuning = autotune.tune(
+        pipeline, ram_budget_mb=pipeline.spec.workers.ram_budget_mb, tune_seconds=tune_seconds
+    )
     print(autotune.table(tuning), file=sys.stderr, flush=True)
     choice = (tuning.processes, tuning.threads)
     grain = autotune.grain_choice(pipeline)
@@ -65,8 +67,11 @@ def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds:
     windows: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
     for r in range(rounds):
         for c in configs:
-            print(f"[{name}] round {r + 1}/{rounds}: {c[0]} processes x {c[1]} threads",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{name}] round {r + 1}/{rounds}: {c[0]} processes x {c[1]} threads",
+                file=sys.stderr,
+                flush=True,
+            )
             m = autotune.measure(pipeline, *c)
             if m is not None:
                 windows[c].append(round(m.batches_per_s, 1))
@@ -76,11 +81,16 @@ def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds:
 
     def entry(c: tuple[int, int]) -> dict:
         m = best[c]
-        return {"processes": c[0], "threads": c[1], "workers": m.workers,
-                "batches_per_s": round(m.batches_per_s, 2),
-                "tokens_per_s": round(m.tokens_per_s),
-                "rss_mb_per_worker": round(m.rss_mb_per_worker, 1),
-                "cpu_cores": round(m.cpu_cores, 2), "windows_batches_per_s": windows[c]}
+        return {
+            "processes": c[0],
+            "threads": c[1],
+            "workers": m.workers,
+            "batches_per_s": round(m.batches_per_s, 2),
+            "tokens_per_s": round(m.tokens_per_s),
+            "rss_mb_per_worker": round(m.rss_mb_per_worker, 1),
+            "cpu_cores": round(m.cpu_cores, 2),
+            "windows_batches_per_s": windows[c],
+        }
 
     # How much one configuration's windows differ across rounds: the host's noise, against
     # which the ratios are to be read.
@@ -89,9 +99,13 @@ def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds:
     return {
         "sweep": [entry(c) for c in configs],
         "best": entry((top.processes, top.threads)),
-        "auto": {**entry(choice), "reason": tuning.reason, "detail": tuning.detail,
-                 "tune_seconds": round(tuning.tune_seconds, 2),
-                 "candidates_measured": sum(m.ran for m in tuning.measurements)},
+        "auto": {
+            **entry(choice),
+            "reason": tuning.reason,
+            "detail": tuning.detail,
+            "tune_seconds": round(tuning.tune_seconds, 2),
+            "candidates_measured": sum(m.ran for m in tuning.measurements),
+        },
         "grain_pick_performance_config": entry(grain),
         "auto_over_best": round(best[choice].batches_per_s / top.batches_per_s, 3),
         "auto_over_grain": round(best[choice].batches_per_s / best[grain].batches_per_s, 3),
@@ -102,8 +116,9 @@ def bench(name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--delay-ms", type=float, default=5.0,
-                        help="per-record latency of the latency-bound source")
+    parser.add_argument(
+        "--delay-ms", type=float, default=5.0, help="per-record latency of the latency-bound source"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved sweep rounds")
     parser.add_argument("--tune-seconds", type=float, default=autotune.TUNE_SECONDS)
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -112,23 +127,38 @@ def main(argv: list[str] | None = None) -> int:
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     cpus = autotune.cpu_count() or 1
-    result = {"host": {"cpus": cpus, "python": platform.python_version(),
-                       "load_average_at_start": os.getloadavg()},
-              "settings": {"delay_ms": args.delay_ms, "rounds": args.rounds,
-                           "tune_seconds": args.tune_seconds, "seq_len": args.seq_len,
-                           "batch_size": args.batch_size, "doc_chars": DOC_CHARS}}
+    result = {
+        "host": {
+            "cpus": cpus,
+            "python": platform.python_version(),
+            "load_average_at_start": os.getloadavg(),
+        },
+        "settings": {
+            "delay_ms": args.delay_ms,
+            "rounds": args.rounds,
+            "tune_seconds": args.tune_seconds,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "doc_chars": DOC_CHARS,
+        },
+    }
     with tempfile.TemporaryDirectory(prefix="bench-autotune-") as tmp:
         print("building the corpus and tokenizer ...", file=sys.stderr, flush=True)
         docs, model = corpus(tmp)
-        spec = PipelineSpec(source={"paths": [docs]}, tokenizer={"model": model},
-                            batch={"seq_len": args.seq_len, "size": args.batch_size},
-                            order={"epochs": 0})
+        spec = PipelineSpec(
+            source={"paths": [docs]},
+            tokenizer={"model": model},
+            batch={"seq_len": args.seq_len, "size": args.batch_size},
+            order={"epochs": 0},
+        )
         cpu = Pipeline(spec)
         slow = SlowPipeline(spec, delay_s=args.delay_ms / 1000)
-        result["cpu_bound"] = bench("cpu-bound", cpu, grid(cpus, False), args.rounds,
-                                    args.tune_seconds)
-        result["latency_bound"] = bench("latency-bound", slow, grid(cpus, True), args.rounds,
-                                        args.tune_seconds)
+        result["cpu_bound"] = bench(
+            "cpu-bound", cpu, grid(cpus, False), args.rounds, args.tune_seconds
+        )
+        result["latency_bound"] = bench(
+            "latency-bound", slow, grid(cpus, True), args.rounds, args.tune_seconds
+        )
     result["host"]["load_average_at_end"] = os.getloadavg()
     emit_json(result, args.out)
     return 0

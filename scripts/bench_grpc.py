@@ -25,14 +25,15 @@ def _message(rows: int, seq_len: int):
     from input_client.proto import pb
     from input_client.wire import encode_tensors
 
-    arrays = {"inputs": np.random.default_rng(0).integers(1, 1000, (rows, seq_len), np.uint16),
-              "segment_lengths": np.full(rows, seq_len, np.int32),
-              "segments_per_row": np.ones(rows, np.int32)}
+    arrays = {
+        "inputs": np.random.default_rng(0).integers(1, 1000, (rows, seq_len), np.uint16),
+        "segment_lengths": np.full(rows, seq_len, np.int32),
+        "segments_per_row": np.ones(rows, np.int32),
+    }
     return pb.Batch(sequence_number=0, tensors=encode_tensors(arrays), num_tokens=rows * seq_len)
 
 
-def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int,
-           pace_s: float) -> None:
+def _serve(target: str, use_aio: bool, rows: int, seq_len: int, count: int, pace_s: float) -> None:
     from concurrent import futures
 
     import grpc
@@ -88,11 +89,14 @@ def _receive(target: str, client: str, server, count: int) -> dict:
 
     def figures(start, server_cpu, client_cpu) -> dict:
         elapsed = time.perf_counter() - start
-        return {"messages_per_s": count / elapsed,
-                "server_cpu_us_per_message": 1e6 * (_cpu(server) - server_cpu) / count,
-                "client_cpu_us_per_message": 1e6 * (_cpu(me) - client_cpu) / count}
+        return {
+            "messages_per_s": count / elapsed,
+            "server_cpu_us_per_message": 1e6 * (_cpu(server) - server_cpu) / count,
+            "client_cpu_us_per_message": 1e6 * (_cpu(me) - client_cpu) / count,
+        }
 
     if client == "aio":
+
         async def main() -> dict:
             async with grpc.aio.insecure_channel(target) as channel:
                 await channel.channel_ready()
@@ -103,8 +107,11 @@ def _receive(target: str, client: str, server, count: int) -> dict:
                 return figures(*marks)
 
         return asyncio.run(main())
-    options = ([("grpc.experimental.SingleThreadedUnaryStream", 1)]
-               if client == "sync-single-threaded" else [])
+    options = (
+        [("grpc.experimental.SingleThreadedUnaryStream", 1)]
+        if client == "sync-single-threaded"
+        else []
+    )
     with grpc.insecure_channel(target, options=options) as channel:
         grpc.channel_ready_future(channel).result(timeout=60)
         stub = pb_grpc.InputServiceStub(channel)
@@ -121,32 +128,55 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--messages", type=int, default=3000)
-    parser.add_argument("--pace-ms", type=float, default=0.0,
-                        help="the server sends a message every this many ms (0: back to back)")
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="the server sends a message every this many ms (0: back to back)",
+    )
     args = parser.parse_args()
     results = []
     for server_api, clients in (("sync", ("sync", "sync-single-threaded")), ("aio", ("aio",))):
         with tempfile.TemporaryDirectory() as tmp:
             target = f"unix://{tmp}/grpc.sock"
             proc = multiprocessing.get_context("spawn").Process(
-                target=_serve, args=(target, server_api == "aio", args.rows, args.seq_len,
-                                     args.messages, args.pace_ms / 1000), daemon=True)
+                target=_serve,
+                args=(
+                    target,
+                    server_api == "aio",
+                    args.rows,
+                    args.seq_len,
+                    args.messages,
+                    args.pace_ms / 1000,
+                ),
+                daemon=True,
+            )
             proc.start()
             try:
                 for client in clients:
                     result = _receive(target, client, psutil.Process(proc.pid), args.messages)
                     results.append({"server": server_api, "client": client, **result})
-                    print(f"[bench_grpc] server {server_api}, client {client}: "
-                          f"{result['server_cpu_us_per_message']:.0f} + "
-                          f"{result['client_cpu_us_per_message']:.0f} µs CPU per message",
-                          flush=True)
+                    print(
+                        f"[bench_grpc] server {server_api}, client {client}: "
+                        f"{result['server_cpu_us_per_message']:.0f} + "
+                        f"{result['client_cpu_us_per_message']:.0f} µs CPU per message",
+                        flush=True,
+                    )
             finally:
                 proc.terminate()
                 proc.join()
     message_bytes = _message(args.rows, args.seq_len).ByteSize()
-    print(json.dumps({"message_bytes": message_bytes, "tokens_per_message":
-                      args.rows * args.seq_len, "pace_ms": args.pace_ms, "results": results},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "message_bytes": message_bytes,
+                "tokens_per_message": args.rows * args.seq_len,
+                "pace_ms": args.pace_ms,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

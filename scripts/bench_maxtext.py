@@ -39,8 +39,12 @@ sys.path.insert(0, ROOT)
 from input_server.tools.report import emit_json  # noqa: E402
 from tests.support import TINY_MAXTEXT  # noqa: E402  (the tiny decoder of the MaxText tests)
 
-MODEL = [*TINY_MAXTEXT, "skip_jax_distributed_system=true", "enable_checkpointing=false",
-         "eval_interval=-1"]
+MODEL = [
+    *TINY_MAXTEXT,
+    "skip_jax_distributed_system=true",
+    "enable_checkpointing=false",
+    "eval_interval=-1",
+]
 STEADY_FROM = 5
 
 
@@ -51,37 +55,61 @@ def write_parquet(corpus: str, folder: str, files: int) -> str:
     with open(corpus) as f:
         texts = [json.loads(line)["text"] for line in f]
     for i in range(files):
-        pq.write_table(pa.table({"text": texts[i::files]}),
-                       os.path.join(folder, f"part-{i}.parquet"))
+        pq.write_table(
+            pa.table({"text": texts[i::files]}), os.path.join(folder, f"part-{i}.parquet")
+        )
     return os.path.join(folder, "part-*.parquet")
 
 
 def run_maxtext(python: str, options: dict, args: list[str]) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE"}
     env.pop("XLA_FLAGS", None)
-    out = subprocess.run([python, os.path.join(HERE, "maxtext_runner.py"), json.dumps(options),
-                          *args], capture_output=True, text=True, env=env, timeout=1800)
+    out = subprocess.run(
+        [python, os.path.join(HERE, "maxtext_runner.py"), json.dumps(options), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if out.returncode != 0:
         sys.exit(f"MaxText failed ({options or 'grain'}):\n{out.stderr[-4000:]}")
     report = json.loads(out.stdout.split("BENCH ", 1)[1].splitlines()[0])
     steps = {int(s): float(t) for s, t in STEP.findall(out.stderr)}
     waits = report["waits"]
     steady = [steps[s] for s in sorted(steps) if s >= STEADY_FROM]
-    return {"steady_step_s": statistics.fmean(steady),
-            "data_wait_s": statistics.fmean(w for _, w in waits[STEADY_FROM:]),
-            "max_wait_after_first_s": max(w for _, w in waits[1:]),
-            "first_batch_s": waits[0][0] + waits[0][1], "first_wait_s": waits[0][1],
-            "steps": len(steps), "wall_s": report["wall_s"]}
+    return {
+        "steady_step_s": statistics.fmean(steady),
+        "data_wait_s": statistics.fmean(w for _, w in waits[STEADY_FROM:]),
+        "max_wait_after_first_s": max(w for _, w in waits[1:]),
+        "first_batch_s": waits[0][0] + waits[0][1],
+        "first_wait_s": waits[0][1],
+        "steps": len(steps),
+        "wall_s": report["wall_s"],
+    }
 
 
 def client_venv(folder: str) -> dict:
     venv = os.path.join(folder, "client-venv")
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     py = os.path.join(venv, "bin", "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    os.path.join(ROOT, "client")], check=True, capture_output=True)
-    size = int(subprocess.run(["du", "-sk", venv], capture_output=True, text=True,
-                              check=True).stdout.split()[0])
+    subprocess.run(
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            os.path.join(ROOT, "client"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    size = int(
+        subprocess.run(
+            ["du", "-sk", venv], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
 
     def wall(code: str) -> float:
         times = []
@@ -92,10 +120,14 @@ def client_venv(folder: str) -> dict:
         return statistics.median(times)
 
     bare, client = wall("pass"), wall("import input_client")
-    return {"size_mb": round(size / 1024, 1), "import_s": round(client - bare, 3),
-            "interpreter_s": round(bare, 3),
-            "packages": subprocess.run([py, "-m", "pip", "list", "--format=freeze"],
-                                       capture_output=True, text=True).stdout.split()}
+    return {
+        "size_mb": round(size / 1024, 1),
+        "import_s": round(client - bare, 3),
+        "interpreter_s": round(bare, 3),
+        "packages": subprocess.run(
+            [py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+        ).stdout.split(),
+    }
 
 
 def main() -> None:
@@ -111,41 +143,81 @@ def main() -> None:
     from input_client import InputClient, PipelineSpec
     from input_server.tools.corpus import ensure_demo_assets
 
-    python = subprocess.run(["bash", os.path.join(HERE, "maxtext_venv.sh")], check=True,
-                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    python = (
+        subprocess.run(
+            ["bash", os.path.join(HERE, "maxtext_venv.sh")],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     corpus, model = ensure_demo_assets()
     with tempfile.TemporaryDirectory(prefix="bench-maxtext-") as tmp:
         pattern = write_parquet(corpus, tmp, args.files)
-        spec = PipelineSpec(source={"paths": [pattern], "format": "parquet"},
-                            tokenizer={"model": model},
-                            batch={"seq_len": args.seq, "size": args.batch},
-                            order={"epochs": 0})
+        spec = PipelineSpec(
+            source={"paths": [pattern], "format": "parquet"},
+            tokenizer={"model": model},
+            batch={"seq_len": args.seq, "size": args.batch},
+            order={"epochs": 0},
+        )
         spec_file = os.path.join(tmp, "spec.toml")
         with open(spec_file, "w") as f:
             f.write(spec.to_toml())
         sock = os.path.join(tmp, "input.sock")
-        server = subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve",
-                                   "--listen", f"unix://{sock}", "--data-root", tmp,
-                                   "--data-root", os.path.dirname(model), "--tune-cache", "off"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "input_server.cli",
+                "serve",
+                "--listen",
+                f"unix://{sock}",
+                "--data-root",
+                tmp,
+                "--data-root",
+                os.path.dirname(model),
+                "--tune-cache",
+                "off",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             with InputClient(f"unix://{sock}", connect_timeout_s=60) as c:
                 c.wait_ready()
-            common = [*MODEL, f"steps={args.steps}", f"tokenizer_path={model}",
-                      f"max_target_length={args.seq}", f"per_device_batch_size={args.batch}",
-                      "dataset_type=grain"]
+            common = [
+                *MODEL,
+                f"steps={args.steps}",
+                f"tokenizer_path={model}",
+                f"max_target_length={args.seq}",
+                f"per_device_batch_size={args.batch}",
+                "dataset_type=grain",
+            ]
             configs = {
                 "server": ({"server": f"unix://{sock}", "spec": spec_file}, []),
-                **{f"grain_{name}": ({}, ["grain_file_type=parquet",
-                                          f"grain_train_files={pattern}",
-                                          f"grain_worker_count={count}"])
-                   for name, count in (("0", 0), ("1", 1), ("auto", -1))},
+                **{
+                    f"grain_{name}": (
+                        {},
+                        [
+                            "grain_file_type=parquet",
+                            f"grain_train_files={pattern}",
+                            f"grain_worker_count={count}",
+                        ],
+                    )
+                    for name, count in (("0", 0), ("1", 1), ("auto", -1))
+                },
             }
             runs: dict[str, list[dict]] = {name: [] for name in configs}
             for _ in range(args.rounds):
                 for name, (options, extra) in configs.items():
-                    run_args = [*common, f"run_name=bench-{name}",
-                                f"base_output_directory={tmp}/out", *extra]
+                    run_args = [
+                        *common,
+                        f"run_name=bench-{name}",
+                        f"base_output_directory={tmp}/out",
+                        *extra,
+                    ]
                     runs[name].append(run_maxtext(python, options, run_args))
             venv = client_venv(tmp)
         finally:
@@ -153,15 +225,24 @@ def main() -> None:
             server.wait(timeout=30)
     best = {name: min(r, key=lambda x: x["steady_step_s"]) for name, r in runs.items()}
     result = {
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                 "date": time.strftime("%Y-%m-%d")},
-        "setup": {"steps": args.steps, "per_device_batch_size": args.batch,
-                  "max_target_length": args.seq, "parquet_files": args.files,
-                  "rounds": args.rounds},
+        "host": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"),
+        },
+        "setup": {
+            "steps": args.steps,
+            "per_device_batch_size": args.batch,
+            "max_target_length": args.seq,
+            "parquet_files": args.files,
+            "rounds": args.rounds,
+        },
         "runs": runs,
-        "steady_step_vs_grain": {name: round(best["server"]["steady_step_s"]
-                                             / best[name]["steady_step_s"], 3)
-                                 for name in best if name != "server"},
+        "steady_step_vs_grain": {
+            name: round(best["server"]["steady_step_s"] / best[name]["steady_step_s"], 3)
+            for name in best
+            if name != "server"
+        },
         "client_venv": venv,
     }
     emit_json(result, args.out)

@@ -30,16 +30,22 @@ def main() -> int:
     corpus.add_corpus_arguments(parser)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--sizes", default="65536,262144",
-                        help="comma-separated --message-tokens to compare; the first is the base")
+    parser.add_argument(
+        "--sizes",
+        default="65536,262144",
+        help="comma-separated --message-tokens to compare; the first is the base",
+    )
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--min-tokens", type=int, default=8_000_000)
     args = parser.parse_args()
     jsonl, model = corpus.corpus_from_arguments(parser, args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model},
-                        batch={"seq_len": args.seq_len, "size": args.batch_size},
-                        workers={"count": 0})
+    spec = PipelineSpec(
+        source={"paths": [jsonl]},
+        tokenizer={"model": model},
+        batch={"seq_len": args.seq_len, "size": args.batch_size},
+        workers={"count": 0},
+    )
     _, kept = bench.epoch_token_counts(spec, bench.corpus_texts(spec))
     spec = spec.replace(order={"epochs": max(1, -(-args.min_tokens // max(1, kept)))})
 
@@ -49,32 +55,52 @@ def main() -> int:
         row = {"in_process_tokens_per_s": ours["tokens_per_s"], "sizes": {}}
         for size in sizes:
             served = bench.bench_server(spec, "unix", ("--message-tokens", str(size)))
-            row["sizes"][size] = {k: served[k] for k in (
-                "tokens_per_s", "client_cpu_ns_per_token", "server_cpu_ns_per_token")}
+            row["sizes"][size] = {
+                k: served[k]
+                for k in ("tokens_per_s", "client_cpu_ns_per_token", "server_cpu_ns_per_token")
+            }
         rounds.append(row)
-        print(f"[bench_message_size] round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{s}: {v['tokens_per_s'] / 1e6:.2f} M tokens/s" for s, v in row["sizes"].items()),
-            file=sys.stderr, flush=True)
+        print(
+            f"[bench_message_size] round {r + 1}/{args.rounds}: "
+            + ", ".join(
+                f"{s}: {v['tokens_per_s'] / 1e6:.2f} M tokens/s" for s, v in row["sizes"].items()
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def median(size: int, key: str) -> float:
         return statistics.median(r["sizes"][size][key] for r in rounds)
 
     base = sizes[0]
-    result = {"batch": [args.batch_size, args.seq_len], "rounds": args.rounds, "sizes": {
-        size: {"over_first_size": statistics.median(
-                   r["sizes"][size]["tokens_per_s"] / r["sizes"][base]["tokens_per_s"]
-                   for r in rounds),
-               "over_in_process": statistics.median(
-                   r["sizes"][size]["tokens_per_s"] / r["in_process_tokens_per_s"]
-                   for r in rounds),
-               "client_cpu_ns_per_token": median(size, "client_cpu_ns_per_token"),
-               "server_cpu_ns_per_token": median(size, "server_cpu_ns_per_token")}
-        for size in sizes}, "per_round": rounds}
-    print(f"{'message tokens':>14} {'/ first size':>12} {'/ in process':>12} "
-          f"{'client ns/token':>15} {'server ns/token':>15}")
+    result = {
+        "batch": [args.batch_size, args.seq_len],
+        "rounds": args.rounds,
+        "sizes": {
+            size: {
+                "over_first_size": statistics.median(
+                    r["sizes"][size]["tokens_per_s"] / r["sizes"][base]["tokens_per_s"]
+                    for r in rounds
+                ),
+                "over_in_process": statistics.median(
+                    r["sizes"][size]["tokens_per_s"] / r["in_process_tokens_per_s"] for r in rounds
+                ),
+                "client_cpu_ns_per_token": median(size, "client_cpu_ns_per_token"),
+                "server_cpu_ns_per_token": median(size, "server_cpu_ns_per_token"),
+            }
+            for size in sizes
+        },
+        "per_round": rounds,
+    }
+    print(
+        f"{'message tokens':>14} {'/ first size':>12} {'/ in process':>12} "
+        f"{'client ns/token':>15} {'server ns/token':>15}"
+    )
     for size, v in result["sizes"].items():
-        print(f"{size:>14} {v['over_first_size']:>12.3f} {v['over_in_process']:>12.3f} "
-              f"{v['client_cpu_ns_per_token']:>15.1f} {v['server_cpu_ns_per_token']:>15.1f}")
+        print(
+            f"{size:>14} {v['over_first_size']:>12.3f} {v['over_in_process']:>12.3f} "
+            f"{v['client_cpu_ns_per_token']:>15.1f} {v['server_cpu_ns_per_token']:>15.1f}"
+        )
     print(json.dumps(result, indent=2))
     return 0
 

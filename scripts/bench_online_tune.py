@@ -48,9 +48,13 @@ QUEUE_DEPTH, PREFETCH = 4, 2
 
 def spec_for(path: str, model: str, workers: dict, seed: int = 0) -> PipelineSpec:
     # `seed` makes a spec another spec (nothing remembered for it) without changing its cost.
-    return PipelineSpec(source={"paths": [path]}, tokenizer={"model": model},
-                        batch={"seq_len": 1024, "size": 8},
-                        order={"epochs": 0, "shuffle": True, "seed": seed}, workers=workers)
+    return PipelineSpec(
+        source={"paths": [path]},
+        tokenizer={"model": model},
+        batch={"seq_len": 1024, "size": 8},
+        order={"epochs": 0, "shuffle": True, "seed": seed},
+        workers=workers,
+    )
 
 
 def fixed(p: int, t: int) -> dict:
@@ -63,10 +67,23 @@ class Served:
     def __init__(self, directory: str, cache: str):
         self.socket = os.path.join(directory, f"s{time.monotonic_ns()}.sock")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "input_server.cli", "serve", "--listen",
-             f"unix://{self.socket}", "--data-root", directory, "--tune-cache", cache,
-             "--queue-depth", str(QUEUE_DEPTH)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "input_server.cli",
+                "serve",
+                "--listen",
+                f"unix://{self.socket}",
+                "--data-root",
+                directory,
+                "--tune-cache",
+                cache,
+                "--queue-depth",
+                str(QUEUE_DEPTH),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket):
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -122,8 +139,9 @@ def digest(batch) -> str:
     return h.hexdigest()
 
 
-def until_settled(served: Served, it, pace: float, timeout: float = 60.0,
-                  record: list | None = None) -> float:
+def until_settled(
+    served: Served, it, pace: float, timeout: float = 60.0, record: list | None = None
+) -> float:
     start = time.monotonic()
     while stream_info(served).tuning_state != "settled":
         take(it, 0.5, pace, record)
@@ -151,15 +169,22 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--only-unthrottled", action="store_true",
-                        help="measure the unthrottled loop only (a quicker look)")
+    parser.add_argument(
+        "--only-unthrottled",
+        action="store_true",
+        help="measure the unthrottled loop only (a quicker look)",
+    )
     args = parser.parse_args()
     flags.FLAGS.mark_as_parsed()
     with tempfile.TemporaryDirectory() as d:
         path, model = corpus(d)
         auto = {"count": "auto", "tune_seconds": 20}
-        out: dict = {"host": platform.node(), "cpus": os.cpu_count(),
-                     "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+        out: dict = {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(sys.argv),
+        }
         seeds = iter(range(1, 10_000))
 
         # Unthrottled: every fixed count and "auto" (fresh spec), alternating, best of rounds.
@@ -167,36 +192,45 @@ def main() -> None:
         with Served(d, "off") as served:
             for _ in range(args.rounds):
                 for p, t in FIXED:
-                    r, _, _ = steady_rate(served, spec_for(path, model, fixed(p, t)),
-                                          args.seconds)
+                    r, _, _ = steady_rate(served, spec_for(path, model, fixed(p, t)), args.seconds)
                     rates.setdefault(f"{p}x{t}", []).append(r)
-                r, _, info = steady_rate(served, spec_for(path, model, auto, next(seeds)),
-                                         args.seconds)
+                r, _, info = steady_rate(
+                    served, spec_for(path, model, auto, next(seeds)), args.seconds
+                )
                 rates.setdefault("auto", []).append(r)
                 # The state at the end of the timed window: "searching" if it re-tuned then.
                 rates.setdefault("auto_choice", []).append(
                     f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
-                    f"{info.worker_reason}")
+                    f"{info.worker_reason}"
+                )
         fixed_counts = [f"{p}x{t}" for p, t in FIXED]
         best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
         # Per round: "auto" over the best fixed count of the same round; the median of those.
-        per_round = [a / max(rates[k][i] for k in fixed_counts)
-                     for i, a in enumerate(rates["auto"])]
+        per_round = [
+            a / max(rates[k][i] for k in fixed_counts) for i, a in enumerate(rates["auto"])
+        ]
         out["unthrottled"] = {
             "batches_per_s": {k: max(v) for k, v in rates.items() if k != "auto_choice"},
-            "rounds": {k: [round(x, 1) for x in v] if k != "auto_choice" else v
-                       for k, v in rates.items()},
-            "auto_choices": rates["auto_choice"], "best_fixed": best_fixed,
+            "rounds": {
+                k: [round(x, 1) for x in v] if k != "auto_choice" else v for k, v in rates.items()
+            },
+            "auto_choices": rates["auto_choice"],
+            "best_fixed": best_fixed,
             "auto_over_best_fixed_best_rounds": max(rates["auto"]) / max(rates[best_fixed]),
-            "auto_over_best_fixed_median_round": statistics.median(per_round)}
+            "auto_over_best_fixed_median_round": statistics.median(per_round),
+        }
         bp, bt = map(int, best_fixed.split("x"))
         if args.only_unthrottled:
             emit_json(out, args.out)
             return
 
         # First batch on a fresh server and fresh spec; then after a restart that remembers.
-        firsts: dict[str, list[float]] = {"auto": [], "fixed": [], "auto_restart": [],
-                                          "fixed_restart": []}
+        firsts: dict[str, list[float]] = {
+            "auto": [],
+            "fixed": [],
+            "auto_restart": [],
+            "fixed_restart": [],
+        }
         for _ in range(args.rounds):
             cache = tempfile.mkdtemp(dir=d)
             spec = spec_for(path, model, auto, next(seeds))
@@ -205,36 +239,42 @@ def main() -> None:
                 with served.client.batches(spec, prefetch=PREFETCH) as it:
                     until_settled(served, it, 0.0)
             with Served(d, "off") as served:
-                firsts["fixed"].append(first_batch_s(served, spec_for(path, model,
-                                                                      fixed(bp, bt))))
+                firsts["fixed"].append(first_batch_s(served, spec_for(path, model, fixed(bp, bt))))
             with Served(d, cache) as served:  # restarted: the choice is on disk
                 firsts["auto_restart"].append(first_batch_s(served, spec))
             with Served(d, "off") as served:
-                firsts["fixed_restart"].append(first_batch_s(served, spec_for(
-                    path, model, fixed(bp, bt), 0)))
+                firsts["fixed_restart"].append(
+                    first_batch_s(served, spec_for(path, model, fixed(bp, bt), 0))
+                )
         med = {k: statistics.median(v) for k, v in firsts.items()}
-        out["first_batch_s"] = {**med, "auto_over_fixed": med["auto"] / med["fixed"],
-                                "restart_auto_over_fixed":
-                                    med["auto_restart"] / med["fixed_restart"]}
+        out["first_batch_s"] = {
+            **med,
+            "auto_over_fixed": med["auto"] / med["fixed"],
+            "restart_auto_over_fixed": med["auto_restart"] / med["fixed_restart"],
+        }
 
         # Throttled loop at PACE: the choice, the CPU it costs, the bound, the demand.
         need = 1.25 * PACE
-        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1")
-                      if max(rates[k]) >= need)
+        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if max(rates[k]) >= need)
         fp, ft = map(int, fewest.split("x"))
         with Served(d, "off") as served:
             # Twice the window: at a few batches a second the server uses ~2 % of a core.
-            _, cpu_fixed, _ = steady_rate(served, spec_for(path, model, fixed(fp, ft)),
-                                          2 * args.seconds, PACE)
-            rate, cpu_auto, info = steady_rate(served, spec_for(path, model, auto,
-                                                                next(seeds)),
-                                               2 * args.seconds, PACE)
+            _, cpu_fixed, _ = steady_rate(
+                served, spec_for(path, model, fixed(fp, ft)), 2 * args.seconds, PACE
+            )
+            rate, cpu_auto, info = steady_rate(
+                served, spec_for(path, model, auto, next(seeds)), 2 * args.seconds, PACE
+            )
         out["throttled"] = {
-            "pace": rate, "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
-            "fewest_fixed_meeting_1.25x": fewest, "server_cpu_cores_auto": cpu_auto,
-            "server_cpu_cores_fixed": cpu_fixed, "cpu_auto_over_fixed": cpu_auto / cpu_fixed,
+            "pace": rate,
+            "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
+            "fewest_fixed_meeting_1.25x": fewest,
+            "server_cpu_cores_auto": cpu_auto,
+            "server_cpu_cores_fixed": cpu_fixed,
+            "cpu_auto_over_fixed": cpu_auto / cpu_fixed,
             "reported_demand": info.consumed_batches_per_s,
-            "demand_error": abs(info.consumed_batches_per_s - rate) / rate}
+            "demand_error": abs(info.consumed_batches_per_s - rate) / rate,
+        }
 
         # Demand step: a third of one thread's rate, then 4 x: past what one thread makes.
         slow = max(rates["0x1"]) / 3
@@ -258,18 +298,25 @@ def main() -> None:
                         met_after = time.monotonic() - step_at
                 after = stream_info(served)
         with Served(d, "off") as served:
-            with served.client.batches(spec.replace(workers=fixed(0, 1)),
-                                       prefetch=PREFETCH) as it:
+            with served.client.batches(spec.replace(workers=fixed(0, 1)), prefetch=PREFETCH) as it:
                 want = [digest(next(it)) for _ in range(len(got))]
         out["demand_step"] = {
-            "slow_pace": slow, "fast_pace": 4 * slow,
+            "slow_pace": slow,
+            "fast_pace": 4 * slow,
             "choice_before": f"{before.worker_processes}x{before.worker_threads}",
             "choice_after": f"{after.worker_processes}x{after.worker_threads}",
-            "met_after_s": met_after, "paces_taken": windows,
-            "switches": [f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
-                         f"{w.to_processes}x{w.to_threads}: {w.reason}" for w in after.switches],
-            "batches": len(got), "identical_to_fixed": got == want,
-            "most_ahead": ahead_max, "ahead_bound": bound}
+            "met_after_s": met_after,
+            "paces_taken": windows,
+            "switches": [
+                f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
+                f"{w.to_processes}x{w.to_threads}: {w.reason}"
+                for w in after.switches
+            ],
+            "batches": len(got),
+            "identical_to_fixed": got == want,
+            "most_ahead": ahead_max,
+            "ahead_bound": bound,
+        }
     emit_json(out, args.out)
 
 

@@ -43,7 +43,7 @@ def _kept_span(sp, text: str, seq_len: int) -> int:
     lo, hi = 0, len(spaces) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(sp.encode(text[:spaces[mid]])) >= seq_len:
+        if len(sp.encode(text[: spaces[mid]])) >= seq_len:
             hi = mid
         else:
             lo = mid + 1
@@ -59,8 +59,9 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     from input_server.data.sources import DocumentSource
     from input_server.data.tokenizer import Tokenizer
 
-    spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
-                        batch={"seq_len": seq_len})
+    spec = PipelineSpec(
+        source={"paths": [corpus]}, tokenizer={"model": model}, batch={"seq_len": seq_len}
+    )
     source = DocumentSource.from_spec(spec.source)
     texts = source.read_many(range(len(source)))
     sp = spm.SentencePieceProcessor(model_file=model)
@@ -77,20 +78,27 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     def threads(count: int, sp_threads: int):
         def go():
             parts = [texts[:half], texts[half:]] if count == 2 else [texts]
-            workers = [threading.Thread(target=sp.encode, args=(p,),
-                                        kwargs={"return_type": "numpy",
-                                                "num_threads": sp_threads}) for p in parts]
+            workers = [
+                threading.Thread(
+                    target=sp.encode,
+                    args=(p,),
+                    kwargs={"return_type": "numpy", "num_threads": sp_threads},
+                )
+                for p in parts
+            ]
             for w in workers:
                 w.start()
             for w in workers:
                 w.join()
+
         return go
 
     group_size = Pipeline(spec).group_size
 
     def in_groups(size: int):
-        return lambda: [sp.encode(texts[i:i + size], return_type="numpy")
-                        for i in range(0, len(texts), size)]
+        return lambda: [
+            sp.encode(texts[i : i + size], return_type="numpy") for i in range(0, len(texts), size)
+        ]
 
     tokenizer = Tokenizer(spec.tokenizer)
     tokenizer.learn_chars_per_token(texts[:64])
@@ -108,7 +116,7 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
 
     tokenizer._sp = Counting()
     for i in range(0, len(texts), group_size):
-        tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
+        tokenizer.encode(texts[i : i + group_size], trim_to=seq_len)
     kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
 
     tokenizer._sp = real
@@ -118,7 +126,7 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
 
     def tokenize_cut():
         for i in range(0, len(texts), group_size):
-            tokenizer.encode(texts[i:i + group_size], trim_to=seq_len)
+            tokenizer.encode(texts[i : i + group_size], trim_to=seq_len)
 
     read_s = 1 / _rate(read_all, 1, seconds)
     tokenize_s = 1 / _rate(tokenize_cut, 1, seconds)
@@ -133,7 +141,10 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
         "groups_of_pipeline_size": _rate(in_groups(group_size), tokens, seconds),
     }
     return {
-        "corpus": corpus, "documents": len(texts), "tokens": tokens, "seq_len": seq_len,
+        "corpus": corpus,
+        "documents": len(texts),
+        "tokens": tokens,
+        "seq_len": seq_len,
         "tokens_per_s": r,
         "ratios": {
             "numpy_over_ints": r["numpy_concatenated"] / r["ints_flattened"],
@@ -142,11 +153,17 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
             "pipeline_group_over_64": r["groups_of_pipeline_size"] / r["groups_of_64"],
         },
         "pipeline_group_size": group_size,
-        "cut": {"grows_by_added_text": tokenizer.extendable,
-                "characters_tokenized": tokenized, "characters_kept_tokens_span": kept_span,
-                "characters_in_all": sum(map(len, texts))},
-        "reading": {"seconds_per_epoch": read_s, "cut_tokenizing_seconds_per_epoch": tokenize_s,
-                    "over_cut_tokenizing": read_s / tokenize_s},
+        "cut": {
+            "grows_by_added_text": tokenizer.extendable,
+            "characters_tokenized": tokenized,
+            "characters_kept_tokens_span": kept_span,
+            "characters_in_all": sum(map(len, texts)),
+        },
+        "reading": {
+            "seconds_per_epoch": read_s,
+            "cut_tokenizing_seconds_per_epoch": tokenize_s,
+            "over_cut_tokenizing": read_s / tokenize_s,
+        },
     }
 
 

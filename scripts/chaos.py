@@ -53,6 +53,7 @@ PROGRESS_TIMEOUT_S = 120.0
 
 # --- the trainer (a subprocess the driver kills) -----------------------------------------------
 
+
 def trainer(args: argparse.Namespace) -> int:
     """Consumes batches, logging each and checkpointing every `--checkpoint-every` steps.
 
@@ -85,9 +86,10 @@ def trainer(args: argparse.Namespace) -> int:
             os.replace(tmp, args.ckpt)  # atomic: a kill leaves the old or the new checkpoint
 
         client = InputClient(args.target, connect_timeout_s=60, token_file=args.token_file)
-        with client, \
-                client.batches(spec, state=state, reconnect_deadline_s=args.reconnect_deadline_s) \
-                as it:
+        with (
+            client,
+            client.batches(spec, state=state, reconnect_deadline_s=args.reconnect_deadline_s) as it,
+        ):
             while not stop.is_set() and (args.batches == 0 or step < args.batches):
                 t = time.perf_counter()
                 batch = next(it)
@@ -105,10 +107,11 @@ def trainer(args: argparse.Namespace) -> int:
 
 # --- the driver ---------------------------------------------------------------------------------
 
+
 def compare(logged: bytes, ref: list[bytes]) -> dict:
     """Batch-by-batch comparison of the trainer's log with the reference."""
     size = len(ref[0]) if ref else 1
-    got = [logged[i:i + size] for i in range(0, len(logged), size)]
+    got = [logged[i : i + size] for i in range(0, len(logged), size)]
     index = {}
     for i, b in enumerate(ref):
         index.setdefault(hashlib.sha256(b).digest(), i)
@@ -122,9 +125,20 @@ def compare(logged: bytes, ref: list[bytes]) -> dict:
     }
 
 
-def run(*, kills: int, restarts: int, batches: int, transport: str, workers: list[int],
-        seed: int, checkpoint_every: int, seq_len: int, batch_size: int, max_gap: int,
-        reconnect_deadline_s: float) -> dict:
+def run(
+    *,
+    kills: int,
+    restarts: int,
+    batches: int,
+    transport: str,
+    workers: list[int],
+    seed: int,
+    checkpoint_every: int,
+    seq_len: int,
+    batch_size: int,
+    max_gap: int,
+    reconnect_deadline_s: float,
+) -> dict:
     """Streams at least `batches` batches through `kills` server kills and `restarts` trainer
     kills, in random order, each at a random 1..`max_gap` steps after the previous one took
     effect (a server kill takes effect when the trainer's stream broke and reconnected: gRPC
@@ -137,13 +151,16 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
 
     start = time.monotonic()
     corpus, model = ensure_demo_assets()
-    spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
-                        batch={"seq_len": seq_len, "size": batch_size},
-                        order={"epochs": 0, "seed": seed}, workers={"count": workers[0]})
+    spec = PipelineSpec(
+        source={"paths": [corpus]},
+        tokenizer={"model": model},
+        batch={"seq_len": seq_len, "size": batch_size},
+        order={"epochs": 0, "seed": seed},
+        workers={"count": workers[0]},
+    )
     rng = random.Random(seed)
     work = tempfile.mkdtemp(prefix="chaos-")
-    target = (f"unix://{work}/input.sock" if transport == "unix"
-              else f"127.0.0.1:{free_port()}")
+    target = f"unix://{work}/input.sock" if transport == "unix" else f"127.0.0.1:{free_port()}"
     # TCP is open to every local user: the server and the trainer share a token.
     token_file = write_token_file(work)[0] if transport == "tcp" else None
     token_args = ["--token-file", token_file] if token_file else []
@@ -156,16 +173,35 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
         with open(spec_path, "w") as f:
             count = workers[incarnation % len(workers)]
             json.dump(spec.replace(workers={"count": count}).to_dict(), f)
-        return ChildProcess([sys.executable, os.path.abspath(__file__), "trainer", "--target",
-                             target, "--spec", spec_path, "--ckpt", paths["ckpt"], "--log",
-                             paths["log"], "--batches", "0", "--checkpoint-every",
-                             str(checkpoint_every), "--reconnect-deadline-s",
-                             str(reconnect_deadline_s), *token_args],
-                            log=paths["trainer.log"], read_lines=True)
+        return ChildProcess(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "trainer",
+                "--target",
+                target,
+                "--spec",
+                spec_path,
+                "--ckpt",
+                paths["ckpt"],
+                "--log",
+                paths["log"],
+                "--batches",
+                "0",
+                "--checkpoint-every",
+                str(checkpoint_every),
+                "--reconnect-deadline-s",
+                str(reconnect_deadline_s),
+                *token_args,
+            ],
+            log=paths["trainer.log"],
+            read_lines=True,
+        )
 
     # The demo's files are the only data this server may read.
-    server = ServerProcess(target, paths["server.log"], token_file,
-                           data_root=os.path.dirname(os.path.abspath(corpus)))
+    server = ServerProcess(
+        target, paths["server.log"], token_file, data_root=os.path.dirname(os.path.abspath(corpus))
+    )
     server.start()
     incarnation = 0
     trainer_proc = train(incarnation)
@@ -205,8 +241,10 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
                 break
             if not felt:
                 last = done_events[-1]
-                felt = (last[1] == "trainer kill"  # the new trainer delivers
-                        or int(n_reconnects) > reconnects[incarnation])
+                felt = (
+                    last[1] == "trainer kill"  # the new trainer delivers
+                    or int(n_reconnects) > reconnects[incarnation]
+                )
                 if felt:
                     next_event = step + rng.randint(1, max_gap)
             reconnects[incarnation] = int(n_reconnects)
@@ -256,8 +294,13 @@ def run(*, kills: int, restarts: int, batches: int, transport: str, workers: lis
         "wall_s": round(time.monotonic() - start, 1),
         "error": error,
     }
-    result["ok"] = (error is None and result["identical_to_reference"] and not events
-                    and result["batches_lost"] == 0 and result["batches_duplicated"] == 0)
+    result["ok"] = (
+        error is None
+        and result["identical_to_reference"]
+        and not events
+        and result["batches_lost"] == 0
+        and result["batches_duplicated"] == 0
+    )
     # A kill is survived when the stream it broke went on and the run ended exactly once.
     result["kills_survived"] = result["server_kills"] if result["ok"] else 0
     if result["ok"]:
@@ -279,19 +322,30 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--batches", type=int, default=0, help="steps to run; 0 = until SIGTERM")
     t.add_argument("--checkpoint-every", type=int, default=5)
     t.add_argument("--reconnect-deadline-s", type=float, default=60.0)
-    t.add_argument("--step-ms", type=float, default=0.0,
-                   help="milliseconds each step takes after its batch (a train step)")
+    t.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds each step takes after its batch (a train step)",
+    )
     parser.add_argument("--kills", type=int, default=5, help="server SIGKILLs")
     parser.add_argument("--restarts", type=int, default=3, help="trainer SIGKILLs + restarts")
-    parser.add_argument("--batches", type=int, default=400,
-                        help="batches the run delivers at least")
-    parser.add_argument("--max-gap", type=int, default=40,
-                        help="at most this many steps between one event taking effect and the "
-                             "next")
+    parser.add_argument(
+        "--batches", type=int, default=400, help="batches the run delivers at least"
+    )
+    parser.add_argument(
+        "--max-gap",
+        type=int,
+        default=40,
+        help="at most this many steps between one event taking effect and the next",
+    )
     parser.add_argument("--transport", choices=("unix", "tcp"), default="unix")
-    parser.add_argument("--workers", default="0",
-                        help="worker processes, comma-separated: trainer incarnations cycle "
-                             "through them (e.g. 0,1,2)")
+    parser.add_argument(
+        "--workers",
+        default="0",
+        help="worker processes, comma-separated: trainer incarnations cycle "
+        "through them (e.g. 0,1,2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -301,11 +355,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "trainer":
         return trainer(args)
-    result = run(kills=args.kills, restarts=args.restarts, batches=args.batches,
-                 transport=args.transport, workers=[int(w) for w in args.workers.split(",")],
-                 seed=args.seed, checkpoint_every=args.checkpoint_every, seq_len=args.seq_len,
-                 batch_size=args.batch_size, max_gap=args.max_gap,
-                 reconnect_deadline_s=args.reconnect_deadline_s)
+    result = run(
+        kills=args.kills,
+        restarts=args.restarts,
+        batches=args.batches,
+        transport=args.transport,
+        workers=[int(w) for w in args.workers.split(",")],
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        max_gap=args.max_gap,
+        reconnect_deadline_s=args.reconnect_deadline_s,
+    )
     emit_json(result, args.json)
     return 0 if result["ok"] else 1
 

@@ -45,12 +45,27 @@ from tests.support import ChildProcess, cli_argv, health, write_format  # noqa: 
 
 METHOD = "/input_server.v1.InputService/StreamBatches"
 # README's status table, plus what a client's own deadline or cancel produces.
-CONTRACT = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "DATA_LOSS",
-            "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "UNAVAILABLE", "UNAUTHENTICATED",
-            "CANCELLED", "DEADLINE_EXCEEDED"}
+CONTRACT = {
+    "OK",
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "PERMISSION_DENIED",
+    "DATA_LOSS",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "UNAVAILABLE",
+    "UNAUTHENTICATED",
+    "CANCELLED",
+    "DEADLINE_EXCEEDED",
+}
 # One stream of each in the warm-up: a reader's lazy imports (pyarrow, ...) grow RSS once.
-FORMATS = ("jsonl-plain", "jsonl-zst", "jsonl-gz-text_field-body", "parquet-row-groups",
-           "arrayrecord-text")
+FORMATS = (
+    "jsonl-plain",
+    "jsonl-zst",
+    "jsonl-gz-text_field-body",
+    "parquet-row-groups",
+    "arrayrecord-text",
+)
 RSS_TOLERANCE_PCT, SETTLE_S, IDLE_CORES = 10.0, 10.0, 0.2
 # glibc raises its mmap threshold after a big free, so one large (valid) batch would leave RSS
 # at a high-water mark for good; a fixed threshold returns big buffers: RSS then tracks leaks.
@@ -67,37 +82,107 @@ def build_data(root: str) -> dict:
     bad = os.path.join(root, "hostile")
     os.makedirs(os.path.join(bad, "dir.jsonl"))
     os.mkfifo(os.path.join(bad, "fifo.jsonl"))  # opening it blocks until a writer comes
-    for name, target in [("passwd.jsonl", "/etc/passwd"), ("zero.jsonl", "/dev/zero"),
-                         ("mem.model", "/proc/self/mem"), ("up.jsonl", "..")]:
+    for name, target in [
+        ("passwd.jsonl", "/etc/passwd"),
+        ("zero.jsonl", "/dev/zero"),
+        ("mem.model", "/proc/self/mem"),
+        ("up.jsonl", ".."),
+    ]:
         os.symlink(target, os.path.join(bad, name))
     rng, good = random.Random(0), pathlib.Path(model).read_bytes()
-    for name, blob in [("empty.jsonl", b""), ("noise.jsonl", rng.randbytes(4096)),
-                       ("noise.model", rng.randbytes(4096)), ("half.model", good[:len(good) // 2]),
-                       ("nul.jsonl", b'{"text": "a\\u0000b"}\n\x00\n')]:
+    for name, blob in [
+        ("empty.jsonl", b""),
+        ("noise.jsonl", rng.randbytes(4096)),
+        ("noise.model", rng.randbytes(4096)),
+        ("half.model", good[: len(good) // 2]),
+        ("nul.jsonl", b'{"text": "a\\u0000b"}\n\x00\n'),
+    ]:
         pathlib.Path(bad, name).write_bytes(blob)
-    paths = [os.path.join(bad, n) for n in sorted(os.listdir(bad))] + [
-        s["paths"][0] for s in sources] + [
-        model, root, root + "/*/*", root + "/**/*", root + "/../../etc/shadow", "../" * 8 + "etc",
-        "/proc/self/environ", "/proc/self/mem", "/dev/zero", "/dev/stdin", "/etc/passwd", "/",
-        "~", ".", "..", "*", "**/*", "[", "a\x00b", "\x00"]
-    words = ["", " ", "?", "\u202e", "e\u0301", "\U0001F600" * 3, "\ufeff", "\u0663", "\u00b2",
-             "\uff11", "\u0130", "auto", "0", "1", "2", "3", "-1", "1024", "1e309", "nan", "inf",
-             "9" * 5000, "x" * 100_000, "%s%n", "$(id)", "\n", "jsonl", "parquet", "arrayrecord",
-             "json", "text", "tf_example", "first_fit", "concat_then_split", "none", "body"]
+    paths = (
+        [os.path.join(bad, n) for n in sorted(os.listdir(bad))]
+        + [s["paths"][0] for s in sources]
+        + [
+            model,
+            root,
+            root + "/*/*",
+            root + "/**/*",
+            root + "/../../etc/shadow",
+            "../" * 8 + "etc",
+            "/proc/self/environ",
+            "/proc/self/mem",
+            "/dev/zero",
+            "/dev/stdin",
+            "/etc/passwd",
+            "/",
+            "~",
+            ".",
+            "..",
+            "*",
+            "**/*",
+            "[",
+            "a\x00b",
+            "\x00",
+        ]
+    )
+    words = [
+        "",
+        " ",
+        "?",
+        "\u202e",
+        "e\u0301",
+        "\U0001f600" * 3,
+        "\ufeff",
+        "\u0663",
+        "\u00b2",
+        "\uff11",
+        "\u0130",
+        "auto",
+        "0",
+        "1",
+        "2",
+        "3",
+        "-1",
+        "1024",
+        "1e309",
+        "nan",
+        "inf",
+        "9" * 5000,
+        "x" * 100_000,
+        "%s%n",
+        "$(id)",
+        "\n",
+        "jsonl",
+        "parquet",
+        "arrayrecord",
+        "json",
+        "text",
+        "tf_example",
+        "first_fit",
+        "concat_then_split",
+        "none",
+        "body",
+    ]
     return {"model": model, "sources": sources, "paths": paths, "words": words}
 
 
 # --- requests ------------------------------------------------------------------------------------
 
-def valid_request(rng: random.Random, data: dict, source: dict | None = None
-                  ) -> pb.StreamBatchesRequest:
+
+def valid_request(
+    rng: random.Random, data: dict, source: dict | None = None
+) -> pb.StreamBatchesRequest:
     spec = pb.PipelineSpec(
         source=pb.Source(**(source or rng.choice(data["sources"]))),
         tokenizer=pb.Tokenizer(model=data["model"], add_bos=True),
-        batch=pb.BatchShape(seq_len=rng.choice([16, 64, 128]), size=rng.choice([1, 2, 4]),
-                            packing=rng.choice(["first_fit", "concat_then_split", "none"])),
+        batch=pb.BatchShape(
+            seq_len=rng.choice([16, 64, 128]),
+            size=rng.choice([1, 2, 4]),
+            packing=rng.choice(["first_fit", "concat_then_split", "none"]),
+        ),
         order=pb.Order(seed=rng.randrange(100), shuffle=rng.random() < 0.5, epochs=1),
-        shard=pb.Shard(index=0, count=1), workers=pb.Workers(count="0"))
+        shard=pb.Shard(index=0, count=1),
+        workers=pb.Workers(count="0"),
+    )
     return pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)
 
 
@@ -107,21 +192,53 @@ def random_string(rng: random.Random, data: dict, is_path: bool) -> str:
     if roll < 0.85:
         return "/".join(rng.choice(pool) for _ in range(1 if roll < 0.7 else rng.randint(2, 4)))
     # Any code point but the surrogates, which a proto string cannot carry.
-    return "".join(chr(rng.choice([rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)]))
-                   for _ in range(rng.randint(1, 64)))
+    return "".join(
+        chr(rng.choice([rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)]))
+        for _ in range(rng.randint(1, 64))
+    )
 
 
 def random_number(rng: random.Random, f) -> int | float | bool:
     if f.cpp_type == f.CPPTYPE_BOOL:
         return rng.random() < 0.5
     if f.cpp_type == f.CPPTYPE_DOUBLE:
-        return rng.choice([0.0, -0.0, -1.0, 5e-324, 1e308, float("inf"), float("-inf"),
-                           float("nan"), 0.5, 600.0, 600.5, rng.uniform(0, 100)])
+        return rng.choice(
+            [
+                0.0,
+                -0.0,
+                -1.0,
+                5e-324,
+                1e308,
+                float("inf"),
+                float("-inf"),
+                float("nan"),
+                0.5,
+                600.0,
+                600.5,
+                rng.uniform(0, 100),
+            ]
+        )
     bits = 64 if f.cpp_type in (f.CPPTYPE_INT64, f.CPPTYPE_UINT64) else 32
-    lo, hi = ((0, (1 << bits) - 1) if f.cpp_type in (f.CPPTYPE_UINT32, f.CPPTYPE_UINT64)
-              else (-(1 << bits - 1), (1 << bits - 1) - 1))
-    picks = [0, 1, 2, -1, lo, hi, hi - 1, 1 << 16, (1 << 16) + 1, 1 << 20, (1 << 20) + 1,
-             rng.randint(-100, 1000), rng.randint(lo, hi)]
+    lo, hi = (
+        (0, (1 << bits) - 1)
+        if f.cpp_type in (f.CPPTYPE_UINT32, f.CPPTYPE_UINT64)
+        else (-(1 << bits - 1), (1 << bits - 1) - 1)
+    )
+    picks = [
+        0,
+        1,
+        2,
+        -1,
+        lo,
+        hi,
+        hi - 1,
+        1 << 16,
+        (1 << 16) + 1,
+        1 << 20,
+        (1 << 20) + 1,
+        rng.randint(-100, 1000),
+        rng.randint(lo, hi),
+    ]
     return rng.choice([v for v in picks if lo <= v <= hi])
 
 
@@ -131,8 +248,11 @@ def random_proto(rng: random.Random, data: dict) -> tuple[str, bytes]:
     if rng.random() < 0.1:
         req.pipeline_name = random_string(rng, data, False)
         return f"pipeline_name={req.pipeline_name:.80}", req.SerializeToString()
-    fields = [(getattr(req.spec, t.name), f) for t in req.spec.DESCRIPTOR.fields
-              for f in t.message_type.fields]
+    fields = [
+        (getattr(req.spec, t.name), f)
+        for t in req.spec.DESCRIPTOR.fields
+        for f in t.message_type.fields
+    ]
     # Mostly one or two fields, so that the rest passes validation and the value goes deep;
     # paths and the model are where files are opened, so they are drawn more often.
     weights = [4 if f.name in ("paths", "model") else 1 for _, f in fields]
@@ -143,8 +263,11 @@ def random_proto(rng: random.Random, data: dict) -> tuple[str, bytes]:
             value = [random_string(rng, data, is_path) for _ in range(rng.choice([0, 1, 2, 300]))]
             getattr(msg, f.name)[:] = value
         else:
-            value = (random_string(rng, data, is_path) if f.cpp_type == f.CPPTYPE_STRING
-                     else random_number(rng, f))
+            value = (
+                random_string(rng, data, is_path)
+                if f.cpp_type == f.CPPTYPE_STRING
+                else random_number(rng, f)
+            )
             setattr(msg, f.name, value)
         changed.append(f"{msg.DESCRIPTOR.name}.{f.name}={value!r:.100}")
     if rng.random() < 0.1:
@@ -160,14 +283,19 @@ def mutate_bytes(rng: random.Random, blob: bytes, other: bytes) -> tuple[str, by
     """Bit flips, cuts and splices; the summary names each."""
     b, ops = bytearray(blob), []
     for _ in range(rng.randint(1, 3)):
-        op, at = rng.choice(["flip", "cut", "insert", "dup", "splice", "varint"]), \
-            rng.randrange(len(b) + 1)
+        op, at = (
+            rng.choice(["flip", "cut", "insert", "dup", "splice", "varint"]),
+            rng.randrange(len(b) + 1),
+        )
         if op == "flip" and b:
             for _ in range(rng.randint(1, 8)):
                 b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
         elif op in ("cut", "dup", "splice"):  # dup: proto merges fields that come twice
-            b[at:] = {"cut": b"", "dup": b[at:] * 2,
-                      "splice": other[rng.randrange(len(other) + 1):]}[op]
+            b[at:] = {
+                "cut": b"",
+                "dup": b[at:] * 2,
+                "splice": other[rng.randrange(len(other) + 1) :],
+            }[op]
         else:  # insert random bytes, or a varint (a length, a tag) that never ends
             b[at:at] = rng.randbytes(rng.randint(1, 32)) if op == "insert" else b"\xff" * 11
         ops.append(f"{op}@{at}")
@@ -176,23 +304,73 @@ def mutate_bytes(rng: random.Random, blob: bytes, other: bytes) -> tuple[str, by
 
 def tamper_state(rng: random.Random, state: bytes) -> tuple[str, bytes]:
     """A real state made wrong in one of the ways a client or a disk could."""
-    d, op = json.loads(state), rng.choice(["set", "edge", "edge", "delete", "literal", "deep",
-                                           "non_utf8", "bytes", "duplicate", "huge"])
+    d, op = (
+        json.loads(state),
+        rng.choice(
+            [
+                "set",
+                "edge",
+                "edge",
+                "delete",
+                "literal",
+                "deep",
+                "non_utf8",
+                "bytes",
+                "duplicate",
+                "huge",
+            ]
+        ),
+    )
     key = rng.choice(sorted(d) + ["extra"] * (op == "set"))
     if op == "edge":  # in range, at the ends: the stream's own numbers must still fit
         key = rng.choice(["seq", "doc", "offset"])
-        d[key] = rng.choice([(1 << 63) - 1, (1 << 63) - 2, (1 << 63) - 20, 299, 300, 10 ** 9])
+        d[key] = rng.choice([(1 << 63) - 1, (1 << 63) - 2, (1 << 63) - 20, 299, 300, 10**9])
         return f"{key}={d[key]}", json.dumps(d).encode()
     if op == "set":
-        d[key] = rng.choice([1 << 70, 1 << 63, (1 << 63) - 1, -1, 1.5, "3", "", True, None, [],
-                             {"a": 1}, float("inf"), float("nan"), rng.randint(0, 500), 10 ** 6])
+        d[key] = rng.choice(
+            [
+                1 << 70,
+                1 << 63,
+                (1 << 63) - 1,
+                -1,
+                1.5,
+                "3",
+                "",
+                True,
+                None,
+                [],
+                {"a": 1},
+                float("inf"),
+                float("nan"),
+                rng.randint(0, 500),
+                10**6,
+            ]
+        )
         return f"{key}={d[key]!r}", json.dumps(d).encode()
     if op in ("delete", "literal"):
-        lit = rng.choice(["Infinity", "-Infinity", "NaN", "1e400", str(1 << 64), "-0", "1.0",
-                          "true", "null", "[]", '"0"', "0x10", "01"])
+        lit = rng.choice(
+            [
+                "Infinity",
+                "-Infinity",
+                "NaN",
+                "1e400",
+                str(1 << 64),
+                "-0",
+                "1.0",
+                "true",
+                "null",
+                "[]",
+                '"0"',
+                "0x10",
+                "01",
+            ]
+        )
         d[key] = "@@"
-        text = json.dumps(d).replace('"@@"', lit) if op == "literal" else (
-            json.dumps({k: v for k, v in d.items() if k != key}))
+        text = (
+            json.dumps(d).replace('"@@"', lit)
+            if op == "literal"
+            else (json.dumps({k: v for k, v in d.items() if k != key}))
+        )
         return f"{key}={lit}" if op == "literal" else f"no {key}", text.encode()
     if op == "deep":
         n = rng.choice([100, 1000, 100_000])
@@ -209,8 +387,9 @@ def tamper_state(rng: random.Random, state: bytes) -> tuple[str, bytes]:
 
 def next_request(rng: random.Random, data: dict, states: list) -> tuple[str, str, bytes]:
     """(kind, summary, payload) of one request, by the mix of kinds."""
-    kind = rng.choices(["random_bytes", "mutated", "random_proto", "tampered_state"],
-                       weights=[2, 3, 3, 2])[0]
+    kind = rng.choices(
+        ["random_bytes", "mutated", "random_proto", "tampered_state"], weights=[2, 3, 3, 2]
+    )[0]
     if kind == "random_bytes":
         n = rng.choice([0, 1, 8, 64, 512, 4096, 1 << 20])
         return kind, f"{n} random bytes", rng.randbytes(n)
@@ -228,8 +407,10 @@ def next_request(rng: random.Random, data: dict, states: list) -> tuple[str, str
 
 # --- calls, checks and the server process ---------------------------------------------------------
 
-def call(channel: grpc.Channel, payload: bytes, deadline_s: float, max_messages: int
-         ) -> tuple[str, str, list[bytes]]:
+
+def call(
+    channel: grpc.Channel, payload: bytes, deadline_s: float, max_messages: int
+) -> tuple[str, str, list[bytes]]:
     """(status name, message, raw messages read); cancels after `max_messages` (OK)."""
     stream, got = channel.unary_stream(METHOD)(payload, timeout=deadline_s), []
     try:
@@ -243,8 +424,9 @@ def call(channel: grpc.Channel, payload: bytes, deadline_s: float, max_messages:
         return e.code().name, e.details() or "", got
 
 
-def judge(status: str, message: str, got: list[bytes], seconds: float, deadline_s: float
-          ) -> str | None:
+def judge(
+    status: str, message: str, got: list[bytes], seconds: float, deadline_s: float
+) -> str | None:
     """The finding an answer makes, if any."""
     if status == "INTERNAL" or status not in CONTRACT:
         return "internal" if status == "INTERNAL" else "status outside the contract"
@@ -262,12 +444,17 @@ def judge(status: str, message: str, got: list[bytes], seconds: float, deadline_
 class Findings(dict):
     """Findings grouped by kind, status and message; each keeps its shortest reproducer."""
 
-    def add(self, kind: str, request: str, status: str = "", message: str = "",
-            payload: bytes = b"") -> None:
+    def add(
+        self, kind: str, request: str, status: str = "", message: str = "", payload: bytes = b""
+    ) -> None:
         f = self.setdefault((kind, status, message[:60]), {"kind": kind, "count": 0})
         f["count"] += 1
-        if f["count"] == 1 or payload and len(payload) <= 256 and 2 * len(payload) < len(
-                f.get("payload_hex", "x" * 999)):
+        if (
+            f["count"] == 1
+            or payload
+            and len(payload) <= 256
+            and 2 * len(payload) < len(f.get("payload_hex", "x" * 999))
+        ):
             f.update(request=request[:300], status=status, message=message[:200])
             if payload and len(payload) <= 256:
                 f["payload_hex"] = payload.hex()
@@ -303,7 +490,8 @@ class Server:
         for p in self.proc.children(recursive=True) if out else []:
             with contextlib.suppress(psutil.Error):
                 if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(
-                        p.cmdline()):
+                    p.cmdline()
+                ):
                     out.append(p)
         return out
 
@@ -333,8 +521,9 @@ def start_server(root: str) -> tuple[ChildProcess, str]:
     helps = subprocess.run(cli_argv("serve", "--help"), capture_output=True, text=True).stdout
     roots = ["--data-root", root] if "--data-root" in helps else []  # a flag still being added
     os.environ.update(MALLOC_ENV)  # read by the child's C library at start; this one has read it
-    child = ChildProcess(cli_argv("serve", "--listen", target, *roots),
-                         log=os.path.join(root, "server.log"))
+    child = ChildProcess(
+        cli_argv("serve", "--listen", target, *roots), log=os.path.join(root, "server.log")
+    )
     deadline = time.monotonic() + 120
     while health_name(target) != "SERVING":
         if child.p.poll() is not None or time.monotonic() > deadline:
@@ -345,8 +534,15 @@ def start_server(root: str) -> tuple[ChildProcess, str]:
 
 # --- the run --------------------------------------------------------------------------------------
 
-def send(args: argparse.Namespace, channel: grpc.Channel, target: str, data: dict,
-         server: Server | None, findings: Findings) -> dict:
+
+def send(
+    args: argparse.Namespace,
+    channel: grpc.Channel,
+    target: str,
+    data: dict,
+    server: Server | None,
+    findings: Findings,
+) -> dict:
     """A stream of every format, for the states to tamper with; then the fuzz requests. RSS is
     sampled from the end of the warm-up (a fifth of the requests: their one-off costs, e.g.
     thread stacks touched deep in a nested state's parse, are not leaks; with a tenth, RSS was
@@ -382,9 +578,14 @@ def send(args: argparse.Namespace, channel: grpc.Channel, target: str, data: dic
         if sent % 25 == 0 and (h := health_name(target)) != "SERVING":
             findings.add("health", f"after {what}", h)
             break
-    return {"seed": args.seed, "requests": sent, "statuses": dict(counts.most_common()),
-            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}, "slowest": slowest,
-            "seconds": round(time.monotonic() - start, 1)}
+    return {
+        "seed": args.seed,
+        "requests": sent,
+        "statuses": dict(counts.most_common()),
+        "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "slowest": slowest,
+        "seconds": round(time.monotonic() - start, 1),
+    }
 
 
 def aftermath(server: Server, findings: Findings) -> dict:
@@ -397,33 +598,50 @@ def aftermath(server: Server, findings: Findings) -> dict:
         after, busy = server.rss_mb(), server.cores_busy(0.5)
         left = [p.pid for p in server.procs()[1:]]
         change = after and before and round((after / before - 1) * 100, 2)
-        settled = not left and busy < IDLE_CORES and change is not None and (
-            change <= RSS_TOLERANCE_PCT)
+        settled = (
+            not left and busy < IDLE_CORES and change is not None and (change <= RSS_TOLERANCE_PCT)
+        )
         if settled or time.monotonic() > deadline or not server.alive():
             break
-    for kind, bad, what in [("worker processes left", left, f"pids {left}"),
-                            ("busy after the run", busy >= IDLE_CORES, f"{busy:.2f} cores"),
-                            ("rss growth", change is None or change > RSS_TOLERANCE_PCT,
-                             f"{before or 0:.1f} MB -> {after or 0:.1f} MB")]:
+    for kind, bad, what in [
+        ("worker processes left", left, f"pids {left}"),
+        ("busy after the run", busy >= IDLE_CORES, f"{busy:.2f} cores"),
+        (
+            "rss growth",
+            change is None or change > RSS_TOLERANCE_PCT,
+            f"{before or 0:.1f} MB -> {after or 0:.1f} MB",
+        ),
+    ]:
         if bad:
             findings.add(kind, f"{SETTLE_S:.0f} s after the run", "", what)
-    slope = (statistics.linear_regression(*zip(*samples, strict=True)).slope * 1000
-             if len(samples) > 2 else None)
-    return {"rss_mb_before": before and round(before, 1), "rss_mb_after": after and round(after, 1),
-            "rss_change_pct": change, "rss_mb_peak": round(server.peak_mb, 1),
-            "rss_mb_per_1000_requests": slope and round(slope, 1),
-            "rss_mb_trace": [round(mb) for _, mb in samples[::max(1, len(samples) // 10)]]}
+    slope = (
+        statistics.linear_regression(*zip(*samples, strict=True)).slope * 1000
+        if len(samples) > 2
+        else None
+    )
+    return {
+        "rss_mb_before": before and round(before, 1),
+        "rss_mb_after": after and round(after, 1),
+        "rss_change_pct": change,
+        "rss_mb_peak": round(server.peak_mb, 1),
+        "rss_mb_per_1000_requests": slope and round(slope, 1),
+        "rss_mb_trace": [round(mb) for _, mb in samples[:: max(1, len(samples) // 10)]],
+    }
 
 
 def fuzz(args: argparse.Namespace, target: str, pid: int | None, data: dict, kill) -> dict:
     findings, channel = Findings(), grpc.insecure_channel(target, options=MESSAGE_OPTIONS)
-    server = pid and Server(pid, args.max_rss_mb, lambda mb: (
-        findings.add("rss limit", "", "", f"{mb:.0f} MB with workers"), kill()))
+    server = pid and Server(
+        pid,
+        args.max_rss_mb,
+        lambda mb: (findings.add("rss limit", "", "", f"{mb:.0f} MB with workers"), kill()),
+    )
     result = send(args, channel, target, data, server, findings)
     if server:
         result.update(aftermath(server, findings))
-    status, message, got = call(channel, valid_request(random.Random(1), data)
-                                .SerializeToString(), 60, 2)
+    status, message, got = call(
+        channel, valid_request(random.Random(1), data).SerializeToString(), 60, 2
+    )
     if not got:
         findings.add("final stream", "a valid request after the run", status, message)
     if (end_health := health_name(target)) != "SERVING":
@@ -436,14 +654,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--max-seconds", type=float, default=60.0,
-                        help="stop sending after this long (building and checking add more)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="stop sending after this long (building and checking add more)",
+    )
     parser.add_argument("--deadline-s", type=float, default=3.0, help="each call's deadline")
     parser.add_argument("--server", help="a running server's unix: address (default: start one)")
     parser.add_argument("--server-pid", type=int, help="its pid, to watch its memory")
     parser.add_argument("--data-dir", help="with --server: a folder inside its data roots")
-    parser.add_argument("--max-rss-mb", type=float, default=3072.0,
-                        help="kill the server past this much memory (with its workers)")
+    parser.add_argument(
+        "--max-rss-mb",
+        type=float,
+        default=3072.0,
+        help="kill the server past this much memory (with its workers)",
+    )
     args = parser.parse_args(argv)
     if args.server and not args.server.startswith("unix"):
         parser.error("--server must be a Unix socket address (loopback only)")
@@ -465,8 +691,15 @@ def main(argv: list[str] | None = None) -> int:
                 code = child.p.wait(timeout=30)
                 child.kill()
     if code != 0:
-        result["findings"].append({"kind": "exit code", "request": "SIGTERM", "status": "",
-                                   "message": f"exit code {code}", "count": 1})
+        result["findings"].append(
+            {
+                "kind": "exit code",
+                "request": "SIGTERM",
+                "status": "",
+                "message": f"exit code {code}",
+                "count": 1,
+            }
+        )
     print(json.dumps(result, indent=1))
     return 1 if result["findings"] or result["health"] != "SERVING" else 0
 

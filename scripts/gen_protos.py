@@ -49,8 +49,12 @@ def _tools_python() -> str:
 
 
 def _tools(python: str) -> pathlib.Path:
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
     tools = cache / "input-server" / f"grpcio-tools-{TOOLS_VERSION}-py{version}"
     if not (tools / "grpc_tools").is_dir():
@@ -58,9 +62,21 @@ def _tools(python: str) -> pathlib.Path:
         # nothing that looks finished.
         tools.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=tools.parent, ignore_cleanup_errors=True) as partial:
-            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
-                            "--only-binary=:all:", "--target", partial,
-                            f"grpcio-tools=={TOOLS_VERSION}"], check=True)
+            subprocess.run(
+                [
+                    python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--target",
+                    partial,
+                    f"grpcio-tools=={TOOLS_VERSION}",
+                ],
+                check=True,
+            )
             shutil.rmtree(tools, ignore_errors=True)
             os.rename(partial, tools)
     return tools
@@ -70,9 +86,16 @@ def _protoc(*args: str) -> None:
     python = _tools_python()
     tools = _tools(python)
     # -S: no site-packages, so the environment's own protobuf and grpcio stay out of it.
-    command = [python, "-S", "-c", "import sys; from grpc_tools import protoc; "
-               "sys.exit(protoc.main(sys.argv[1:]))",
-               "protoc", f"-I{PROTO}", f"-I{tools / 'grpc_tools' / '_proto'}", *args]
+    command = [
+        python,
+        "-S",
+        "-c",
+        "import sys; from grpc_tools import protoc; sys.exit(protoc.main(sys.argv[1:]))",
+        "protoc",
+        f"-I{PROTO}",
+        f"-I{tools / 'grpc_tools' / '_proto'}",
+        *args,
+    ]
     if subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tools)}).returncode != 0:
         sys.exit(f"protoc failed on {args[-1]}")
 
@@ -81,9 +104,12 @@ def generate(out_root: pathlib.Path = ROOT) -> None:
     service_out = out_root / SERVICE_STUBS
     service_out.mkdir(parents=True, exist_ok=True)
     # The service stubs belong to the thin client package; the server imports them from there.
-    _protoc(f"--python_out={service_out}", f"--pyi_out={service_out}",
-            f"--grpc_python_out={service_out}",
-            str(PROTO / "input_server" / "v1" / "input_service.proto"))
+    _protoc(
+        f"--python_out={service_out}",
+        f"--pyi_out={service_out}",
+        f"--grpc_python_out={service_out}",
+        str(PROTO / "input_server" / "v1" / "input_service.proto"),
+    )
     # grpc_tools writes an absolute import derived from the proto path
     # (`from input_server.v1 import ...`), which would name the server package; make it relative.
     grpc_file = out_root / GENERATED[2]
@@ -91,7 +117,8 @@ def generate(out_root: pathlib.Path = ROOT) -> None:
     grpc_file.write_text(text.replace("from input_server.v1 import", "from . import"))
     # The contract itself travels with the stubs, for users who generate their own.
     (service_out / "input_server/v1/input_service.proto").write_bytes(
-        (PROTO / "input_server/v1/input_service.proto").read_bytes())
+        (PROTO / "input_server/v1/input_service.proto").read_bytes()
+    )
     # The tf.train.Example copy is only for the server; the proto root mirrors its package path.
     (out_root / "input_server").mkdir(exist_ok=True)
     _protoc(f"--python_out={out_root}", str(PROTO / "input_server" / "tf_example.proto"))

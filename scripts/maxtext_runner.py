@@ -39,8 +39,7 @@ def main() -> None:
         if options.get("server"):  # the launcher, as a user runs it
             from input_client.maxtext import train as launcher
 
-            launcher.main(["--server", options["server"], "--spec", options["spec"],
-                           *maxtext_args])
+            launcher.main(["--server", options["server"], "--spec", options["spec"], *maxtext_args])
         else:  # MaxText's own trainer and input pipeline
             from absl import app
             from maxtext.trainers.pre_train import train
@@ -49,8 +48,9 @@ def main() -> None:
     except SystemExit as e:
         if e.code:
             raise
-    print("BENCH " + json.dumps({"waits": waits, "wall_s": time.perf_counter() - STARTED}),
-          flush=True)
+    print(
+        "BENCH " + json.dumps({"waits": waits, "wall_s": time.perf_counter() - STARTED}), flush=True
+    )
 
 
 if __name__ == "__main__":

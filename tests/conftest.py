@@ -64,8 +64,12 @@ def make_spec(corpus, spm_model):
     """Small specs over the corpus: `make_spec(batch={"size": 2}, source={...})`."""
 
     def make(**tables) -> PipelineSpec:
-        base = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": spm_model},
-                            batch={"seq_len": 128, "size": 4}, workers={"count": 0})
+        base = PipelineSpec(
+            source={"paths": [corpus]},
+            tokenizer={"model": spm_model},
+            batch={"seq_len": 128, "size": 4},
+            workers={"count": 0},
+        )
         return base.replace(**tables) if tables else base
 
     return make
@@ -80,8 +84,9 @@ def server(tmp_path_factory):
 
     sock = tmp_path_factory.mktemp("sock") / "input.sock"
     token_file, token = write_token_file(tmp_path_factory.mktemp("token"))
-    with Server(ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"],
-                             token_file=token_file)) as srv:
+    with Server(
+        ServerConfig(listen=[f"unix://{sock}", "127.0.0.1:0"], token_file=token_file)
+    ) as srv:
         TOKENS[srv.targets[1]] = token
         yield srv
         TOKENS.pop(srv.targets[1], None)

@@ -36,15 +36,17 @@ def cli_argv(*args: str) -> list[str]:
 # --- Pipelines run in process, and comparing their batches --------------------------------------
 
 
-def run_pipeline(spec_or_pipeline, state=None, *, processes: int = 0, threads: int = 2,
-                 limit: int | None = None) -> list:
+def run_pipeline(
+    spec_or_pipeline, state=None, *, processes: int = 0, threads: int = 2, limit: int | None = None
+) -> list:
     """The stream with no server in between (`Produced` items): what a served stream must equal."""
     from itertools import islice
 
     from input_server.batching.pipeline import Pipeline, Workers
 
-    pipeline = (spec_or_pipeline if isinstance(spec_or_pipeline, Pipeline)
-                else Pipeline(spec_or_pipeline))
+    pipeline = (
+        spec_or_pipeline if isinstance(spec_or_pipeline, Pipeline) else Pipeline(spec_or_pipeline)
+    )
     with pipeline.stream(state, workers=Workers(processes, threads, "test")) as stream:
         return list(islice(stream, limit))
 
@@ -64,7 +66,8 @@ def _same_batch(a, b) -> bool:
 
     if isinstance(a, bytes) or isinstance(b, bytes):
         return (a if isinstance(a, bytes) else batch_bytes(getattr(a, "arrays", a))) == (
-            b if isinstance(b, bytes) else batch_bytes(getattr(b, "arrays", b)))
+            b if isinstance(b, bytes) else batch_bytes(getattr(b, "arrays", b))
+        )
     if hasattr(a, "seq") and hasattr(b, "seq") and a.seq != b.seq:
         return False
     a, b = getattr(a, "arrays", a), getattr(b, "arrays", b)
@@ -93,8 +96,10 @@ def same_batches(got: Sequence, want: Sequence) -> bool:
 def assert_same_batches(got: Sequence, want: Sequence) -> None:
     """`same_batches`, failing with the first batch that differs rather than a bare False."""
     i = first_difference(got, want)
-    assert i is None, (f"batch {i} differs from the reference (or is missing): "
-                       f"{len(got)} batches against {len(want)}")
+    assert i is None, (
+        f"batch {i} differs from the reference (or is missing): "
+        f"{len(got)} batches against {len(want)}"
+    )
 
 
 # --- Child processes ------------------------------------------------------------------------------
@@ -115,8 +120,11 @@ def worker_processes(exclude: set[int] = frozenset()) -> list:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if (p.pid not in exclude and p.status() != psutil.STATUS_ZOMBIE
-                    and "resource_tracker" not in " ".join(p.cmdline())):
+            if (
+                p.pid not in exclude
+                and p.status() != psutil.STATUS_ZOMBIE
+                and "resource_tracker" not in " ".join(p.cmdline())
+            ):
                 out.append(p)
         except psutil.NoSuchProcess:
             pass
@@ -142,12 +150,24 @@ class ChildProcess:
     when a host or container goes). Its stderr (and stdout unless `read_lines`) goes to `log`;
     with `read_lines`, its stdout lines arrive in `lines`, None once it closed."""
 
-    def __init__(self, argv: list[str], *, log: str, read_lines: bool = False,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        log: str,
+        read_lines: bool = False,
+        env: dict[str, str] | None = None,
+    ):
         self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE if read_lines else self._log,
-                                  stderr=self._log, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, text=read_lines, env=env)
+        self.p = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE if read_lines else self._log,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=read_lines,
+            env=env,
+        )
         self.lines: queue.Queue = queue.Queue()
         if read_lines:
             threading.Thread(target=self._read, daemon=True).start()
@@ -164,8 +184,9 @@ class ChildProcess:
         self._log.close()
 
 
-def serve_cli(*args: str, log: str, env: dict[str, str] | None = None,
-              timeout: float = 60) -> tuple[ChildProcess, list[str]]:
+def serve_cli(
+    *args: str, log: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[ChildProcess, list[str]]:
     """`input-server serve ARGS` started and serving: the process and the targets it printed.
     The caller kills it (`ChildProcess.kill`)."""
     child = ChildProcess(cli_argv("serve", *args), log=log, read_lines=True, env=env)
@@ -185,8 +206,13 @@ class ServerProcess:
     same address, its output appended to one log. With `token_file`, its TCP and abstract
     listeners need that file's token (`InputClient(..., token_file=...)`)."""
 
-    def __init__(self, address: str, log_path: str, token_file: str | None = None,
-                 data_root: str | None = None):
+    def __init__(
+        self,
+        address: str,
+        log_path: str,
+        token_file: str | None = None,
+        data_root: str | None = None,
+    ):
         self.address, self.log_path, self.token_file = address, log_path, token_file
         self.data_root = data_root  # default its working directory, this one's
         self.child: ChildProcess | None = None
@@ -194,8 +220,9 @@ class ServerProcess:
     def start(self) -> None:
         token = ("--token-file", self.token_file) if self.token_file else ()
         root = ("--data-root", self.data_root) if self.data_root else ()
-        self.child = ChildProcess(cli_argv("serve", "--listen", self.address, *token, *root),
-                                  log=self.log_path)
+        self.child = ChildProcess(
+            cli_argv("serve", "--listen", self.address, *token, *root), log=self.log_path
+        )
 
     def kill(self) -> None:
         if self.child is not None:
@@ -260,8 +287,11 @@ def health(target: str, service: str = "input_server.v1.InputService") -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with grpc.insecure_channel(target) as ch:  # no token: health is open to probes
-        return health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        return (
+            health_pb2_grpc.HealthStub(ch)
+            .Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            .status
+        )
 
 
 def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = None) -> list:
@@ -273,8 +303,9 @@ def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = No
 
     spec = spec if isinstance(spec, pb.PipelineSpec) else spec.to_proto()
     with dial(target, token) as channel:
-        call = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]))
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)])
+        )
         messages = [next(call)]
         time.sleep(pause_s)
         messages += list(call)
@@ -361,37 +392,48 @@ def _zstd(data: bytes) -> bytes:
 
 # kind -> (file name, writer(docs, path) -> path, source keys besides paths)
 FORMATS = {
-    "jsonl-plain": (
-        "d.jsonl", lambda docs, p: write_bytes(p, jsonl_bytes(docs)), {}),
+    "jsonl-plain": ("d.jsonl", lambda docs, p: write_bytes(p, jsonl_bytes(docs)), {}),
     "jsonl-gz-text_field-body": (
         "d.jsonl.gz",
         lambda docs, p: write_bytes(p, _gzip(jsonl_bytes(docs, "body", decoy=True))),
-        {"text_field": "body"}),
-    "jsonl-zst": (
-        "d.jsonl.zst", lambda docs, p: write_bytes(p, _zstd(jsonl_bytes(docs))), {}),
+        {"text_field": "body"},
+    ),
+    "jsonl-zst": ("d.jsonl.zst", lambda docs, p: write_bytes(p, _zstd(jsonl_bytes(docs))), {}),
     "jsonl-zst-multiframe": (
-        "d.jsonl.zst", lambda docs, p: write_bytes(p, zst_multiframe(jsonl_bytes(docs))), {}),
+        "d.jsonl.zst",
+        lambda docs, p: write_bytes(p, zst_multiframe(jsonl_bytes(docs))),
+        {},
+    ),
     "arrayrecord-json-text_field-body": (
         "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(
-            p, jsonl_bytes(docs, "body", decoy=True).splitlines()),
-        {"format": "arrayrecord", "record_format": "json", "text_field": "body"}),
+        lambda docs, p: write_arrayrecord(p, jsonl_bytes(docs, "body", decoy=True).splitlines()),
+        {"format": "arrayrecord", "record_format": "json", "text_field": "body"},
+    ),
     "arrayrecord-text": (
-        "d.arrayrecord", lambda docs, p: write_arrayrecord(p, [d.encode() for d in docs]),
-        {"format": "arrayrecord", "record_format": "text"}),
+        "d.arrayrecord",
+        lambda docs, p: write_arrayrecord(p, [d.encode() for d in docs]),
+        {"format": "arrayrecord", "record_format": "text"},
+    ),
     "arrayrecord-tf_example": (
         "d.arrayrecord",
         lambda docs, p: write_arrayrecord(p, [example_bytes(d) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example"}),
+        {"format": "arrayrecord", "record_format": "tf_example"},
+    ),
     "arrayrecord-tf_example-text_field-body": (
         "d.arrayrecord",
         lambda docs, p: write_arrayrecord(p, [example_bytes(d, "body", True) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example", "text_field": "body"}),
+        {"format": "arrayrecord", "record_format": "tf_example", "text_field": "body"},
+    ),
     "parquet-row-groups": (
-        "d.parquet", lambda docs, p: write_parquet(p, docs), {"format": "parquet"}),
+        "d.parquet",
+        lambda docs, p: write_parquet(p, docs),
+        {"format": "parquet"},
+    ),
     "parquet-text_field-body": (
-        "d.parquet", lambda docs, p: write_parquet(p, docs, "body", decoy=True),
-        {"format": "parquet", "text_field": "body"}),
+        "d.parquet",
+        lambda docs, p: write_parquet(p, docs, "body", decoy=True),
+        {"format": "parquet", "text_field": "body"},
+    ),
 }
 
 
@@ -406,7 +448,7 @@ def write_format(kind, docs, directory) -> tuple[str, dict]:
 def split3(docs) -> list:
     """The documents in three consecutive parts (for tests of many files)."""
     k = len(docs) // 3
-    return [docs[:k], docs[k:2 * k], docs[2 * k:]]
+    return [docs[:k], docs[k : 2 * k], docs[2 * k :]]
 
 
 # --- A CLI verb's mistakes: one line, exit 2 --------------------------------------------------
@@ -430,9 +472,9 @@ def assert_one_line(code: int, err: str, *needles: str) -> None:
         assert needle in lines[0], (needle, err)
 
 
-
-def consume_until(it, client, done, *, pace: float = 0.0, timeout: float = 40.0,
-                  into: list | None = None):
+def consume_until(
+    it, client, done, *, pace: float = 0.0, timeout: float = 40.0, into: list | None = None
+):
     """Takes batches from `it` (at `pace` a second; 0 = as fast as they come) until
     `done(stream_info)` holds for the one stream the server runs, checked twice a second.
 
@@ -464,8 +506,9 @@ def find_python(version: str) -> str | None:
     import glob
     import shutil
 
-    candidates = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/"
-                                                     f"python{version}")))
+    candidates = sorted(
+        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}"))
+    )
     found = shutil.which(f"python{version}")
     for candidate in [*candidates, *([found] if found else [])]:
         if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
@@ -486,10 +529,19 @@ def python_or_skip(version: str, why: str) -> str:
 
 
 # The tiny decoder of the MaxText tests and benchmark (MaxText's own flags), on one CPU device.
-TINY_MAXTEXT = ["vocab_size=8192", "base_emb_dim=64", "base_num_decoder_layers=2",
-                "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16",
-                "base_mlp_dim=256", "hardware=cpu", "attention=dot_product", "log_config=false",
-                "enable_tensorboard=false"]
+TINY_MAXTEXT = [
+    "vocab_size=8192",
+    "base_emb_dim=64",
+    "base_num_decoder_layers=2",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=4",
+    "head_dim=16",
+    "base_mlp_dim=256",
+    "hardware=cpu",
+    "attention=dot_product",
+    "log_config=false",
+    "enable_tensorboard=false",
+]
 
 
 def clean_copy(source, destination) -> pathlib.Path:
@@ -497,7 +549,18 @@ def clean_copy(source, destination) -> pathlib.Path:
     package built from it cannot take stale files from an earlier `build/`."""
     import shutil
 
-    shutil.copytree(source, destination, ignore=shutil.ignore_patterns(
-        ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
-        ".venv"))
+    shutil.copytree(
+        source,
+        destination,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".ruff_cache",
+            ".venv",
+        ),
+    )
     return pathlib.Path(destination)

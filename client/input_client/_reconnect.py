@@ -16,8 +16,10 @@ log = logging.getLogger("input_client.iterator")
 
 # gRPC redials a lost server with its own backoff, up to 120 s between tries by default: a
 # server restarted on the same address would then wait that long to be noticed.
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                     ("grpc.max_reconnect_backoff_ms", 1000)]
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 # Failures a new stream from the last state can cure: the server went away, restarted or is
 # draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an
 # answer about the request or the data (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS), or a server
@@ -36,7 +38,9 @@ def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
     its batches would be misread (or stop with a `SequenceError`)."""
     refusal = protocol_mismatch(
         f"the server at {address!r} (input-server {info.server_version or 'unknown'})",
-        info.protocol_version, PROTOCOL_VERSION)
+        info.protocol_version,
+        PROTOCOL_VERSION,
+    )
     if refusal:
         raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
@@ -57,8 +61,13 @@ class Outage:
         self.start = time.monotonic()
         self.attempts = 0
         self._delay = BACKOFF_INITIAL_S
-        log.warning("input stream to %s broke (%s: %s); reconnecting for up to %g s",
-                    address, error.code.name, error.details, deadline_s)
+        log.warning(
+            "input stream to %s broke (%s: %s); reconnecting for up to %g s",
+            address,
+            error.code.name,
+            error.details,
+            deadline_s,
+        )
 
     @staticmethod
     def retryable(error: StreamError, *, reconnecting: bool) -> bool:
@@ -75,14 +84,24 @@ class Outage:
         """
         remaining = self.remaining_s()
         if remaining <= 0:
-            raise ReconnectError(self.error.code, self.error.details, address=self.address,
-                                 waited_s=time.monotonic() - self.start,
-                                 attempts=self.attempts, deadline_s=self.deadline_s)
+            raise ReconnectError(
+                self.error.code,
+                self.error.details,
+                address=self.address,
+                waited_s=time.monotonic() - self.start,
+                attempts=self.attempts,
+                deadline_s=self.deadline_s,
+            )
         pause = min(remaining, self._delay * random.uniform(0.5, 1.0))
         self._delay = min(2 * self._delay, BACKOFF_MAX_S)
         return pause
 
     def ended(self, seq: int) -> None:
         """Logs the stream delivering again, from batch `seq`."""
-        log.warning("input stream to %s resumed at batch %d after %.1f s (%d attempts)",
-                    self.address, seq, time.monotonic() - self.start, self.attempts)
+        log.warning(
+            "input stream to %s resumed at batch %d after %.1f s (%d attempts)",
+            self.address,
+            seq,
+            time.monotonic() - self.start,
+            self.attempts,
+        )

@@ -17,10 +17,13 @@ def what_the_server_does(stub: Any) -> str:
         return f"the server's info did not answer ({e.code().name})."
     streams = ", ".join(
         f"stream {s.stream_id} ({s.pipeline}): {s.worker_reason}"
-        if s.worker_reason.startswith("setting up") else
-        f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
+        if s.worker_reason.startswith("setting up")
+        else f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
         f"{s.worker_processes} processes x {s.worker_threads} threads"
         + (f" ({s.tuning_state})" if s.tuning_state else "")
-        for s in info.streams)
-    return ("the server is still setting this stream up or making its first batch (opening "
-            f"files, reading the first groups); streams running now: {streams or 'none'}.")
+        for s in info.streams
+    )
+    return (
+        "the server is still setting this stream up or making its first batch (opening "
+        f"files, reading the first groups); streams running now: {streams or 'none'}."
+    )

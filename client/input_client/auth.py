@@ -21,11 +21,12 @@ def check_token(token: str, source: str) -> str:
     """
     token = token.strip()
     if not token:
-        raise ValueError(f"{source}: the token is empty; write one, e.g. "
-                         f"`openssl rand -hex 32`.")
+        raise ValueError(f"{source}: the token is empty; write one, e.g. `openssl rand -hex 32`.")
     if not all(ord(c) in _PRINTABLE for c in token):
-        raise ValueError(f"{source}: the token must be printable ASCII without spaces, e.g. "
-                         f"`openssl rand -hex 32`.")
+        raise ValueError(
+            f"{source}: the token must be printable ASCII without spaces, e.g. "
+            f"`openssl rand -hex 32`."
+        )
     return token
 
 
@@ -49,14 +50,21 @@ def read_token_file(path: str) -> str:
         return token_from_bytes(f.read(MAX_TOKEN_FILE_BYTES), f"token file {path}")
 
 
-class _Details(collections.namedtuple(
-        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
-                     "compression")), grpc.ClientCallDetails):
+class _Details(
+    collections.namedtuple(
+        "_Details",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
-class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                       grpc.StreamStreamClientInterceptor):
+class TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds `authorization: Bearer TOKEN` to every call (unary `GetInfo`, bidirectional
     `StreamBatches`; server-streaming for callers that send one request)."""
 
@@ -64,9 +72,14 @@ class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
         self._metadata = (("authorization", f"Bearer {token}"),)
 
     def _with_token(self, d: grpc.ClientCallDetails) -> _Details:
-        return _Details(d.method, d.timeout, (*(d.metadata or ()), *self._metadata),
-                        d.credentials, getattr(d, "wait_for_ready", None),
-                        getattr(d, "compression", None))
+        return _Details(
+            d.method,
+            d.timeout,
+            (*(d.metadata or ()), *self._metadata),
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)

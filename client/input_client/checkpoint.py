@@ -44,13 +44,15 @@ class InputStateHandler(ocp.CheckpointHandler):
     def save(self, directory: epath.Path, args: InputStateSave) -> None:
         _state_file(directory).write_text(json.dumps(args.item))
 
-    def restore(self, directory: epath.Path,
-                args: InputStateRestore | None = None) -> dict[str, Any] | None:
+    def restore(
+        self, directory: epath.Path, args: InputStateRestore | None = None
+    ) -> dict[str, Any] | None:
         path = _state_file(directory)
         if not path.exists():
             raise FileNotFoundError(
                 f"{path} does not exist: the checkpoint was written by another number of "
-                f"processes, or without an InputStateSave item.")
+                f"processes, or without an InputStateSave item."
+            )
         return json.loads(path.read_text())
 
     def metadata(self, directory: epath.Path) -> None:

@@ -33,8 +33,14 @@ class InputClient:
       OSError: `token_file` cannot be read.
     """
 
-    def __init__(self, address: str, *, connect_timeout_s: float = 30.0,
-                 token: str | None = None, token_file: str | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        connect_timeout_s: float = 30.0,
+        token: str | None = None,
+        token_file: str | None = None,
+    ):
         if token is not None and token_file is not None:
             raise ValueError("pass `token` or `token_file`, not both.")
         if token_file is not None:
@@ -43,8 +49,7 @@ class InputClient:
             token = check_token(token, "`token`")
         self.address = address
         self.connect_timeout_s = connect_timeout_s
-        self._channel = grpc.insecure_channel(address,
-                                              options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
         if token is not None:
             self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
         self._stub = pb_grpc.InputServiceStub(self._channel)
@@ -61,20 +66,21 @@ class InputClient:
         # A cheap call that waits for the connection (channel_ready_future leaves a polling
         # thread behind that fails once the channel closes).
         try:
-            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s,
-                                      wait_for_ready=True)
+            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ConnectionError(f"no input server reachable at {self.address!r} after "
-                                      f"{timeout_s:g} s.") from None
+                raise ConnectionError(
+                    f"no input server reachable at {self.address!r} after {timeout_s:g} s."
+                ) from None
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)
 
     def info(self) -> pb.GetInfoResponse:
         """Server version, configured pipelines and the streams running now."""
         try:
-            return self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.connect_timeout_s,
-                                      wait_for_ready=True)
+            return self._stub.GetInfo(
+                pb.GetInfoRequest(), timeout=self.connect_timeout_s, wait_for_ready=True
+            )
         except grpc.RpcError as e:
             raise StreamError(e.code(), e.details()) from None
 
@@ -87,15 +93,21 @@ class InputClient:
             missing (NOT_FOUND) or not a model (INVALID_ARGUMENT).
         """
         try:
-            return self._stub.DescribeTokenizer(spec.to_proto().tokenizer,
-                                                timeout=self.connect_timeout_s,
-                                                wait_for_ready=True)
+            return self._stub.DescribeTokenizer(
+                spec.to_proto().tokenizer, timeout=self.connect_timeout_s, wait_for_ready=True
+            )
         except grpc.RpcError as e:
             raise StreamError(e.code(), e.details()) from None
 
-    def batches(self, spec: PipelineSpec | str, *, state: dict[str, Any] | None = None,
-                prefetch: int = 2, sharding: Any = None,
-                reconnect_deadline_s: float = 300.0) -> BatchIterator:
+    def batches(
+        self,
+        spec: PipelineSpec | str,
+        *,
+        state: dict[str, Any] | None = None,
+        prefetch: int = 2,
+        sharding: Any = None,
+        reconnect_deadline_s: float = 300.0,
+    ) -> BatchIterator:
         """Streams the batches of `spec` (or of the pipeline the server knows by that name).
 
         Args:
@@ -114,21 +126,31 @@ class InputClient:
           ConnectionError: no server reachable within `connect_timeout_s`.
         """
         if state is not None and not is_resume_state(state):
-            raise ValueError(f"`state` must be a get_state() result (a dict with an integer "
-                             f"'seq'), got {str(state)[:200]}.")
+            raise ValueError(
+                f"`state` must be a get_state() result (a dict with an integer "
+                f"'seq'), got {str(state)[:200]}."
+            )
         if prefetch < 1:
             raise ValueError(f"`prefetch` must be at least 1, got {prefetch}.")
         if not reconnect_deadline_s >= 0:
-            raise ValueError(f"`reconnect_deadline_s` must be 0 (off) or positive, got "
-                             f"{reconnect_deadline_s}.")
+            raise ValueError(
+                f"`reconnect_deadline_s` must be 0 (off) or positive, got {reconnect_deadline_s}."
+            )
         request = pb.StreamBatchesRequest(protocol_version=PROTOCOL_VERSION)
         if isinstance(spec, str):
             request.pipeline_name = spec
         else:
             request.spec.CopyFrom(spec.to_proto())
         self.wait_ready()
-        return BatchIterator(self._stub, self.address, request, state=state, prefetch=prefetch,
-                             sharding=sharding, reconnect_deadline_s=reconnect_deadline_s)
+        return BatchIterator(
+            self._stub,
+            self.address,
+            request,
+            state=state,
+            prefetch=prefetch,
+            sharding=sharding,
+            reconnect_deadline_s=reconnect_deadline_s,
+        )
 
     def close(self) -> None:
         self._channel.close()

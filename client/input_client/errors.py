@@ -29,15 +29,25 @@ class ReconnectError(StreamError):
     holds the position after the last batch yielded, to resume from once the server is back.
     """
 
-    def __init__(self, code: grpc.StatusCode, details: str, *, address: str, waited_s: float,
-                 attempts: int, deadline_s: float):
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        *,
+        address: str,
+        waited_s: float,
+        attempts: int,
+        deadline_s: float,
+    ):
         self.code = code
         self.details = details
         self.address = address
         self.waited_s = waited_s
         self.attempts = attempts
         InputClientError.__init__(
-            self, f"gave up reconnecting to {address!r} after {waited_s:.1f} s and {attempts} "
-                  f"attempts (reconnect_deadline_s={deadline_s:g}); the last error was "
-                  f"{code.name}: {details} Resume later with `state=` the iterator's "
-                  f"get_state(), or allow a longer `reconnect_deadline_s`.")
+            self,
+            f"gave up reconnecting to {address!r} after {waited_s:.1f} s and {attempts} "
+            f"attempts (reconnect_deadline_s={deadline_s:g}); the last error was "
+            f"{code.name}: {details} Resume later with `state=` the iterator's "
+            f"get_state(), or allow a longer `reconnect_deadline_s`.",
+        )

@@ -50,9 +50,17 @@ class BatchIterator:
       batches_yielded / tokens_yielded: what the caller has received so far.
     """
 
-    def __init__(self, stub: Any, address: str, request: pb.StreamBatchesRequest, *,
-                 state: dict[str, Any] | None, prefetch: int, sharding: Any,
-                 reconnect_deadline_s: float = 0.0):
+    def __init__(
+        self,
+        stub: Any,
+        address: str,
+        request: pb.StreamBatchesRequest,
+        *,
+        state: dict[str, Any] | None,
+        prefetch: int,
+        sharding: Any,
+        reconnect_deadline_s: float = 0.0,
+    ):
         self._stub = stub  # the InputClient's InputServiceStub
         self._address = address
         self._request = request
@@ -75,8 +83,9 @@ class BatchIterator:
         self.batches_yielded = 0
         self._noticed = False  # the slow-first-batch line was logged
         self.tokens_yielded = 0
-        self._fetcher = Prefetcher(self._fetch, depth=prefetch, name="input-client-fetch",
-                                   poll_s=_POLL_S)
+        self._fetcher = Prefetcher(
+            self._fetch, depth=prefetch, name="input-client-fetch", poll_s=_POLL_S
+        )
 
     def _open(self) -> Any:
         request = pb.StreamBatchesRequest()
@@ -106,8 +115,9 @@ class BatchIterator:
             return arrays
         import jax  # lazily: a client that wants numpy never loads jax
 
-        return {k: jax.make_array_from_process_local_data(self._sharding, v)
-                for k, v in arrays.items()}
+        return {
+            k: jax.make_array_from_process_local_data(self._sharding, v) for k, v in arrays.items()
+        }
 
     def _pump(self, call: Any, put: Callable[[tuple], bool]) -> StreamError | None:
         """Moves one stream's batches into the queue; returns the failure that ended it, if any.
@@ -127,8 +137,15 @@ class BatchIterator:
                         put((_END, msg.sequence_number, None, 0, None))
                         return None
                     arrays = self._place(decode_batch(msg.tensors))
-                    if not put((arrays, msg.sequence_number, decode_state(msg.state),
-                                msg.num_tokens, taken)):
+                    if not put(
+                        (
+                            arrays,
+                            msg.sequence_number,
+                            decode_state(msg.state),
+                            msg.num_tokens,
+                            taken,
+                        )
+                    ):
                         return None
                     self._resume = msg.state
         except grpc.RpcError as e:
@@ -143,8 +160,9 @@ class BatchIterator:
             return None
         # A stream that stops without its end-of-data marker lost something (a proxy or a
         # transport that closed the stream cleanly): treated like a dropped connection.
-        return StreamError(grpc.StatusCode.UNAVAILABLE,
-                           "the stream ended without its end-of-data marker.")
+        return StreamError(
+            grpc.StatusCode.UNAVAILABLE, "the stream ended without its end-of-data marker."
+        )
 
     def _fetch(self, put: Callable[[tuple], bool]) -> None:
         """The fetch thread: streams, and reopens broken streams; raises when it gives up
@@ -165,8 +183,10 @@ class BatchIterator:
           ReconnectError: the deadline passed.
         """
         reconnecting = self._outage is not None
-        if not Outage.retryable(error, reconnecting=reconnecting) \
-                or self._reconnect_deadline_s <= 0:
+        if (
+            not Outage.retryable(error, reconnecting=reconnecting)
+            or self._reconnect_deadline_s <= 0
+        ):
             raise error
         if not reconnecting:
             self._outage = Outage(self._address, self._reconnect_deadline_s, error)
@@ -179,8 +199,8 @@ class BatchIterator:
             # Wait for the server to be reachable again, up to the deadline (gRPC redials it
             # within RECONNECT_OPTIONS' backoff); the future lets close() cancel the wait.
             probe = self._stub.GetInfo.future(
-                pb.GetInfoRequest(), timeout=max(outage.remaining_s(), 0.001),
-                wait_for_ready=True)
+                pb.GetInfoRequest(), timeout=max(outage.remaining_s(), 0.001), wait_for_ready=True
+            )
             if not self._track(probe):
                 return None
             try:
@@ -220,8 +240,10 @@ class BatchIterator:
             self.longest_stall_s = max(self.longest_stall_s, waited)
         if seq != self._expected_seq:
             self.close()
-            raise SequenceError(f"expected batch {self._expected_seq}, got batch {seq}: "
-                                f"{'a gap' if seq > self._expected_seq else 'a repeat'}.")
+            raise SequenceError(
+                f"expected batch {self._expected_seq}, got batch {seq}: "
+                f"{'a gap' if seq > self._expected_seq else 'a repeat'}."
+            )
         if arrays is _END:
             self.close()
             raise StopIteration
@@ -241,8 +263,11 @@ class BatchIterator:
             return self._fetcher.get(FIRST_BATCH_NOTICE_S)
         except queue.Empty:
             self._noticed = True
-            log.warning("input_client: no first batch after %.0f s; %s", FIRST_BATCH_NOTICE_S,
-                        what_the_server_does(self._stub))
+            log.warning(
+                "input_client: no first batch after %.0f s; %s",
+                FIRST_BATCH_NOTICE_S,
+                what_the_server_does(self._stub),
+            )
             return self._fetcher.get()
 
     def get_state(self) -> dict[str, Any] | None:
@@ -277,4 +302,3 @@ class BatchIterator:
             fetcher = getattr(self, "_fetcher", None)
             if fetcher is not None:
                 fetcher.stop()
-

@@ -154,13 +154,19 @@ def _table(name: str, value: Any) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     for key in value:
         if key not in known:
-            raise SpecError(f"{name}.{key}", value[key], f"is not a key of [{name}] "
-                            f"(known: {', '.join(sorted(known))})")
+            raise SpecError(
+                f"{name}.{key}",
+                value[key],
+                f"is not a key of [{name}] (known: {', '.join(sorted(known))})",
+            )
     try:
         return cls(**value)
     except TypeError as e:  # a required key is missing
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in value]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in value
+        ]
         raise SpecError(f"{name}.{missing[0] if missing else '?'}", None, "is required") from e
 
 
@@ -189,8 +195,9 @@ class PipelineSpec:
         """Builds a spec from TOML-shaped tables; unknown tables or keys raise `SpecError`."""
         for name in tables:
             if name not in _TABLES:
-                raise SpecError(name, tables[name], f"is not a spec table (known: "
-                                f"{', '.join(_TABLES)})")
+                raise SpecError(
+                    name, tables[name], f"is not a spec table (known: {', '.join(_TABLES)})"
+                )
         for name in ("source", "tokenizer"):
             if name not in tables:
                 raise SpecError(name, None, "is a required table")
@@ -233,6 +240,7 @@ class PipelineSpec:
 
     def to_toml(self) -> str:
         """The spec as a TOML file's text, which `from_toml` reads back to an equal spec."""
+
         # JSON's strings, numbers, booleans and arrays of strings are TOML's too (a spec's
         # numbers are finite: `validate` refuses the rest), once characters beyond the BMP stay
         # themselves (JSON would write surrogate pairs) and DEL is escaped (TOML's control
@@ -240,8 +248,10 @@ class PipelineSpec:
         def value(v: Any) -> str:
             return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
 
-        return "".join(f"[{name}]\n" + "".join(f"{key} = {value(v)}\n" for key, v in t.items())
-                       for name, t in self.to_dict().items())
+        return "".join(
+            f"[{name}]\n" + "".join(f"{key} = {value(v)}\n" for key, v in t.items())
+            for name, t in self.to_dict().items()
+        )
 
     def data_fingerprint(self) -> str:
         """A hash of all that decides the data (all but [workers]), to match resume states."""
@@ -251,19 +261,33 @@ class PipelineSpec:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_proto(self) -> pb.PipelineSpec:
-        s, t, b, o, sh, w = (self.source, self.tokenizer, self.batch, self.order, self.shard,
-                             self.workers)
+        s, t, b, o, sh, w = (
+            self.source,
+            self.tokenizer,
+            self.batch,
+            self.order,
+            self.shard,
+            self.workers,
+        )
         return pb.PipelineSpec(
-            source=pb.Source(paths=list(s.paths), format=s.format, text_field=s.text_field,
-                             record_format=s.record_format),
+            source=pb.Source(
+                paths=list(s.paths),
+                format=s.format,
+                text_field=s.text_field,
+                record_format=s.record_format,
+            ),
             tokenizer=pb.Tokenizer(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
             batch=pb.BatchShape(seq_len=b.seq_len, size=b.size, packing=b.packing),
             order=pb.Order(seed=o.seed, shuffle=o.shuffle, epochs=o.epochs),
             shard=pb.Shard(index=sh.index, count=sh.count),
-            workers=pb.Workers(count=str(w.count), ram_budget_mb=w.ram_budget_mb,
-                               max_workers=w.max_workers,
-                               target_batches_per_s=w.target_batches_per_s,
-                               tune_seconds=w.tune_seconds, threads=w.threads),
+            workers=pb.Workers(
+                count=str(w.count),
+                ram_budget_mb=w.ram_budget_mb,
+                max_workers=w.max_workers,
+                target_batches_per_s=w.target_batches_per_s,
+                tune_seconds=w.tune_seconds,
+                threads=w.threads,
+            ),
         )
 
     @classmethod
@@ -281,24 +305,36 @@ class PipelineSpec:
         if count.isascii() and count.isdigit() and len(count) <= 9:
             count = int(count)
         return cls(
-            source=SourceSpec(paths=tuple(s.paths), format=s.format or "jsonl",
-                              text_field=s.text_field or "text",
-                              record_format=s.record_format or "json"),
+            source=SourceSpec(
+                paths=tuple(s.paths),
+                format=s.format or "jsonl",
+                text_field=s.text_field or "text",
+                record_format=s.record_format or "json",
+            ),
             tokenizer=TokenizerSpec(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
             batch=BatchSpec(
                 seq_len=pick(msg.HasField("batch"), b.seq_len, d_batch.seq_len),
                 size=pick(msg.HasField("batch"), b.size, d_batch.size),
-                packing=b.packing or d_batch.packing),
-            order=OrderSpec(**({"seed": o.seed, "shuffle": o.shuffle, "epochs": o.epochs}
-                               if msg.HasField("order") else {})),
-            shard=ShardSpec(**({"index": sh.index, "count": sh.count}
-                               if msg.HasField("shard") else {})),
-            workers=WorkersSpec(count=count,
-                                ram_budget_mb=w.ram_budget_mb or d_workers.ram_budget_mb,
-                                max_workers=w.max_workers,
-                                target_batches_per_s=w.target_batches_per_s,
-                                tune_seconds=w.tune_seconds or d_workers.tune_seconds,
-                                threads=w.threads),
+                packing=b.packing or d_batch.packing,
+            ),
+            order=OrderSpec(
+                **(
+                    {"seed": o.seed, "shuffle": o.shuffle, "epochs": o.epochs}
+                    if msg.HasField("order")
+                    else {}
+                )
+            ),
+            shard=ShardSpec(
+                **({"index": sh.index, "count": sh.count} if msg.HasField("shard") else {})
+            ),
+            workers=WorkersSpec(
+                count=count,
+                ram_budget_mb=w.ram_budget_mb or d_workers.ram_budget_mb,
+                max_workers=w.max_workers,
+                target_batches_per_s=w.target_batches_per_s,
+                tune_seconds=w.tune_seconds or d_workers.tune_seconds,
+                threads=w.threads,
+            ),
         )
 
 
@@ -322,49 +358,113 @@ def validate(spec: PipelineSpec) -> None:
     """
     s, t, b, o = spec.source, spec.tokenizer, spec.batch, spec.order
     sh, w = spec.shard, spec.workers
-    _check(isinstance(s.paths, tuple) and len(s.paths) > 0, "source.paths", s.paths,
-           "must list at least one file or glob")
+    _check(
+        isinstance(s.paths, tuple) and len(s.paths) > 0,
+        "source.paths",
+        s.paths,
+        "must list at least one file or glob",
+    )
     for p in s.paths:
         _check(isinstance(p, str) and p != "", "source.paths", p, "must hold non-empty strings")
         _check("\x00" not in p, "source.paths", p, "must not hold a NUL character")
     _check(s.format in FORMATS, "source.format", s.format, f"must be one of {', '.join(FORMATS)}")
-    _check(isinstance(s.text_field, str) and s.text_field != "", "source.text_field",
-           s.text_field, "must be a non-empty string")
-    _check(s.record_format in RECORD_FORMATS, "source.record_format", s.record_format,
-           f"must be one of {', '.join(RECORD_FORMATS)}")
-    _check(isinstance(t.model, str) and t.model != "" and "\x00" not in t.model,
-           "tokenizer.model", t.model, "must name a sentencepiece model file")
+    _check(
+        isinstance(s.text_field, str) and s.text_field != "",
+        "source.text_field",
+        s.text_field,
+        "must be a non-empty string",
+    )
+    _check(
+        s.record_format in RECORD_FORMATS,
+        "source.record_format",
+        s.record_format,
+        f"must be one of {', '.join(RECORD_FORMATS)}",
+    )
+    _check(
+        isinstance(t.model, str) and t.model != "" and "\x00" not in t.model,
+        "tokenizer.model",
+        t.model,
+        "must name a sentencepiece model file",
+    )
     _check(isinstance(t.add_bos, bool), "tokenizer.add_bos", t.add_bos, "must be true or false")
     _check(isinstance(t.add_eos, bool), "tokenizer.add_eos", t.add_eos, "must be true or false")
-    _check(_is_int(b.seq_len) and 2 <= b.seq_len <= 1 << 20, "batch.seq_len", b.seq_len,
-           "must be an integer from 2 to 1048576")
-    _check(_is_int(b.size) and 1 <= b.size <= 1 << 16, "batch.size", b.size,
-           "must be an integer from 1 to 65536")
-    _check(b.packing in PACKINGS, "batch.packing", b.packing,
-           f"must be one of {', '.join(PACKINGS)}")
-    _check(_is_int(o.seed) and 0 <= o.seed < 1 << 63, "order.seed", o.seed,
-           "must be a non-negative integer")
+    _check(
+        _is_int(b.seq_len) and 2 <= b.seq_len <= 1 << 20,
+        "batch.seq_len",
+        b.seq_len,
+        "must be an integer from 2 to 1048576",
+    )
+    _check(
+        _is_int(b.size) and 1 <= b.size <= 1 << 16,
+        "batch.size",
+        b.size,
+        "must be an integer from 1 to 65536",
+    )
+    _check(
+        b.packing in PACKINGS, "batch.packing", b.packing, f"must be one of {', '.join(PACKINGS)}"
+    )
+    _check(
+        _is_int(o.seed) and 0 <= o.seed < 1 << 63,
+        "order.seed",
+        o.seed,
+        "must be a non-negative integer",
+    )
     _check(isinstance(o.shuffle, bool), "order.shuffle", o.shuffle, "must be true or false")
-    _check(_is_int(o.epochs) and o.epochs >= 0, "order.epochs", o.epochs,
-           "must be a non-negative integer (0 = repeat forever)")
-    _check(_is_int(sh.count) and sh.count >= 1, "shard.count", sh.count,
-           "must be a positive integer")
-    _check(_is_int(sh.index) and 0 <= sh.index < sh.count, "shard.index", sh.index,
-           f"must be an integer from 0 to shard.count - 1 = {sh.count - 1}")
-    _check(w.count == "auto" or (_is_int(w.count) and 0 <= w.count <= MAX_WORKERS),
-           "workers.count", w.count, f'must be "auto" or an integer from 0 to {MAX_WORKERS}')
-    _check(_is_int(w.ram_budget_mb) and w.ram_budget_mb >= 1, "workers.ram_budget_mb",
-           w.ram_budget_mb, "must be a positive integer (MiB)")
-    _check(_is_int(w.max_workers) and 0 <= w.max_workers <= MAX_WORKERS, "workers.max_workers",
-           w.max_workers, f"must be an integer from 0 (no cap) to {MAX_WORKERS}")
-    _check(_is_number(w.target_batches_per_s) and 0 <= w.target_batches_per_s < math.inf,
-           "workers.target_batches_per_s", w.target_batches_per_s,
-           "must be a non-negative number (batches/s; 0 = unknown)")
-    _check(_is_int(w.threads) and 0 <= w.threads <= MAX_THREADS, "workers.threads", w.threads,
-           f"must be an integer from 0 (the default) to {MAX_THREADS}")
-    _check(w.threads == 0 or w.count != "auto", "workers.threads", w.threads,
-           'must be 0 with workers.count = "auto" (which picks threads itself); set a count '
-           'to fix both')
-    _check(_is_number(w.tune_seconds) and 0 < w.tune_seconds <= MAX_TUNE_SECONDS,
-           "workers.tune_seconds", w.tune_seconds,
-           f"must be a number of seconds above 0 and at most {MAX_TUNE_SECONDS}")
+    _check(
+        _is_int(o.epochs) and o.epochs >= 0,
+        "order.epochs",
+        o.epochs,
+        "must be a non-negative integer (0 = repeat forever)",
+    )
+    _check(
+        _is_int(sh.count) and sh.count >= 1, "shard.count", sh.count, "must be a positive integer"
+    )
+    _check(
+        _is_int(sh.index) and 0 <= sh.index < sh.count,
+        "shard.index",
+        sh.index,
+        f"must be an integer from 0 to shard.count - 1 = {sh.count - 1}",
+    )
+    _check(
+        w.count == "auto" or (_is_int(w.count) and 0 <= w.count <= MAX_WORKERS),
+        "workers.count",
+        w.count,
+        f'must be "auto" or an integer from 0 to {MAX_WORKERS}',
+    )
+    _check(
+        _is_int(w.ram_budget_mb) and w.ram_budget_mb >= 1,
+        "workers.ram_budget_mb",
+        w.ram_budget_mb,
+        "must be a positive integer (MiB)",
+    )
+    _check(
+        _is_int(w.max_workers) and 0 <= w.max_workers <= MAX_WORKERS,
+        "workers.max_workers",
+        w.max_workers,
+        f"must be an integer from 0 (no cap) to {MAX_WORKERS}",
+    )
+    _check(
+        _is_number(w.target_batches_per_s) and 0 <= w.target_batches_per_s < math.inf,
+        "workers.target_batches_per_s",
+        w.target_batches_per_s,
+        "must be a non-negative number (batches/s; 0 = unknown)",
+    )
+    _check(
+        _is_int(w.threads) and 0 <= w.threads <= MAX_THREADS,
+        "workers.threads",
+        w.threads,
+        f"must be an integer from 0 (the default) to {MAX_THREADS}",
+    )
+    _check(
+        w.threads == 0 or w.count != "auto",
+        "workers.threads",
+        w.threads,
+        'must be 0 with workers.count = "auto" (which picks threads itself); set a count '
+        "to fix both",
+    )
+    _check(
+        _is_number(w.tune_seconds) and 0 < w.tune_seconds <= MAX_TUNE_SECONDS,
+        "workers.tune_seconds",
+        w.tune_seconds,
+        f"must be a number of seconds above 0 and at most {MAX_TUNE_SECONDS}",
+    )

@@ -18,8 +18,9 @@ T = TypeVar("T")
 _ITEM, _END, _ERROR = range(3)
 
 
-def put_unless_stopped(q: queue.Queue, item: Any, stop: threading.Event,
-                       poll_s: float = 0.1) -> bool:
+def put_unless_stopped(
+    q: queue.Queue, item: Any, stop: threading.Event, poll_s: float = 0.1
+) -> bool:
     """Puts `item`, waiting for room; returns False, without putting it, once `stop` is set.
 
     A producer blocked on a full queue must still notice that its consumer is gone, so it
@@ -49,8 +50,14 @@ class Prefetcher(Generic[T]):
       poll_s: how often a waiting `put` looks at the stop event.
     """
 
-    def __init__(self, produce: Callable[[Callable[[T], bool]], None], *, depth: int, name: str,
-                 poll_s: float = 0.1):
+    def __init__(
+        self,
+        produce: Callable[[Callable[[T], bool]], None],
+        *,
+        depth: int,
+        name: str,
+        poll_s: float = 0.1,
+    ):
         if depth < 1:
             raise ValueError(f"`depth` must be at least 1, got {depth}.")
         self._produce = produce
@@ -86,8 +93,9 @@ class Prefetcher(Generic[T]):
         while True:
             if self._finished:
                 raise StopIteration
-            wait = self._poll_s if deadline is None else min(self._poll_s,
-                                                             deadline - time.monotonic())
+            wait = (
+                self._poll_s if deadline is None else min(self._poll_s, deadline - time.monotonic())
+            )
             try:
                 kind, value = self._queue.get(timeout=max(0.0, wait))
                 break

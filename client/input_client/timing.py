@@ -84,9 +84,15 @@ class StepTimer:
       print(timer.format_summary())
     """
 
-    def __init__(self, *, tokens_per_step: int | None = None,
-                 flops_per_step: float | None = None, num_devices: int | None = None,
-                 exclude: Iterable[str] = DEFAULT_EXCLUDE, data_source: WaitSource | None = None):
+    def __init__(
+        self,
+        *,
+        tokens_per_step: int | None = None,
+        flops_per_step: float | None = None,
+        num_devices: int | None = None,
+        exclude: Iterable[str] = DEFAULT_EXCLUDE,
+        data_source: WaitSource | None = None,
+    ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
             `num_tokens` argument overrides it.
@@ -108,11 +114,14 @@ class StepTimer:
         if flops_per_step is not None and flops_per_step <= 0:
             raise ValueError(f"`flops_per_step` must be positive or None, got {flops_per_step}.")
         if num_devices is not None and num_devices <= 0:
-            raise ValueError(f"`num_devices` must be positive or None (= all local devices), "
-                             f"got {num_devices}.")
+            raise ValueError(
+                f"`num_devices` must be positive or None (= all local devices), got {num_devices}."
+            )
         if isinstance(exclude, str):
-            raise ValueError(f"`exclude` must be a collection of step names, not one string, "
-                             f"got {exclude!r}; write ({exclude!r},).")
+            raise ValueError(
+                f"`exclude` must be a collection of step names, not one string, "
+                f"got {exclude!r}; write ({exclude!r},)."
+            )
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self._num_devices = num_devices
@@ -145,9 +154,15 @@ class StepTimer:
         self._last_wait_s = now
         return max(0.0, now - last)
 
-    def step(self, fn: Callable[..., T], *args: Any, name: str | None = None,
-             num_tokens: int | None = None, data_wait_s: float | None = None,
-             **kwargs: Any) -> T:
+    def step(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str | None = None,
+        num_tokens: int | None = None,
+        data_wait_s: float | None = None,
+        **kwargs: Any,
+    ) -> T:
         """Runs `fn(*args, **kwargs)`, waits until its outputs are ready, and records the time.
 
         Args:
@@ -180,9 +195,17 @@ class StepTimer:
         tflops = None
         if self.flops_per_step is not None and step_s > 0:
             tflops = self.flops_per_step / step_s / self.num_devices / 1e12
-        self.records.append(StepRecord(
-            index=index, name=name, step_s=step_s, data_wait_s=wait, num_tokens=tokens,
-            tokens_per_s=tokens_per_s, tflops_per_device=tflops))
+        self.records.append(
+            StepRecord(
+                index=index,
+                name=name,
+                step_s=step_s,
+                data_wait_s=wait,
+                num_tokens=tokens,
+                tokens_per_s=tokens_per_s,
+                tflops_per_device=tflops,
+            )
+        )
         return out
 
     def summary(self, exclude: Iterable[str] | None = None) -> dict[str, Any]:
@@ -246,10 +269,16 @@ class StepTimer:
             ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
             ("tokens/s", num(s["mean_tokens_per_s"], ",.0f")),
             ("TFLOP/s/device", num(s["mean_tflops_per_device"], ".4g")),
-            ("first step's data wait", num(s["first_data_wait_s"], ".3f") + " s"
-             if s["first_data_wait_s"] is not None else "n/a"),
-            ("first step (compile)", num(s["first_step_s"], ".3f") + " s"
-             if s["first_step_s"] is not None else "n/a"),
+            (
+                "first step's data wait",
+                num(s["first_data_wait_s"], ".3f") + " s"
+                if s["first_data_wait_s"] is not None
+                else "n/a",
+            ),
+            (
+                "first step (compile)",
+                num(s["first_step_s"], ".3f") + " s" if s["first_step_s"] is not None else "n/a",
+            ),
         ]
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -38,15 +38,24 @@ def protocol_mismatch(server: str, server_version: int, client_version: int) -> 
     def words(v: int) -> str:
         return str(v) if v else "one from before versions were sent"
 
-    return (f"{server} speaks wire protocol {words(server_version)}; the client speaks "
-            f"{words(client_version)}. Use the client of the same input-server release as the "
-            f"server.")
+    return (
+        f"{server} speaks wire protocol {words(server_version)}; the client speaks "
+        f"{words(client_version)}. Use the client of the same input-server release as the "
+        f"server."
+    )
+
 
 # The compact form's tensors: every row is its segments end to end, then padding.
 PACKED_KEYS = ("inputs", "segment_lengths", "segments_per_row")
 # MaxText's six arrays, which the client derives from the compact form.
-FIELDS = ("inputs", "inputs_segmentation", "inputs_position",
-          "targets", "targets_segmentation", "targets_position")
+FIELDS = (
+    "inputs",
+    "inputs_segmentation",
+    "inputs_position",
+    "targets",
+    "targets_segmentation",
+    "targets_position",
+)
 # Vocabularies up to this size send their ids as uint16.
 UINT16_VOCAB = 1 << 16
 # Batches can be tens of MB (256 x 8192 x six int32 arrays is ~50 MB); gRPC's 4 MiB default
@@ -62,11 +71,20 @@ def narrow_ids(inputs: np.ndarray, vocab_size: int | None) -> np.ndarray:
     return inputs
 
 
-def compact_arrays(inputs: np.ndarray, segment_lengths: np.ndarray,
-                   segments_per_row: np.ndarray, vocab_size: int | None) -> dict[str, np.ndarray]:
+def compact_arrays(
+    inputs: np.ndarray,
+    segment_lengths: np.ndarray,
+    segments_per_row: np.ndarray,
+    vocab_size: int | None,
+) -> dict[str, np.ndarray]:
     """The tensors a packed batch travels as, by their `PACKED_KEYS` names."""
-    return dict(zip(PACKED_KEYS, (narrow_ids(inputs, vocab_size), segment_lengths,
-                                  segments_per_row), strict=True))
+    return dict(
+        zip(
+            PACKED_KEYS,
+            (narrow_ids(inputs, vocab_size), segment_lengths, segments_per_row),
+            strict=True,
+        )
+    )
 
 
 def batches_of(message: Any) -> tuple[Any, ...]:
@@ -105,8 +123,9 @@ def shift_left(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
-                  segments_per_row: np.ndarray) -> dict[str, np.ndarray]:
+def expand_packed(
+    inputs: np.ndarray, segment_lengths: np.ndarray, segments_per_row: np.ndarray
+) -> dict[str, np.ndarray]:
     """MaxText's six arrays from the compact form.
 
     `inputs` may hold uint16 ids (a small vocabulary's wire form); all six arrays are int32.
@@ -139,8 +158,13 @@ def expand_packed(inputs: np.ndarray, segment_lengths: np.ndarray,
     pos = np.arange(rows * seq_len, dtype=np.int32) - np.repeat(run_start, run_len).astype(np.int32)
     pos = pos.reshape(rows, seq_len)
     pos[seg == 0] = 0
-    return dict(zip(FIELDS, (inputs, seg, pos, shift_left(inputs), shift_left(seg),
-                             shift_left(pos)), strict=True))
+    return dict(
+        zip(
+            FIELDS,
+            (inputs, seg, pos, shift_left(inputs), shift_left(seg), shift_left(pos)),
+            strict=True,
+        )
+    )
 
 
 def decode_batch(tensors: Any) -> dict[str, np.ndarray]:

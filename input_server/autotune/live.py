@@ -79,7 +79,13 @@ class Window:
 
 def window(start: Totals, end: Totals, workers: int) -> Window:
     """What the stream did between two readings of its meter, at `workers` groups in flight."""
-    return Window(seconds=end.at - start.at, batches=end.batches - start.batches,
-                  tokens=end.tokens - start.tokens, groups=end.groups - start.groups,
-                  group_s=end.group_s - start.group_s, waiting_s=end.waiting_s - start.waiting_s,
-                  blocked_s=end.blocked_s - start.blocked_s, workers=workers)
+    return Window(
+        seconds=end.at - start.at,
+        batches=end.batches - start.batches,
+        tokens=end.tokens - start.tokens,
+        groups=end.groups - start.groups,
+        group_s=end.group_s - start.group_s,
+        waiting_s=end.waiting_s - start.waiting_s,
+        blocked_s=end.blocked_s - start.blocked_s,
+        workers=workers,
+    )

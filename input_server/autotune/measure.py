@@ -38,8 +38,9 @@ _MIB = 1 << 20
 _SLICE_S = 0.1
 
 
-def _producer(pipeline: Pipeline, workers: Workers,
-              stopped: Callable[[], bool]) -> Callable[[Callable], None]:
+def _producer(
+    pipeline: Pipeline, workers: Workers, stopped: Callable[[], bool]
+) -> Callable[[Callable], None]:
     """Runs the stream from its start, again and again for short data, putting each batch's
     (arrival time, real tokens) until stopped."""
 
@@ -71,8 +72,9 @@ def _ends_a_wait(gap: float, median_gap: float) -> bool:
     return gap > max(BURST_GAP * median_gap, 1e-3)
 
 
-def _rate(times: Sequence[float], tokens: Sequence[int], *,
-          aligned: bool = False) -> tuple[float, float] | None:
+def _rate(
+    times: Sequence[float], tokens: Sequence[int], *, aligned: bool = False
+) -> tuple[float, float] | None:
     """(batches/s, tokens/s) from the arrival times and tokens of the window's batches.
 
     Over whole bursts when production is bursty (a burst's first batch to a later burst's
@@ -124,10 +126,16 @@ def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
     return cpu, me.memory_info().rss, child_rss
 
 
-def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float = WARMUP_S,
-            window_s: float = WINDOW_S,
-            max_warmup_s: float = MAX_WARMUP_S,
-            deadline: float | None = None) -> Measurement | None:
+def measure(
+    pipeline: Pipeline,
+    processes: int,
+    threads: int,
+    *,
+    warmup_s: float = WARMUP_S,
+    window_s: float = WINDOW_S,
+    max_warmup_s: float = MAX_WARMUP_S,
+    deadline: float | None = None,
+) -> Measurement | None:
     """Runs the pipeline's stream with `processes` x `threads` and times its production.
 
     The batches are counted and dropped. The stream runs on its own thread, so the deadline
@@ -155,9 +163,12 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
     rss_before = psutil.Process().memory_info().rss
     opened = clock()
     stop = threading.Event()
-    producer = Prefetcher(_producer(pipeline, Workers(processes, threads, "autotune candidate"),
-                                    stop.is_set),
-                          depth=256, name=f"autotune-{processes}x{threads}", poll_s=0.05)
+    producer = Prefetcher(
+        _producer(pipeline, Workers(processes, threads, "autotune candidate"), stop.is_set),
+        depth=256,
+        name=f"autotune-{processes}x{threads}",
+        poll_s=0.05,
+    )
 
     def take(until: float | None) -> tuple[float, int] | None:
         """The next batch's (time, tokens); None at the deadline or the data's end. Raises
@@ -212,12 +223,17 @@ def measure(pipeline: Pipeline, processes: int, threads: int, *, warmup_s: float
         batches_per_s, tokens_per_s = rate
         cpu1, rss, child_rss = _process_usage(pids_before)
         return Measurement(
-            processes=processes, threads=threads, batches_per_s=batches_per_s,
-            tokens_per_s=tokens_per_s, rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
+            processes=processes,
+            threads=threads,
+            batches_per_s=batches_per_s,
+            tokens_per_s=tokens_per_s,
+            rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
             cpu_cores=(cpu1 - cpu0) / max(clock() - wall0, 1e-9),
-            startup_s=first - opened, seconds=times[-1] - times[0], batches=len(times) - 1)
+            startup_s=first - opened,
+            seconds=times[-1] - times[0],
+            batches=len(times) - 1,
+        )
     finally:
         # Unblock the producer's put, then give it a moment to close its workers.
         stop.set()
-        producer.close(timeout=5.0 if deadline is None
-                       else max(0.0, min(5.0, deadline - clock())))
+        producer.close(timeout=5.0 if deadline is None else max(0.0, min(5.0, deadline - clock())))

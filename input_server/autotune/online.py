@@ -91,10 +91,19 @@ class OnlineSearch:
         worker processes' measured memory.
     """
 
-    def __init__(self, start: Config, *, cpus: int, default_threads, target: float = 0.0,
-                 max_workers: int = 0, ram_budget_mb: float = math.inf,
-                 tune_seconds: float = 20.0, remembered: Tuning | None = None,
-                 mb_per_worker: float = 0.0):
+    def __init__(
+        self,
+        start: Config,
+        *,
+        cpus: int,
+        default_threads,
+        target: float = 0.0,
+        max_workers: int = 0,
+        ram_budget_mb: float = math.inf,
+        tune_seconds: float = 20.0,
+        remembered: Tuning | None = None,
+        mb_per_worker: float = 0.0,
+    ):
         self.current = start
         self.cpus = cpus
         self.target = target
@@ -105,8 +114,9 @@ class OnlineSearch:
         self.rows: list[Measurement] = []
         self.tuning: Tuning | None = remembered
         self.settled = remembered is not None
-        self.demand: float | None = (remembered.target_batches_per_s or None) if remembered \
-            else None
+        self.demand: float | None = (
+            (remembered.target_batches_per_s or None) if remembered else None
+        )
         self.searches = 0 if remembered else 1
         self._search_started: float | None = None
         self._unavailable: set[Config] = set()  # over the server's free processes
@@ -116,8 +126,15 @@ class OnlineSearch:
 
     # --- the windows ----------------------------------------------------------------------
 
-    def observe(self, w: Window, *, demand: float | None, now: float,
-                cpu_cores: float = 0.0, rss_mb: float = 0.0) -> Step:
+    def observe(
+        self,
+        w: Window,
+        *,
+        demand: float | None,
+        now: float,
+        cpu_cores: float = 0.0,
+        rss_mb: float = 0.0,
+    ) -> Step:
         """Takes one window of the current parallelism; `demand` is the loop's measured pace
         in batches/s (None when it took all the stream made)."""
         self._now = now
@@ -128,10 +145,16 @@ class OnlineSearch:
         # Memory: the groups in flight (as the server's budget counts them) and the worker
         # processes' measured RSS, so the caps hold for threads too.
         workers = max(1, self.current[0]) * self.current[1]
-        row = Measurement(processes=self.current[0], threads=self.current[1],
-                          batches_per_s=w.capacity(), tokens_per_s=w.tokens_capacity(),
-                          cpu_cores=cpu_cores, rss_mb=rss_mb + workers * self.mb_per_worker,
-                          seconds=w.seconds, batches=w.batches)
+        row = Measurement(
+            processes=self.current[0],
+            threads=self.current[1],
+            batches_per_s=w.capacity(),
+            tokens_per_s=w.tokens_capacity(),
+            cpu_cores=cpu_cores,
+            rss_mb=rss_mb + workers * self.mb_per_worker,
+            seconds=w.seconds,
+            batches=w.batches,
+        )
         if self.settled:
             return self._watch(row, demand, now)
         if self._search_started is None:
@@ -148,8 +171,7 @@ class OnlineSearch:
         self._now = now
         self.settled = False  # a settled choice it cannot run is no choice
         self._unavailable.add(config)
-        self.rows.append(Measurement(processes=config[0], threads=config[1],
-                                     skipped=SERVER_CAP))
+        self.rows.append(Measurement(processes=config[0], threads=config[1], skipped=SERVER_CAP))
         return self._search(self.demand, now)
 
     def _record(self, row: Measurement) -> None:
@@ -171,8 +193,9 @@ class OnlineSearch:
             nxt = next_candidate(self.rows, cpus=self.cpus, **self.caps)
             if out_of_time and nxt is not None and not nxt.skip:
                 # Still gaining when the bound came: the choice says so ("time limit").
-                self.rows.append(Measurement(processes=nxt.processes, threads=nxt.threads,
-                                             skipped="time limit"))
+                self.rows.append(
+                    Measurement(processes=nxt.processes, threads=nxt.threads, skipped="time limit")
+                )
                 return self._settle(None, "the time bound")
             while nxt is not None and (nxt.processes, nxt.threads) in self._unavailable:
                 nxt = None
@@ -181,8 +204,10 @@ class OnlineSearch:
                 if again is not None:
                     return again
                 return self._settle(None, "the loop takes all the stream makes")
-            return Step((nxt.processes, nxt.threads), "searching: the loop takes all the "
-                                                      "stream makes; trying more workers")
+            return Step(
+                (nxt.processes, nxt.threads),
+                "searching: the loop takes all the stream makes; trying more workers",
+            )
         if out_of_time:
             return self._settle(demand, "the time bound")
         need = TARGET_HEADROOM * demand
@@ -192,15 +217,21 @@ class OnlineSearch:
         if meets:
             cheaper = [c for c in rungs if cost_of(c) < cost_of(self.current)]
             if cheaper and self._row(cheaper[-1]) is None:
-                return Step(cheaper[-1], f"searching: meets {need:.1f} batches/s "
-                                         f"({TARGET_HEADROOM:g} x the demand); trying fewer")
+                return Step(
+                    cheaper[-1],
+                    f"searching: meets {need:.1f} batches/s "
+                    f"({TARGET_HEADROOM:g} x the demand); trying fewer",
+                )
             return self._settle(demand, "the demand")
         dearer = [c for c in rungs if cost_of(c) > cost_of(self.current)]
         for c in dearer:
             r = self._row(c)
             if r is None:
-                return Step(c, f"searching: below {need:.1f} batches/s "
-                               f"({TARGET_HEADROOM:g} x the demand); trying more")
+                return Step(
+                    c,
+                    f"searching: below {need:.1f} batches/s "
+                    f"({TARGET_HEADROOM:g} x the demand); trying more",
+                )
             if r.batches_per_s >= need:
                 break
         return self._settle(demand, "the demand")
@@ -208,13 +239,22 @@ class OnlineSearch:
     def _choosable(self) -> list[Measurement]:
         """The rows a choice may fall on: not a parallelism the server could not give (its
         processes went to other streams), unless the stream runs it now."""
-        return [r for r in self.rows if not r.ran  # a skipped row says why, and stays
-                or (r.processes, r.threads) not in self._unavailable
-                or (r.processes, r.threads) == self.current]
+        return [
+            r
+            for r in self.rows
+            if not r.ran  # a skipped row says why, and stays
+            or (r.processes, r.threads) not in self._unavailable
+            or (r.processes, r.threads) == self.current
+        ]
 
     def _decide(self, demand: float | None) -> Tuning:
-        return decide(self._choosable(), target_batches_per_s=demand or 0.0, cpus=self.cpus,
-                      oversubscribe_gain=ONLINE_OVERSUBSCRIBE_GAIN, **self.caps)
+        return decide(
+            self._choosable(),
+            target_batches_per_s=demand or 0.0,
+            cpus=self.cpus,
+            oversubscribe_gain=ONLINE_OVERSUBSCRIBE_GAIN,
+            **self.caps,
+        )
 
     def _measure_again(self) -> Step | None:
         """A second window for the choice and its close contenders, as the offline search
@@ -223,8 +263,10 @@ class OnlineSearch:
         for m in (tuning.chosen, *contenders(self._choosable(), tuning, cpus=self.cpus)):
             config = (m.processes, m.threads)
             if m.samples < 2 and config not in self._unavailable:
-                return Step(None if config == self.current else config,
-                            f"searching: measuring {m.label()} again")
+                return Step(
+                    None if config == self.current else config,
+                    f"searching: measuring {m.label()} again",
+                )
         return None
 
     def _fits(self, c: Config) -> bool:
@@ -249,8 +291,7 @@ class OnlineSearch:
         # make the stream cycle between searches).
         self._cooldown = min(MAX_COOLDOWN_WINDOWS, COOLDOWN_WINDOWS * 2 ** (self.searches - 1))
         to = (tuning.processes, tuning.threads)
-        return Step(None if to == self.current else to,
-                    f"settled for {why}: {tuning.reason}")
+        return Step(None if to == self.current else to, f"settled for {why}: {tuning.reason}")
 
     def _elapsed(self) -> float:
         return 0.0 if self._search_started is None else self._now - self._search_started

@@ -108,8 +108,12 @@ class Measurement:
         return f"{where} x {self.threads} thr"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "workers": self.workers,
-                "rss_mb_per_worker": self.rss_mb_per_worker}
+        return {
+            **dataclasses.asdict(self),
+            "workers": self.workers,
+            "rss_mb_per_worker": self.rss_mb_per_worker,
+        }
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tuning:
@@ -147,14 +151,19 @@ class Tuning:
     @property
     def chosen(self) -> Measurement:
         """The measurement of the chosen candidate."""
-        return next(m for m in self.measurements
-                    if m.ran and (m.processes, m.threads) == (self.processes, self.threads))
+        return next(
+            m
+            for m in self.measurements
+            if m.ran and (m.processes, m.threads) == (self.processes, self.threads)
+        )
 
     def summary(self) -> str:
         """One line for logs and `StreamInfo.worker_reason`."""
-        return (f"{self.processes} processes x {self.threads} threads ({self.reason}: "
-                f"{self.detail}; {sum(m.ran for m in self.measurements)} candidates measured "
-                f"in {self.tune_seconds:.1f} s)")
+        return (
+            f"{self.processes} processes x {self.threads} threads ({self.reason}: "
+            f"{self.detail}; {sum(m.ran for m in self.measurements)} candidates measured "
+            f"in {self.tune_seconds:.1f} s)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -172,13 +181,15 @@ class Tuning:
           TypeError, ValueError, KeyError: `d` is not a tuning's dict.
         """
         fields = {f.name for f in dataclasses.fields(Measurement)}
-        measurements = tuple(Measurement(**{k: v for k, v in m.items() if k in fields})
-                             for m in d["measurements"])
+        measurements = tuple(
+            Measurement(**{k: v for k, v in m.items() if k in fields}) for m in d["measurements"]
+        )
         keep = {f.name for f in dataclasses.fields(cls)} - {"measurements"}
         values = {k: v for k, v in d.items() if k in keep}
         if values.get("ram_budget_mb") is None:
             values["ram_budget_mb"] = math.inf
         return cls(measurements=measurements, **values)
+
 
 def si_units(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -204,9 +215,15 @@ def over_cap(workers: int, rss_mb: float, *, max_workers: int, ram_budget_mb: fl
     return "ram cap" if rss_mb > ram_budget_mb else ""
 
 
-def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.inf,
-           target_batches_per_s: float = 0.0, max_workers: int = 0,
-           cpus: int | None = None, oversubscribe_gain: float = OVERSUBSCRIBE_GAIN) -> Tuning:
+def decide(
+    measurements: Sequence[Measurement],
+    *,
+    ram_budget_mb: float = math.inf,
+    target_batches_per_s: float = 0.0,
+    max_workers: int = 0,
+    cpus: int | None = None,
+    oversubscribe_gain: float = OVERSUBSCRIBE_GAIN,
+) -> Tuning:
     """Chooses among measured candidates; pure, so it runs on synthetic tables too.
 
     With a target, the cheapest candidate whose rate is at least TARGET_HEADROOM x the target;
@@ -233,57 +250,74 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
     """
     ran = sorted((m for m in measurements if m.ran), key=cost)
     if not ran:
-        raise ValueError("no candidate was measured; give the tuning more time "
-                         "(`workers.tune_seconds`).")
-    common = dict(measurements=tuple(measurements), target_batches_per_s=target_batches_per_s,
-                  ram_budget_mb=ram_budget_mb, max_workers=max_workers)
+        raise ValueError(
+            "no candidate was measured; give the tuning more time (`workers.tune_seconds`)."
+        )
+    common = dict(
+        measurements=tuple(measurements),
+        target_batches_per_s=target_batches_per_s,
+        ram_budget_mb=ram_budget_mb,
+        max_workers=max_workers,
+    )
 
     def why_out(m: Measurement) -> str:
-        return over_cap(m.workers, m.rss_mb, max_workers=max_workers,
-                         ram_budget_mb=ram_budget_mb)
+        return over_cap(m.workers, m.rss_mb, max_workers=max_workers, ram_budget_mb=ram_budget_mb)
 
     fits = [m for m in ran if not why_out(m)]
     if not fits:
         least = min(ran, key=lambda m: (m.workers, m.rss_mb))
-        return Tuning(processes=least.processes, threads=least.threads,
-                      reason=why_out(least) or "ram cap",
-                      detail=f"no candidate fits (ram_budget_mb={ram_budget_mb:g}, "
-                             f"max_workers={max_workers}); the smallest, {least.label()}, "
-                             f"adds {least.rss_mb:.0f} MiB", **common)
+        return Tuning(
+            processes=least.processes,
+            threads=least.threads,
+            reason=why_out(least) or "ram cap",
+            detail=f"no candidate fits (ram_budget_mb={ram_budget_mb:g}, "
+            f"max_workers={max_workers}); the smallest, {least.label()}, "
+            f"adds {least.rss_mb:.0f} MiB",
+            **common,
+        )
     best = max(fits, key=lambda m: m.batches_per_s)
     if target_batches_per_s > 0:
         need = TARGET_HEADROOM * target_batches_per_s
         meeting = [m for m in fits if m.batches_per_s >= need]
         if meeting:
             c, h = meeting[0], TARGET_HEADROOM
-            return Tuning(processes=c.processes, threads=c.threads, reason="target met",
-                          detail=f"the fewest workers ({c.workers}) that give {h:g} x the "
-                                 f"target {target_batches_per_s:g} batches/s: "
-                                 f"{c.batches_per_s:.1f} batches/s (best measured "
-                                 f"{best.batches_per_s:.1f})", **common)
+            return Tuning(
+                processes=c.processes,
+                threads=c.threads,
+                reason="target met",
+                detail=f"the fewest workers ({c.workers}) that give {h:g} x the "
+                f"target {target_batches_per_s:g} batches/s: "
+                f"{c.batches_per_s:.1f} batches/s (best measured "
+                f"{best.batches_per_s:.1f})",
+                **common,
+            )
     cpus = cpus or cpu_count() or 1
     inside = [m for m in fits if m.workers <= cpus] or fits
     best_in = max(inside, key=lambda m: m.batches_per_s)
-    pool = (fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
-            else inside)
+    pool = fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s else inside
     best = max(pool, key=lambda m: m.batches_per_s)
     c = next(m for m in pool if m.batches_per_s * (1 + CHOICE_GAIN) >= best.batches_per_s)
     rate = f"{c.batches_per_s:.1f} batches/s, {si_units(c.tokens_per_s)} tokens/s"
     # Why nothing beyond the choice: a cap or the time bound cut a search still gaining, or
     # the rate stopped growing.
-    faster_out = [m for m in ran if why_out(m) and m.batches_per_s
-                  > (1 + PLATEAU_GAIN) * c.batches_per_s]
+    faster_out = [
+        m for m in ran if why_out(m) and m.batches_per_s > (1 + PLATEAU_GAIN) * c.batches_per_s
+    ]
     cut = [m.skipped for m in measurements if m.skipped and cost(m) > cost(c)]
     if faster_out:
         reason = why_out(faster_out[0])
-        detail = (f"{rate}; {faster_out[0].label()} was faster "
-                  f"({faster_out[0].batches_per_s:.1f}) but over the {reason}")
+        detail = (
+            f"{rate}; {faster_out[0].label()} was faster "
+            f"({faster_out[0].batches_per_s:.1f}) but over the {reason}"
+        )
     elif any(cost(m) > cost(c) for m in fits):
         reason = "plateau"
-        detail = (f"{rate}; more workers added under {PLATEAU_GAIN:.0%} "
-                  f"(best {best.batches_per_s:.1f} batches/s, {best.label()})")
+        detail = (
+            f"{rate}; more workers added under {PLATEAU_GAIN:.0%} "
+            f"(best {best.batches_per_s:.1f} batches/s, {best.label()})"
+        )
         if pool is inside and len(inside) < len(fits):
-            detail += (f", more than the {cpus} cores under {oversubscribe_gain:.0%}")
+            detail += f", more than the {cpus} cores under {oversubscribe_gain:.0%}"
     elif cut:
         reason = cut[0]
         detail = f"{rate}; the {reason} stopped a search that was still gaining"
@@ -291,14 +325,16 @@ def decide(measurements: Sequence[Measurement], *, ram_budget_mb: float = math.i
         reason = "fastest"
         detail = f"{rate}; the fastest of every candidate tried"
     if target_batches_per_s > 0:
-        detail += (f"; the target {target_batches_per_s:g} batches/s (x {TARGET_HEADROOM:g} "
-                   f"headroom) was not reached")
-    return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail,
-                  **common)
+        detail += (
+            f"; the target {target_batches_per_s:g} batches/s (x {TARGET_HEADROOM:g} "
+            f"headroom) was not reached"
+        )
+    return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail, **common)
 
 
-def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
-               cpus: int) -> list[Measurement]:
+def contenders(
+    measurements: Sequence[Measurement], tuning: Tuning, *, cpus: int
+) -> list[Measurement]:
     """The candidates one more window might show to be the better choice. Pure.
 
     For "target met": cheaper candidates within CONFIRM_BAND below the needed rate. Otherwise:
@@ -307,22 +343,32 @@ def contenders(measurements: Sequence[Measurement], tuning: Tuning, *,
     comparison that let it oversubscribe them).
     """
     c = tuning.chosen
-    fits = [m for m in measurements if m.ran and m is not c and not over_cap(
-        m.workers, m.rss_mb, max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb)]
+    fits = [
+        m
+        for m in measurements
+        if m.ran
+        and m is not c
+        and not over_cap(
+            m.workers, m.rss_mb, max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb
+        )
+    ]
     if tuning.reason == "target met":
         need = TARGET_HEADROOM * tuning.target_batches_per_s
-        close = [m for m in fits
-                 if cost(m) < cost(c) and m.batches_per_s * (1 + CONFIRM_BAND) >= need]
+        close = [
+            m for m in fits if cost(m) < cost(c) and m.batches_per_s * (1 + CONFIRM_BAND) >= need
+        ]
         key = lambda m: need - m.batches_per_s  # noqa: E731
     else:
-        close = [m for m in fits if abs(m.batches_per_s - c.batches_per_s)
-                 <= CONFIRM_BAND * c.batches_per_s]
+        close = [
+            m
+            for m in fits
+            if abs(m.batches_per_s - c.batches_per_s) <= CONFIRM_BAND * c.batches_per_s
+        ]
         key = lambda m: abs(m.batches_per_s - c.batches_per_s)  # noqa: E731
         inside = [m for m in fits if m.workers <= cpus]
         if c.workers > cpus and inside:
             best_in = max(inside, key=lambda m: m.batches_per_s)
-            return [best_in, *[m for m in sorted(close, key=key)
-                               if m is not best_in]][:CONFIRM_MAX]
+            return [best_in, *[m for m in sorted(close, key=key) if m is not best_in]][:CONFIRM_MAX]
     return sorted(close, key=key)[:CONFIRM_MAX]
 
 
@@ -338,7 +384,13 @@ def pool(a: Measurement, b: Measurement) -> Measurement:
         return (x * a.seconds + y * b.seconds) / seconds
 
     return dataclasses.replace(
-        a, batches_per_s=mean(a.batches_per_s, b.batches_per_s),
-        tokens_per_s=mean(a.tokens_per_s, b.tokens_per_s), rss_mb=max(a.rss_mb, b.rss_mb),
-        cpu_cores=mean(a.cpu_cores, b.cpu_cores), startup_s=max(a.startup_s, b.startup_s),
-        seconds=seconds, batches=a.batches + b.batches, samples=a.samples + b.samples)
+        a,
+        batches_per_s=mean(a.batches_per_s, b.batches_per_s),
+        tokens_per_s=mean(a.tokens_per_s, b.tokens_per_s),
+        rss_mb=max(a.rss_mb, b.rss_mb),
+        cpu_cores=mean(a.cpu_cores, b.cpu_cores),
+        startup_s=max(a.startup_s, b.startup_s),
+        seconds=seconds,
+        batches=a.batches + b.batches,
+        samples=a.samples + b.samples,
+    )

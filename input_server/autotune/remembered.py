@@ -46,10 +46,16 @@ def key_fields(spec: PipelineSpec) -> dict[str, Any]:
     """What decides a tuning's choice, besides the measurements themselves."""
     workers = dataclasses.asdict(spec.workers)
     del workers["count"]  # "auto" by the time anything is remembered
-    return {"format": FORMAT, "data": spec.data_fingerprint(), "workers": workers,
-            "cpus": cpu_count(), "input_server": __version__, "grain": _version("grain"),
-            "sentencepiece": _version("sentencepiece"),
-            "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+    return {
+        "format": FORMAT,
+        "data": spec.data_fingerprint(),
+        "workers": workers,
+        "cpus": cpu_count(),
+        "input_server": __version__,
+        "grain": _version("grain"),
+        "sentencepiece": _version("sentencepiece"),
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
 
 
 class TuneCache:
@@ -97,5 +103,6 @@ class TuneCache:
                 os.unlink(tmp)
                 raise
         except OSError as e:
-            log.warning("tune cache: cannot write %s (%s); the choice is kept in memory only",
-                        path, e)
+            log.warning(
+                "tune cache: cannot write %s (%s); the choice is kept in memory only", path, e
+            )

@@ -8,8 +8,10 @@ from input_server.autotune.policy import Measurement, Tuning, si_units
 
 def table(tuning: Tuning) -> str:
     """The measurements as a text table; the choice is marked with `*`."""
-    lines = [f"  {'workers':>7} {'processes':>9} {'threads':>7} {'batches/s':>10} "
-             f"{'tokens/s':>10} {'RSS/worker':>11} {'CPU cores':>9} {'start s':>7}"]
+    lines = [
+        f"  {'workers':>7} {'processes':>9} {'threads':>7} {'batches/s':>10} "
+        f"{'tokens/s':>10} {'RSS/worker':>11} {'CPU cores':>9} {'start s':>7}"
+    ]
     for m in tuning.measurements:
         chosen = m.ran and (m.processes, m.threads) == (tuning.processes, tuning.threads)
         if m.ran:
@@ -18,25 +20,36 @@ def table(tuning: Tuning) -> str:
         else:
             rates = f"{'-':>10} {'-':>10}"
             tail = f"  skipped: {m.skipped}"
-        lines.append(f"{'*' if chosen else ' '} {m.workers:>7} {m.processes:>9} {m.threads:>7} "
-                     f"{rates} {m.rss_mb_per_worker:>7.1f} MiB{tail}")
+        lines.append(
+            f"{'*' if chosen else ' '} {m.workers:>7} {m.processes:>9} {m.threads:>7} "
+            f"{rates} {m.rss_mb_per_worker:>7.1f} MiB{tail}"
+        )
     return "\n".join(lines)
 
 
 def measurement_proto(m: Measurement) -> pb.WorkerMeasurement:
     return pb.WorkerMeasurement(
-        processes=m.processes, threads=m.threads, batches_per_s=m.batches_per_s,
-        tokens_per_s=m.tokens_per_s, rss_mb_per_worker=m.rss_mb_per_worker,
-        cpu_cores=m.cpu_cores, startup_s=m.startup_s, skipped=m.skipped)
+        processes=m.processes,
+        threads=m.threads,
+        batches_per_s=m.batches_per_s,
+        tokens_per_s=m.tokens_per_s,
+        rss_mb_per_worker=m.rss_mb_per_worker,
+        cpu_cores=m.cpu_cores,
+        startup_s=m.startup_s,
+        skipped=m.skipped,
+    )
 
 
 def tuning_proto(tuning: Tuning) -> pb.WorkerTuning:
     """The `WorkerTuning` message the info RPC reports."""
-    return pb.WorkerTuning(reason=tuning.reason,
-                           measurements=[measurement_proto(m) for m in tuning.measurements],
-                           processes=tuning.processes, threads=tuning.threads,
-                           target_batches_per_s=tuning.target_batches_per_s,
-                           tune_seconds=tuning.tune_seconds)
+    return pb.WorkerTuning(
+        reason=tuning.reason,
+        measurements=[measurement_proto(m) for m in tuning.measurements],
+        processes=tuning.processes,
+        threads=tuning.threads,
+        target_batches_per_s=tuning.target_batches_per_s,
+        tune_seconds=tuning.tune_seconds,
+    )
 
 
 def check_plotting() -> None:
@@ -60,20 +73,26 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ran = [m for m in tuning.measurements if m.ran]
     for processes in sorted({m.processes for m in ran}):
         pts = sorted((m for m in ran if m.processes == processes), key=lambda m: m.workers)
         label = "in-process threads" if processes == 0 else f"{processes} processes"
         ax.plot([m.workers for m in pts], [m.batches_per_s for m in pts], "o-", label=label)
-    c = next((m for m in ran if (m.processes, m.threads) == (tuning.processes, tuning.threads)),
-             None)
+    c = next(
+        (m for m in ran if (m.processes, m.threads) == (tuning.processes, tuning.threads)), None
+    )
     if c is not None:  # else nothing was measured in time: the default ran unmeasured
-        ax.plot([c.workers], [c.batches_per_s], "r*", markersize=16,
-                label=f"choice: {c.label()} ({tuning.reason})")
+        ax.plot(
+            [c.workers],
+            [c.batches_per_s],
+            "r*",
+            markersize=16,
+            label=f"choice: {c.label()} ({tuning.reason})",
+        )
     if tuning.target_batches_per_s:
-        ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--",
-                   label="target")
+        ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--", label="target")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_ylim(bottom=0)  # ratios read true from the height
@@ -89,6 +108,13 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
 
 def switch_proto(s) -> pb.WorkerSwitch:
     """One `serving.retune.Switch` as `StreamInfo.switches` carries it."""
-    return pb.WorkerSwitch(at_s=s.at_s, from_processes=s.before[0], from_threads=s.before[1],
-                           to_processes=s.after[0], to_threads=s.after[1], reason=s.reason,
-                           capacity_batches_per_s=s.capacity, demand_batches_per_s=s.demand)
+    return pb.WorkerSwitch(
+        at_s=s.at_s,
+        from_processes=s.before[0],
+        from_threads=s.before[1],
+        to_processes=s.after[0],
+        to_threads=s.after[1],
+        reason=s.reason,
+        capacity_batches_per_s=s.capacity,
+        demand_batches_per_s=s.demand,
+    )

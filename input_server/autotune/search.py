@@ -45,11 +45,13 @@ def _predicted_rss_mb(c: Candidate, rows: Sequence[Measurement]) -> float:
     return same_kind[-1].rss_mb_per_worker * c.workers if same_kind else 0.0
 
 
-def capped(c: Candidate, rows: Sequence[Measurement], *, max_workers: int,
-            ram_budget_mb: float) -> Candidate:
+def capped(
+    c: Candidate, rows: Sequence[Measurement], *, max_workers: int, ram_budget_mb: float
+) -> Candidate:
     """`c`, with `skip` saying which cap it is over by its workers or predicted memory."""
-    skip = over_cap(c.workers, _predicted_rss_mb(c, rows), max_workers=max_workers,
-                     ram_budget_mb=ram_budget_mb)
+    skip = over_cap(
+        c.workers, _predicted_rss_mb(c, rows), max_workers=max_workers, ram_budget_mb=ram_budget_mb
+    )
     return dataclasses.replace(c, skip=skip) if skip else c
 
 
@@ -62,9 +64,14 @@ def _stalled(rows: Sequence[Measurement], patience: int) -> bool:
     return all(m.batches_per_s < (1 + PLATEAU_GAIN) * best for m in rows[-patience:])
 
 
-def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
-                   ram_budget_mb: float = math.inf, target_batches_per_s: float = 0.0,
-                   max_workers: int = 0) -> Candidate | None:
+def next_candidate(
+    measurements: Sequence[Measurement],
+    *,
+    cpus: int,
+    ram_budget_mb: float = math.inf,
+    target_batches_per_s: float = 0.0,
+    max_workers: int = 0,
+) -> Candidate | None:
     """What to measure next, given the table so far; None when the search is over. Pure.
 
     In-process threads first, doubling (1, 2, 4, ... MAX_THREADS) until a doubling gains under
@@ -79,7 +86,8 @@ def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
     caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
     fits = [m for m in measurements if m.ran and not over_cap(m.workers, m.rss_mb, **caps)]
     if target_batches_per_s > 0 and any(
-            m.batches_per_s >= TARGET_HEADROOM * target_batches_per_s for m in fits):
+        m.batches_per_s >= TARGET_HEADROOM * target_batches_per_s for m in fits
+    ):
         return None
     inproc = [m for m in measurements if m.processes == 0]
     procs = [m for m in measurements if m.processes > 0]
@@ -93,8 +101,7 @@ def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
             return check(Candidate(0, 1))
         threads = 2 * inproc[-1].threads
         patience = THREAD_PATIENCE if inproc[-1].threads < cpus else 1
-        if (inproc[-1].ran and threads <= MAX_THREADS
-                and not _stalled(ran, patience)):
+        if inproc[-1].ran and threads <= MAX_THREADS and not _stalled(ran, patience):
             return check(Candidate(0, threads))
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
@@ -106,8 +113,9 @@ def next_candidate(measurements: Sequence[Measurement], *, cpus: int,
     processes = 2 * procs[-1].processes
     if not procs[-1].ran or processes > cpus or _stalled(ran, 1):
         return None
-    return check(Candidate(processes, _threads_per_process([m for m in inproc if m.ran],
-                                                           processes)))
+    return check(
+        Candidate(processes, _threads_per_process([m for m in inproc if m.ran], processes))
+    )
 
 
 def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
@@ -116,12 +124,13 @@ def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
     if not inproc:
         return 1
     best = max(m.batches_per_s for m in inproc)
-    threads = next(m.threads for m in sorted(inproc, key=cost)
-                   if m.batches_per_s * (1 + PLATEAU_GAIN) >= best)
+    threads = next(
+        m.threads for m in sorted(inproc, key=cost) if m.batches_per_s * (1 + PLATEAU_GAIN) >= best
+    )
     return max(1, threads // processes)
 
 
 def skipped_row(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
-    return Measurement(processes=c.processes, threads=c.threads,
-                       rss_mb=_predicted_rss_mb(c, rows), skipped=c.skip)
-
+    return Measurement(
+        processes=c.processes, threads=c.threads, rss_mb=_predicted_rss_mb(c, rows), skipped=c.skip
+    )

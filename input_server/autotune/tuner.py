@@ -47,12 +47,19 @@ log = logging.getLogger(__name__)
 _measuring = threading.RLock()
 
 
-def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: int = 0,
-         ram_budget_mb: float = math.inf, tune_seconds: float = TUNE_SECONDS,
-         warmup_s: float = WARMUP_S, window_s: float = WINDOW_S,
-         candidates: Sequence[tuple[int, int]] | None = None,
-         progress: Callable[[Candidate, Measurement | None], None] | None = None,
-         max_processes: int | None = None) -> Tuning:
+def tune(
+    pipeline: Pipeline,
+    *,
+    target_batches_per_s: float = 0.0,
+    max_workers: int = 0,
+    ram_budget_mb: float = math.inf,
+    tune_seconds: float = TUNE_SECONDS,
+    warmup_s: float = WARMUP_S,
+    window_s: float = WINDOW_S,
+    candidates: Sequence[tuple[int, int]] | None = None,
+    progress: Callable[[Candidate, Measurement | None], None] | None = None,
+    max_processes: int | None = None,
+) -> Tuning:
     """Measures candidates (`next_candidate`'s search, or the given ones) and decides.
 
     Args:
@@ -81,12 +88,20 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
         rows: list[Measurement] = []
         while True:
             if candidates is None:
-                c = next_candidate(rows, cpus=cpus, ram_budget_mb=ram_budget_mb,
-                                   target_batches_per_s=target_batches_per_s,
-                                   max_workers=max_workers)
+                c = next_candidate(
+                    rows,
+                    cpus=cpus,
+                    ram_budget_mb=ram_budget_mb,
+                    target_batches_per_s=target_batches_per_s,
+                    max_workers=max_workers,
+                )
             elif listed:
-                c = capped(Candidate(*listed.pop(0)), rows, max_workers=max_workers,
-                            ram_budget_mb=ram_budget_mb)
+                c = capped(
+                    Candidate(*listed.pop(0)),
+                    rows,
+                    max_workers=max_workers,
+                    ram_budget_mb=ram_budget_mb,
+                )
             else:
                 c = None
             if c is None:
@@ -101,8 +116,14 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
             elif deadline - clock() < warmup_s + 0.25 * window_s:
                 row = skipped_row(dataclasses.replace(c, skip="time limit"), rows)
             else:
-                row = measure(pipeline, c.processes, c.threads, warmup_s=warmup_s,
-                              window_s=window_s, deadline=deadline)
+                row = measure(
+                    pipeline,
+                    c.processes,
+                    c.threads,
+                    warmup_s=warmup_s,
+                    window_s=window_s,
+                    deadline=deadline,
+                )
                 if row is None:
                     row = skipped_row(dataclasses.replace(c, skip="time limit"), rows)
             rows.append(row)
@@ -111,11 +132,14 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
                 progress(c, row)
             if row.skipped == "time limit":
                 break
-        settings = dict(ram_budget_mb=ram_budget_mb, target_batches_per_s=target_batches_per_s,
-                        max_workers=max_workers, cpus=cpus)
+        settings = dict(
+            ram_budget_mb=ram_budget_mb,
+            target_batches_per_s=target_batches_per_s,
+            max_workers=max_workers,
+            cpus=cpus,
+        )
         if not any(m.ran for m in rows):
-            return _unmeasured(rows, tune_seconds=tune_seconds, elapsed=clock() - start,
-                               **settings)
+            return _unmeasured(rows, tune_seconds=tune_seconds, elapsed=clock() - start, **settings)
         tuning = decide(rows, **settings)
         # A second look: the choice and its close contenders once more, side by side.
         again = contenders(rows, tuning, cpus=cpus)
@@ -126,8 +150,14 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
             c = Candidate(m.processes, m.threads)
             if progress is not None:
                 progress(c, None)
-            more = measure(pipeline, m.processes, m.threads, warmup_s=warmup_s,
-                           window_s=window_s, deadline=deadline)
+            more = measure(
+                pipeline,
+                m.processes,
+                m.threads,
+                warmup_s=warmup_s,
+                window_s=window_s,
+                deadline=deadline,
+            )
             if more is not None:
                 i = next(i for i, r in enumerate(rows) if r is m)
                 rows[i] = pool(rows[i], more)
@@ -140,18 +170,29 @@ def tune(pipeline: Pipeline, *, target_batches_per_s: float = 0.0, max_workers: 
     return tuning
 
 
-def _unmeasured(rows: Sequence[Measurement], *, tune_seconds: float, elapsed: float,
-                cpus: int, **settings) -> Tuning:
+def _unmeasured(
+    rows: Sequence[Measurement], *, tune_seconds: float, elapsed: float, cpus: int, **settings
+) -> Tuning:
     """The choice when no candidate finished within the time bound: the in-process default,
     so the stream still runs (at the speed a fixed `workers.count = 0` would)."""
     threads = default_threads(0)
-    log.warning("autotune: no candidate finished within tune_seconds=%g; running in-process "
-                "with %d threads", tune_seconds, threads)
-    return Tuning(processes=0, threads=threads, reason="time limit",
-                  detail=f"no candidate finished within tune_seconds={tune_seconds:g}; the "
-                         f"in-process default ({threads} threads) runs unmeasured; allow more "
-                         f"`workers.tune_seconds` to measure",
-                  measurements=tuple(rows), tune_seconds=elapsed, **settings)
+    log.warning(
+        "autotune: no candidate finished within tune_seconds=%g; running in-process "
+        "with %d threads",
+        tune_seconds,
+        threads,
+    )
+    return Tuning(
+        processes=0,
+        threads=threads,
+        reason="time limit",
+        detail=f"no candidate finished within tune_seconds={tune_seconds:g}; the "
+        f"in-process default ({threads} threads) runs unmeasured; allow more "
+        f"`workers.tune_seconds` to measure",
+        measurements=tuple(rows),
+        tune_seconds=elapsed,
+        **settings,
+    )
 
 
 class Tuner:
@@ -173,12 +214,18 @@ class Tuner:
         self._lock = threading.Lock()
         # By the pipeline's kind and spec: a stand-in source (testing.SlowPipeline) over the
         # same files is another pipeline.
-        self._decided: collections.OrderedDict[tuple[type, PipelineSpec],
-                                               Tuning] = collections.OrderedDict()
+        self._decided: collections.OrderedDict[tuple[type, PipelineSpec], Tuning] = (
+            collections.OrderedDict()
+        )
         self._max_remembered = max_remembered
 
-    def start(self, pipeline: Pipeline, *, max_processes: int | None = None,
-              max_threads: int = MAX_THREADS) -> tuple[Workers, Tuning | None]:
+    def start(
+        self,
+        pipeline: Pipeline,
+        *,
+        max_processes: int | None = None,
+        max_threads: int = MAX_THREADS,
+    ) -> tuple[Workers, Tuning | None]:
         """The parallelism a new stream of `pipeline` opens with, and the remembered tuning
         behind it (None: fixed, nothing remembered, or a remembered choice this stream cannot
         have). A remembered choice over `max_processes` (the server's free worker processes)
@@ -196,15 +243,23 @@ class Tuner:
                 self._keep(key, remembered)
         if remembered is None:
             threads = min(default_threads(0), w.max_workers or MAX_THREADS, max_threads)
-            return Workers(0, threads, f"auto: started at once in process with {threads} "
-                                       f"threads; tuning on the live stream"), None
-        workers = Workers(remembered.processes, remembered.threads,
-                          f"auto, remembered: {remembered.summary()}")
+            return Workers(
+                0,
+                threads,
+                f"auto: started at once in process with {threads} "
+                f"threads; tuning on the live stream",
+            ), None
+        workers = Workers(
+            remembered.processes, remembered.threads, f"auto, remembered: {remembered.summary()}"
+        )
         if max_processes is not None and workers.processes > max_processes:
             threads = default_threads(max_processes)
-            return Workers(max_processes, threads,
-                           f"{workers.reason}; clipped to the {max_processes} free of the "
-                           f"server's --max-workers processes"), None
+            return Workers(
+                max_processes,
+                threads,
+                f"{workers.reason}; clipped to the {max_processes} free of the "
+                f"server's --max-workers processes",
+            ), None
         return workers, remembered
 
     def remember(self, pipeline: Pipeline, tuning: Tuning) -> None:
@@ -231,10 +286,11 @@ def grain_choice(pipeline: Pipeline, *, ram_budget_mb: int | None = None) -> tup
     from grain.experimental import pick_performance_config
 
     budget = pipeline.spec.workers.ram_budget_mb if ram_budget_mb is None else ram_budget_mb
-    config = pick_performance_config(pipeline.groups().to_iter_dataset(),
-                                     ram_budget_mb=budget, max_workers=None,
-                                     max_buffer_size=None)
+    config = pick_performance_config(
+        pipeline.groups().to_iter_dataset(),
+        ram_budget_mb=budget,
+        max_workers=None,
+        max_buffer_size=None,
+    )
     processes = config.multiprocessing_options.num_workers
     return processes, default_threads(processes)
-
-

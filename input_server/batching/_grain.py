@@ -63,12 +63,15 @@ def _die_with_parent(server_pid: int, worker_index: int, worker_count: int) -> N
 def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain.IterDataset:
     """`groups` computed `threads` at a time in each of `processes` worker processes (0 = in
     this process), in order."""
-    ds = groups.to_iter_dataset(grain.ReadOptions(num_threads=threads,
-                                                  prefetch_buffer_size=2 * threads))
+    ds = groups.to_iter_dataset(
+        grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+    )
     if processes > 0:
         ensure_absl_flags_parsed()
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes),
-                            worker_init_fn=functools.partial(_die_with_parent, os.getpid()))
+        ds = ds.mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=processes),
+            worker_init_fn=functools.partial(_die_with_parent, os.getpid()),
+        )
     return ds
 
 

@@ -39,8 +39,15 @@ class LiveMeter:
 
     def totals(self) -> Totals:
         with self._lock:
-            return Totals(clock(), self._batches, self._tokens, self._groups, self._group_s,
-                          self._waiting_s, self._blocked_s)
+            return Totals(
+                clock(),
+                self._batches,
+                self._tokens,
+                self._groups,
+                self._group_s,
+                self._waiting_s,
+                self._blocked_s,
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,8 +52,9 @@ class DocCursor:
                 self.group = None
                 return False
             if not g.first_doc <= doc <= g.first_doc + len(g.lengths):
-                raise ValueError(f"token group starting at document {g.first_doc} does not "
-                                 f"hold document {doc}.")
+                raise ValueError(
+                    f"token group starting at document {g.first_doc} does not hold document {doc}."
+                )
             self.group, self.index = g, doc - g.first_doc
             self.lengths = g.lengths.tolist()
             self.starts = g.starts.tolist()
@@ -80,8 +81,7 @@ class PackedBatch:
 
     def compact(self, vocab_size: int | None = None) -> dict[str, np.ndarray]:
         """The arrays the wire carries (`wire.compact_arrays`)."""
-        return compact_arrays(self.inputs, self.segment_lengths, self.segments_per_row,
-                              vocab_size)
+        return compact_arrays(self.inputs, self.segment_lengths, self.segments_per_row, vocab_size)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return expand_packed(self.inputs, self.segment_lengths, self.segments_per_row)
@@ -113,7 +113,7 @@ class _Rows:
                 flat.append(piece)
                 lengths.append(len(piece))
                 used += len(piece)
-            flat.append(zeros[:seq_len - used])
+            flat.append(zeros[: seq_len - used])
             per_row.append(len(row))
         # One copy of every token into place: the rows' pieces and padding, end to end.
         inputs = np.concatenate(flat).reshape(self.size, seq_len)
@@ -138,7 +138,7 @@ def _first_fit(cursor: DocCursor, out: _Rows) -> None:
             else:  # fits no row: this document opens the next batch
                 cursor.index = i
                 return
-            out.add(r, tokens[starts[i]:starts[i] + n])
+            out.add(r, tokens[starts[i] : starts[i] + n])
             free[r] -= n
             i += 1
         cursor.index = i
@@ -155,7 +155,7 @@ def _concat_then_split(cursor: DocCursor, out: _Rows) -> None:
             n = min(remaining, seq_len - fill)
             if n > 0:
                 start = starts[i] + cursor.offset
-                out.add(row, tokens[start:start + n])
+                out.add(row, tokens[start : start + n])
                 fill += n
             if n >= remaining:
                 i += 1
@@ -176,19 +176,17 @@ def _one_per_row(cursor: DocCursor, out: _Rows) -> None:
         while i < count and row < out.size:
             n = min(lengths[i], seq_len)
             if n:
-                out.add(row, tokens[starts[i]:starts[i] + n])
+                out.add(row, tokens[starts[i] : starts[i] + n])
             out.placed = True  # an empty document still takes its row
             row += 1
             i += 1
         cursor.index = i
 
 
-_PACKERS = {"first_fit": _first_fit, "concat_then_split": _concat_then_split,
-            "none": _one_per_row}
+_PACKERS = {"first_fit": _first_fit, "concat_then_split": _concat_then_split, "none": _one_per_row}
 
 
-def pack_batch(cursor: DocCursor, *, size: int, seq_len: int,
-               packing: str) -> PackedBatch | None:
+def pack_batch(cursor: DocCursor, *, size: int, seq_len: int, packing: str) -> PackedBatch | None:
     """Builds the next batch from the cursor's documents; None once no document is left.
 
     first_fit: documents (trimmed to `seq_len`) go, in order, into the first row with room; the
@@ -200,8 +198,9 @@ def pack_batch(cursor: DocCursor, *, size: int, seq_len: int,
     """
     packer = _PACKERS.get(packing)
     if packer is None:
-        raise ValueError(f"`batch.packing` must be first_fit, concat_then_split or none, "
-                         f"got {packing!r}.")
+        raise ValueError(
+            f"`batch.packing` must be first_fit, concat_then_split or none, got {packing!r}."
+        )
     out = _Rows(size, seq_len)
     packer(cursor, out)
     return out.batch()

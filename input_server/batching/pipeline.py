@@ -81,8 +81,15 @@ class Produced:
 class _EncodeGroup:
     """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
 
-    def __init__(self, order: DocumentOrder, source: DocumentSource, size: int,
-                 tokenizer: Tokenizer, *, trim_to: int | None = None):
+    def __init__(
+        self,
+        order: DocumentOrder,
+        source: DocumentSource,
+        size: int,
+        tokenizer: Tokenizer,
+        *,
+        trim_to: int | None = None,
+    ):
         self.order = order
         self.source = source
         self.size = size
@@ -99,8 +106,9 @@ class _EncodeGroup:
         # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
         # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
         # against x 2: docs/benchmarks.md, "Tokenizer side").
-        element = self.tokenizer.encode(texts, first_doc=first, num_threads=1,
-                                        trim_to=self.trim_to).to_element()
+        element = self.tokenizer.encode(
+            texts, first_doc=first, num_threads=1, trim_to=self.trim_to
+        ).to_element()
         # How long the group took in its worker: what a live stream's tuner measures the
         # parallel stage's utilization by (`autotune/live.py`).
         element[BUSY_KEY] = np.float64(time.perf_counter() - started)
@@ -137,13 +145,19 @@ class Pipeline:
         self.tokenizer = Tokenizer(dataclasses.replace(spec.tokenizer, model=model))
         self.source = self._open_source(spec)
         shard, order = spec.shard, spec.order
-        self.order = DocumentOrder(num_records=len(self.source), shard_index=shard.index,
-                                   shard_count=shard.count, seed=order.seed,
-                                   shuffle=order.shuffle, epochs=order.epochs)
+        self.order = DocumentOrder(
+            num_records=len(self.source),
+            shard_index=shard.index,
+            shard_count=shard.count,
+            seed=order.seed,
+            shuffle=order.shuffle,
+            epochs=order.epochs,
+        )
         if self.order.per_epoch == 0:
             raise InvalidSpecError(
                 f"`shard.index` {shard.index} of `shard.count` {shard.count} holds no documents "
-                f"({len(self.source)} in all); use fewer shards.")
+                f"({len(self.source)} in all); use fewer shards."
+            )
         self.docs_per_epoch = self.order.per_epoch
         self.group_size = self._group_size()
 
@@ -183,17 +197,24 @@ class Pipeline:
     def groups(self, first_doc: int = 0) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on."""
         size = self.group_size
-        encode = _EncodeGroup(self.order, self.source, size, self.tokenizer,
-                              trim_to=self._trim_to())
+        encode = _EncodeGroup(
+            self.order, self.source, size, self.tokenizer, trim_to=self._trim_to()
+        )
         return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
-            encode)
+            encode
+        )
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """The position of a resume state sent back by a client (`resume.parse_state`)."""
         return parse_state(state, fingerprint=self.fingerprint, num_docs=len(self.order))
 
-    def stream(self, state: Position | bytes | dict[str, Any] | None = None, *,
-               workers: Workers, meter: LiveMeter | None = None) -> BatchStream:
+    def stream(
+        self,
+        state: Position | bytes | dict[str, Any] | None = None,
+        *,
+        workers: Workers,
+        meter: LiveMeter | None = None,
+    ) -> BatchStream:
         """Batches from the start (state None or empty), or right after the batch whose state
         is given, with the parallelism the caller chose (the server's `Tuner` for "auto");
         `meter` counts its groups' busy and waiting time."""
@@ -204,13 +225,15 @@ class Pipeline:
 class BatchStream:
     """An iterator of `Produced` batches; `close()` stops the Grain workers."""
 
-    def __init__(self, pipeline: Pipeline, pos: Position, workers: Workers,
-                 meter: LiveMeter | None = None):
+    def __init__(
+        self, pipeline: Pipeline, pos: Position, workers: Workers, meter: LiveMeter | None = None
+    ):
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
-        self._it = iter(parallel(pipeline.groups(pos.doc), processes=workers.processes,
-                                 threads=workers.threads))
+        self._it = iter(
+            parallel(pipeline.groups(pos.doc), processes=workers.processes, threads=workers.threads)
+        )
         self._cursor = DocCursor(self._groups(meter), pos.doc, pos.offset)
         self._closed = False
 
@@ -254,7 +277,8 @@ class BatchStream:
         seq = self._seq
         self._seq += 1
         state = Position(self._seq, self._cursor.doc, self._cursor.offset).state(
-            self.pipeline.fingerprint)
+            self.pipeline.fingerprint
+        )
         return Produced(seq=seq, batch=batch, state=state)
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:

@@ -27,8 +27,13 @@ class Position:
 
     def state(self, fingerprint: str) -> dict[str, Any]:
         """The JSON-able state a batch carries."""
-        return {"version": STATE_VERSION, "fingerprint": fingerprint, "seq": self.seq,
-                "doc": self.doc, "offset": self.offset}
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": fingerprint,
+            "seq": self.seq,
+            "doc": self.doc,
+            "offset": self.offset,
+        }
 
 
 MAX_SEQ = 1 << 62
@@ -46,8 +51,9 @@ def _position(d: dict[str, Any]) -> Position:
     return Position(**values)
 
 
-def parse_state(state: bytes | dict[str, Any] | None, *, fingerprint: str,
-                num_docs: int) -> Position:
+def parse_state(
+    state: bytes | dict[str, Any] | None, *, fingerprint: str, num_docs: int
+) -> Position:
     """Reads a resume state sent back by a client; refuses one made for other data.
 
     Args:
@@ -65,16 +71,18 @@ def parse_state(state: bytes | dict[str, Any] | None, *, fingerprint: str,
         version, fp = d["version"], d["fingerprint"]
         pos = _position(d)
     except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise InvalidSpecError(
-            f"`resume_state` is not a state this server wrote: {e}.") from e
+        raise InvalidSpecError(f"`resume_state` is not a state this server wrote: {e}.") from e
     if version != STATE_VERSION:
-        raise InvalidSpecError(f"`resume_state` has version {version!r}; this server reads "
-                               f"version {STATE_VERSION}.")
+        raise InvalidSpecError(
+            f"`resume_state` has version {version!r}; this server reads version {STATE_VERSION}."
+        )
     if fp != fingerprint:
         raise InvalidSpecError(
             f"`resume_state` was made for other data (fingerprint {fp!r}, this spec's is "
-            f"{fingerprint!r}): resume with the spec that produced it.")
+            f"{fingerprint!r}): resume with the spec that produced it."
+        )
     if pos.doc > num_docs:
-        raise InvalidSpecError(f"`resume_state` position {dataclasses.asdict(pos)} is out of "
-                               f"range.")
+        raise InvalidSpecError(
+            f"`resume_state` position {dataclasses.asdict(pos)} is out of range."
+        )
     return pos

@@ -24,8 +24,14 @@ log = logging.getLogger(__name__)
 class SwitchingStream:
     """`BatchStream`'s interface, with `switch(workers)` taking effect at the next batch."""
 
-    def __init__(self, pipeline: Pipeline, position: Position, workers: Workers, *,
-                 meter: LiveMeter | None = None):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        position: Position,
+        workers: Workers,
+        *,
+        meter: LiveMeter | None = None,
+    ):
         self.pipeline = pipeline
         self.meter = meter
         self._stream = pipeline.stream(position, workers=workers, meter=meter)
@@ -55,15 +61,23 @@ class SwitchingStream:
         with self._lock:
             workers, self._pending = self._pending, None
         current = self._stream.workers
-        if (workers is not None and not self._stream.closed
-                and (workers.processes, workers.threads) != (current.processes, current.threads)):
+        if (
+            workers is not None
+            and not self._stream.closed
+            and (workers.processes, workers.threads) != (current.processes, current.threads)
+        ):
             old = self._stream
             try:
                 new = self.pipeline.stream(old.position(), workers=workers, meter=self.meter)
             except Exception:  # noqa: BLE001 - the stream goes on as it was
-                log.warning("switching to %d processes x %d threads failed; the stream goes on "
-                            "at %d x %d", workers.processes, workers.threads, current.processes,
-                            current.threads, exc_info=True)
+                log.warning(
+                    "switching to %d processes x %d threads failed; the stream goes on at %d x %d",
+                    workers.processes,
+                    workers.threads,
+                    current.processes,
+                    current.threads,
+                    exc_info=True,
+                )
                 self.failed_switches += 1
                 return next(self._stream)
             self._stream = new

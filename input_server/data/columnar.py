@@ -34,7 +34,8 @@ class ArrayRecordReader:
 
             # No readahead: the pipeline reads in shuffled order.
             self._reader = array_record_module.ArrayRecordReader(
-                self.path, "readahead_buffer_size:0")
+                self.path, "readahead_buffer_size:0"
+            )
         return self._reader
 
     def __getstate__(self):
@@ -117,7 +118,8 @@ class ParquetReader:
         if text_field not in names:
             raise InvalidSpecError(
                 f"`source.text_field` {text_field!r} is not a column of {path} "
-                f"(columns: {', '.join(names)}).")
+                f"(columns: {', '.join(names)})."
+            )
         self._len = meta.metadata.num_rows
 
     def __getstate__(self):
@@ -140,14 +142,18 @@ class ParquetReader:
             for g in range(f.num_row_groups):
                 rows = f.metadata.row_group(g).num_rows
                 try:
-                    chunks.append(f.read_row_group(g, columns=[self.text_field])
-                                  .column(self.text_field))
+                    chunks.append(
+                        f.read_row_group(g, columns=[self.text_field]).column(self.text_field)
+                    )
                 except (OSError, pa.ArrowException) as e:
-                    raise CorruptFileError(f"{self.path} row group {g} (rows {first}-"
-                                           f"{first + rows - 1}): cannot read ({e}).") from e
+                    raise CorruptFileError(
+                        f"{self.path} row group {g} (rows {first}-"
+                        f"{first + rows - 1}): cannot read ({e})."
+                    ) from e
                 first += rows
             self._column = pa.chunked_array(
-                [c for ch in chunks for c in ch.chunks]).combine_chunks()
+                [c for ch in chunks for c in ch.chunks]
+            ).combine_chunks()
         return self._column
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
@@ -157,8 +163,10 @@ class ParquetReader:
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
         limit = self.max_bytes or float("inf")
-        return [t if type(t) is str and len(t) <= limit else self[i]
-                for t, i in zip(texts, indices, strict=True)]
+        return [
+            t if type(t) is str and len(t) <= limit else self[i]
+            for t, i in zip(texts, indices, strict=True)
+        ]
 
     def __getitem__(self, index: int) -> str:
         try:
@@ -166,8 +174,10 @@ class ParquetReader:
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
         if not isinstance(text, str):
-            raise RecordError(f"{self.where(index)}: column {self.text_field!r} holds "
-                              f"{type(text).__name__}, not a string.")
+            raise RecordError(
+                f"{self.where(index)}: column {self.text_field!r} holds "
+                f"{type(text).__name__}, not a string."
+            )
         # Characters, a lower bound of the bytes: the column is in memory already.
         check_size(len(text), self.max_bytes, self.where(index))
         return text

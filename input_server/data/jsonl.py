@@ -114,8 +114,7 @@ class JsonlReader:
         return self._buffer()[start:end]
 
     def __getitem__(self, index: int) -> str:
-        check_size(int(self._ends[index] - self._starts[index]), self.max_bytes,
-                   self.where(index))
+        check_size(int(self._ends[index] - self._starts[index]), self.max_bytes, self.where(index))
         raw = self._raw(index)
         try:
             obj = loads_json(raw)

@@ -27,8 +27,16 @@ class DocumentOrder:
       epochs: passes over the shard; 0 repeats forever.
     """
 
-    def __init__(self, *, num_records: int, shard_index: int, shard_count: int, seed: int,
-                 shuffle: bool, epochs: int):
+    def __init__(
+        self,
+        *,
+        num_records: int,
+        shard_index: int,
+        shard_count: int,
+        seed: int,
+        shuffle: bool,
+        epochs: int,
+    ):
         self.shard_index = shard_index
         self.shard_count = shard_count
         self.per_epoch = len(range(shard_index, num_records, shard_count))

@@ -29,9 +29,11 @@ def check_size(size: int, limit: int | None, where: str) -> None:
     """Refuses a record over the server's --max-document-mb before it is decoded: a 200 MB
     document would hold gigabytes while tokenized (INVALID_ARGUMENT, naming it and the limit)."""
     if limit is not None and size > limit:
-        raise InvalidSpecError(f"{where}: the document is {size / (1 << 20):,.1f} MB, over the "
-                               f"server's --max-document-mb {limit / (1 << 20):g}; split it, or "
-                               f"ask the operator for a larger limit.")
+        raise InvalidSpecError(
+            f"{where}: the document is {size / (1 << 20):,.1f} MB, over the "
+            f"server's --max-document-mb {limit / (1 << 20):g}; split it, or "
+            f"ask the operator for a larger limit."
+        )
 
 
 def text_of(obj: object, field: str, where: str) -> str:

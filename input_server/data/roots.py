@@ -69,13 +69,15 @@ class DataAccess:
         try:
             st = os.stat(real)
         except PermissionError:
-            raise UnreadableError(f"`{key}`: the server may not read {shorten(path)!r} "
-                                  f"(permission denied).") from None
+            raise UnreadableError(
+                f"`{key}`: the server may not read {shorten(path)!r} (permission denied)."
+            ) from None
         except OSError:  # missing, or a name too long to exist
             raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
         if not stat.S_ISREG(st.st_mode):
-            raise UnreadableError(f"`{key}`: {shorten(path)!r} is not a regular file; only "
-                                  f"regular files are read.")
+            raise UnreadableError(
+                f"`{key}`: {shorten(path)!r} is not a regular file; only regular files are read."
+            )
         return real
 
     def _real(self, path: str) -> str:
@@ -92,9 +94,11 @@ class DataAccess:
 
     @staticmethod
     def _outside(key: str, path: str) -> UnreadableError:
-        return UnreadableError(f"`{key}`: {shorten(path)!r} is outside the server's data "
-                               f"roots (or not a regular file there); ask the operator for "
-                               f"--data-root.")
+        return UnreadableError(
+            f"`{key}`: {shorten(path)!r} is outside the server's data "
+            f"roots (or not a regular file there); ask the operator for "
+            f"--data-root."
+        )
 
     # --- the source's paths ------------------------------------------------------------------
 
@@ -113,16 +117,18 @@ class DataAccess:
                 try:
                     matched = self._glob(pattern)
                 except RecursionError:  # folders nested deeper than Python's stack
-                    raise InvalidSpecError(f"`source.paths`: the glob {shorten(pattern)!r} "
-                                           f"reaches folders nested too deep.") from None
+                    raise InvalidSpecError(
+                        f"`source.paths`: the glob {shorten(pattern)!r} "
+                        f"reaches folders nested too deep."
+                    ) from None
                 if not matched:
-                    raise DataNotFoundError(f"`source.paths`: the glob {shorten(pattern)!r} "
-                                            f"matches no file.")
+                    raise DataNotFoundError(
+                        f"`source.paths`: the glob {shorten(pattern)!r} matches no file."
+                    )
                 files.extend(matched)
             elif self.roots is None:
                 if not os.path.isfile(pattern):
-                    raise DataNotFoundError(f"`source.paths`: no such file "
-                                            f"{shorten(pattern)!r}.")
+                    raise DataNotFoundError(f"`source.paths`: no such file {shorten(pattern)!r}.")
                 files.append(pattern)
             else:
                 files.append(self.file(pattern, "source.paths"))
@@ -131,8 +137,10 @@ class DataAccess:
 
     def _check_count(self, n: int) -> None:
         if self.max_files is not None and n > self.max_files:
-            raise InvalidSpecError(f"`source.paths` name more than {self.max_files:,} files "
-                                   f"(the server's --max-files); use fewer or larger files.")
+            raise InvalidSpecError(
+                f"`source.paths` name more than {self.max_files:,} files "
+                f"(the server's --max-files); use fewer or larger files."
+            )
 
     def _glob(self, pattern: str) -> list[str]:
         if self.roots is None:
@@ -142,15 +150,19 @@ class DataAccess:
         base = os.path.realpath("/".join(parts[:fixed]) or "/")
         if not self._inside(base):
             raise self._outside("source.paths", pattern)
-        rest = [p for i, p in enumerate(parts[fixed:]) if p
-                and not (p == "**" and i and parts[fixed + i - 1] == "**")]  # `**/**` = `**`
+        rest = [
+            p
+            for i, p in enumerate(parts[fixed:])
+            if p and not (p == "**" and i and parts[fixed + i - 1] == "**")
+        ]  # `**/**` = `**`
         if len(rest) > MAX_GLOB_PARTS:
-            raise InvalidSpecError(f"`source.paths`: the glob {shorten(pattern)!r} has more than "
-                                   f"{MAX_GLOB_PARTS} parts.")
+            raise InvalidSpecError(
+                f"`source.paths`: the glob {shorten(pattern)!r} has more than "
+                f"{MAX_GLOB_PARTS} parts."
+            )
         walk = _Walk(self, pattern)
         walk.match(base, rest)
         return sorted(walk.found)
-
 
 
 class _Walk:
@@ -183,8 +195,9 @@ class _Walk:
         if _has_glob(head):
             paths = self._entries(folder, head)
         else:
-            paths = [os.path.join(folder, head)] if os.path.lexists(
-                os.path.join(folder, head)) else []
+            paths = (
+                [os.path.join(folder, head)] if os.path.lexists(os.path.join(folder, head)) else []
+            )
         for path in paths:
             real = os.path.realpath(path)
             if not self.access._inside(real):
@@ -208,9 +221,14 @@ class _Walk:
         if self.visits > MAX_GLOB_VISITS:
             raise InvalidSpecError(
                 f"`source.paths`: the glob {shorten(self.pattern)!r} looks at more than "
-                f"{MAX_GLOB_VISITS:,} directory entries; name a narrower folder.")
-        return [os.path.join(folder, n) for n in names if fnmatch.fnmatchcase(n, pattern)
-                and (not n.startswith(".") or pattern.startswith("."))]
+                f"{MAX_GLOB_VISITS:,} directory entries; name a narrower folder."
+            )
+        return [
+            os.path.join(folder, n)
+            for n in names
+            if fnmatch.fnmatchcase(n, pattern)
+            and (not n.startswith(".") or pattern.startswith("."))
+        ]
 
 
 OPERATOR = DataAccess()

@@ -54,8 +54,9 @@ class DocumentSource:
         try:
             return cls._open(spec, access)
         except PermissionError as e:
-            raise UnreadableError(f"`source.paths`: the server may not read "
-                                  f"{e.filename or e} (permission denied).") from e
+            raise UnreadableError(
+                f"`source.paths`: the server may not read {e.filename or e} (permission denied)."
+            ) from e
 
     @classmethod
     def _open(cls, spec: SourceSpec, access: DataAccess) -> DocumentSource:
@@ -76,7 +77,8 @@ class DocumentSource:
                     raise InvalidSpecError(
                         f"`source` does not fit {r.path} (format={spec.format!r}, "
                         f"text_field={spec.text_field!r}, record_format={spec.record_format!r}): "
-                        f"{e}") from e
+                        f"{e}"
+                    ) from e
         source = cls(readers)
         if len(source) == 0:
             raise InvalidSpecError(f"`source.paths` {list(spec.paths)!r} hold no records.")
@@ -108,8 +110,11 @@ class DocumentSource:
             first = self._ends[f - 1] if f else 0
             local = (indices[where] - first).tolist()
             reader = self._readers[f]
-            texts = (reader.read_many(local) if hasattr(reader, "read_many")
-                     else [reader[i] for i in local])
+            texts = (
+                reader.read_many(local)
+                if hasattr(reader, "read_many")
+                else [reader[i] for i in local]
+            )
             for slot, text in zip(where.tolist(), texts, strict=True):
                 out[slot] = text
         return out

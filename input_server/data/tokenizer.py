@@ -31,13 +31,19 @@ class TokenGroup:
         """A Grain element: a dict of arrays, which Grain's worker processes hand over through
         shared memory (a dataclass would be pickled through a pipe, and a group of several MB
         left in a pipe keeps a worker from exiting when its stream closes)."""
-        return {"first_doc": np.int64(self.first_doc), "tokens": self.tokens,
-                "lengths": self.lengths}
+        return {
+            "first_doc": np.int64(self.first_doc),
+            "tokens": self.tokens,
+            "lengths": self.lengths,
+        }
 
     @classmethod
     def from_element(cls, element: dict[str, np.ndarray]) -> TokenGroup:
-        return cls(first_doc=int(element["first_doc"]), tokens=element["tokens"],
-                   lengths=element["lengths"])
+        return cls(
+            first_doc=int(element["first_doc"]),
+            tokens=element["tokens"],
+            lengths=element["lengths"],
+        )
 
 
 # A document that will be trimmed to `n` tokens is cut (at a space) before tokenizing:
@@ -79,14 +85,17 @@ class Tokenizer:
             try:
                 open(self.spec.model, "rb").close()  # sentencepiece says only "not found"
             except PermissionError as e:
-                raise UnreadableError(f"`tokenizer.model`: the server may not read "
-                                      f"{self.spec.model!r} (permission denied).") from e
+                raise UnreadableError(
+                    f"`tokenizer.model`: the server may not read "
+                    f"{self.spec.model!r} (permission denied)."
+                ) from e
             sp = spm.SentencePieceProcessor()
             try:
                 sp.Load(self.spec.model)
             except (OSError, RuntimeError) as e:
-                raise InvalidSpecError(f"`tokenizer.model` {self.spec.model!r} is not a "
-                                       f"sentencepiece model ({e}).") from e
+                raise InvalidSpecError(
+                    f"`tokenizer.model` {self.spec.model!r} is not a sentencepiece model ({e})."
+                ) from e
             self._sp = sp
         return self._sp
 
@@ -116,9 +125,13 @@ class Tokenizer:
         model = sentencepiece_model_pb2.ModelProto()
         model.ParseFromString(self.processor().serialized_model_proto())
         norm, trainer = model.normalizer_spec, model.trainer_spec
-        return bool(trainer.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM
-                    and norm.add_dummy_prefix and norm.remove_extra_whitespaces
-                    and norm.escape_whitespaces and not trainer.treat_whitespace_as_suffix)
+        return bool(
+            trainer.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+            and norm.add_dummy_prefix
+            and norm.remove_extra_whitespaces
+            and norm.escape_whitespaces
+            and not trainer.treat_whitespace_as_suffix
+        )
 
     @property
     def cut_margin(self) -> float:
@@ -133,8 +146,12 @@ class Tokenizer:
         """Tokenizes a sample of the data to learn its characters per token (pickled with the
         tokenizer, so worker processes start from it rather than CUT_CHARS_PER_TOKEN)."""
         sp = self.processor()
-        self._learn(texts, sp.encode(texts, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos,
-                                     return_type="numpy"))
+        self._learn(
+            texts,
+            sp.encode(
+                texts, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos, return_type="numpy"
+            ),
+        )
         return self._chars_per_token
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
@@ -144,8 +161,9 @@ class Tokenizer:
             return text_chars
         return min(text_chars, int(trim_to * self.cut_margin * self._chars_per_token))
 
-    def encode(self, texts: list[str], first_doc: int = 0, num_threads: int = 1,
-               trim_to: int | None = None) -> TokenGroup:
+    def encode(
+        self, texts: list[str], first_doc: int = 0, num_threads: int = 1, trim_to: int | None = None
+    ) -> TokenGroup:
         """Tokenizes `texts` in one sentencepiece call, on `num_threads` of its C++ threads.
 
         Tokens come back as numpy arrays (sentencepiece's `return_type="numpy"`): no Python
@@ -158,8 +176,12 @@ class Tokenizer:
             that come back trimmed to exactly `trim_to` tokens, their first ones.
         """
         encode = functools.partial(
-            self.processor().encode, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos,
-            num_threads=num_threads, return_type="numpy")
+            self.processor().encode,
+            add_bos=self.spec.add_bos,
+            add_eos=self.spec.add_eos,
+            num_threads=num_threads,
+            return_type="numpy",
+        )
         if trim_to is None or not self.word_local:
             ids = encode(texts)
         else:
@@ -202,7 +224,7 @@ class Tokenizer:
         eos_id = self.processor().eos_id()
         # A cut document's tokens so far, without the EOS its prefix was given: all of them
         # are the whole document's first tokens.
-        body = {i: ids[i][:len(ids[i]) - eos] for i in ends}
+        body = {i: ids[i][: len(ids[i]) - eos] for i in ends}
         short = [i for i in ends if len(body[i]) < trim_to]
         while short:
             pieces = []

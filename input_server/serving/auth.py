@@ -35,6 +35,7 @@ UNAUTHENTICATED = "missing or wrong token; pass token= or token_file= to the cli
 
 # --- The default socket's folder -----------------------------------------------------------------
 
+
 def _is_private_dir(st: os.stat_result) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
@@ -82,15 +83,20 @@ def ensure_private_dir(path: str, *, create: bool = True) -> None:
     elif st.st_uid != os.geteuid():
         problem = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
     elif st.st_mode & 0o077:
-        problem = (f"has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach the "
-                   f"socket; it must be 0700 (chmod 700 {path})")
+        problem = (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach the "
+            f"socket; it must be 0700 (chmod 700 {path})"
+        )
     else:
         return
-    raise PermissionError(f"the default socket's folder {path} {problem}; fix or remove it, "
-                          f"or name a socket elsewhere (serve --listen unix:///PATH.sock)")
+    raise PermissionError(
+        f"the default socket's folder {path} {problem}; fix or remove it, "
+        f"or name a socket elsewhere (serve --listen unix:///PATH.sock)"
+    )
 
 
 # --- Socket files --------------------------------------------------------------------------------
+
 
 def socket_gid(group: str | None) -> int | None:
     """The gid of `--socket-group` (a name or a number), None without one.
@@ -133,12 +139,15 @@ def share_socket(path: str, gid: int | None, group: str | None) -> None:
     try:
         os.chown(path, -1, gid)
     except PermissionError as e:
-        raise PermissionError(f"--socket-group {group}: cannot give {path} to that group "
-                              f"({e.strerror}); you must be a member of it.") from None
+        raise PermissionError(
+            f"--socket-group {group}: cannot give {path} to that group "
+            f"({e.strerror}); you must be a member of it."
+        ) from None
     os.chmod(path, 0o660)
 
 
 # --- The token -----------------------------------------------------------------------------------
+
 
 def read_token(path: str) -> bytes:
     """The token in `path`, a regular file only its owner may read or write.
@@ -157,9 +166,11 @@ def read_token(path: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"--token-file {path}: not a regular file.")
         if st.st_mode & 0o077:
-            raise PermissionError(f"--token-file {path}: has mode "
-                                  f"{stat.S_IMODE(st.st_mode):04o}; only its owner may read "
-                                  f"it (chmod 600 {path}).")
+            raise PermissionError(
+                f"--token-file {path}: has mode "
+                f"{stat.S_IMODE(st.st_mode):04o}; only its owner may read "
+                f"it (chmod 600 {path})."
+            )
         return token_from_bytes(f.read(MAX_TOKEN_FILE_BYTES), f"--token-file {path}").encode()
 
 
@@ -185,8 +196,9 @@ class TokenPolicy:
         return self.token is not None  # a peer kind not seen before: closed while a token is set
 
 
-def token_policy(kinds: Mapping[str, str], *, token_file: str | None, insecure_tcp: bool,
-                 insecure_abstract: bool) -> TokenPolicy:
+def token_policy(
+    kinds: Mapping[str, str], *, token_file: str | None, insecure_tcp: bool, insecure_abstract: bool
+) -> TokenPolicy:
     """Decides from the listeners (kind: "file", "abstract" or "tcp" -> one such address) and
     the operator's flags.
 
@@ -196,17 +208,22 @@ def token_policy(kinds: Mapping[str, str], *, token_file: str | None, insecure_t
     """
     token = read_token(token_file) if token_file else None
     for kind, insecure, flag, what in (
-            ("tcp", insecure_tcp, "--insecure-tcp", "loopback TCP"),
-            ("abstract", insecure_abstract, "--insecure-abstract", "an abstract socket")):
+        ("tcp", insecure_tcp, "--insecure-tcp", "loopback TCP"),
+        ("abstract", insecure_abstract, "--insecure-abstract", "an abstract socket"),
+    ):
         if kind in kinds and token is None and not insecure:
-            raise ValueError(f"--listen {kinds[kind]}: every local user can connect to "
-                             f"{what}; pass --token-file FILE (clients then send its token) "
-                             f"or {flag} to serve it without one.")
+            raise ValueError(
+                f"--listen {kinds[kind]}: every local user can connect to "
+                f"{what}; pass --token-file FILE (clients then send its token) "
+                f"or {flag} to serve it without one."
+            )
     tcp = "tcp" in kinds and not insecure_tcp
     unix = "abstract" in kinds and not insecure_abstract
     if unix and "file" in kinds:
-        log.warning("socket-file clients must send the token too: gRPC reports their peer as "
-                    "it does an abstract socket's")
+        log.warning(
+            "socket-file clients must send the token too: gRPC reports their peer as "
+            "it does an abstract socket's"
+        )
     return TokenPolicy(token if tcp or unix else None, tcp=tcp, unix=unix)
 
 
@@ -226,8 +243,11 @@ class TokenCheck(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if (handler is None or handler_call_details.method.startswith(OPEN_METHODS)
-                or self._sent_right_token(handler_call_details.invocation_metadata)):
+        if (
+            handler is None
+            or handler_call_details.method.startswith(OPEN_METHODS)
+            or self._sent_right_token(handler_call_details.invocation_metadata)
+        ):
             return handler
         # The peer is known only inside the call: check it there.
         return _guarded(handler, self._policy.needs_token)
@@ -245,8 +265,11 @@ def _guarded(handler: grpc.RpcMethodHandler, needs_token: Callable[[str], bool])
         return behavior(request, context)
 
     make = getattr(grpc, f"{kind}_rpc_method_handler")
-    return make(guarded, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return make(
+        guarded,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def interceptors(policy: TokenPolicy) -> list[grpc.ServerInterceptor]:

@@ -35,9 +35,14 @@ def batches_per_message(batch_size: int, seq_len: int, message_tokens: int) -> i
     return max(1, min(MAX_BATCHES_PER_MESSAGE, message_tokens // (batch_size * seq_len)))
 
 
-def coalesce(first: Queued, take: Callable[[float], Any], *, limit: int,
-             wait_s: float = COALESCE_WAIT_S,
-             clock: Callable[[], float] = time.monotonic) -> tuple[pb.Batch, Any]:
+def coalesce(
+    first: Queued,
+    take: Callable[[float], Any],
+    *,
+    limit: int,
+    wait_s: float = COALESCE_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[pb.Batch, Any]:
     """One message: `first` with the batches `take` gives within `wait_s`, `limit` in all.
 
     The tensors are added straight into the outgoing message (appending a finished message

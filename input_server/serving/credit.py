@@ -83,8 +83,11 @@ class Credit:
         def read() -> None:
             try:
                 for raw in requests:
-                    msg = raw if not isinstance(raw, bytes) else pb.StreamBatchesRequest.FromString(
-                        raw)
+                    msg = (
+                        raw
+                        if not isinstance(raw, bytes)
+                        else pb.StreamBatchesRequest.FromString(raw)
+                    )
                     self.grant(msg.batches_taken)
             except Exception:  # noqa: BLE001 - cancelled, or a report that does not parse
                 pass  # the stream's own end (or the sender's next wait) decides what follows

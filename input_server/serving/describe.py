@@ -24,5 +24,11 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     sp = Tokenizer(TokenizerSpec(model=model)).processor()
     with open(model, "rb") as f:
         digest = hashlib.file_digest(f, "sha256")
-    return pb.TokenizerInfo(vocab_size=sp.vocab_size(), bos_id=sp.bos_id(), eos_id=sp.eos_id(),
-                            pad_id=sp.pad_id(), unk_id=sp.unk_id(), sha256=digest.hexdigest())
+    return pb.TokenizerInfo(
+        vocab_size=sp.vocab_size(),
+        bos_id=sp.bos_id(),
+        eos_id=sp.eos_id(),
+        pad_id=sp.pad_id(),
+        unk_id=sp.unk_id(),
+        sha256=digest.hexdigest(),
+    )

@@ -15,14 +15,18 @@ def stream_info(s: StreamSession, credit: Credit, live: StreamTuner | None) -> p
     # (None), what gRPC let the server send is all there is.
     rate = credit.taken_per_s()
     tuning = live.search.tuning if live is not None else None  # a fixed count has none
-    info = pb.StreamInfo(stream_id=s.stream_id, pipeline=s.name,
-                         worker_processes=workers.processes, worker_threads=workers.threads,
-                         worker_reason=live.reason if live else workers.reason,
-                         batches_sent=s.batches_sent, batches_produced=s.batches_produced,
-                         worker_tuning=report.tuning_proto(tuning) if tuning else None,
-                         consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None
-                                                 else rate),
-                         batches_taken=credit.taken_or(s.batches_sent))
+    info = pb.StreamInfo(
+        stream_id=s.stream_id,
+        pipeline=s.name,
+        worker_processes=workers.processes,
+        worker_threads=workers.threads,
+        worker_reason=live.reason if live else workers.reason,
+        batches_sent=s.batches_sent,
+        batches_produced=s.batches_produced,
+        worker_tuning=report.tuning_proto(tuning) if tuning else None,
+        consumed_batches_per_s=(s.consumed_batches_per_s() if rate is None else rate),
+        batches_taken=credit.taken_or(s.batches_sent),
+    )
     if live is not None:
         info.tuning_state = live.state
         info.demand_batches_per_s = live.demand

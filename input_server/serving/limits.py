@@ -29,8 +29,9 @@ class Limits:
     max_workers: int
 
 
-def stream_memory_mb(spec: PipelineSpec, *, queue_depth: int, message_tokens: int,
-                     processes: int, threads: int) -> float:
+def stream_memory_mb(
+    spec: PipelineSpec, *, queue_depth: int, message_tokens: int, processes: int, threads: int
+) -> float:
     """The most memory a stream of `spec` holds, MiB: the batches queued ahead of the network,
     one message's coalesced batches, the batch being packed and the one being sent, and the
     groups of documents in flight in its workers."""
@@ -52,13 +53,16 @@ def check_memory(spec: PipelineSpec, limit_mb: float, **shape) -> None:
             f"the stream would hold up to {need:,.0f} MiB (batch.size {b.size} x batch.seq_len "
             f"{b.seq_len} x {BYTES_PER_TOKEN} bytes per token x {shape['queue_depth']} queued "
             f"batches and more), over the server's --stream-memory-mb {limit_mb:g}; lower "
-            f"`batch.size` or `batch.seq_len`, or ask the operator for a larger budget.")
+            f"`batch.size` or `batch.seq_len`, or ask the operator for a larger budget.",
+        )
 
 
 def check_workers(spec: PipelineSpec, cap: int) -> None:
     """Refuses a fixed `workers.count` above the server's cap (INVALID_ARGUMENT)."""
     count = spec.workers.count
     if count != "auto" and count > cap:
-        raise InvalidSpecError(f"`workers.count` {count} is over the server's --max-workers "
-                               f"{cap} (worker processes across all streams); ask for at most "
-                               f"{cap}, or \"auto\".")
+        raise InvalidSpecError(
+            f"`workers.count` {count} is over the server's --max-workers "
+            f"{cap} (worker processes across all streams); ask for at most "
+            f'{cap}, or "auto".'
+        )

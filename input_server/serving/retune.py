@@ -61,9 +61,16 @@ class StreamTuner:
       remember: called with a settled choice (not one the server's free processes cut).
     """
 
-    def __init__(self, stream: SwitchingStream, search: OnlineSearch, *,
-                 taken: Callable[[], int], processes: ProcessPool, reserved: int,
-                 remember: Callable[[Tuning], None]):
+    def __init__(
+        self,
+        stream: SwitchingStream,
+        search: OnlineSearch,
+        *,
+        taken: Callable[[], int],
+        processes: ProcessPool,
+        reserved: int,
+        remember: Callable[[Tuning], None],
+    ):
         self.stream = stream
         self.search = search
         self.reserved = reserved
@@ -102,16 +109,22 @@ class StreamTuner:
                 if measured is None:
                     continue
                 window, demand, cpu_cores = measured
-                step = self.search.observe(window, demand=demand, now=clock(),
-                                           cpu_cores=cpu_cores, rss_mb=self._worker_rss_mb())
+                step = self.search.observe(
+                    window,
+                    demand=demand,
+                    now=clock(),
+                    cpu_cores=cpu_cores,
+                    rss_mb=self._worker_rss_mb(),
+                )
                 self._follow(step, window, demand)
                 failures = 0
             except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
                 failures += 1
                 log.warning("stream tuning failed (%d in a row)", failures, exc_info=True)
                 if failures >= MAX_FAILURES:
-                    log.warning("stream tuning stopped; the stream goes on at %s",
-                                self.stream.workers)
+                    log.warning(
+                        "stream tuning stopped; the stream goes on at %s", self.stream.workers
+                    )
                     return
                 self._stop.wait(WINDOW_S)
 
@@ -151,17 +164,32 @@ class StreamTuner:
         open (the stream goes on as it was, and keeps only the processes it runs)."""
         before = self.stream.workers
         p, t = step.to
-        record = Switch(clock() - self._opened, (before.processes, before.threads), (p, t),
-                        step.reason, window.capacity(), demand or 0.0)
-        log.info("stream tuning: %d x %d -> %d x %d (%s)", before.processes, before.threads,
-                 p, t, step.reason)
+        record = Switch(
+            clock() - self._opened,
+            (before.processes, before.threads),
+            (p, t),
+            step.reason,
+            window.capacity(),
+            demand or 0.0,
+        )
+        log.info(
+            "stream tuning: %d x %d -> %d x %d (%s)",
+            before.processes,
+            before.threads,
+            p,
+            t,
+            step.reason,
+        )
         reason = f"auto: {step.reason}"
         closed, failed = self.stream.closed_switches, self.stream.failed_switches
         self.stream.switch(Workers(p, t, reason))
         # The producer switches before its next batch (a loop that is not taking may keep it
         # waiting); the old stage's processes stay the stream's until they are gone.
-        while (self.stream.closed_switches == closed and self.stream.failed_switches == failed
-               and not self._stop.wait(_POLL_S)):
+        while (
+            self.stream.closed_switches == closed
+            and self.stream.failed_switches == failed
+            and not self._stop.wait(_POLL_S)
+        ):
             pass
         if self.stream.closed_switches == closed:  # stopped meanwhile, or it would not open
             self._keep_processes(before.processes)
@@ -196,8 +224,9 @@ class StreamTuner:
         poll_s = _SETTLED_POLL_S if self.search.settled else _POLL_S
         while not self._stop.wait(poll_s):
             now = self._meter.totals()
-            long_enough = now.at - start.at >= WINDOW_S and now.batches - start.batches \
-                >= MIN_BATCHES
+            long_enough = (
+                now.at - start.at >= WINDOW_S and now.batches - start.batches >= MIN_BATCHES
+            )
             if long_enough or now.at - start.at >= MAX_WINDOW_S:
                 break
         else:

@@ -63,17 +63,22 @@ def parse_address(address: str) -> Address:
         if address.rstrip("/") in ("unix:", "unix-abstract:"):
             raise ValueError(f"--listen {address!r}: the Unix socket needs a path.")
         if address.startswith("unix://") and not address.startswith("unix:///"):
-            raise ValueError(f"--listen {address!r}: unix:// takes an absolute path "
-                             f"(unix:///abs/path.sock); a relative one is unix:path.sock.")
+            raise ValueError(
+                f"--listen {address!r}: unix:// takes an absolute path "
+                f"(unix:///abs/path.sock); a relative one is unix:path.sock."
+            )
         kind = "abstract" if address.startswith("unix-abstract:") else "file"
         return Address(bind=address, is_unix=True, kind=kind)
     host, sep, port = address.rpartition(":")
     if not sep or not port.isascii() or not port.isdigit() or not host:
-        raise ValueError(f"--listen {address!r}: expected unix:PATH or HOST:PORT "
-                         f"(e.g. 127.0.0.1:50051; port 0 picks a free port).")
+        raise ValueError(
+            f"--listen {address!r}: expected unix:PATH or HOST:PORT "
+            f"(e.g. 127.0.0.1:50051; port 0 picks a free port)."
+        )
     if len(port) > 5 or int(port) > 65535:
-        raise ValueError(f"--listen {address!r}: port {port} is out of range (0 to 65535; "
-                         f"0 picks a free port).")
+        raise ValueError(
+            f"--listen {address!r}: port {port} is out of range (0 to 65535; 0 picks a free port)."
+        )
     bare = host.strip("[]")
     loopback = bare == "localhost"
     if not loopback:
@@ -82,9 +87,11 @@ def parse_address(address: str) -> Address:
         except ValueError:
             loopback = False
     if not loopback:
-        raise ValueError(f"--listen {address!r}: only loopback addresses (127.0.0.1, [::1], "
-                         f"localhost) or Unix sockets are allowed until TLS is supported; "
-                         f"a non-loopback listener would serve data to anyone on the network.")
+        raise ValueError(
+            f"--listen {address!r}: only loopback addresses (127.0.0.1, [::1], "
+            f"localhost) or Unix sockets are allowed until TLS is supported; "
+            f"a non-loopback listener would serve data to anyone on the network."
+        )
     return Address(bind=address, is_unix=False, host=host, port=int(port))
 
 
@@ -100,8 +107,10 @@ def _claim_socket_path(path: str, address: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise OSError(f"--listen {address}: the path exists and is not a socket; "
-                      f"choose another path or remove the file.")
+        raise OSError(
+            f"--listen {address}: the path exists and is not a socket; "
+            f"choose another path or remove the file."
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2.0)
     try:
@@ -113,8 +122,9 @@ def _claim_socket_path(path: str, address: str) -> None:
         raise OSError(f"--listen {address}: cannot check the existing socket ({e}).") from e
     finally:
         probe.close()
-    raise OSError(f"--listen {address}: in use by a running server; stop it first or "
-                  f"listen on another path.")
+    raise OSError(
+        f"--listen {address}: in use by a running server; stop it first or listen on another path."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,12 +194,13 @@ class ServerConfig:
         object.__setattr__(self, "data_roots", roots)
         if self.token_file == "":
             raise ValueError("--token-file: empty path.")
-        if self.socket_group is not None and not any(
-                a.startswith("unix:") for a in self.listen):
+        if self.socket_group is not None and not any(a.startswith("unix:") for a in self.listen):
             # The default socket's folder is 0700: the group could not reach the socket.
-            raise ValueError(f"--socket-group {self.socket_group!r} applies to socket files: "
-                             f"add --listen unix:///PATH.sock in a folder the group can enter "
-                             f"(the default socket's folder is private to you).")
+            raise ValueError(
+                f"--socket-group {self.socket_group!r} applies to socket files: "
+                f"add --listen unix:///PATH.sock in a folder the group can enter "
+                f"(the default socket's folder is private to you)."
+            )
 
 
 class Server:
@@ -206,10 +217,12 @@ class Server:
             auth.ensure_private_dir(auth.default_socket_dir())
         # Who may connect, decided before anything is built or bound: a mistake is one line.
         gid = auth.socket_gid(self.config.socket_group)
-        policy = auth.token_policy({a.kind: a.bind for a in addresses},
-                                   token_file=self.config.token_file,
-                                   insecure_tcp=self.config.insecure_tcp,
-                                   insecure_abstract=self.config.insecure_abstract)
+        policy = auth.token_policy(
+            {a.kind: a.bind for a in addresses},
+            token_file=self.config.token_file,
+            insecure_tcp=self.config.insecure_tcp,
+            insecure_abstract=self.config.insecure_abstract,
+        )
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
         # The operator's pipelines read any path, within the document limit.
         operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
@@ -218,41 +231,55 @@ class Server:
                 check_workers(getattr(spec, "spec", spec), self.config.max_workers)
             except InvalidSpecError as e:
                 raise InvalidSpecError(f"--pipelines {name!r}: {e}") from None
-        pipelines = {name: spec if isinstance(spec, Pipeline) else Pipeline(spec, operator)
-                     for name, spec in self.config.pipelines.items()}
+        pipelines = {
+            name: spec if isinstance(spec, Pipeline) else Pipeline(spec, operator)
+            for name, spec in self.config.pipelines.items()
+        }
         self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()
         self._stopped = threading.Event()
         c = self.config
-        access = DataAccess(roots=c.data_roots, max_files=c.max_files,
-                            max_document_bytes=int(c.max_document_mb * (1 << 20)))
-        limits = Limits(access=access, stream_memory_mb=c.stream_memory_mb,
-                        max_workers=c.max_workers)
-        self._servicer = InputServicer(pipelines, max_streams=c.max_streams,
-                                       queue_depth=c.queue_depth,
-                                       message_tokens=c.message_tokens,
-                                       draining=self._draining, limits=limits,
-                                       tuner=Tuner(cache=TuneCache(c.tune_cache)
-                                                   if c.tune_cache else None))
+        access = DataAccess(
+            roots=c.data_roots,
+            max_files=c.max_files,
+            max_document_bytes=int(c.max_document_mb * (1 << 20)),
+        )
+        limits = Limits(
+            access=access, stream_memory_mb=c.stream_memory_mb, max_workers=c.max_workers
+        )
+        self._servicer = InputServicer(
+            pipelines,
+            max_streams=c.max_streams,
+            queue_depth=c.queue_depth,
+            message_tokens=c.message_tokens,
+            draining=self._draining,
+            limits=limits,
+            tuner=Tuner(cache=TuneCache(c.tune_cache) if c.tune_cache else None),
+        )
         # Streams hold a thread each, and a stream whose client left keeps its thread while
         # it closes (its slot already free); the spare threads keep health and info answering
         # when every stream slot is busy.
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._servicer.max_handlers + SPARE_THREADS,
-                                       thread_name_prefix="rpc"),
+            futures.ThreadPoolExecutor(
+                max_workers=self._servicer.max_handlers + SPARE_THREADS, thread_name_prefix="rpc"
+            ),
             interceptors=auth.interceptors(policy),
-            options=[("grpc.so_reuseport", 0),
-                     *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
-                     # Requests are small (a spec); a larger one is refused before it is read.
-                     ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
+            options=[
+                ("grpc.so_reuseport", 0),
+                *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
+                # Requests are small (a spec); a larger one is refused before it is read.
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ],
+        )
         add_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.targets: list[str] = []
         self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         for a in addresses:
-            path = a.bind.removeprefix("unix://").removeprefix("unix:") \
-                if a.kind == "file" else None
+            path = (
+                a.bind.removeprefix("unix://").removeprefix("unix:") if a.kind == "file" else None
+            )
             try:
                 if path is None:
                     port = self._server.add_insecure_port(a.bind)

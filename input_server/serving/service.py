@@ -73,8 +73,9 @@ def _parsed(kind: type, request: Any) -> Any:
     try:
         return kind.FromString(request)
     except DecodeError as e:
-        raise InvalidSpecError(f"the request is not a valid {kind.DESCRIPTOR.name} message "
-                               f"({e}).") from None
+        raise InvalidSpecError(
+            f"the request is not a valid {kind.DESCRIPTOR.name} message ({e})."
+        ) from None
 
 
 def _guard_stream(method: Callable) -> Callable:
@@ -121,12 +122,21 @@ class InputServicer(pb_grpc.InputServiceServicer):
       limits: what a request may read and hold; default unlimited, files of any path.
     """
 
-    def __init__(self, pipelines: Mapping[str, Pipeline], *, max_streams: int, queue_depth: int,
-                 draining: threading.Event, message_tokens: int = MESSAGE_TOKENS,
-                 tuner: Tuner | None = None, limits: Limits | None = None):
+    def __init__(
+        self,
+        pipelines: Mapping[str, Pipeline],
+        *,
+        max_streams: int,
+        queue_depth: int,
+        draining: threading.Event,
+        message_tokens: int = MESSAGE_TOKENS,
+        tuner: Tuner | None = None,
+        limits: Limits | None = None,
+    ):
         self._pipelines = dict(pipelines)
-        self._limits = limits or Limits(access=DataAccess(), stream_memory_mb=float("inf"),
-                                        max_workers=cpu_count() or 1)
+        self._limits = limits or Limits(
+            access=DataAccess(), stream_memory_mb=float("inf"), max_workers=cpu_count() or 1
+        )
         self._processes = ProcessPool(self._limits.max_workers)
         self._slots = threading.BoundedSemaphore(max_streams)
         self._max_streams = max_streams
@@ -135,8 +145,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._draining = draining
         self._tuner = tuner or Tuner()
         self._ids = itertools.count(1)
-        self._sessions: dict[int, tuple[StreamSession, Credit,
-                                        StreamTuner | None]] = {}
+        self._sessions: dict[int, tuple[StreamSession, Credit, StreamTuner | None]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
         self._setting_up: dict[int, tuple[str, str]] = {}  # stream id: (pipeline, doing)
         self.max_handlers = 2 * max_streams + 2
@@ -148,8 +157,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
             name = request.pipeline_name
             if name not in self._pipelines:
                 known = shorten(", ".join(sorted(self._pipelines)) or "none configured")
-                raise DataNotFoundError(f"`pipeline_name`: no pipeline {shorten(name)!r} "
-                                        f"(known: {known}).")
+                raise DataNotFoundError(
+                    f"`pipeline_name`: no pipeline {shorten(name)!r} (known: {known})."
+                )
             return name, self._pipelines[name]
         if which != "spec":
             raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
@@ -163,13 +173,18 @@ class InputServicer(pb_grpc.InputServiceServicer):
         check_workers(spec, self._limits.max_workers)
         count = spec.workers.count
         processes = 0 if count == "auto" else count
-        check_memory(spec, self._limits.stream_memory_mb, queue_depth=self._queue_depth,
-                     message_tokens=self._message_tokens, processes=processes,
-                     threads=1 if count == "auto" else fixed_workers(count,
-                                                                     spec.workers.threads).threads)
+        check_memory(
+            spec,
+            self._limits.stream_memory_mb,
+            queue_depth=self._queue_depth,
+            message_tokens=self._message_tokens,
+            processes=processes,
+            threads=1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads,
+        )
 
-    def _workers(self, pipeline: Pipeline, left: threading.Event) -> tuple[Workers,
-                                                                         Tuning | None, int]:
+    def _workers(
+        self, pipeline: Pipeline, left: threading.Event
+    ) -> tuple[Workers, Tuning | None, int]:
         """The parallelism the stream opens with, within the server's free worker processes,
         the remembered tuning behind it ("auto"), and the processes reserved for it."""
         w = pipeline.spec.workers
@@ -177,47 +192,83 @@ class InputServicer(pb_grpc.InputServiceServicer):
             self._processes.take(w.count, left, self._draining)
             return fixed_workers(w.count, w.threads), None, w.count
         workers, remembered = self._tuner.start(
-            pipeline, max_processes=self._processes.free(),
-            max_threads=max(1, int(self._groups_mb(pipeline.spec) / GROUP_MIB)))
+            pipeline,
+            max_processes=self._processes.free(),
+            max_threads=max(1, int(self._groups_mb(pipeline.spec) / GROUP_MIB)),
+        )
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile: no settled choice
-            return Workers(got, default_threads(got),
-                           f"{workers.reason}; clipped to the {got} free of the server's "
-                           f"--max-workers {self._processes.cap} processes"), None, got
+            return (
+                Workers(
+                    got,
+                    default_threads(got),
+                    f"{workers.reason}; clipped to the {got} free of the server's "
+                    f"--max-workers {self._processes.cap} processes",
+                ),
+                None,
+                got,
+            )
         return workers, remembered, got
 
     def _groups_mb(self, spec: PipelineSpec) -> float:
         """The memory a stream's groups in flight may use: its spec's `ram_budget_mb`, within
         what the batches leave of the server's budget for a stream."""
-        return min(spec.workers.ram_budget_mb, self._limits.stream_memory_mb - stream_memory_mb(
-            spec, queue_depth=self._queue_depth, message_tokens=self._message_tokens,
-            processes=0, threads=0))
+        return min(
+            spec.workers.ram_budget_mb,
+            self._limits.stream_memory_mb
+            - stream_memory_mb(
+                spec,
+                queue_depth=self._queue_depth,
+                message_tokens=self._message_tokens,
+                processes=0,
+                threads=0,
+            ),
+        )
 
-    def _live_tuner(self, pipeline: Pipeline, stream: SwitchingStream, session: StreamSession,
-                    credit: Credit, remembered: Tuning | None, reserved: int) -> StreamTuner:
+    def _live_tuner(
+        self,
+        pipeline: Pipeline,
+        stream: SwitchingStream,
+        session: StreamSession,
+        credit: Credit,
+        remembered: Tuning | None,
+        reserved: int,
+    ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
         search = OnlineSearch(
-            (stream.workers.processes, stream.workers.threads), cpus=cpu_count() or 1,
-            default_threads=default_threads, target=float(w.target_batches_per_s),
+            (stream.workers.processes, stream.workers.threads),
+            cpus=cpu_count() or 1,
+            default_threads=default_threads,
+            target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
             ram_budget_mb=self._groups_mb(pipeline.spec),
-            tune_seconds=float(w.tune_seconds), remembered=remembered, mb_per_worker=GROUP_MIB)
-        return StreamTuner(stream, search, processes=self._processes, reserved=reserved,
-                           taken=lambda: credit.taken_or(session.batches_sent),
-                           remember=functools.partial(self._tuner.remember, pipeline))
+            tune_seconds=float(w.tune_seconds),
+            remembered=remembered,
+            mb_per_worker=GROUP_MIB,
+        )
+        return StreamTuner(
+            stream,
+            search,
+            processes=self._processes,
+            reserved=reserved,
+            taken=lambda: credit.taken_or(session.batches_sent),
+            remember=functools.partial(self._tuner.remember, pipeline),
+        )
 
     @_guard_stream
-    def StreamBatches(self, requests: Iterator[Any],
-                      context: grpc.ServicerContext) -> Iterator[pb.Batch]:
+    def StreamBatches(
+        self, requests: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[pb.Batch]:
         # The first request names the pipeline; the later ones are the client's credit.
         try:
             request = _parsed(pb.StreamBatchesRequest, next(requests))
         except StopIteration:
             raise InvalidSpecError("the stream carried no request.") from None
         # Batches laid out another way would be misread (or raise out of sequence).
-        refusal = protocol_mismatch(f"this server (input-server {__version__})",
-                                    PROTOCOL_VERSION, request.protocol_version)
+        refusal = protocol_mismatch(
+            f"this server (input-server {__version__})", PROTOCOL_VERSION, request.protocol_version
+        )
         if refusal:
             raise RefusedError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
@@ -230,9 +281,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
             if not busy:
                 self._handlers += 1
         if busy:
-            raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               "the server is still closing streams of clients that left; "
-                               "retry shortly.")
+            raise RefusedError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the server is still closing streams of clients that left; retry shortly.",
+            )
         credit = Credit(request.window)
         credit.follow(requests)
         try:
@@ -241,12 +293,15 @@ class InputServicer(pb_grpc.InputServiceServicer):
             with self._lock:
                 self._handlers -= 1
 
-    def _stream(self, request: pb.StreamBatchesRequest, context: grpc.ServicerContext,
-                credit: Credit) -> Iterator[pb.Batch]:
+    def _stream(
+        self, request: pb.StreamBatchesRequest, context: grpc.ServicerContext, credit: Credit
+    ) -> Iterator[pb.Batch]:
         slot = Slot(self._slots)
         if not slot.take():
-            raise RefusedError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the server already runs its maximum of {self._max_streams} streams.")
+            raise RefusedError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server already runs its maximum of {self._max_streams} streams.",
+            )
         # Set when the client leaves (cancel, deadline, disconnect): every blocking step of
         # the set-up checks it (`cancel.check`), and the stream slot frees at once, before a
         # reconnecting client arrives; the teardown goes on in this thread.
@@ -265,8 +320,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
         live: StreamTuner | None = None
         # Listed by info from its first moment, with what its set-up is doing.
         stream_id = next(self._ids)
-        shown = (request.pipeline_name if request.WhichOneof("pipeline") == "pipeline_name"
-                 else "(request)")
+        shown = (
+            request.pipeline_name
+            if request.WhichOneof("pipeline") == "pipeline_name"
+            else "(request)"
+        )
         self._set_up(stream_id, shown, "opening its files and model")
         try:
             try:
@@ -281,24 +339,36 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     cancel.check()
             except CancelledError:
                 if self._draining.is_set() and not left.is_set():  # the client may resume
-                    raise RefusedError(grpc.StatusCode.UNAVAILABLE,
-                                       "the server is shutting down.") from None
+                    raise RefusedError(
+                        grpc.StatusCode.UNAVAILABLE, "the server is shutting down."
+                    ) from None
                 raise
             auto = pipeline.spec.workers.count == "auto"
-            stream = (SwitchingStream(pipeline, position, workers, meter=LiveMeter()) if auto
-                      else pipeline.stream(position, workers=workers))
-            session = StreamSession(stream_id, name, stream, self._queue_depth,
-                                    message_tokens=self._message_tokens)
+            stream = (
+                SwitchingStream(pipeline, position, workers, meter=LiveMeter())
+                if auto
+                else pipeline.stream(position, workers=workers)
+            )
+            session = StreamSession(
+                stream_id, name, stream, self._queue_depth, message_tokens=self._message_tokens
+            )
             if auto:
-                live = self._live_tuner(pipeline, stream, session, credit, remembered,
-                                        reserved).start()
+                live = self._live_tuner(
+                    pipeline, stream, session, credit, remembered, reserved
+                ).start()
             with self._lock:
                 self._sessions[stream_id] = (session, credit, live)
                 self._setting_up.pop(stream_id, None)
             if left.is_set():
                 session.stop()
-            log.info("stream %d (%s): %d worker processes, %d threads (%s)", stream_id, name,
-                     workers.processes, workers.threads, workers.reason)
+            log.info(
+                "stream %d (%s): %d worker processes, %d threads (%s)",
+                stream_id,
+                name,
+                workers.processes,
+                workers.threads,
+                workers.reason,
+            )
             yield from self._send(session, context, credit)
         finally:
             slot.give()
@@ -324,12 +394,15 @@ class InputServicer(pb_grpc.InputServiceServicer):
         with self._lock:
             return self._handlers
 
-    def _send(self, session: StreamSession, context: grpc.ServicerContext,
-              credit: Credit) -> Iterator[pb.Batch]:
+    def _send(
+        self, session: StreamSession, context: grpc.ServicerContext, credit: Credit
+    ) -> Iterator[pb.Batch]:
         for msg, error in session:
             if self._draining.is_set():
-                raise RefusedError(grpc.StatusCode.UNAVAILABLE,
-                              "the server is shutting down; resume from the last state.")
+                raise RefusedError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the server is shutting down; resume from the last state.",
+                )
             if error is not None:
                 if not isinstance(error, Exception):  # e.g. SystemExit from a library
                     raise RuntimeError(f"{type(error).__name__}: {error}") from error
@@ -340,8 +413,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 continue
             while not credit.allows(session.batches_sent, _CREDIT_WAIT_S):
                 if self._draining.is_set():
-                    raise RefusedError(grpc.StatusCode.UNAVAILABLE,
-                                       "the server is shutting down; resume from the last state.")
+                    raise RefusedError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the server is shutting down; resume from the last state.",
+                    )
                 if not context.is_active():
                     return
             yield msg
@@ -351,18 +426,21 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 session.first_message_batches = session.batches_sent
 
     @_guard_unary(pb.Tokenizer)
-    def DescribeTokenizer(self, request: pb.Tokenizer,
-                          context: grpc.ServicerContext) -> pb.TokenizerInfo:
+    def DescribeTokenizer(
+        self, request: pb.Tokenizer, context: grpc.ServicerContext
+    ) -> pb.TokenizerInfo:
         return describe_tokenizer(request, self._limits.access)
 
     @_guard_unary(pb.GetInfoRequest)
-    def GetInfo(self, request: pb.GetInfoRequest,
-                context: grpc.ServicerContext) -> pb.GetInfoResponse:
+    def GetInfo(
+        self, request: pb.GetInfoRequest, context: grpc.ServicerContext
+    ) -> pb.GetInfoResponse:
         with self._lock:
             sessions = list(self._sessions.values())
-            setting_up = [pb.StreamInfo(stream_id=i, pipeline=name,
-                                        worker_reason=f"setting up: {doing}")
-                          for i, (name, doing) in sorted(self._setting_up.items())]
+            setting_up = [
+                pb.StreamInfo(stream_id=i, pipeline=name, worker_reason=f"setting up: {doing}")
+                for i, (name, doing) in sorted(self._setting_up.items())
+            ]
         return pb.GetInfoResponse(
             server_version=__version__,
             protocol_version=PROTOCOL_VERSION,
@@ -377,11 +455,14 @@ def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     request!"), out of the guard's reach, and grpcio 1.85 then keeps ~17 KB per such request."""
     handlers = {
         "StreamBatches": grpc.stream_stream_rpc_method_handler(
-            servicer.StreamBatches, response_serializer=pb.Batch.SerializeToString),
+            servicer.StreamBatches, response_serializer=pb.Batch.SerializeToString
+        ),
         "GetInfo": grpc.unary_unary_rpc_method_handler(
-            servicer.GetInfo, response_serializer=pb.GetInfoResponse.SerializeToString),
+            servicer.GetInfo, response_serializer=pb.GetInfoResponse.SerializeToString
+        ),
         "DescribeTokenizer": grpc.unary_unary_rpc_method_handler(
-            servicer.DescribeTokenizer, response_serializer=pb.TokenizerInfo.SerializeToString),
+            servicer.DescribeTokenizer, response_serializer=pb.TokenizerInfo.SerializeToString
+        ),
     }
     name = pb.DESCRIPTOR.services_by_name["InputService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))

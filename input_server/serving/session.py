@@ -25,8 +25,10 @@ _POLL_S = 0.1
 _WATCH_S = 0.5
 UNSTICK_S = 5.0
 # Grain's own report of a dead worker (it names neither the worker nor its pid).
-_GRAIN_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code "
-                                r"(-?\d+)")
+_GRAIN_WORKER_DIED = re.compile(
+    r"Worker process was terminated unexpectedly with exit code "
+    r"(-?\d+)"
+)
 
 
 class StreamSession:
@@ -40,8 +42,15 @@ class StreamSession:
     element into its pipe leaves the reader waiting for the rest), the stream still ends.
     """
 
-    def __init__(self, stream_id: int, name: str, stream: BatchStream, depth: int, *,
-                 message_tokens: int = MESSAGE_TOKENS):
+    def __init__(
+        self,
+        stream_id: int,
+        name: str,
+        stream: BatchStream,
+        depth: int,
+        *,
+        message_tokens: int = MESSAGE_TOKENS,
+    ):
         self.stream_id = stream_id
         self.name = name
         self.stream = stream
@@ -58,17 +67,20 @@ class StreamSession:
         self._closing = False
         # pid: (the stage's generation, index, process)
         self._workers_seen: dict[int, tuple[int, int, BaseProcess]] = {}
-        self._producer = Prefetcher(self._produce, depth=depth, name=f"stream-{stream_id}",
-                                    poll_s=_POLL_S)
+        self._producer = Prefetcher(
+            self._produce, depth=depth, name=f"stream-{stream_id}", poll_s=_POLL_S
+        )
         if stream.workers.processes > 0 or hasattr(stream, "switch"):  # may start some later
-            threading.Thread(target=self._watch, name=f"stream-{stream_id}-watch",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
+            ).start()
 
     def _worker_died(self, which: str, code: int) -> WorkerDiedError:
         return WorkerDiedError(
             f"{which} of stream {self.stream_id} died with {exit_words(code)}; the stream "
             f"cannot continue. Resume from the last state in a new stream; if it recurs, look "
-            f"for the kernel's OOM killer (it sends SIGKILL) or a crash in the server's log.")
+            f"for the kernel's OOM killer (it sends SIGKILL) or a crash in the server's log."
+        )
 
     def _generation(self) -> int:
         """Which parallel stage runs now: a live-tuned stream's switches so far (the workers
@@ -84,9 +96,11 @@ class StreamSession:
             # `_closing` is read after the exit code: once the stream closes, Grain's teardown
             # may kill workers itself.
             if code not in (None, 0) and not self._closing:
-                return self._worker_died(f"worker process {slot + 1} of "
-                                         f"{self.stream.workers.processes} (pid {process.pid})",
-                                         code)
+                return self._worker_died(
+                    f"worker process {slot + 1} of "
+                    f"{self.stream.workers.processes} (pid {process.pid})",
+                    code,
+                )
         return None
 
     def _record(self, failure: WorkerDiedError) -> None:
@@ -128,8 +142,9 @@ class StreamSession:
             for produced in self.stream:
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
-                msg = pb.Batch(sequence_number=produced.seq, state=last_state,
-                               num_tokens=produced.num_tokens)
+                msg = pb.Batch(
+                    sequence_number=produced.seq, state=last_state, num_tokens=produced.num_tokens
+                )
                 item = (msg, produced.batch.compact(vocab_size))
                 waited = time.perf_counter()
                 if not put(item):
@@ -158,8 +173,12 @@ class StreamSession:
                 self.stream.close()
             except Exception:  # e.g. after a dead worker, Grain's teardown trips over its pipe
                 # Logged, never raised: it would hide the error (or the end) in flight.
-                log.log(logging.DEBUG if self.failure else logging.WARNING,
-                        "stream %d: closing its pipeline failed", self.stream_id, exc_info=True)
+                log.log(
+                    logging.DEBUG if self.failure else logging.WARNING,
+                    "stream %d: closing its pipeline failed",
+                    self.stream_id,
+                    exc_info=True,
+                )
 
     def _take(self, timeout: float) -> Queued | BaseException | None:
         """The next queued item, the producer's error or StopIteration, or None (a tick)."""
@@ -179,8 +198,7 @@ class StreamSession:
         """
         pending = None  # taken while coalescing, but not joined
         while True:
-            item, pending = (pending, None) if pending is not None else (
-                self._take(_POLL_S), None)
+            item, pending = (pending, None) if pending is not None else (self._take(_POLL_S), None)
             if isinstance(item, StopIteration):
                 return
             if isinstance(item, BaseException):
@@ -203,8 +221,9 @@ class StreamSession:
         """Batches the client took per second since the first message: its demand, once fed."""
         if self.first_sent_s is None or self.batches_sent <= self.first_message_batches:
             return 0.0
-        return ((self.batches_sent - self.first_message_batches)
-                / max(time.monotonic() - self.first_sent_s, 1e-9))
+        return (self.batches_sent - self.first_message_batches) / max(
+            time.monotonic() - self.first_sent_s, 1e-9
+        )
 
     def stop(self) -> None:
         self._producer.stop()

@@ -64,7 +64,8 @@ class ProcessPool:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"`workers.count` {n}: only {self._free} of the server's --max-workers "
                         f"{self.cap} worker processes are free (other streams run the rest); "
-                        f"retry later, ask for fewer, or use \"auto\".")
+                        f'retry later, ask for fewer, or use "auto".',
+                    )
                 self._cond.wait(min(0.1, remaining))
             self._free -= n
 

@@ -38,9 +38,15 @@ def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
-    lengths = [len(x) for x in sp.encode(texts, add_bos=spec.tokenizer.add_bos,
-                                         add_eos=spec.tokenizer.add_eos,
-                                         num_threads=os.cpu_count() or 1)]
+    lengths = [
+        len(x)
+        for x in sp.encode(
+            texts,
+            add_bos=spec.tokenizer.add_bos,
+            add_eos=spec.tokenizer.add_eos,
+            num_threads=os.cpu_count() or 1,
+        )
+    ]
     if spec.batch.packing == "concat_then_split":
         return sum(lengths), sum(lengths)
     return sum(lengths), sum(min(n, spec.batch.seq_len) for n in lengths)
@@ -55,14 +61,23 @@ def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: fl
     threads = os.cpu_count() or 1
     tokens, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
-        ids = sp.encode(texts, add_bos=spec.tokenizer.add_bos, add_eos=spec.tokenizer.add_eos,
-                        num_threads=threads, return_type="numpy")
+        ids = sp.encode(
+            texts,
+            add_bos=spec.tokenizer.add_bos,
+            add_eos=spec.tokenizer.add_eos,
+            num_threads=threads,
+            return_type="numpy",
+        )
         tokens += sum(map(len, ids))
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
-            return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": _rate(tokens, elapsed),
-                    "threads": threads,
-                    "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens}
+            return {
+                "tokens": tokens,
+                "seconds": elapsed,
+                "tokens_per_s": _rate(tokens, elapsed),
+                "threads": threads,
+                "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens,
+            }
 
 
 class _TokenizeAndTrim:
@@ -81,14 +96,18 @@ class _TokenizeAndTrim:
 
             self._sp = spm.SentencePieceProcessor(model_file=self.model)
         ids = self._sp.encode(text, add_bos=self.add_bos, add_eos=self.add_eos)
-        ids = np.asarray(ids[:self.seq_len], dtype=np.int32)
+        ids = np.asarray(ids[: self.seq_len], dtype=np.int32)
         return {"inputs": ids, "targets": ids}
 
 
 def _shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """MaxText's ShiftData, so the reference does the same per-batch work as ours."""
-    return {**batch, **{k: shift_left(batch[k])
-                        for k in ("targets", "targets_segment_ids", "targets_positions")}}
+    return {
+        **batch,
+        **{
+            k: shift_left(batch[k]) for k in ("targets", "targets_segment_ids", "targets_positions")
+        },
+    }
 
 
 def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
@@ -101,12 +120,18 @@ def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
     if spec.order.shuffle:
         ds = ds.shuffle(seed=spec.order.seed)
     ds = ds.repeat(spec.order.epochs or None)
-    ds = ds.map(_TokenizeAndTrim(spec.tokenizer.model, b.seq_len, spec.tokenizer.add_bos,
-                                 spec.tokenizer.add_eos))
+    ds = ds.map(
+        _TokenizeAndTrim(
+            spec.tokenizer.model, b.seq_len, spec.tokenizer.add_bos, spec.tokenizer.add_eos
+        )
+    )
     ds = ds.to_iter_dataset()
     ds = grain.experimental.FirstFitPackIterDataset(
-        ds, length_struct={"inputs": b.seq_len, "targets": b.seq_len},
-        num_packing_bins=b.size, shuffle_bins=False)
+        ds,
+        length_struct={"inputs": b.seq_len, "targets": b.seq_len},
+        num_packing_bins=b.size,
+        shuffle_bins=False,
+    )
     ds = ds.batch(b.size, drop_remainder=True).map(_shift_data)
     if processes > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))
@@ -133,10 +158,14 @@ def _consume(batches, count_tokens, other_process=None) -> dict:
     elapsed = time.perf_counter() - start
     cpu, other = time.process_time() - cpu, other_cpu() - other
     del first
-    result = {"tokens": tokens, "batches": rows, "seconds": elapsed,
-              "tokens_per_s": _rate(tokens, elapsed),
-              "packing_efficiency": tokens / slots if slots else 0.0,
-              "cpu_ns_per_token": 1e9 * cpu / tokens if tokens else 0.0}
+    result = {
+        "tokens": tokens,
+        "batches": rows,
+        "seconds": elapsed,
+        "tokens_per_s": _rate(tokens, elapsed),
+        "packing_efficiency": tokens / slots if slots else 0.0,
+        "cpu_ns_per_token": 1e9 * cpu / tokens if tokens else 0.0,
+    }
     if other_process is not None:
         result["other_cpu_ns_per_token"] = 1e9 * other / tokens if tokens else 0.0
     return result
@@ -186,20 +215,26 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
                 target = f"127.0.0.1:{s.getsockname()[1]}"
             # As a TCP deployment runs: with a token (checked once per stream, not per batch).
             token_file = os.path.join(tmp, "token")
-            with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                           "w") as f:
+            with os.fdopen(
+                os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w"
+            ) as f:
                 f.write(secrets.token_hex(16))
             server_args = ("--token-file", token_file, *server_args)
         # The spec's own folders are the server's data roots.
-        roots = {os.path.dirname(p.split("*")[0].split("?")[0].split("[")[0]) or "."
-                 for p in (*spec.source.paths, spec.tokenizer.model)}
+        roots = {
+            os.path.dirname(p.split("*")[0].split("?")[0].split("[")[0]) or "."
+            for p in (*spec.source.paths, spec.tokenizer.model)
+        }
         server_args = (*server_args, *(a for r in sorted(roots) for a in ("--data-root", r)))
-        server = subprocess.Popen([sys.executable, "-m", "input_server.cli", "serve",
-                                   "--listen", target, *server_args], stdout=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "input_server.cli", "serve", "--listen", target, *server_args],
+            stdout=subprocess.DEVNULL,
+        )
         stack.callback(server.wait, 30)
         stack.callback(server.terminate)
-        client = stack.enter_context(InputClient(target, connect_timeout_s=60,
-                                                 token_file=token_file))
+        client = stack.enter_context(
+            InputClient(target, connect_timeout_s=60, token_file=token_file)
+        )
         it = stack.enter_context(client.batches(spec, prefetch=2))
         result = _consume(it, lambda b: b["inputs_segmentation"], psutil.Process(server.pid))
         # This process is the client; the server's CPU is the other process's.
@@ -208,16 +243,20 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         # Wire size, from the raw messages of a short second stream.
         stub = pb_grpc.InputServiceStub(client._channel)
         wire, tokens = 0, 0
-        call = stub.StreamBatches(iter([pb.StreamBatchesRequest(spec=spec.to_proto(),
-                                                          protocol_version=PROTOCOL_VERSION)]))
+        call = stub.StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)])
+        )
         for i, msg in enumerate(call):
             wire += msg.ByteSize()
             tokens += msg.num_tokens + sum(b.num_tokens for b in msg.following)
             if i >= 20 or msg.end_of_data:
                 break
         call.cancel()
-    return {**result, "transport": transport,
-            "wire_bytes_per_token": wire / tokens if tokens else 0.0}
+    return {
+        **result,
+        "transport": transport,
+        "wire_bytes_per_token": wire / tokens if tokens else 0.0,
+    }
 
 
 def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
@@ -237,7 +276,8 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
     with Pipeline(spec).stream(workers=Workers(0, default_threads(0), "bench")) as stream:
         ours = [p.arrays for p in stream]
     if ours and int(np.count_nonzero(ours[-1]["inputs_segmentation"].any(axis=1))) < len(
-            ours[-1]["inputs"]):
+        ours[-1]["inputs"]
+    ):
         ours = ours[:-1]  # the partial last batch, which the reference drops
     it = iter(reference_dataset(spec, texts, 0))
     try:
@@ -246,9 +286,12 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
         close = getattr(it, "close", None)  # Grain before 0.2.14 (Python 3.10's) has none
         if close is not None:
             close()
-    return {"ours": efficiency(ours, "inputs_segmentation"),
-            "reference": efficiency(ref, "inputs_segment_ids"),
-            "ours_batches": len(ours), "reference_batches": len(ref)}
+    return {
+        "ours": efficiency(ours, "inputs_segmentation"),
+        "reference": efficiency(ref, "inputs_segment_ids"),
+        "ours_batches": len(ours),
+        "reference_batches": len(ref),
+    }
 
 
 def _best(samples: list[dict]) -> dict:
@@ -262,16 +305,26 @@ def _round_ratios(samples: dict[str, list[dict]]) -> dict[str, list[float]]:
     """Each round's ratios, from measurements taken back to back in that round."""
     rate = {k: [r["tokens_per_s"] for r in v] for k, v in samples.items()}
     return {
-        "in_process_over_limit": [o / li for o, li in zip(rate["ours"], rate["limit"],
-                                                          strict=True)],
-        **{f"server_{t}_over_in_process": [s / o for s, o in zip(rate[t], rate["ours"],
-                                                                 strict=True)]
-           for t in ("unix", "tcp")},
+        "in_process_over_limit": [
+            o / li for o, li in zip(rate["ours"], rate["limit"], strict=True)
+        ],
+        **{
+            f"server_{t}_over_in_process": [
+                s / o for s, o in zip(rate[t], rate["ours"], strict=True)
+            ]
+            for t in ("unix", "tcp")
+        },
     }
 
 
-def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float = 2.0,
-        rounds: int = 5, progress: bool = True) -> dict[str, Any]:
+def run(
+    spec: PipelineSpec,
+    *,
+    min_tokens: int = 8_000_000,
+    min_seconds: float = 2.0,
+    rounds: int = 5,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Runs every measurement on `spec`'s corpus and returns figures and ratios.
 
     The limit, this pipeline and the served pipeline are measured back to back in each of
@@ -291,16 +344,20 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
     epoch_tokens, kept = epoch_token_counts(spec, texts)
     epochs = max(1, -(-min_tokens // max(1, kept)))
     spec = spec.replace(order={"epochs": epochs})
-    say(f"{len(texts)} documents, {epoch_tokens} tokens per epoch ({kept} kept), "
-        f"{epochs} epochs per run")
+    say(
+        f"{len(texts)} documents, {epoch_tokens} tokens per epoch ({kept} kept), "
+        f"{epochs} epochs per run"
+    )
 
     cores = os.cpu_count() or 1
     reference = {}
     ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
     for processes in sorted({0, 1, cores}):
         reference[processes] = bench_reference(ref_spec, texts, processes)
-        say(f"MaxText-style reference, {processes} processes: "
-            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s")
+        say(
+            f"MaxText-style reference, {processes} processes: "
+            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
+        )
 
     samples: dict[str, list[dict]] = {"limit": [], "ours": [], "unix": [], "tcp": []}
     served_spec = spec.replace(workers={"count": 0})
@@ -309,21 +366,29 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
         samples["ours"].append(bench_pipeline(spec, Workers(0, default_threads(0), "bench")))
         for t in ("unix", "tcp"):
             samples[t].append(bench_server(served_spec, t))
-        say(f"round {r + 1}/{rounds}: " + ", ".join(
-            f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f}" for k, v in samples.items())
-            + " M tokens/s")
+        say(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f}" for k, v in samples.items())
+            + " M tokens/s"
+        )
     limit, ours = _best(samples["limit"]), _best(samples["ours"])
     served = {t: _best(samples[t]) for t in ("unix", "tcp")}
 
     packing = compare_packing(spec, texts)
-    say(f"first_fit packing efficiency, same order: ours {packing['ours']:.4f}, "
-        f"reference {packing['reference']:.4f}")
+    say(
+        f"first_fit packing efficiency, same order: ours {packing['ours']:.4f}, "
+        f"reference {packing['reference']:.4f}"
+    )
     best_ref = max(reference.values(), key=lambda r: r["tokens_per_s"])
     per_round = _round_ratios(samples)
     return {
-        "corpus": {"paths": list(spec.source.paths), "documents": len(texts),
-                   "tokens_per_epoch": epoch_tokens, "kept_tokens_per_epoch": kept,
-                   "epochs": epochs},
+        "corpus": {
+            "paths": list(spec.source.paths),
+            "documents": len(texts),
+            "tokens_per_epoch": epoch_tokens,
+            "kept_tokens_per_epoch": kept,
+            "epochs": epochs,
+        },
         "spec": dataclasses.asdict(spec.batch),
         "vocab_size": sp.vocab_size(),
         "cores": cores,
@@ -346,20 +411,23 @@ def run(spec: PipelineSpec, *, min_tokens: int = 8_000_000, min_seconds: float =
 
 def format_table(result: dict[str, Any]) -> str:
     rows = [("sentencepiece batch encode (limit)", result["sentencepiece_limit"])]
-    rows += [(f"MaxText-style reference, {k} processes", v)
-             for k, v in result["reference"].items()]
+    rows += [(f"MaxText-style reference, {k} processes", v) for k, v in result["reference"].items()]
     rows.append(("this pipeline, in process", result["pipeline_in_process"]))
     rows += [(f"through server + client, {k}", v) for k, v in result["server"].items()]
     lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}  CPU ns/token"]
     for name, r in rows:
         eff = r.get("packing_efficiency")
         if "server_cpu_ns_per_token" in r:
-            cpu = (f"{r['server_cpu_ns_per_token']:.0f} server + "
-                   f"{r['client_cpu_ns_per_token']:.0f} client")
+            cpu = (
+                f"{r['server_cpu_ns_per_token']:.0f} server + "
+                f"{r['client_cpu_ns_per_token']:.0f} client"
+            )
         else:
             cpu = f"{r['cpu_ns_per_token']:.0f}" if "cpu_ns_per_token" in r else ""
-        lines.append(f"{name:<42} {r['tokens_per_s'] / 1e6:>10.2f} "
-                     f"{'' if eff is None else f'{eff:.3f}':>8}  {cpu}")
+        lines.append(
+            f"{name:<42} {r['tokens_per_s'] / 1e6:>10.2f} "
+            f"{'' if eff is None else f'{eff:.3f}':>8}  {cpu}"
+        )
     ratios, per_round = result["ratios"], result.get("ratios_per_round", {})
     lines.append("")
     for k, v in ratios.items():

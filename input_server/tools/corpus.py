@@ -49,32 +49,41 @@ def pydoc_topics() -> list[str]:
 BUILTIN_CORPORA = {"stdlib-docstrings": stdlib_docstrings, "pydoc-topics": pydoc_topics}
 
 
-def build_builtin(name: str, directory: str | os.PathLike, *,
-                  vocab_size: int = 1000) -> tuple[str, str]:
+def build_builtin(
+    name: str, directory: str | os.PathLike, *, vocab_size: int = 1000
+) -> tuple[str, str]:
     """Writes a builtin corpus as jsonl and trains its tokenizer; returns (jsonl, model)."""
     docs = BUILTIN_CORPORA[name]()
     corpus = write_jsonl(docs, os.path.join(directory, f"{name}.jsonl"))
-    return corpus, train_sentencepiece(docs, os.path.join(directory, name),
-                                       vocab_size=vocab_size)
+    return corpus, train_sentencepiece(docs, os.path.join(directory, name), vocab_size=vocab_size)
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark scripts' corpus options: a jsonl file and model, or a builtin corpus."""
     parser.add_argument("--corpus", help="jsonl file with a 'text' field")
     parser.add_argument("--model", help="sentencepiece model")
-    parser.add_argument("--builtin", choices=sorted(BUILTIN_CORPORA),
-                        help="a corpus that ships with Python; its tokenizer is trained here")
-    parser.add_argument("--vocab-size", type=int, default=1000,
-                        help="vocabulary of the tokenizer trained for --builtin")
+    parser.add_argument(
+        "--builtin",
+        choices=sorted(BUILTIN_CORPORA),
+        help="a corpus that ships with Python; its tokenizer is trained here",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=1000,
+        help="vocabulary of the tokenizer trained for --builtin",
+    )
 
 
-def corpus_from_arguments(parser: argparse.ArgumentParser,
-                          args: argparse.Namespace) -> tuple[str, str]:
+def corpus_from_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[str, str]:
     """(jsonl, model) from `add_corpus_arguments`' options; a builtin is built in a fresh
     temporary folder. Exits through `parser.error` when neither is given."""
     if args.builtin:
-        return build_builtin(args.builtin, tempfile.mkdtemp(prefix="bench-"),
-                             vocab_size=args.vocab_size)
+        return build_builtin(
+            args.builtin, tempfile.mkdtemp(prefix="bench-"), vocab_size=args.vocab_size
+        )
     if not (args.corpus and args.model):
         parser.error("give --corpus and --model, or --builtin")
     return args.corpus, args.model
@@ -87,9 +96,14 @@ def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "tex
     return os.fspath(path)
 
 
-def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
-                        vocab_size: int = 1000, model_type: str = "unigram",
-                        with_pad: bool = True) -> str:
+def train_sentencepiece(
+    docs: list[str],
+    model_prefix: str | os.PathLike,
+    *,
+    vocab_size: int = 1000,
+    model_type: str = "unigram",
+    with_pad: bool = True,
+) -> str:
     """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path.
 
     `with_pad=False` leaves out the pad piece, as Llama 2's model does (`pad_id()` is -1).
@@ -99,14 +113,23 @@ def train_sentencepiece(docs: list[str], model_prefix: str | os.PathLike, *,
     # Train on lines: sentencepiece skips "sentences" over 4192 bytes, and caps their count.
     lines = (line for doc in docs for line in doc.splitlines() if line.strip())
     spm.SentencePieceTrainer.train(
-        sentence_iterator=lines, model_prefix=os.fspath(model_prefix),
-        vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
+        sentence_iterator=lines,
+        model_prefix=os.fspath(model_prefix),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=1.0,
         # 0 stays padding for the batches (MaxText's convention); unk moves to 3.
-        **(dict(pad_id=0, bos_id=1, eos_id=2, unk_id=3) if with_pad
-           else dict(pad_id=-1, bos_id=1, eos_id=2, unk_id=0)),
-        input_sentence_size=200000, shuffle_input_sentence=True, num_threads=2,
+        **(
+            dict(pad_id=0, bos_id=1, eos_id=2, unk_id=3)
+            if with_pad
+            else dict(pad_id=-1, bos_id=1, eos_id=2, unk_id=0)
+        ),
+        input_sentence_size=200000,
+        shuffle_input_sentence=True,
+        num_threads=2,
         hard_vocab_limit=False,  # a small corpus gets the vocabulary it supports
-        minloglevel=2)
+        minloglevel=2,
+    )
     return f"{os.fspath(model_prefix)}.model"
 
 
@@ -115,8 +138,9 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "input-server"
 
 
-def ensure_demo_assets(directory: str | os.PathLike | None = None, *, max_docs: int = 20000,
-                       vocab_size: int = 1000) -> tuple[str, str]:
+def ensure_demo_assets(
+    directory: str | os.PathLike | None = None, *, max_docs: int = 20000, vocab_size: int = 1000
+) -> tuple[str, str]:
     """Builds (once, then cached) the docstring corpus and its tokenizer; returns their paths."""
     d = pathlib.Path(directory) if directory else cache_dir() / f"demo-{max_docs}-{vocab_size}"
     d.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,14 @@ LOSS_WINDOW = 5  # steps averaged at each end to decide whether the loss went do
 LEAST = {"steps": 2, "seq_len": 1, "batch_size": 1}
 
 
-def init_params(key: Any, *, seq_len: int, vocab_size: int = VOCAB_SIZE, d_model: int = D_MODEL,
-                d_ff: int = D_FF) -> dict[str, Any]:
+def init_params(
+    key: Any,
+    *,
+    seq_len: int,
+    vocab_size: int = VOCAB_SIZE,
+    d_model: int = D_MODEL,
+    d_ff: int = D_FF,
+) -> dict[str, Any]:
     """Random parameters of the one-layer decoder (scaled so activations start near unit size)."""
     import jax
     import jax.numpy as jnp
@@ -45,11 +51,20 @@ def init_params(key: Any, *, seq_len: int, vocab_size: int = VOCAB_SIZE, d_model
     return {
         "embed": jax.random.normal(next(k), (vocab_size, d_model), jnp.float32) * 0.02,
         "pos_embed": jax.random.normal(next(k), (seq_len, d_model), jnp.float32) * 0.02,
-        "attn": {"norm": jnp.ones(d_model), "wq": dense(d_model, d_model),
-                 "wk": dense(d_model, d_model), "wv": dense(d_model, d_model),
-                 "wo": dense(d_model, d_model)},
-        "mlp": {"norm": jnp.ones(d_model), "w1": dense(d_model, d_ff), "b1": jnp.zeros(d_ff),
-                "w2": dense(d_ff, d_model), "b2": jnp.zeros(d_model)},
+        "attn": {
+            "norm": jnp.ones(d_model),
+            "wq": dense(d_model, d_model),
+            "wk": dense(d_model, d_model),
+            "wv": dense(d_model, d_model),
+            "wo": dense(d_model, d_model),
+        },
+        "mlp": {
+            "norm": jnp.ones(d_model),
+            "w1": dense(d_model, d_ff),
+            "b1": jnp.zeros(d_ff),
+            "w2": dense(d_ff, d_model),
+            "b2": jnp.zeros(d_model),
+        },
         "final_norm": jnp.ones(d_model),
         "unembed": dense(d_model, vocab_size),
     }
@@ -104,8 +119,9 @@ def loss_fn(params: dict[str, Any], batch: dict[str, Any]) -> Any:
     import jax
     import jax.numpy as jnp
 
-    logits = forward(params, batch["inputs"], batch["inputs_segmentation"],
-                     batch["inputs_position"])
+    logits = forward(
+        params, batch["inputs"], batch["inputs_segmentation"], batch["inputs_position"]
+    )
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
     weights = (batch["targets_segmentation"] != 0).astype(jnp.float32)
@@ -120,8 +136,16 @@ def adam_init(params: Any) -> dict[str, Any]:
     return {"count": jnp.zeros((), jnp.int32), "mu": zeros, "nu": zeros}
 
 
-def adam_update(params: Any, grads: Any, opt: dict[str, Any], *, lr: float = LEARNING_RATE,
-                b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8) -> tuple[Any, dict]:
+def adam_update(
+    params: Any,
+    grads: Any,
+    opt: dict[str, Any],
+    *,
+    lr: float = LEARNING_RATE,
+    b1: float = 0.9,
+    b2: float = 0.99,
+    eps: float = 1e-8,
+) -> tuple[Any, dict]:
     """One Adam step (optax.adam's arithmetic), written out so the demo needs no optax."""
     import jax
     import jax.numpy as jnp
@@ -130,9 +154,10 @@ def adam_update(params: Any, grads: Any, opt: dict[str, Any], *, lr: float = LEA
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, opt["mu"], grads)
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["nu"], grads)
     t = count.astype(jnp.float32)
-    mu_scale, nu_scale = 1 / (1 - b1 ** t), 1 / (1 - b2 ** t)
+    mu_scale, nu_scale = 1 / (1 - b1**t), 1 / (1 - b2**t)
     params = jax.tree.map(
-        lambda p, m, v: p - lr * (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), params, mu, nu)
+        lambda p, m, v: p - lr * (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), params, mu, nu
+    )
     return params, {"count": count, "mu": mu, "nu": nu}
 
 
@@ -145,8 +170,7 @@ def train_step(state: dict[str, Any], batch: dict[str, Any]) -> tuple[dict, dict
     return {"params": params, "opt": opt}, {"loss": loss}
 
 
-MODEL_KEYS = ("inputs", "inputs_segmentation", "inputs_position", "targets",
-              "targets_segmentation")
+MODEL_KEYS = ("inputs", "inputs_segmentation", "inputs_position", "targets", "targets_segmentation")
 
 
 def _workers_of(client: Any) -> tuple[str, str, str]:
@@ -161,9 +185,15 @@ def _workers_of(client: Any) -> tuple[str, str, str]:
     return str(s.worker_processes), str(s.worker_threads), s.worker_reason
 
 
-def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
-             workdir: str | os.PathLike | None = None, progress: bool = True,
-             assets_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+def run_demo(
+    *,
+    steps: int = 50,
+    seq_len: int = 128,
+    batch_size: int = 8,
+    workdir: str | os.PathLike | None = None,
+    progress: bool = True,
+    assets_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """Serves the demo corpus, streams it through the client and trains on it.
 
     Args:
@@ -205,8 +235,12 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
 
     say("building the corpus and tokenizer (cached after the first run)...")
     corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)
-    spec = PipelineSpec(source={"paths": [corpus_jsonl]}, tokenizer={"model": spm_model},
-                        batch={"seq_len": seq_len, "size": batch_size}, order={"epochs": 0})
+    spec = PipelineSpec(
+        source={"paths": [corpus_jsonl]},
+        tokenizer={"model": spm_model},
+        batch={"seq_len": seq_len, "size": batch_size},
+        order={"epochs": 0},
+    )
 
     params = init_params(jax.random.PRNGKey(0), seq_len=seq_len)
     num_params = count_params(params)
@@ -223,21 +257,37 @@ def run_demo(*, steps: int = 50, seq_len: int = 128, batch_size: int = 8,
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="input-server-"))
         sock_path = os.path.join(os.fspath(workdir), "demo.sock")
         # The demo's corpus and model are the only data its server may read.
-        server = stack.enter_context(Server(ServerConfig(
-            listen=[f"unix://{sock_path}"],
-            data_roots=[os.path.dirname(os.path.abspath(corpus_jsonl)),
-                        os.path.dirname(os.path.abspath(spm_model))])))
+        server = stack.enter_context(
+            Server(
+                ServerConfig(
+                    listen=[f"unix://{sock_path}"],
+                    data_roots=[
+                        os.path.dirname(os.path.abspath(corpus_jsonl)),
+                        os.path.dirname(os.path.abspath(spm_model)),
+                    ],
+                )
+            )
+        )
         target = server.targets[0]
         say(f"server listening on {target}")
         client = stack.enter_context(InputClient(target))
         it = stack.enter_context(client.batches(spec, prefetch=2))
-        timer = StepTimer(tokens_per_step=tokens_per_step, flops_per_step=flops_per_step,
-                          data_source=it)
-        say(f"training a {num_params:,}-parameter decoder for {steps} steps "
-            f"(batch {batch_size} x {seq_len} tokens)...")
+        timer = StepTimer(
+            tokens_per_step=tokens_per_step, flops_per_step=flops_per_step, data_source=it
+        )
+        say(
+            f"training a {num_params:,}-parameter decoder for {steps} steps "
+            f"(batch {batch_size} x {seq_len} tokens)..."
+        )
         workers = ("unknown", "unknown", "")
-        bar = stack.enter_context(tqdm(total=steps, desc="train", unit="step",
-                                       disable=not (progress and sys.stderr.isatty())))
+        bar = stack.enter_context(
+            tqdm(
+                total=steps,
+                desc="train",
+                unit="step",
+                disable=not (progress and sys.stderr.isatty()),
+            )
+        )
         for i in range(steps):
             batch = next(it)
             if i == 0:
@@ -285,8 +335,10 @@ def format_report(result: dict[str, Any]) -> str:
         ("wall time", f"{result['wall_s']:.1f} s"),
     ]
     width = max(len(label.strip()) for label, _ in rows)
-    lines = [f"input-server demo: {result['num_params']:,}-parameter decoder, batch "
-             f"{result['batch_size']} x {result['seq_len']}"]
+    lines = [
+        f"input-server demo: {result['num_params']:,}-parameter decoder, batch "
+        f"{result['batch_size']} x {result['seq_len']}"
+    ]
     lines += [f"  {label.strip():<{width}}  {value.strip()}" for label, value in rows]
     if result["worker_reason"]:
         lines.append(f"  (workers: {result['worker_reason']})")
@@ -299,28 +351,42 @@ def _at_least(least: int):
         if value < least:
             raise argparse.ArgumentTypeError(f"must be an integer of at least {least}, got {text}")
         return value
+
     return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's options (all optional), for `input-server demo` and this module's `main`."""
-    parser.add_argument("--steps", type=_at_least(LEAST["steps"]), default=50,
-                        help="train steps (the first compiles and is not timed)")
-    parser.add_argument("--seq-len", type=_at_least(LEAST["seq_len"]), default=128,
-                        help="tokens per row")
-    parser.add_argument("--batch-size", type=_at_least(LEAST["batch_size"]), default=8,
-                        help="rows per batch")
+    parser.add_argument(
+        "--steps",
+        type=_at_least(LEAST["steps"]),
+        default=50,
+        help="train steps (the first compiles and is not timed)",
+    )
+    parser.add_argument(
+        "--seq-len", type=_at_least(LEAST["seq_len"]), default=128, help="tokens per row"
+    )
+    parser.add_argument(
+        "--batch-size", type=_at_least(LEAST["batch_size"]), default=8, help="rows per batch"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the demo and prints its report; 0 if the loss went down, 1 if it did not."""
-    result = run_demo(steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
-                      progress=not args.no_progress)
+    result = run_demo(
+        steps=args.steps,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
     print(format_report(result))
     if not result["loss_decreased"]:
-        print(f"error: the loss did not go down ({result['first_loss']:.4f} -> "
-              f"{result['last_loss']:.4f}).", file=sys.stderr)
+        print(
+            f"error: the loss did not go down ({result['first_loss']:.4f} -> "
+            f"{result['last_loss']:.4f}).",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -49,8 +49,9 @@ def abstract_name() -> str:
 def guarded(tmp_path_factory):
     """A server whose TCP port and abstract socket need a token; (server, token, token_file)."""
     token_file, token = write_token_file(tmp_path_factory.mktemp("auth"))
-    with Server(ServerConfig(listen=["127.0.0.1:0", abstract_name()],
-                             token_file=token_file)) as srv:
+    with Server(
+        ServerConfig(listen=["127.0.0.1:0", abstract_name()], token_file=token_file)
+    ) as srv:
         yield srv, token, token_file
 
 
@@ -63,8 +64,18 @@ def call(target: str, method: str, spec, token: str | None) -> tuple[grpc.Status
             if method == "GetInfo":
                 stub.GetInfo(pb.GetInfoRequest(), timeout=10)
             else:
-                next(stub.StreamBatches(iter([pb.StreamBatchesRequest(
-                    spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)]), timeout=30))
+                next(
+                    stub.StreamBatches(
+                        iter(
+                            [
+                                pb.StreamBatchesRequest(
+                                    spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION
+                                )
+                            ]
+                        ),
+                        timeout=30,
+                    )
+                )
         except grpc.RpcError as e:
             return e.code(), e.details()
     return grpc.StatusCode.OK, ""
@@ -73,8 +84,9 @@ def call(target: str, method: str, spec, token: str | None) -> tuple[grpc.Status
 @pytest.mark.parametrize("sent", [None, WRONG], ids=["no-token", "wrong-token"])
 @pytest.mark.parametrize("method", ["GetInfo", "StreamBatches"])
 @pytest.mark.parametrize("kind", ["tcp", "abstract"])
-def test_without_the_right_token_tcp_and_abstract_are_unauthenticated(guarded, make_spec, kind,
-                                                                      method, sent):
+def test_without_the_right_token_tcp_and_abstract_are_unauthenticated(
+    guarded, make_spec, kind, method, sent
+):
     srv, _, _ = guarded
     code, details = call(srv.targets[0 if kind == "tcp" else 1], method, make_spec(), sent)
     assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -95,8 +107,7 @@ def test_with_the_right_token_batches_flow(guarded, make_spec, kind):
 
 def test_the_client_says_how_to_pass_the_token(guarded, make_spec):
     srv, _, _ = guarded
-    with InputClient(srv.targets[0], connect_timeout_s=10) as c, \
-            pytest.raises(StreamError) as e:
+    with InputClient(srv.targets[0], connect_timeout_s=10) as c, pytest.raises(StreamError) as e:
         c.batches(make_spec())
     assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "token=" in str(e.value) and "token_file=" in str(e.value)
@@ -121,8 +132,9 @@ def test_a_socket_file_needs_no_token_and_takes_the_right_one(server, make_spec)
 def test_beside_a_guarded_abstract_socket_a_socket_file_needs_the_token_too(tmp_path):
     # gRPC reports both peers as "unix:": the server cannot tell them apart (auth's docstring).
     token_file, token = write_token_file(tmp_path)
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock", abstract_name()],
-                             token_file=token_file)) as srv:
+    with Server(
+        ServerConfig(listen=[f"unix://{tmp_path}/s.sock", abstract_name()], token_file=token_file)
+    ) as srv:
         sock = srv.targets[0]
         assert call(sock, "GetInfo", None, None)[0] == grpc.StatusCode.UNAUTHENTICATED
         assert call(sock, "GetInfo", None, token)[0] == grpc.StatusCode.OK
@@ -138,8 +150,11 @@ def test_grpc_reports_the_peers_the_token_check_expects(tmp_path):
             peers.append(context.peer())
             return pb.GetInfoResponse()
 
-    targets = {"file": f"unix://{tmp_path}/peer.sock", "abstract": abstract_name(),
-               "ipv4": f"127.0.0.1:{free_port()}"}
+    targets = {
+        "file": f"unix://{tmp_path}/peer.sock",
+        "abstract": abstract_name(),
+        "ipv4": f"127.0.0.1:{free_port()}",
+    }
     found = {}
     for kind, address in targets.items():
         with serve_servicer(Recorder(), address), grpc.insecure_channel(address) as channel:
@@ -152,15 +167,21 @@ def test_grpc_reports_the_peers_the_token_check_expects(tmp_path):
 
 
 def test_insecure_tcp_serves_without_a_token(make_spec):
-    with Server(ServerConfig(listen=["127.0.0.1:0"], insecure_tcp=True)) as srv, \
-            InputClient(srv.targets[0], connect_timeout_s=10) as c, c.batches(make_spec()) as it:
+    with (
+        Server(ServerConfig(listen=["127.0.0.1:0"], insecure_tcp=True)) as srv,
+        InputClient(srv.targets[0], connect_timeout_s=10) as c,
+        c.batches(make_spec()) as it,
+    ):
         assert len(list(it)) > 10
 
 
 def test_insecure_abstract_serves_without_a_token_while_tcp_keeps_needing_it(tmp_path):
     token_file, _ = write_token_file(tmp_path)
-    with Server(ServerConfig(listen=["127.0.0.1:0", abstract_name()], token_file=token_file,
-                             insecure_abstract=True)) as srv:
+    with Server(
+        ServerConfig(
+            listen=["127.0.0.1:0", abstract_name()], token_file=token_file, insecure_abstract=True
+        )
+    ) as srv:
         tcp, abstract = srv.targets
         assert call(abstract, "GetInfo", None, None)[0] == grpc.StatusCode.OK
         assert call(tcp, "GetInfo", None, None)[0] == grpc.StatusCode.UNAUTHENTICATED
@@ -168,14 +189,15 @@ def test_insecure_abstract_serves_without_a_token_while_tcp_keeps_needing_it(tmp
 
 # --- Mistakes that refuse the start: one line, exit 2 --------------------------------------------
 
+
 def serve_main(capsys, *args: str) -> tuple[int, str]:
     return run_main(capsys, "serve", *args)
 
 
-@pytest.mark.parametrize("listen, flag", [("127.0.0.1:0", "--insecure-tcp"),
-                                          ("ABSTRACT", "--insecure-abstract")])
-def test_serve_refuses_tcp_or_abstract_with_neither_token_nor_insecure_flag(capsys, listen,
-                                                                            flag):
+@pytest.mark.parametrize(
+    "listen, flag", [("127.0.0.1:0", "--insecure-tcp"), ("ABSTRACT", "--insecure-abstract")]
+)
+def test_serve_refuses_tcp_or_abstract_with_neither_token_nor_insecure_flag(capsys, listen, flag):
     listen = abstract_name() if listen == "ABSTRACT" else listen
     code, err = serve_main(capsys, "--listen", listen)
     assert_one_line(code, err, "--token-file", flag)
@@ -189,8 +211,9 @@ def test_serve_refuses_a_token_file_others_may_read_or_write(capsys, tmp_path, m
     assert_one_line(code, err, token_file, f"{mode:04o}", "chmod 600")
 
 
-@pytest.mark.parametrize("content", ["", "\n  \n", "tok en", "tøken"],
-                         ids=["empty", "blank", "space", "non-ascii"])
+@pytest.mark.parametrize(
+    "content", ["", "\n  \n", "tok en", "tøken"], ids=["empty", "blank", "space", "non-ascii"]
+)
 def test_serve_refuses_a_token_file_without_a_usable_token(capsys, tmp_path, content):
     path = tmp_path / "token"
     path.write_text(content)
@@ -200,8 +223,9 @@ def test_serve_refuses_a_token_file_without_a_usable_token(capsys, tmp_path, con
 
 
 def test_serve_refuses_a_missing_token_file(capsys, tmp_path):
-    code, err = serve_main(capsys, "--listen", "127.0.0.1:0", "--token-file",
-                           str(tmp_path / "nope"))
+    code, err = serve_main(
+        capsys, "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "nope")
+    )
     assert_one_line(code, err, str(tmp_path / "nope"))
 
 
@@ -209,8 +233,9 @@ def test_the_token_file_strips_its_newline_and_the_client_sends_it(tmp_path):
     token_file, token = write_token_file(tmp_path)  # written with a trailing newline
     with Server(ServerConfig(listen=["127.0.0.1:0"], token_file=token_file)) as srv:
         assert call(srv.targets[0], "GetInfo", None, token)[0] == grpc.StatusCode.OK
-        assert call(srv.targets[0], "GetInfo", None, token + "x")[0] == \
-            grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            call(srv.targets[0], "GetInfo", None, token + "x")[0] == grpc.StatusCode.UNAUTHENTICATED
+        )
 
 
 def test_client_refuses_both_token_and_token_file_and_an_empty_token(tmp_path):
@@ -233,6 +258,7 @@ def test_info_takes_a_token_file(capsys, guarded):
 
 
 # --- Socket files: mode 0600, or 0660 for --socket-group ------------------------------------------
+
 
 def other_group() -> tuple[str, int]:
     """A group not our own that we may give a file to: any (root), else a supplementary one."""
@@ -268,8 +294,9 @@ def test_socket_group_makes_it_0660_in_that_group(tmp_path):
 
 
 def test_serve_refuses_an_unknown_socket_group(capsys, tmp_path):
-    code, err = serve_main(capsys, "--listen", f"unix://{tmp_path}/s.sock", "--socket-group",
-                           "no-such-group-here")
+    code, err = serve_main(
+        capsys, "--listen", f"unix://{tmp_path}/s.sock", "--socket-group", "no-such-group-here"
+    )
     assert_one_line(code, err, "--socket-group", "no-such-group-here")
     assert not (tmp_path / "s.sock").exists()
 
@@ -280,6 +307,7 @@ def test_serve_refuses_a_socket_group_for_the_private_default_socket(capsys):
 
 
 # --- The default socket's folder -----------------------------------------------------------------
+
 
 def default_env(tmpdir) -> dict[str, str]:
     """This environment with TMPDIR=`tmpdir` and no XDG_RUNTIME_DIR: the default socket's
@@ -299,8 +327,13 @@ def test_the_default_socket_lives_in_a_private_folder_that_info_finds(tmp_path):
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
         assert stat.S_IMODE((folder / auth.SOCKET_NAME).stat().st_mode) == 0o600
         # `info` without an address dials the same default, found the same way.
-        out = subprocess.run(cli_argv("info", "--timeout-s", "10"), capture_output=True,
-                             text=True, timeout=60, env=env)
+        out = subprocess.run(
+            cli_argv("info", "--timeout-s", "10"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         assert '"serverVersion"' in out.stdout
     finally:
@@ -322,8 +355,14 @@ def test_serve_refuses_a_default_folder_that_is_not_private(tmp_path, problem):
                 pytest.skip("only root can give a folder to another user")
             os.chown(folder, 65534, 65534)
             words = ["belongs to uid 65534"]
-    out = subprocess.run(cli_argv("serve"), capture_output=True, text=True, timeout=60,
-                         env=default_env(tmp_path), stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cli_argv("serve"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=default_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+    )
     assert_one_line(out.returncode, out.stderr, str(folder), *words)
     assert not (folder.is_dir() and (folder / auth.SOCKET_NAME).exists())
 
@@ -333,8 +372,14 @@ def test_info_without_an_address_refuses_a_default_folder_that_is_not_private(tm
     folder = tmp_path / f"input-server-{os.geteuid()}"
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)
-    out = subprocess.run(cli_argv("info", "--timeout-s", "1"), capture_output=True, text=True,
-                         timeout=60, env=default_env(tmp_path), stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cli_argv("info", "--timeout-s", "1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=default_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+    )
     assert_one_line(out.returncode, out.stderr, str(folder), "0755")
 
 

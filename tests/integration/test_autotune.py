@@ -42,8 +42,9 @@ def long_docs(docs, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def slow_pipeline(make_spec, long_docs):
-    spec = make_spec(source={"paths": [long_docs]}, batch={"seq_len": 512, "size": 8},
-                     order={"epochs": 0})
+    spec = make_spec(
+        source={"paths": [long_docs]}, batch={"seq_len": 512, "size": 8}, order={"epochs": 0}
+    )
     return SlowPipeline(spec, delay_s=DELAY_S)
 
 
@@ -62,8 +63,9 @@ def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
     # cores by OVERSUBSCRIBE_GAIN (on a loaded 2-core host, threads beyond the cores sometimes
     # read faster: the choice follows what was measured; the speed itself is the benchmark's).
     within = max(m.batches_per_s for m in t.measurements if m.ran and m.workers <= cpus)
-    beyond = max((m.batches_per_s for m in t.measurements if m.ran and m.workers > cpus),
-                 default=0.0)
+    beyond = max(
+        (m.batches_per_s for m in t.measurements if m.ran and m.workers > cpus), default=0.0
+    )
     if t.workers > cpus:
         assert beyond > (1 + OVERSUBSCRIBE_GAIN) * within, autotune.table(t)
     else:
@@ -89,8 +91,12 @@ def test_ram_budget_for_k_processes_is_enforced_with_measured_rss(cpu_pipeline):
     one = autotune.measure(cpu_pipeline, 1, 1, **WINDOW)
     assert one.rss_mb > 20  # a real worker process, measured (imports alone are more)
     k = 2
-    t = autotune.tune(cpu_pipeline, candidates=[(1, 1), (2, 1), (3, 1)],
-                      ram_budget_mb=(k + 0.5) * one.rss_mb, **WINDOW)
+    t = autotune.tune(
+        cpu_pipeline,
+        candidates=[(1, 1), (2, 1), (3, 1)],
+        ram_budget_mb=(k + 0.5) * one.rss_mb,
+        **WINDOW,
+    )
     assert t.workers <= k, autotune.table(t)
     three = next(m for m in t.measurements if m.processes == 3)
     assert three.skipped == "ram cap"  # predicted from the measured ones, never started
@@ -102,16 +108,17 @@ def test_info_reports_the_decision_and_its_measurements(tmp_path, make_spec):
     from tests.support import consume_until
 
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"],
-                             pipelines={"auto": spec})) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches("auto") as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/a.sock"], pipelines={"auto": spec})) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches("auto") as it,
+    ):
         stream = consume_until(it, client, lambda s: s.tuning_state == "settled", pace=100)
     assert stream.worker_reason.startswith("auto: ")
     assert stream.consumed_batches_per_s > 0  # the consumer's demand, learned from the stream
     tuning = stream.worker_tuning
     assert tuning.reason in autotune.REASONS
-    assert (tuning.processes, tuning.threads) == (stream.worker_processes,
-                                                  stream.worker_threads)
+    assert (tuning.processes, tuning.threads) == (stream.worker_processes, stream.worker_threads)
     assert len(tuning.measurements) >= 1 and tuning.measurements[0].batches_per_s > 0
     # Measured on the live stream, within the bound (from its first window) and a window.
     assert 0 < tuning.tune_seconds <= 3 + 2
@@ -121,12 +128,29 @@ def test_tune_command_prints_the_table_and_writes_json(tmp_path, corpus, spm_mod
     from input_server import cli
 
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
-                    f'[batch]\nseq_len = 256\nsize = 4\n[order]\nepochs = 0\n')
+    spec.write_text(
+        f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
+        f"[batch]\nseq_len = 256\nsize = 4\n[order]\nepochs = 0\n"
+    )
     out = tmp_path / "tune.json"
     plot = tmp_path / "tune.png"  # matplotlib is a dev dependency: the plot is always tested
-    assert cli.main(["tune", str(spec), "--tune-seconds", "3", "--max-workers", "4", "--json",
-                     str(out), "--plot", str(plot)]) == 0
+    assert (
+        cli.main(
+            [
+                "tune",
+                str(spec),
+                "--tune-seconds",
+                "3",
+                "--max-workers",
+                "4",
+                "--json",
+                str(out),
+                "--plot",
+                str(plot),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "batches/s" in printed and "tokens/s" in printed and "RSS/worker" in printed
     assert "choice:" in printed

@@ -17,8 +17,10 @@ from tests.support import assert_one_line, run_main
 def spec_file(tmp_path, corpus, spm_model):
     def write(model: str = spm_model, extra: str = "") -> str:
         path = tmp_path / "spec.toml"
-        path.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{model}"\n'
-                        f'[batch]\nseq_len = 128\nsize = 4\n{extra}')
+        path.write_text(
+            f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{model}"\n'
+            f"[batch]\nseq_len = 128\nsize = 4\n{extra}"
+        )
         return str(path)
 
     return write
@@ -42,17 +44,25 @@ def test_a_missing_model(capsys, spec_file, tmp_path, verb):
 
 
 @pytest.mark.parametrize("verb", ["tune", "bench"])
-@pytest.mark.parametrize("extra, key", [('packing = "best"', "batch.packing"),
-                                        ("[workers]\ncont = 1", "workers.cont"),
-                                        ("[wrokers]\ncount = 1", "wrokers")],
-                         ids=["bad-value", "unknown-key", "unknown-table"])
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ('packing = "best"', "batch.packing"),
+        ("[workers]\ncont = 1", "workers.cont"),
+        ("[wrokers]\ncount = 1", "wrokers"),
+    ],
+    ids=["bad-value", "unknown-key", "unknown-table"],
+)
 def test_a_bad_spec(capsys, spec_file, verb, extra, key):
     code, err = run_main(capsys, verb, spec_file(extra=extra))
     assert_one_line(code, err, key)
 
 
-@pytest.mark.parametrize("content", [b"[source\n", b"\xff\xfe\x00", b"x = " + b"9" * 5000],
-                         ids=["toml", "encoding", "digits"])
+@pytest.mark.parametrize(
+    "content",
+    [b"[source\n", b"\xff\xfe\x00", b"x = " + b"9" * 5000],
+    ids=["toml", "encoding", "digits"],
+)
 def test_a_spec_file_that_is_not_toml(capsys, tmp_path, content):
     path = tmp_path / "spec.toml"
     path.write_bytes(content)
@@ -69,32 +79,44 @@ def test_a_spec_path_that_is_no_file(capsys, path):
 def test_tune_plot_without_matplotlib_is_refused_before_measuring(spec_file, tmp_path):
     # matplotlib made unimportable in a child process: the refusal must come before the
     # measuring run (which would take tune_seconds), not after it.
-    code = ("import sys; sys.modules['matplotlib'] = None; from input_server.cli import main; "
-            f"sys.exit(main(['tune', {spec_file()!r}, '--tune-seconds', '30', "
-            f"'--plot', {str(tmp_path / 'x.png')!r}]))")
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from input_server.cli import main; "
+        f"sys.exit(main(['tune', {spec_file()!r}, '--tune-seconds', '30', "
+        f"'--plot', {str(tmp_path / 'x.png')!r}]))"
+    )
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert_one_line(out.returncode, out.stderr, "matplotlib")
     assert time.monotonic() - start < 25  # far less than the 30 s it would have measured
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:²", "10.0.0.1:5000",
-                                     "unix:"])
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:²", "10.0.0.1:5000", "unix:"])
 def test_serve_refuses_a_bad_listen_address(capsys, address):
     code, err = run_main(capsys, "serve", "--listen", address)
     assert_one_line(code, err, "--listen")
 
 
 def test_serve_with_a_pipelines_path_that_is_a_folder(capsys, tmp_path):
-    code, err = run_main(capsys, "serve", "--pipelines", str(tmp_path),
-                         "--listen", f"unix://{tmp_path}/s.sock")
+    code, err = run_main(
+        capsys, "serve", "--pipelines", str(tmp_path), "--listen", f"unix://{tmp_path}/s.sock"
+    )
     assert_one_line(code, err, str(tmp_path))
 
 
-@pytest.mark.parametrize("args", [["info", "x", "--timeout-s", "nan"],
-                                  ["info", "x", "--timeout-s", "-1"],
-                                  ["bench", "x.toml", "--rounds", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", "x", "--timeout-s", "nan"],
+        ["info", "x", "--timeout-s", "-1"],
+        ["bench", "x.toml", "--rounds", "0"],
+    ],
+)
 def test_numbers_out_of_range_are_refused_by_the_parser(capsys, args):
     with pytest.raises(SystemExit) as e:
         cli.main(args)

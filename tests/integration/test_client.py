@@ -91,13 +91,21 @@ def test_orbax_checkpoint_holds_the_iterator_state_beside_the_model(server, make
         head = [next(it) for _ in range(7)]
         time.sleep(0.2)  # prefetched batches are not part of the state
         with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-            mngr.save(7, args=ocp.args.Composite(model=ocp.args.StandardSave(model),
-                                                  data=InputStateSave(it)))
+            mngr.save(
+                7,
+                args=ocp.args.Composite(
+                    model=ocp.args.StandardSave(model), data=InputStateSave(it)
+                ),
+            )
             mngr.wait_until_finished()
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
         step = mngr.latest_step()
-        restored = mngr.restore(step, args=ocp.args.Composite(
-            model=ocp.args.StandardRestore(model), data=InputStateRestore()))
+        restored = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                model=ocp.args.StandardRestore(model), data=InputStateRestore()
+            ),
+        )
     assert step == 7
     np.testing.assert_array_equal(restored.model["w"], model["w"])
     assert restored.data["seq"] == 7
@@ -116,21 +124,33 @@ class _MisnumberingServicer(pb_grpc.InputServiceServicer):
         return pb.GetInfoResponse(server_version="test", protocol_version=PROTOCOL_VERSION)
 
     def StreamBatches(self, request, context):
-        batch = PackedBatch(np.ones((1, 4), np.int32), np.array([4], np.int32),
-                            np.array([1], np.int32))
+        batch = PackedBatch(
+            np.ones((1, 4), np.int32), np.array([4], np.int32), np.array([1], np.int32)
+        )
         for seq in self.seqs:
-            yield pb.Batch(sequence_number=seq, tensors=encode_tensors(batch.compact()),
-                           state=b'{"seq": %d}' % (seq + 1), num_tokens=4)
+            yield pb.Batch(
+                sequence_number=seq,
+                tensors=encode_tensors(batch.compact()),
+                state=b'{"seq": %d}' % (seq + 1),
+                num_tokens=4,
+            )
 
 
-@pytest.mark.parametrize("seqs, words", [([0, 1, 3], "expected batch 2, got batch 3: a gap"),
-                                         ([0, 1, 1], "expected batch 2, got batch 1: a repeat")],
-                         ids=["gap", "repeat"])
+@pytest.mark.parametrize(
+    "seqs, words",
+    [
+        ([0, 1, 3], "expected batch 2, got batch 3: a gap"),
+        ([0, 1, 1], "expected batch 2, got batch 1: a repeat"),
+    ],
+    ids=["gap", "repeat"],
+)
 def test_sequence_gap_or_repeat_raises(tmp_path, seqs, words):
     sock = f"unix://{tmp_path}/bad.sock"
-    with serve_servicer(_MisnumberingServicer(seqs), sock), \
-            InputClient(sock, connect_timeout_s=10) as c, \
-            c.batches("any", reconnect_deadline_s=0) as it:
+    with (
+        serve_servicer(_MisnumberingServicer(seqs), sock),
+        InputClient(sock, connect_timeout_s=10) as c,
+        c.batches("any", reconnect_deadline_s=0) as it,
+    ):
         next(it)
         next(it)
         with pytest.raises(SequenceError, match=words):
@@ -152,10 +172,17 @@ class _OtherProtocolServicer(pb_grpc.InputServiceServicer):
         yield pb.Batch(sequence_number=0, end_of_data=True)
 
 
-@pytest.mark.parametrize("version, words", [(0, "speaks wire protocol one from before"),
-                                            (PROTOCOL_VERSION + 1, "speaks wire protocol "
-                                             f"{PROTOCOL_VERSION + 1}; the client speaks "
-                                             f"{PROTOCOL_VERSION}")], ids=["older", "newer"])
+@pytest.mark.parametrize(
+    "version, words",
+    [
+        (0, "speaks wire protocol one from before"),
+        (
+            PROTOCOL_VERSION + 1,
+            f"speaks wire protocol {PROTOCOL_VERSION + 1}; the client speaks {PROTOCOL_VERSION}",
+        ),
+    ],
+    ids=["older", "newer"],
+)
 def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, version, words):
     servicer = _OtherProtocolServicer(version)
     sock = f"unix://{tmp_path}/old.sock"
@@ -168,15 +195,19 @@ def test_server_of_another_wire_protocol_is_refused_before_streaming(tmp_path, v
     assert servicer.streams == 0  # refused before any batch could be misread
 
 
-def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(tmp_path,
-                                                                              make_spec):
+def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(
+    tmp_path, make_spec
+):
     sock = f"unix://{tmp_path}/s.sock"
     real = Server(ServerConfig(listen=[sock], grace_s=1))
     other = _OtherProtocolServicer(PROTOCOL_VERSION + 1)
     try:
-        with InputClient(sock) as client, \
-                client.batches(make_spec(order={"epochs": 0}), prefetch=1,
-                               reconnect_deadline_s=30) as it:
+        with (
+            InputClient(sock) as client,
+            client.batches(
+                make_spec(order={"epochs": 0}), prefetch=1, reconnect_deadline_s=30
+            ) as it,
+        ):
             next(it)
             real.stop()
             with serve_servicer(other, sock), pytest.raises(StreamError) as e:

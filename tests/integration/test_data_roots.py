@@ -22,8 +22,10 @@ SECRET = "the launch code is swordfish"
 def stream(target: str, spec: pb.PipelineSpec) -> tuple[grpc.StatusCode, str, list[pb.Batch]]:
     """(status, details, messages) of a raw request, as any client could send it."""
     with grpc.insecure_channel(target) as channel:
-        call = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]), timeout=60)
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+            timeout=60,
+        )
         messages = []
         try:
             messages.extend(call)
@@ -55,16 +57,45 @@ def place(tmp_path_factory, corpus, spm_model):
 
 
 def spec(paths, model="spm.model") -> pb.PipelineSpec:
-    return PipelineSpec(source={"paths": paths}, tokenizer={"model": model},
-                        batch={"seq_len": 64, "size": 2}, workers={"count": 0}).to_proto()
+    return PipelineSpec(
+        source={"paths": paths},
+        tokenizer={"model": model},
+        batch={"seq_len": 64, "size": 2},
+        workers={"count": 0},
+    ).to_proto()
 
 
-@pytest.mark.parametrize("path", [
-    "SECRET_ABS", "../outside/secret.jsonl", "sub/../../outside/secret.jsonl", "link.jsonl",
-    "link_dir/secret.jsonl", "/etc/passwd", "/proc/self/environ", "/proc/self/root/etc/passwd",
-    "/dev/zero", "../outside/*.jsonl", "link_dir/*.jsonl", "/proc/self/root/**/x",
-], ids=["absolute", "dotdot", "dotdot-deep", "file-link", "dir-link", "etc-passwd", "proc",
-        "proc-root", "device", "glob-dotdot", "glob-dir-link", "glob-proc"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "SECRET_ABS",
+        "../outside/secret.jsonl",
+        "sub/../../outside/secret.jsonl",
+        "link.jsonl",
+        "link_dir/secret.jsonl",
+        "/etc/passwd",
+        "/proc/self/environ",
+        "/proc/self/root/etc/passwd",
+        "/dev/zero",
+        "../outside/*.jsonl",
+        "link_dir/*.jsonl",
+        "/proc/self/root/**/x",
+    ],
+    ids=[
+        "absolute",
+        "dotdot",
+        "dotdot-deep",
+        "file-link",
+        "dir-link",
+        "etc-passwd",
+        "proc",
+        "proc-root",
+        "device",
+        "glob-dotdot",
+        "glob-dir-link",
+        "glob-proc",
+    ],
+)
 def test_a_path_outside_the_roots_is_permission_denied_naming_it(place, path):
     target, root, secret = place
     path = str(secret) if path == "SECRET_ABS" else path
@@ -98,8 +129,12 @@ def test_no_token_of_a_file_outside_the_roots_reaches_the_client(place, spm_mode
     for paths in (["*.jsonl"], ["**/*.jsonl"], ["corpus.jsonl", "sub/inner_link.jsonl"]):
         code, details, messages = stream(target, spec(paths))
         assert code == grpc.StatusCode.OK, details
-        text = [sp.decode(decode_batch(b.tensors)["inputs"].astype(int).tolist())
-                for m in messages for b in batches_of(m) if not b.end_of_data]
+        text = [
+            sp.decode(decode_batch(b.tensors)["inputs"].astype(int).tolist())
+            for m in messages
+            for b in batches_of(m)
+            if not b.end_of_data
+        ]
         assert text and not any("swordfish" in t for t in text)
 
 
@@ -126,13 +161,18 @@ def test_a_missing_file_inside_the_roots_is_not_found_outside_permission_denied(
     missing = stream(target, spec([str(secret.parent / "nope.jsonl")]))
     assert there[0] == missing[0] == grpc.StatusCode.PERMISSION_DENIED
     assert there[1].replace(str(secret), "X") == missing[1].replace(
-        str(secret.parent / "nope.jsonl"), "X")
+        str(secret.parent / "nope.jsonl"), "X"
+    )
 
 
 def test_relative_paths_join_the_first_root_and_links_inside_are_followed(place):
     target, root, _ = place
-    for paths in (["corpus.jsonl"], [str(root / "corpus.jsonl")], ["sub/inner_link.jsonl"],
-                  ["sub/../corpus.jsonl"]):
+    for paths in (
+        ["corpus.jsonl"],
+        [str(root / "corpus.jsonl")],
+        ["sub/inner_link.jsonl"],
+        ["sub/../corpus.jsonl"],
+    ):
         code, details, messages = stream(target, spec(paths))
         assert code == grpc.StatusCode.OK and messages[-1].end_of_data, (paths, details)
 
@@ -144,14 +184,16 @@ def test_dotdot_after_a_link_outside_tells_nothing_of_the_link(place, tmp_path):
     outside = secret.parent
     (outside / "to_usr").symlink_to("/usr/share", target_is_directory=True)
     (outside / "plain").mkdir()
-    answers = {stream(target, spec([f"{p}/../../root/corpus.jsonl"]))[0]
-               for p in (str(outside / "to_usr"), str(outside / "plain"),
-                         str(outside / "missing"))}
+    answers = {
+        stream(target, spec([f"{p}/../../root/corpus.jsonl"]))[0]
+        for p in (str(outside / "to_usr"), str(outside / "plain"), str(outside / "missing"))
+    }
     assert answers == {grpc.StatusCode.OK}  # each is root/corpus.jsonl, as written
 
 
-@pytest.mark.parametrize("pattern", ["**/**/**/**/**/**/**/**/*.jsonl", "sub/../*.jsonl",
-                                     "./**/corpus.jsonl"])
+@pytest.mark.parametrize(
+    "pattern", ["**/**/**/**/**/**/**/**/*.jsonl", "sub/../*.jsonl", "./**/corpus.jsonl"]
+)
 def test_odd_globs_match_each_file_once(place, pattern):
     target, root, _ = place
     code, details, messages = stream(target, spec([pattern]))
@@ -176,4 +218,3 @@ def test_a_glob_follows_links_to_folders_inside_the_roots(place):
         link.symlink_to(root / "sub", target_is_directory=True)
     code, details, messages = stream(target, spec(["shards/**/*.jsonl"]))
     assert code == grpc.StatusCode.OK, details  # sub/inner_link.jsonl, reached by the link
-

@@ -22,10 +22,12 @@ def test_the_server_runs_a_bounded_way_ahead_of_the_loop(tmp_path, make_spec, pr
     # What flow control allows: the client's window (prefetch + the batch in hand) less one,
     # plus one message; the server's queue holds batches produced, not sent. The issue's
     # bound adds `depth` to it.
-    bound = prefetch + batches_per_message(spec.batch.size, spec.batch.seq_len,
-                                           MESSAGE_TOKENS)
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=depth)) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec, prefetch=prefetch) as it:
+    bound = prefetch + batches_per_message(spec.batch.size, spec.batch.seq_len, MESSAGE_TOKENS)
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=depth)) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec, prefetch=prefetch) as it,
+    ):
         next(it)
         most_ahead = 0
         start = time.monotonic()
@@ -42,8 +44,11 @@ def test_the_server_runs_a_bounded_way_ahead_of_the_loop(tmp_path, make_spec, pr
 
 def test_the_reported_demand_is_the_loops_pace(tmp_path, make_spec):
     spec = make_spec(order={"epochs": 0})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec, prefetch=2) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec, prefetch=2) as it,
+    ):
         next(it)
         first = time.monotonic()
         taken = 0
@@ -54,7 +59,9 @@ def test_the_reported_demand_is_the_loops_pace(tmp_path, make_spec):
         pace = taken / (time.monotonic() - first)
         (stream,) = client.info().streams
         assert abs(stream.consumed_batches_per_s - pace) <= 0.1 * pace, (
-            stream.consumed_batches_per_s, pace)
+            stream.consumed_batches_per_s,
+            pace,
+        )
         # The count travels on the call's own requests, a moment after the loop took the
         # batch: it reaches the server's figure soon, and never runs past the loop.
         deadline = time.monotonic() + 5.0

@@ -18,13 +18,15 @@ from input_server.data.roots import DataAccess
 from input_server.serving.server import Server, ServerConfig
 
 
-def call(target: str, spec: pb.PipelineSpec, take: int | None = None,
-         timeout: float = 60) -> tuple[grpc.StatusCode, str, int]:
+def call(
+    target: str, spec: pb.PipelineSpec, take: int | None = None, timeout: float = 60
+) -> tuple[grpc.StatusCode, str, int]:
     """(status, details, messages read) of a raw request; stops after `take` messages."""
     with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
-            pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=timeout)
+        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+            timeout=timeout,
+        )
         n = 0
         try:
             for _ in stream:
@@ -40,14 +42,19 @@ def call(target: str, spec: pb.PipelineSpec, take: int | None = None,
 @pytest.fixture
 def limited(tmp_path):
     """A server with small limits, data root the working directory (the tests' data)."""
-    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], stream_memory_mb=512,
-                          max_document_mb=1, max_files=20, max_workers=2, grace_s=1)
+    config = ServerConfig(
+        listen=[f"unix://{tmp_path}/s.sock"],
+        stream_memory_mb=512,
+        max_document_mb=1,
+        max_files=20,
+        max_workers=2,
+        grace_s=1,
+    )
     with Server(config) as srv:
         yield srv.targets[0]
 
 
-def test_a_spec_that_cannot_fit_its_memory_budget_is_refused_and_others_flow(limited,
-                                                                             make_spec):
+def test_a_spec_that_cannot_fit_its_memory_budget_is_refused_and_others_flow(limited, make_spec):
     huge = make_spec().to_proto()
     huge.batch.size, huge.batch.seq_len = 2048, 1 << 20
     start = time.monotonic()
@@ -68,7 +75,8 @@ def write_docs(path, docs) -> str:
 
 
 def test_a_document_over_the_limit_is_invalid_argument_naming_file_line_and_limit(
-        limited, make_spec, docs, tmp_path):
+    limited, make_spec, docs, tmp_path
+):
     big = "word " * 600_000  # 3 MB, over the server's 1 MB
     path = write_docs(tmp_path / "big.jsonl", [docs[0], docs[1], big, docs[2]])
     for packing in ("first_fit", "concat_then_split"):
@@ -94,8 +102,7 @@ class _CountingProcessor:
         return getattr(self.sp, name)
 
 
-def test_a_long_document_is_not_tokenized_whole_to_learn_from_the_sample(make_spec, docs,
-                                                                          tmp_path):
+def test_a_long_document_is_not_tokenized_whole_to_learn_from_the_sample(make_spec, docs, tmp_path):
     """The sample that learns characters per token takes a prefix of each document: the
     tokenizer's sample learning once tokenized the first 64 documents whole (a 200 MB one
     took the server down)."""
@@ -125,7 +132,7 @@ def test_more_files_than_the_limit_is_invalid_argument(limited, make_spec, docs,
     folder = tmp_path / "many"
     folder.mkdir()
     for i in range(25):
-        write_docs(folder / f"{i:02}.jsonl", docs[i * 4:(i + 1) * 4])
+        write_docs(folder / f"{i:02}.jsonl", docs[i * 4 : (i + 1) * 4])
     rel = os.path.relpath(folder)
     code, details, _ = call(limited, make_spec(source={"paths": [f"{rel}/*.jsonl"]}).to_proto())
     assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -151,8 +158,15 @@ def test_worker_processes_are_capped_across_streams(limited, make_spec):
     assert "workers.count" in details and "--max-workers 2" in details
     endless = make_spec(workers={"count": 2}, order={"epochs": 0})
     with grpc.insecure_channel(limited) as channel:
-        first = pb_grpc.InputServiceStub(channel).StreamBatches(iter([
-            pb.StreamBatchesRequest(spec=endless.to_proto(), protocol_version=PROTOCOL_VERSION)]))
+        first = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter(
+                [
+                    pb.StreamBatchesRequest(
+                        spec=endless.to_proto(), protocol_version=PROTOCOL_VERSION
+                    )
+                ]
+            )
+        )
         next(first)  # both processes held
         code, details, _ = call(limited, make_spec(workers={"count": 1}).to_proto())
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -183,7 +197,12 @@ def test_a_request_over_the_size_limit_is_refused_before_it_is_read(limited, mak
 def test_a_named_pipeline_over_the_worker_cap_stops_the_start(tmp_path, make_spec):
     """Else every stream of it would wait for processes it can never get."""
     with pytest.raises(Exception) as e:
-        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2,
-                            pipelines={"big": make_spec(workers={"count": 3})}))
+        Server(
+            ServerConfig(
+                listen=[f"unix://{tmp_path}/s.sock"],
+                max_workers=2,
+                pipelines={"big": make_spec(workers={"count": 3})},
+            )
+        )
     assert "'big'" in str(e.value) and "--max-workers 2" in str(e.value)
     assert not os.path.exists(tmp_path / "s.sock")

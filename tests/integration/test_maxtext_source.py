@@ -18,14 +18,16 @@ from tests.support import run_pipeline
 
 
 def _source(client, spec, pad_id=-1):
-    return ServerSource(lambda state: client.batches(spec, state=state), pad_id=pad_id,
-                        packing=spec.batch.packing)
+    return ServerSource(
+        lambda state: client.batches(spec, state=state), pad_id=pad_id, packing=spec.batch.packing
+    )
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
     return len(a) == len(b) and all(
         sorted(x) == sorted(y) and all(np.array_equal(x[k], y[k]) for k in x)
-        for x, y in zip(a, b, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_the_server_describes_the_specs_model(client, make_spec, spm_model):
@@ -34,7 +36,12 @@ def test_the_server_describes_the_specs_model(client, make_spec, spm_model):
     info = client.describe_tokenizer(make_spec())
     sp = spm.SentencePieceProcessor(model_file=spm_model)
     assert (info.vocab_size, info.pad_id, info.bos_id, info.eos_id, info.unk_id) == (
-        sp.vocab_size(), sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id())
+        sp.vocab_size(),
+        sp.pad_id(),
+        sp.bos_id(),
+        sp.eos_id(),
+        sp.unk_id(),
+    )
     assert info.sha256 == hashlib.sha256(open(spm_model, "rb").read()).hexdigest()
 
 
@@ -105,14 +112,18 @@ def test_each_eval_pass_is_the_same_finite_pass(client, make_spec):
 
 
 def _documents(source) -> Counter:
-    return Counter(tuple(row[seg == i]) for b in source
-                   for row, seg in zip(b["inputs"], b["inputs_segmentation"], strict=True)
-                   for i in range(1, int(seg.max()) + 1))
+    return Counter(
+        tuple(row[seg == i])
+        for b in source
+        for row, seg in zip(b["inputs"], b["inputs_segmentation"], strict=True)
+        for i in range(1, int(seg.max()) + 1)
+    )
 
 
 def test_two_hosts_shards_split_the_documents(client, make_spec):
     spec = make_spec(order={"shuffle": False, "epochs": 1})
-    parts = [_documents(_source(client, spec.replace(shard={"index": i, "count": 2})))
-             for i in (0, 1)]
+    parts = [
+        _documents(_source(client, spec.replace(shard={"index": i, "count": 2}))) for i in (0, 1)
+    ]
     assert parts[0] and parts[1] and parts[0] != parts[1]
     assert parts[0] + parts[1] == _documents(_source(client, spec))  # each once, none lost

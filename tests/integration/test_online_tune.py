@@ -1,4 +1,4 @@
-""""auto" tuned on the live stream (`serving/retune.py`, `autotune/online.py`): a stream starts
+""" "auto" tuned on the live stream (`serving/retune.py`, `autotune/online.py`): a stream starts
 at once, moves to the fewest workers that meet its loop's demand, follows the demand when it
 moves, and every batch stays the bytes a fixed count gives."""
 
@@ -23,8 +23,11 @@ def settled(stream) -> bool:
 
 def test_an_auto_stream_starts_at_once_and_tunes_while_it_serves(tmp_path, make_spec):
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 5})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):
         next(it)
         (first,) = client.info().streams
         stream = consume_until(it, client, settled, pace=50)
@@ -38,8 +41,11 @@ def test_an_auto_stream_starts_within_its_specs_memory_budget(tmp_path, make_spe
     # 8 MiB is one thread's group of documents in flight: the stream starts with one thread,
     # as its search would allow, not with the host's default.
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "ram_budget_mb": 8})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):
         next(it)
         (first,) = client.info().streams
     assert (first.worker_processes, first.worker_threads) == (0, 1), first.worker_reason
@@ -71,15 +77,26 @@ def test_a_throttled_loop_gets_few_workers_and_a_faster_loop_gets_more(tmp_path,
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 15})
     one = one_thread_rate(spec)
     got: list = []
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"],
-                             pipelines={"slow": slow_pipeline(spec)})) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches("slow") as it:
+    with (
+        Server(
+            ServerConfig(
+                listen=[f"unix://{tmp_path}/s.sock"], pipelines={"slow": slow_pipeline(spec)}
+            )
+        ) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches("slow") as it,
+    ):
         slow = consume_until(it, client, settled, pace=one / 4, into=got)
         assert (slow.worker_processes, slow.worker_threads) == (0, 1), slow
         assert slow.worker_tuning.reason == "target met"
         assert abs(slow.demand_batches_per_s - one / 4) <= 0.2 * one / 4, slow
-        fast = consume_until(it, client, lambda s: settled(s) and len(s.switches) > len(
-            slow.switches) and s.worker_threads > 1, pace=1.5 * one, into=got)
+        fast = consume_until(
+            it,
+            client,
+            lambda s: settled(s) and len(s.switches) > len(slow.switches) and s.worker_threads > 1,
+            pace=1.5 * one,
+            into=got,
+        )
     retuned = fast.switches[len(slow.switches)]
     assert retuned.reason.startswith("re-tuning: "), fast.switches
     assert retuned.from_threads == 1
@@ -88,12 +105,15 @@ def test_a_throttled_loop_gets_few_workers_and_a_faster_loop_gets_more(tmp_path,
     assert_same_batches(got, run_pipeline(Pipeline(spec), limit=len(got)))
 
 
-def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(tmp_path,
-                                                                                make_spec):
+def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(
+    tmp_path, make_spec
+):
     """A target no parallelism meets walks the whole ladder, worker processes included, within
     the server's --max-workers; the processes return to the server when the stream ends."""
-    spec = make_spec(order={"epochs": 0},
-                     workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6})
+    spec = make_spec(
+        order={"epochs": 0},
+        workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6},
+    )
     fixed = make_spec(order={"epochs": 0}, workers={"count": 2})
     got: list = []
     config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2)
@@ -110,13 +130,15 @@ def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(
 
 
 def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(tmp_path, make_spec):
-    spec = make_spec(order={"epochs": 0},
-                     workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6})
+    spec = make_spec(
+        order={"epochs": 0},
+        workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6},
+    )
     cache = tmp_path / "tune"
-    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=1,
-                          tune_cache=str(cache))
-    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
-            client.batches(spec) as it:
+    config = ServerConfig(
+        listen=[f"unix://{tmp_path}/s.sock"], max_workers=1, tune_cache=str(cache)
+    )
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, client.batches(spec) as it:
         stream = consume_until(it, client, settled, timeout=60)
     skipped = [m for m in stream.worker_tuning.measurements if m.skipped == SERVER_CAP]
     assert skipped and stream.worker_processes <= 1, stream
@@ -124,7 +146,8 @@ def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(tmp_pat
 
 
 def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_back(
-        make_spec, monkeypatch):
+    make_spec, monkeypatch
+):
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch, Step
     from input_server.batching.meter import LiveMeter
@@ -146,8 +169,9 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
     monkeypatch.setattr(pipeline, "stream", no_worker_processes)
     pool = ProcessPool(2)
     search = OnlineSearch((0, 1), cpus=2, default_threads=default_threads)
-    tuner = StreamTuner(stream, search, taken=lambda: 0, processes=pool, reserved=0,
-                        remember=lambda tuning: None)
+    tuner = StreamTuner(
+        stream, search, taken=lambda: 0, processes=pool, reserved=0, remember=lambda tuning: None
+    )
     stop = threading.Event()
 
     def loop():
@@ -157,16 +181,23 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
     consumer = threading.Thread(target=loop, daemon=True)
     consumer.start()
     try:
-        measured = Window(seconds=1.0, batches=10, tokens=1000, groups=10, group_s=1.0,
-                          waiting_s=0.0, blocked_s=0.0, workers=1)
+        measured = Window(
+            seconds=1.0,
+            batches=10,
+            tokens=1000,
+            groups=10,
+            group_s=1.0,
+            waiting_s=0.0,
+            blocked_s=0.0,
+            workers=1,
+        )
         search.observe(measured, demand=None, now=1.0, cpu_cores=1.0, rss_mb=0.0)
         tuner._follow(Step(to=(1, 1), reason="test: one worker process"), measured, None)
         # The stage that would not open left no trace but a skipped row, held no process,
         # and the search went on to a parallelism that opens.
         assert (pool.free(), tuner.reserved) == (2, 0)
         assert (1, 1) not in [s.to for s in tuner.history]
-        assert any((m.processes, m.threads, m.skipped) == (1, 1, SERVER_CAP)
-                   for m in search.rows)
+        assert any((m.processes, m.threads, m.skipped) == (1, 1, SERVER_CAP) for m in search.rows)
         assert stream.workers.processes == 0
     finally:
         stop.set()

@@ -27,7 +27,7 @@ def test_resume_from_any_state_continues_exactly(make_spec, packing):
     for i in (0, 3, len(full) // 2, len(full) - 2):
         # The state travels as JSON, as a trainer's checkpoint would keep it.
         state = json.loads(json.dumps(full[i].state))
-        assert_same_batches(run_pipeline(spec, state), full[i + 1:])
+        assert_same_batches(run_pipeline(spec, state), full[i + 1 :])
 
 
 def test_resume_with_another_worker_count_continues_exactly(make_spec):
@@ -43,8 +43,9 @@ def test_epochs_reshuffle_and_repeat(make_spec):
     assert abs(sum(b.num_tokens for b in two) - 2 * tokens_one) < 0.01 * tokens_one
     # The second epoch is a new permutation, not a replay of the first (the arrays compared:
     # the sequence numbers differ anyway).
-    assert not same_batches([b.arrays for b in two[len(one) + 1:len(one) + 4]],
-                            [b.arrays for b in one[1:4]])
+    assert not same_batches(
+        [b.arrays for b in two[len(one) + 1 : len(one) + 4]], [b.arrays for b in one[1:4]]
+    )
     forever = run_pipeline(make_spec(order={"epochs": 0}), limit=3 * len(one))
     assert len(forever) == 3 * len(one)
 
@@ -97,11 +98,13 @@ def test_group_size_bounds_the_text_tokenized_and_the_text_held(make_spec, docs,
 
     # Long documents (~120k characters): with a short seq_len little of each is tokenized, so
     # the tokenized text alone would allow thousands a group; the text held must bound it.
-    long_docs = [" ".join(docs[i:i + 300]) for i in range(0, 600, 20)]
+    long_docs = [" ".join(docs[i : i + 300]) for i in range(0, 600, 20)]
     mean_raw = sum(map(len, long_docs)) / len(long_docs)
     assert mean_raw > 50_000
-    spec = make_spec(source={"paths": [write_jsonl(long_docs, str(tmp_path / "long.jsonl"))]},
-                     batch={"seq_len": 16, "size": 4})
+    spec = make_spec(
+        source={"paths": [write_jsonl(long_docs, str(tmp_path / "long.jsonl"))]},
+        batch={"seq_len": 16, "size": 4},
+    )
     pipeline = Pipeline(spec)
     assert MIN_GROUP <= pipeline.group_size <= max(MIN_GROUP, GROUP_RAW_CHARS / mean_raw * 1.5)
     # Short documents, none cut (seq_len 2048): about GROUP_CHARS of text a group.

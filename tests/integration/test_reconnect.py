@@ -27,8 +27,10 @@ def test_drained_server_replaced_on_the_same_socket_continues_exactly(tmp_path, 
     replacement = threading.Timer(0.5, lambda: servers.append(Server(config)))
     got = []
     try:
-        with InputClient(first.targets[0]) as client, \
-                client.batches(spec, reconnect_deadline_s=30) as it:
+        with (
+            InputClient(first.targets[0]) as client,
+            client.batches(spec, reconnect_deadline_s=30) as it,
+        ):
             got += [next(it) for _ in range(10)]
             first.stop()  # SIGTERM's path: streams end with UNAVAILABLE, the socket goes
             replacement.start()
@@ -45,9 +47,10 @@ def test_drained_server_replaced_on_the_same_socket_continues_exactly(tmp_path, 
 
 def test_server_gone_for_good_raises_after_the_deadline_not_a_hang(tmp_path, make_spec):
     srv = Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], grace_s=1))
-    with InputClient(srv.targets[0]) as client, \
-            client.batches(make_spec(order={"epochs": 0}), prefetch=1,
-                           reconnect_deadline_s=1.5) as it:
+    with (
+        InputClient(srv.targets[0]) as client,
+        client.batches(make_spec(order={"epochs": 0}), prefetch=1, reconnect_deadline_s=1.5) as it,
+    ):
         next(it)
         next(it)
         start = time.monotonic()
@@ -140,8 +143,7 @@ def proxied(tmp_path):
         yield start
 
 
-def test_stream_ended_without_its_end_marker_is_resumed_not_taken_as_the_end(proxied,
-                                                                             make_spec):
+def test_stream_ended_without_its_end_marker_is_resumed_not_taken_as_the_end(proxied, make_spec):
     spec = make_spec(order={"epochs": 2})
     target, _ = proxied(cut_after=3)
     with InputClient(target) as client, client.batches(spec, reconnect_deadline_s=30) as it:

@@ -38,9 +38,12 @@ def test_resume_with_different_worker_count_over_the_wire(client, make_spec):
 
 def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
     spec = make_spec(order={"epochs": 0})  # endless, so the stream is still open for info
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"],
-                             pipelines={"small": spec})) as srv, \
-            InputClient(srv.targets[0]) as client:
+    with (
+        Server(
+            ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], pipelines={"small": spec})
+        ) as srv,
+        InputClient(srv.targets[0]) as client,
+    ):
         with client.batches("small") as it:
             # The first epoch of an endless stream is the one-epoch stream.
             assert_same_batches([next(it), next(it)], run_pipeline(make_spec(), limit=2))
@@ -57,25 +60,49 @@ def test_named_pipeline_streams_and_info_describes_it(tmp_path, make_spec):
         assert e.value.code == grpc.StatusCode.NOT_FOUND and "'nope'" in e.value.details
 
 
-@pytest.mark.parametrize("tables, code, words", [
-    ({"batch": {"size": 0}}, "INVALID_ARGUMENT", ["`batch.size`", "0"]),
-    ({"batch": {"packing": "zigzag"}}, "INVALID_ARGUMENT", ["`batch.packing`", "zigzag"]),
-    ({"shard": {"index": 3, "count": 2}}, "INVALID_ARGUMENT", ["`shard.index`", "3"]),
-    ({"source": {"format": "csv"}}, "INVALID_ARGUMENT", ["`source.format`", "csv"]),
-    ({"source": {"text_field": "body"}}, "INVALID_ARGUMENT", ["text_field", "body"]),
-    ({"workers": {"count": "lots"}}, "INVALID_ARGUMENT", ["`workers.count`", "lots"]),
-    # Relative: inside the server's data root (its working directory, pytest's basetemp).
-    ({"source": {"paths": ["no/such/file.jsonl"]}}, "NOT_FOUND", ["no/such/file.jsonl"]),
-    ({"source": {"paths": ["no_such_*.jsonl"]}}, "NOT_FOUND", ["glob", "no_such_*.jsonl"]),
-    ({"tokenizer": {"model": "no/such.model"}}, "NOT_FOUND", ["tokenizer.model",
-                                                              "no/such.model"]),
-    # Outside it: refused whether or not the file exists.
-    ({"source": {"paths": ["/no/such/file.jsonl"]}}, "PERMISSION_DENIED",
-     ["/no/such/file.jsonl", "data roots"]),
-    ({"tokenizer": {"model": "/etc/hostname"}}, "PERMISSION_DENIED",
-     ["tokenizer.model", "/etc/hostname", "data roots"]),
-], ids=["size", "packing", "shard", "format", "text_field", "workers", "missing-file",
-        "empty-glob", "missing-model", "outside-file", "outside-model"])
+@pytest.mark.parametrize(
+    "tables, code, words",
+    [
+        ({"batch": {"size": 0}}, "INVALID_ARGUMENT", ["`batch.size`", "0"]),
+        ({"batch": {"packing": "zigzag"}}, "INVALID_ARGUMENT", ["`batch.packing`", "zigzag"]),
+        ({"shard": {"index": 3, "count": 2}}, "INVALID_ARGUMENT", ["`shard.index`", "3"]),
+        ({"source": {"format": "csv"}}, "INVALID_ARGUMENT", ["`source.format`", "csv"]),
+        ({"source": {"text_field": "body"}}, "INVALID_ARGUMENT", ["text_field", "body"]),
+        ({"workers": {"count": "lots"}}, "INVALID_ARGUMENT", ["`workers.count`", "lots"]),
+        # Relative: inside the server's data root (its working directory, pytest's basetemp).
+        ({"source": {"paths": ["no/such/file.jsonl"]}}, "NOT_FOUND", ["no/such/file.jsonl"]),
+        ({"source": {"paths": ["no_such_*.jsonl"]}}, "NOT_FOUND", ["glob", "no_such_*.jsonl"]),
+        (
+            {"tokenizer": {"model": "no/such.model"}},
+            "NOT_FOUND",
+            ["tokenizer.model", "no/such.model"],
+        ),
+        # Outside it: refused whether or not the file exists.
+        (
+            {"source": {"paths": ["/no/such/file.jsonl"]}},
+            "PERMISSION_DENIED",
+            ["/no/such/file.jsonl", "data roots"],
+        ),
+        (
+            {"tokenizer": {"model": "/etc/hostname"}},
+            "PERMISSION_DENIED",
+            ["tokenizer.model", "/etc/hostname", "data roots"],
+        ),
+    ],
+    ids=[
+        "size",
+        "packing",
+        "shard",
+        "format",
+        "text_field",
+        "workers",
+        "missing-file",
+        "empty-glob",
+        "missing-model",
+        "outside-file",
+        "outside-model",
+    ],
+)
 def test_invalid_spec_is_refused_with_status_and_message(target, make_spec, tables, code, words):
     # Sent as any client could send it: the client's own PipelineSpec refuses most of these
     # before they leave (tests/unit/test_spec.py), so the proto is edited after the fact.
@@ -112,13 +139,18 @@ def test_bad_resume_state_is_invalid(client, make_spec):
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "worker-process"])
 def test_bad_record_mid_stream_is_data_loss_naming_file_and_line_not_retried(
-        client, make_spec, docs, tmp_path, workers):
+    client, make_spec, docs, tmp_path, workers
+):
     path = tmp_path / "broken.jsonl"
     lines = [json.dumps({"text": d}) for d in docs[:300]]
     lines[150] = '{"text": "unterminated'
     path.write_text("\n".join(lines) + "\n")
-    it = client.batches(make_spec(source={"paths": [str(path)]}, order={"shuffle": False},
-                                  workers={"count": workers}), reconnect_deadline_s=60)
+    it = client.batches(
+        make_spec(
+            source={"paths": [str(path)]}, order={"shuffle": False}, workers={"count": workers}
+        ),
+        reconnect_deadline_s=60,
+    )
     start = time.monotonic()
     with pytest.raises(StreamError) as e:
         list(it)
@@ -147,8 +179,10 @@ def test_concurrent_streams_each_get_their_own_data(server, make_spec):
 
 
 def test_stream_limit_gives_resource_exhausted_and_health_still_answers(tmp_path, make_spec):
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_streams=1)) as srv, \
-            InputClient(srv.targets[0]) as client:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_streams=1)) as srv,
+        InputClient(srv.targets[0]) as client,
+    ):
         with client.batches(make_spec(order={"epochs": 0})) as first:
             next(first)
             with pytest.raises(StreamError) as e:
@@ -162,8 +196,10 @@ def test_slow_client_keeps_server_queue_bounded(tmp_path, make_spec):
     # flow-control window holds only a few; unbounded, the pipeline would make hundreds while
     # the client sleeps.
     spec = make_spec(batch={"seq_len": 2048, "size": 64}, order={"epochs": 0})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=2)) as srv, \
-            InputClient(srv.targets[0]) as client:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], queue_depth=2)) as srv,
+        InputClient(srv.targets[0]) as client,
+    ):
         with client.batches(spec, prefetch=1) as it:
             next(it)
             time.sleep(3)  # a stalled trainer; unbounded, the pipeline would make hundreds
@@ -235,8 +271,7 @@ def test_small_batches_share_messages_each_whole_and_in_order(target, make_spec)
 def test_batches_of_a_full_message_travel_alone(target, make_spec):
     from input_server.serving.coalesce import MESSAGE_TOKENS
 
-    spec = make_spec(batch={"seq_len": 1024, "size": MESSAGE_TOKENS // 1024},
-                     order={"epochs": 8})
+    spec = make_spec(batch={"seq_len": 1024, "size": MESSAGE_TOKENS // 1024}, order={"epochs": 8})
     messages = raw_messages(target, spec, pause_s=0.5)
     assert len(messages) > 2 and not any(m.following for m in messages)
 
@@ -272,8 +307,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
             sent = time.monotonic()
             first = msg.sequence_number
             # When batch `first` was made: when the count first reached past it.
-            waits.append(sent - min((t for n, t in list(made.items()) if n > first),
-                                    default=sent))
+            waits.append(sent - min((t for n, t in list(made.items()) if n > first), default=sent))
             sizes.append(1 + len(msg.following))
             if len(sizes) == 12:
                 break
@@ -296,15 +330,17 @@ def test_stream_request_of_another_wire_protocol_is_refused(target, make_spec, v
 
     with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
-        call = stub.StreamBatches(iter([pb.StreamBatchesRequest(spec=make_spec().to_proto(),
-                                                          protocol_version=version)]))
+        call = stub.StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=make_spec().to_proto(), protocol_version=version)])
+        )
         with pytest.raises(grpc.RpcError) as e:
             next(call)
         assert stub.GetInfo(pb.GetInfoRequest()).protocol_version == PROTOCOL_VERSION
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     theirs = "one from before versions were sent" if version == 0 else str(version)
-    assert (f"speaks wire protocol {PROTOCOL_VERSION}; the client speaks {theirs}"
-            in e.value.details())
+    assert (
+        f"speaks wire protocol {PROTOCOL_VERSION}; the client speaks {theirs}" in e.value.details()
+    )
 
 
 def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spec):
@@ -317,8 +353,10 @@ def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spe
     assert max(1 + len(m.following) for m in four) == 4  # 512 // 128, the queue full
     from input_client.wire import decode_batch
 
-    batches = [[decode_batch(b.tensors) for m in ms for b in (m, *m.following)
-                if not b.end_of_data] for ms in (alone, four)]
+    batches = [
+        [decode_batch(b.tensors) for m in ms for b in (m, *m.following) if not b.end_of_data]
+        for ms in (alone, four)
+    ]
     assert_same_batches(batches[0], batches[1])  # the same batches either way
     with pytest.raises(ValueError, match="message_tokens"):
         ServerConfig(message_tokens=0)
@@ -326,11 +364,13 @@ def test_message_tokens_sets_how_many_batches_share_a_message(tmp_path, make_spe
 
 def test_workers_threads_sets_the_threads_of_a_fixed_count(tmp_path, make_spec):
     spec = make_spec(workers={"count": 0, "threads": 3})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):
         got = [next(it), next(it)]
         (stream,) = client.info().streams
     assert (stream.worker_processes, stream.worker_threads) == (0, 3)
     assert "workers.threads" in stream.worker_reason
     assert_same_batches(got, run_pipeline(make_spec(), limit=2))
-

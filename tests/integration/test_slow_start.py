@@ -19,14 +19,16 @@ def slow_server(tmp_path, spec) -> Server:
     pipeline = SlowPipeline(spec, delay_s=0.0)  # its sample of 64 records read at once
     pipeline.source.delay_s = 0.4
     pipeline.group_size = MIN_GROUP
-    return Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"],
-                               pipelines={"slow": pipeline}))
+    return Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], pipelines={"slow": pipeline}))
 
 
 def test_a_slow_first_batch_says_why_once(tmp_path, make_spec, caplog):
     spec = make_spec(workers={"count": "auto"})
-    with slow_server(tmp_path, spec) as srv, InputClient(srv.targets[0]) as client, \
-            caplog.at_level(logging.WARNING, logger="input_client"):
+    with (
+        slow_server(tmp_path, spec) as srv,
+        InputClient(srv.targets[0]) as client,
+        caplog.at_level(logging.WARNING, logger="input_client"),
+    ):
         with client.batches("slow") as it:
             next(it)
             next(it)
@@ -34,8 +36,10 @@ def test_a_slow_first_batch_says_why_once(tmp_path, make_spec, caplog):
     assert len(lines) == 1, lines
     assert "making its first batch" in lines[0]
     threads = default_threads(0)  # the provisional start: in process, the default threads
-    assert (f"stream 1 (slow): 0 batches produced, 0 processes x {threads} threads (searching)"
-            in lines[0])
+    assert (
+        f"stream 1 (slow): 0 batches produced, 0 processes x {threads} threads (searching)"
+        in lines[0]
+    )
 
 
 def test_info_lists_a_stream_from_its_first_moment(tmp_path, make_spec):
@@ -58,9 +62,11 @@ def test_info_lists_a_stream_from_its_first_moment(tmp_path, make_spec):
 
 
 def test_a_fast_first_batch_says_nothing(tmp_path, make_spec, caplog):
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, \
-            caplog.at_level(logging.WARNING, logger="input_client"):
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        caplog.at_level(logging.WARNING, logger="input_client"),
+    ):
         with client.batches(make_spec()) as it:
             next(it)
     assert not [r for r in caplog.records if "no first batch" in r.getMessage()]

@@ -24,7 +24,11 @@ def test_a_second_serve_on_a_live_socket_refuses_and_leaves_the_first_reachable(
     with Server(ServerConfig(listen=[target])):
         second = subprocess.run(
             [sys.executable, "-m", "input_server.cli", "serve", "--listen", target],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert second.returncode == 2
         assert "in use by a running server" in second.stderr
         assert "Traceback" not in second.stderr

@@ -48,26 +48,31 @@ def plain_batches(make_spec, plain):
 
 @pytest.mark.parametrize("kind", [k for k in FORMATS if k != "jsonl-plain"])
 def test_format_gives_byte_identical_batches_to_plain_jsonl(
-        kind, some_docs, make_spec, plain_batches, tmp_path):
+    kind, some_docs, make_spec, plain_batches, tmp_path
+):
     """Same documents in any format (shuffled, custom text_field) -> the plain-jsonl batches."""
     _, source = write_format(kind, some_docs, tmp_path)
     assert_same_batches(run_pipeline(make_spec(source=source)), plain_batches)
 
 
 def test_shuffle_seed_changes_batches_so_format_comparison_is_not_vacuous(
-        make_spec, plain, plain_batches):
+    make_spec, plain, plain_batches
+):
     """Another seed gives other batches: the format comparison would notice a reordering."""
     other = run_pipeline(make_spec(source={"paths": [plain]}, order={"seed": 1}))
-    assert any(a.arrays["inputs"].tobytes() != b.arrays["inputs"].tobytes()
-               for a, b in zip(other, plain_batches, strict=False))
+    assert any(
+        a.arrays["inputs"].tobytes() != b.arrays["inputs"].tobytes()
+        for a, b in zip(other, plain_batches, strict=False)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. Many files and globs
 
 
-@pytest.mark.parametrize("how", ["glob-sorted-by-path", "explicit-list", "recursive-glob",
-                                 "glob-with-an-empty-file"])
+@pytest.mark.parametrize(
+    "how", ["glob-sorted-by-path", "explicit-list", "recursive-glob", "glob-with-an-empty-file"]
+)
 def test_files_read_in_path_order_match_one_file(how, some_docs, make_spec, plain, tmp_path):
     """Docs split over 3 files (written out of order) read as one file with all docs in order."""
     parts = split3(some_docs)
@@ -107,8 +112,7 @@ def messy_jsonl(docs) -> bytes:
 
 
 @pytest.mark.parametrize("compress", ["plain", "gz"])
-def test_blank_lines_and_crlf_are_skipped(compress, some_docs, make_spec, plain_batches,
-                                          tmp_path):
+def test_blank_lines_and_crlf_are_skipped(compress, some_docs, make_spec, plain_batches, tmp_path):
     """A file with blank lines and CRLF endings gives the batches of the clean file."""
     data = messy_jsonl(some_docs)
     name = "messy.jsonl"
@@ -120,11 +124,10 @@ def test_blank_lines_and_crlf_are_skipped(compress, some_docs, make_spec, plain_
 
 
 @pytest.mark.parametrize("ending", ["lf", "crlf"])
-def test_last_line_without_newline_is_read(ending, some_docs, make_spec, plain_batches,
-                                           tmp_path):
+def test_last_line_without_newline_is_read(ending, some_docs, make_spec, plain_batches, tmp_path):
     """A final line with no newline after it is still a record."""
     nl = "\r\n" if ending == "crlf" else "\n"
-    data = jsonl_bytes(some_docs, newline=nl)[:-len(nl)]
+    data = jsonl_bytes(some_docs, newline=nl)[: -len(nl)]
     assert not data.endswith(b"\n")
     path = write_bytes(tmp_path / "no-final-newline.jsonl", data)
     reader = JsonlReader(path, "text")
@@ -137,8 +140,7 @@ def test_last_line_without_newline_is_read(ending, some_docs, make_spec, plain_b
 # 4. Errors name the file and the record
 
 
-def test_corrupt_json_line_mid_file_raises_record_error_with_line(some_docs, make_spec,
-                                                                 tmp_path):
+def test_corrupt_json_line_mid_file_raises_record_error_with_line(some_docs, make_spec, tmp_path):
     """A bad line in the middle: RecordError naming the path and the file's line number."""
     lines = jsonl_bytes(some_docs[:100]).splitlines(keepends=True)
     lines[40] = b'{"id": 40, "text": "unterminated\n'
@@ -216,8 +218,9 @@ def test_bad_tf_example_mid_file_names_file_and_record(bad, some_docs, make_spec
     records = [example_bytes(d) for d in some_docs[:100]]
     records[63] = b"\xff\xff\xff garbage" if bad == "not-a-proto" else example_bytes("x", "body")
     path = write_arrayrecord(tmp_path / "d.arrayrecord", records)
-    spec = make_spec(source={"paths": [path], "format": "arrayrecord",
-                             "record_format": "tf_example"})
+    spec = make_spec(
+        source={"paths": [path], "format": "arrayrecord", "record_format": "tf_example"}
+    )
     with pytest.raises(RecordError, match=re.escape(f"{path} record 63:")) as info:
         run_pipeline(spec)
     want = "not a serialized tf.train.Example" if bad == "not-a-proto" else "no feature 'text'"
@@ -236,22 +239,28 @@ def test_invalid_utf8_text_record_names_record(some_docs, make_spec, tmp_path):
 
 @pytest.mark.parametrize("alone", [True, False], ids=["alone", "beside-a-good-file"])
 @pytest.mark.parametrize("content", ["jsonl-text", "random-bytes-200k"])
-def test_non_arrayrecord_file_is_a_clear_error_naming_file(content, alone, some_docs, make_spec,
-                                                           tmp_path):
+def test_non_arrayrecord_file_is_a_clear_error_naming_file(
+    content, alone, some_docs, make_spec, tmp_path
+):
     """A file that is not ArrayRecord fails at Pipeline(spec) naming it, never reads as empty."""
-    data = jsonl_bytes(some_docs[:50]) if content == "jsonl-text" else random.Random(0).randbytes(
-        200_000)
+    data = (
+        jsonl_bytes(some_docs[:50])
+        if content == "jsonl-text"
+        else random.Random(0).randbytes(200_000)
+    )
     bad = write_bytes(tmp_path / "bad.arrayrecord", data)
     good = write_arrayrecord(tmp_path / "good.arrayrecord", [d.encode() for d in some_docs[:50]])
     paths = [bad] if alone else [good, bad]
     with pytest.raises(RecordError, match=re.escape(bad) + ": not a readable ArrayRecord file"):
-        Pipeline(make_spec(source={"paths": paths, "format": "arrayrecord",
-                                   "record_format": "text"}))
+        Pipeline(
+            make_spec(source={"paths": paths, "format": "arrayrecord", "record_format": "text"})
+        )
 
 
 @pytest.mark.parametrize("damage", ["gz-truncated", "zst-truncated", "zst-garbage"])
-def test_damaged_compressed_jsonl_is_record_error_naming_file(damage, some_docs, make_spec,
-                                                              tmp_path):
+def test_damaged_compressed_jsonl_is_record_error_naming_file(
+    damage, some_docs, make_spec, tmp_path
+):
     """A truncated or corrupt .gz/.zst file: RecordError naming it, not a silent short read."""
     data = jsonl_bytes(some_docs)
     if damage == "gz-truncated":
@@ -269,10 +278,12 @@ def test_damaged_compressed_jsonl_is_record_error_naming_file(damage, some_docs,
 # 5. Readers in Grain's worker processes
 
 
-@pytest.mark.parametrize("kind", ["jsonl-gz-text_field-body", "arrayrecord-tf_example",
-                                  "parquet-row-groups"])
+@pytest.mark.parametrize(
+    "kind", ["jsonl-gz-text_field-body", "arrayrecord-tf_example", "parquet-row-groups"]
+)
 def test_readers_in_a_grain_worker_process_give_the_same_batches(
-        kind, some_docs, make_spec, plain_batches, tmp_path):
+    kind, some_docs, make_spec, plain_batches, tmp_path
+):
     """Readers shipped to a spawned Grain worker process read the same data as in-process."""
     _, source = write_format(kind, some_docs, tmp_path)
     spec = make_spec(source=source)

@@ -35,8 +35,9 @@ def raw_stream(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> 
     """Streams a request as any client could send it (no client-side validation)."""
     with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
-        request = pb.StreamBatchesRequest(spec=spec_proto, resume_state=state,
-                                          protocol_version=PROTOCOL_VERSION)
+        request = pb.StreamBatchesRequest(
+            spec=spec_proto, resume_state=state, protocol_version=PROTOCOL_VERSION
+        )
         return list(stub.StreamBatches(iter([request]), timeout=60))
 
 
@@ -48,8 +49,11 @@ def status(target: str, spec_proto: pb.PipelineSpec, state: bytes = b"") -> grpc
     return e.value
 
 
-@pytest.mark.parametrize("count", ["²", "٣", "9" * 5000, "-1", "1e3"],
-                         ids=["superscript", "arabic-indic", "5000-digits", "negative", "float"])
+@pytest.mark.parametrize(
+    "count",
+    ["²", "٣", "9" * 5000, "-1", "1e3"],
+    ids=["superscript", "arabic-indic", "5000-digits", "negative", "float"],
+)
 def test_a_worker_count_that_is_not_a_count_is_invalid_argument(target, make_spec, count):
     msg = make_spec().to_proto()
     msg.workers.count = count
@@ -58,18 +62,22 @@ def test_a_worker_count_that_is_not_a_count_is_invalid_argument(target, make_spe
     assert "workers.count" in e.details() and len(e.details()) < 400
 
 
-@pytest.mark.parametrize("state", [
-    b'{"version":1,"fingerprint":"FP","seq":Infinity,"doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":NaN,"doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":1e400,"doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":1180591620717411303424,"doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":"3","doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":true,"doc":0,"offset":0}',
-    b'{"version":1,"fingerprint":"FP","seq":0,"doc":1.5,"offset":0}',
-    b"[" * 100_000,
-    b"\xff\xfe",
-    b"[1, 2]",
-], ids=["infinity", "nan", "overflow", "2^70", "string", "bool", "float", "deep", "bytes", "list"])
+@pytest.mark.parametrize(
+    "state",
+    [
+        b'{"version":1,"fingerprint":"FP","seq":Infinity,"doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":NaN,"doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":1e400,"doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":1180591620717411303424,"doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":"3","doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":true,"doc":0,"offset":0}',
+        b'{"version":1,"fingerprint":"FP","seq":0,"doc":1.5,"offset":0}',
+        b"[" * 100_000,
+        b"\xff\xfe",
+        b"[1, 2]",
+    ],
+    ids=["infinity", "nan", "overflow", "2^70", "string", "bool", "float", "deep", "bytes", "list"],
+)
 def test_a_resume_state_this_server_did_not_write_is_invalid_argument(target, make_spec, state):
     spec = make_spec()
     state = state.replace(b"FP", spec.data_fingerprint().encode())
@@ -82,11 +90,13 @@ def test_a_tuning_budget_shorter_than_a_window_still_streams_and_settles(tmp_pat
     from tests.support import consume_until
 
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 0.5})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0], connect_timeout_s=10) as c, c.batches(spec) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0], connect_timeout_s=10) as c,
+        c.batches(spec) as it,
+    ):
         assert next(it)["inputs"].shape == (4, 128)
-        stream = consume_until(it, c, lambda s: s.tuning_state == "settled", pace=100,
-                               timeout=20)
+        stream = consume_until(it, c, lambda s: s.tuning_state == "settled", pace=100, timeout=20)
         assert next(it)["inputs"].shape == (4, 128)
     # The bound ends the search at the window after it expired: two candidates at most.
     measured = [m for m in stream.worker_tuning.measurements if m.batches_per_s > 0]
@@ -99,15 +109,16 @@ def _flipped_parquet(tmp_path, docs, compression: str) -> str:
     pq.write_table(pa.table({"text": docs}), path, row_group_size=200, compression=compression)
     data = bytearray(open(path, "rb").read())
     middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
     with open(path, "wb") as f:
         f.write(data)
     return path
 
 
 @pytest.mark.parametrize("compression", ["snappy", "zstd", "none"])
-def test_a_bit_flipped_parquet_file_is_data_loss_naming_it(target, make_spec, docs, tmp_path,
-                                                          compression):
+def test_a_bit_flipped_parquet_file_is_data_loss_naming_it(
+    target, make_spec, docs, tmp_path, compression
+):
     path = _flipped_parquet(tmp_path, docs[:1000], compression)
     spec = make_spec(source={"paths": [path], "format": "parquet"})
     e = status(target, spec.to_proto())
@@ -117,25 +128,38 @@ def test_a_bit_flipped_parquet_file_is_data_loss_naming_it(target, make_spec, do
 
 needs_setpriv = pytest.mark.skipif(
     os.geteuid() == 0 and shutil.which("setpriv") is None,
-    reason="as root, an unreadable file needs setpriv to drop the capability to read anyway")
+    reason="as root, an unreadable file needs setpriv to drop the capability to read anyway",
+)
 
 
 @needs_setpriv
 @pytest.mark.parametrize("which", ["source", "model"])
 def test_a_file_the_server_may_not_read_is_permission_denied_naming_it(
-        tmp_path, corpus, spm_model, make_spec, which):
+    tmp_path, corpus, spm_model, make_spec, which
+):
     secret = tmp_path / ("secret.jsonl" if which == "source" else "secret.model")
     shutil.copy(corpus if which == "source" else spm_model, secret)
     secret.chmod(0)
-    spec = make_spec(**({"source": {"paths": [str(secret)]}} if which == "source"
-                        else {"tokenizer": {"model": str(secret)}}))
+    spec = make_spec(
+        **(
+            {"source": {"paths": [str(secret)]}}
+            if which == "source"
+            else {"tokenizer": {"model": str(secret)}}
+        )
+    )
     sock = tmp_path / "s.sock"
     # Root reads any file; drop the capabilities that let it, as an ordinary user lacks them.
-    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
-              if os.geteuid() == 0 else [])
-    server = subprocess.Popen([*prefix, sys.executable, "-m", "input_server.cli", "serve",
-                               "--listen", f"unix://{sock}"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    prefix = (
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+        if os.geteuid() == 0
+        else []
+    )
+    server = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "input_server.cli", "serve", "--listen", f"unix://{sock}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not sock.exists() and time.monotonic() < deadline and server.poll() is None:
@@ -165,8 +189,10 @@ def test_the_status_table_maps_each_error_class_and_the_unexpected_to_internal()
     }
     for error, code in table.items():
         assert status_of(error) == (code, "x")
-    assert status_of(ZeroDivisionError("boom")) == (grpc.StatusCode.INTERNAL,
-                                                    "ZeroDivisionError: boom")
+    assert status_of(ZeroDivisionError("boom")) == (
+        grpc.StatusCode.INTERNAL,
+        "ZeroDivisionError: boom",
+    )
 
 
 def test_a_stream_error_reaching_the_client_names_its_status(client, make_spec, tmp_path):
@@ -180,8 +206,9 @@ def test_a_stream_error_reaching_the_client_names_its_status(client, make_spec, 
 def test_a_foreign_resume_state_is_refused_before_any_tuning(tmp_path, make_spec):
     # "auto" tunes for up to tune_seconds; a request refused for its state must not wait.
     spec = make_spec(workers={"count": "auto", "tune_seconds": 20})
-    foreign = json.dumps({"version": 1, "fingerprint": "0" * 16, "seq": 3, "doc": 9,
-                          "offset": 0}).encode()
+    foreign = json.dumps(
+        {"version": 1, "fingerprint": "0" * 16, "seq": 3, "doc": 9, "offset": 0}
+    ).encode()
     with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv:
         start = time.monotonic()
         e = status(srv.targets[0], spec.to_proto(), foreign)
@@ -194,15 +221,18 @@ def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spe
     # RESOURCE_EXHAUSTED instead of NOT_FOUND.
     with dial(target) as channel:
         stub = pb_grpc.InputServiceStub(channel)
-        request = pb.StreamBatchesRequest(pipeline_name="x" * (1 << 20),
-                                          protocol_version=PROTOCOL_VERSION)
+        request = pb.StreamBatchesRequest(
+            pipeline_name="x" * (1 << 20), protocol_version=PROTOCOL_VERSION
+        )
         with pytest.raises(grpc.RpcError) as e:
             list(stub.StreamBatches(iter([request]), timeout=60))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     assert "pipeline_name" in e.value.details() and len(e.value.details()) < 400
     msg = make_spec().to_proto()
-    for path, code in [("nonexistent/" + "y" * 100_000 + ".jsonl", "NOT_FOUND"),  # in the root
-                       ("/nonexistent/" + "y" * 100_000 + ".jsonl", "PERMISSION_DENIED")]:
+    for path, code in [
+        ("nonexistent/" + "y" * 100_000 + ".jsonl", "NOT_FOUND"),  # in the root
+        ("/nonexistent/" + "y" * 100_000 + ".jsonl", "PERMISSION_DENIED"),
+    ]:
         msg.source.paths[:] = [path]
         e = status(target, msg)
         assert e.code() == getattr(grpc.StatusCode, code) and len(e.details()) < 400

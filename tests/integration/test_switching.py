@@ -52,16 +52,14 @@ def test_a_switch_from_a_resumed_position(make_spec):
     pipeline = Pipeline(make_spec())
     want = run_pipeline(pipeline)
     state = want[6].state
-    with SwitchingStream(pipeline, pipeline.parse_state(state),
-                         Workers(0, 2, "start")) as stream:
+    with SwitchingStream(pipeline, pipeline.parse_state(state), Workers(0, 2, "start")) as stream:
         got = [next(stream)]
         stream.switch(Workers(1, 1, "test"))
         got += list(stream)
     assert_same_batches(got, want[7:])
 
 
-def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monkeypatch,
-                                                                   caplog):
+def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monkeypatch, caplog):
     spec = make_spec()
     pipeline = Pipeline(spec)
     with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:

@@ -1,4 +1,4 @@
-""""auto" choices remembered across server restarts (`autotune/remembered.py`): a restarted
+""" "auto" choices remembered across server restarts (`autotune/remembered.py`): a restarted
 server starts the spec's streams at the remembered parallelism at once; a corrupt or foreign
 cache file is ignored with a warning, never a failed stream."""
 
@@ -19,13 +19,40 @@ from input_server.serving.server import Server, ServerConfig
 
 
 def a_tuning() -> Tuning:
-    rows = (Measurement(processes=0, threads=1, batches_per_s=100.0, tokens_per_s=4e4,
-                        rss_mb=3.0, cpu_cores=0.9, startup_s=0.1, seconds=1.0, batches=100),
-            Measurement(processes=0, threads=2, batches_per_s=180.0, tokens_per_s=7e4,
-                        rss_mb=5.0, cpu_cores=1.7, startup_s=0.1, seconds=1.0, batches=180),
-            Measurement(processes=2, threads=1, skipped="max workers"))
-    return Tuning(processes=0, threads=2, reason="plateau", detail="180 batches/s",
-                  measurements=rows, ram_budget_mb=float("inf"), tune_seconds=2.5)
+    rows = (
+        Measurement(
+            processes=0,
+            threads=1,
+            batches_per_s=100.0,
+            tokens_per_s=4e4,
+            rss_mb=3.0,
+            cpu_cores=0.9,
+            startup_s=0.1,
+            seconds=1.0,
+            batches=100,
+        ),
+        Measurement(
+            processes=0,
+            threads=2,
+            batches_per_s=180.0,
+            tokens_per_s=7e4,
+            rss_mb=5.0,
+            cpu_cores=1.7,
+            startup_s=0.1,
+            seconds=1.0,
+            batches=180,
+        ),
+        Measurement(processes=2, threads=1, skipped="max workers"),
+    )
+    return Tuning(
+        processes=0,
+        threads=2,
+        reason="plateau",
+        detail="180 batches/s",
+        measurements=rows,
+        ram_budget_mb=float("inf"),
+        tune_seconds=2.5,
+    )
 
 
 def test_a_choice_comes_back_as_it_was_put(tmp_path, make_spec):
@@ -42,8 +69,9 @@ def test_a_choice_comes_back_as_it_was_put(tmp_path, make_spec):
     assert cache.get(make_spec(workers={"count": "auto"}, order={"seed": 3})) is None
 
 
-def test_a_corrupt_or_foreign_file_is_ignored_with_a_warning(tmp_path, make_spec, caplog,
-                                                             monkeypatch):
+def test_a_corrupt_or_foreign_file_is_ignored_with_a_warning(
+    tmp_path, make_spec, caplog, monkeypatch
+):
     cache = TuneCache(str(tmp_path))
     spec = make_spec(workers={"count": "auto"})
     cache.put(spec, a_tuning())
@@ -83,25 +111,32 @@ def test_a_restarted_server_starts_at_the_remembered_choice_at_once(tmp_path, ma
     def settled(stream) -> bool:
         return stream.tuning_state == "settled"
 
-    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
-            client.batches(spec) as it:
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, client.batches(spec) as it:
         tuned = consume_until(it, client, settled, pace=50)
     assert "remembered" not in tuned.worker_reason
     assert "candidates measured" in tuned.worker_reason
     assert len(os.listdir(tmp_path / "t")) == 1
-    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
-            client.batches(spec) as it:  # a new server: nothing in memory
+    with (
+        Server(config) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):  # a new server: nothing in memory
         next(it)
         (again,) = client.info().streams
     # From its first batch, at the choice, without a search.
     assert again.worker_reason.startswith("auto, remembered: ")
     assert again.worker_reason.split(": ", 1)[1] == tuned.worker_reason.split(": ", 1)[1]
-    assert (again.worker_processes, again.worker_threads) == (tuned.worker_processes,
-                                                              tuned.worker_threads)
+    assert (again.worker_processes, again.worker_threads) == (
+        tuned.worker_processes,
+        tuned.worker_threads,
+    )
     assert again.tuning_state == "settled" and not again.switches
     # Without a cache folder, a new server starts provisionally and tunes again.
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/u.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/u.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):
         next(it)
         (fresh,) = client.info().streams
         assert "remembered" not in fresh.worker_reason
@@ -127,14 +162,32 @@ def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, mak
     spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
     cache = TuneCache(str(tmp_path / "t"))
     served = PipelineSpec.from_proto(spec.to_proto())  # the spec as the server reads it
-    cache.put(served, replace(a_tuning(), processes=2, threads=1, measurements=(
-        *a_tuning().measurements[:2],
-        Measurement(processes=2, threads=1, batches_per_s=300.0, tokens_per_s=1e5, rss_mb=90.0,
-                    cpu_cores=1.9, startup_s=1.0, seconds=1.0, batches=300))))
-    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"),
-                          max_workers=1)
-    with Server(config) as srv, InputClient(srv.targets[0]) as client, \
-            client.batches(spec) as it:
+    cache.put(
+        served,
+        replace(
+            a_tuning(),
+            processes=2,
+            threads=1,
+            measurements=(
+                *a_tuning().measurements[:2],
+                Measurement(
+                    processes=2,
+                    threads=1,
+                    batches_per_s=300.0,
+                    tokens_per_s=1e5,
+                    rss_mb=90.0,
+                    cpu_cores=1.9,
+                    startup_s=1.0,
+                    seconds=1.0,
+                    batches=300,
+                ),
+            ),
+        ),
+    )
+    config = ServerConfig(
+        listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"), max_workers=1
+    )
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, client.batches(spec) as it:
         next(it)
         (stream,) = client.info().streams
     assert stream.worker_processes == 1 and "clipped" in stream.worker_reason

@@ -15,25 +15,38 @@ from tests.support import cli_argv, script
 
 def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
-                    f'[batch]\nseq_len = 256\nsize = 8\n')
+    spec.write_text(
+        f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
+        f"[batch]\nseq_len = 256\nsize = 8\n"
+    )
     out_json = tmp_path / "bench.json"
-    out = subprocess.run(cli_argv("bench", str(spec), "--json", str(out_json), "--min-tokens",
-                                  "100000", "--rounds", "1"),
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        cli_argv(
+            "bench", str(spec), "--json", str(out_json), "--min-tokens", "100000", "--rounds", "1"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out_json.read_text())
     assert set(result["reference"]) >= {"0", "1"}
-    for figure in (result["sentencepiece_limit"], result["pipeline_in_process"],
-                   result["server"]["unix"], result["server"]["tcp"],
-                   *result["reference"].values()):
+    for figure in (
+        result["sentencepiece_limit"],
+        result["pipeline_in_process"],
+        result["server"]["unix"],
+        result["server"]["tcp"],
+        *result["reference"].values(),
+    ):
         assert figure["tokens_per_s"] > 0
     assert result["pipeline_in_process"]["tokens"] >= 100_000
     ratios = result["ratios"]
     assert ratios["in_process_over_limit"] > 0 and ratios["server_unix_over_in_process"] > 0
     # Same algorithm on the same document order: the same packing.
-    assert ratios["packing_efficiency_same_order"] == ratios[
-        "reference_packing_efficiency_same_order"]
+    assert (
+        ratios["packing_efficiency_same_order"] == ratios["reference_packing_efficiency_same_order"]
+    )
     # The compact wire form: uint16 inputs (the fixture's vocabulary is 1000) plus a little
     # per segment.
     assert 2.0 <= result["server"]["unix"]["wire_bytes_per_token"] < 3.0
@@ -42,13 +55,27 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
 
 @pytest.mark.parametrize("pace_ms", [0, 5])
 def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
-    out = subprocess.run([sys.executable, script("bench_grpc.py"), "--rows", "4", "--seq-len",
-                          "256", "--messages", "100" if pace_ms else "1000", "--pace-ms",
-                          str(pace_ms)], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            script("bench_grpc.py"),
+            "--rows",
+            "4",
+            "--seq-len",
+            "256",
+            "--messages",
+            "100" if pace_ms else "1000",
+            "--pace-ms",
+            str(pace_ms),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     # (Enough messages that each side's CPU spans several of psutil's 10 ms ticks.)
     assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    result = json.loads(out.stdout[out.stdout.index("{") :])
     assert result["tokens_per_message"] == 1024
     assert result["message_bytes"] > 2 * 1024  # uint16 ids
     runs = {(r["server"], r["client"]) for r in result["results"]}
@@ -61,13 +88,32 @@ def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
 
 
 def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model, tmp_path):
-    out = subprocess.run([sys.executable, script("bench_tokenize.py"), "--corpus", corpus,
-                          "--model", spm_model, "--seq-len", "32", "--seconds", "0.2"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            script("bench_tokenize.py"),
+            "--corpus",
+            corpus,
+            "--model",
+            spm_model,
+            "--seq-len",
+            "32",
+            "--seconds",
+            "0.2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)
-    assert set(result["ratios"]) == {"numpy_over_ints", "two_threads_over_one",
-                                     "threads_x1_over_x2", "pipeline_group_over_64"}
+    assert set(result["ratios"]) == {
+        "numpy_over_ints",
+        "two_threads_over_one",
+        "threads_x1_over_x2",
+        "pipeline_group_over_64",
+    }
     assert all(r > 0 for r in result["ratios"].values())
     cut = result["cut"]
     # Cutting at seq_len 32 tokenizes far less than the whole text, and never less than the
@@ -79,14 +125,33 @@ def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model, 
     assert reading["over_cut_tokenizing"] > 0
 
 
-def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model,
-                                                                   tmp_path):
-    out = subprocess.run([sys.executable, script("bench_message_size.py"), "--corpus", corpus,
-                          "--model", spm_model, "--batch-size", "2", "--seq-len", "64",
-                          "--sizes", "128,1024", "--rounds", "1", "--min-tokens", "300000"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model, tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            script("bench_message_size.py"),
+            "--corpus",
+            corpus,
+            "--model",
+            spm_model,
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "64",
+            "--sizes",
+            "128,1024",
+            "--rounds",
+            "1",
+            "--min-tokens",
+            "300000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    result = json.loads(out.stdout[out.stdout.index("{") :])
     assert set(result["sizes"]) == {"128", "1024"}
     for v in result["sizes"].values():
         assert v["over_in_process"] > 0

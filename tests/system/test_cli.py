@@ -15,8 +15,13 @@ from tests.support import cli_argv, raw_messages, still_running
 
 
 def start_serve(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(cli_argv("serve", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        cli_argv("serve", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_serve_named_pipeline_then_sigterm_stops_cleanly(tmp_path, corpus, spm_model):
@@ -61,8 +66,9 @@ def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
     proc = start_serve("--listen", f"unix://{sock}")
     try:
         InputClient(f"unix://{sock}", connect_timeout_s=60).wait_ready()
-        out = subprocess.run(cli_argv("info", f"unix://{sock}"), capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            cli_argv("info", f"unix://{sock}"), capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         assert '"serverVersion"' in out.stdout
     finally:
@@ -70,11 +76,14 @@ def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--listen", "0.0.0.0:5999"], ["0.0.0.0:5999", "loopback"]),
-    (["--pipelines", "/no/such/pipelines.toml"], ["/no/such/pipelines.toml"]),
-    (["--message-tokens", "0"], ["message_tokens", "positive", "0"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--listen", "0.0.0.0:5999"], ["0.0.0.0:5999", "loopback"]),
+        (["--pipelines", "/no/such/pipelines.toml"], ["/no/such/pipelines.toml"]),
+        (["--message-tokens", "0"], ["message_tokens", "positive", "0"]),
+    ],
+)
 def test_serve_refuses_bad_start_with_message(args, words):
     proc = start_serve(*args)
     _, err = proc.communicate(timeout=60)
@@ -107,6 +116,7 @@ def test_serve_message_tokens_reaches_the_streams(tmp_path, make_spec):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert len(messages) > 10 and not any(m.following for m in messages)
-    help_text = subprocess.run(cli_argv("serve", "--help"), capture_output=True, text=True,
-                               timeout=60).stdout
+    help_text = subprocess.run(
+        cli_argv("serve", "--help"), capture_output=True, text=True, timeout=60
+    ).stdout
     assert f"default {MESSAGE_TOKENS}" in help_text  # the help says the real default

@@ -18,8 +18,18 @@ from tests.support import ROOT, batch_bytes, clean_copy, python_or_skip
 
 CLIENT = ROOT / "client"
 DECLARED = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
-SERVER_PACKAGES = ("grain", "sentencepiece", "pyarrow", "array-record", "array_record", "jax",
-                   "orjson", "zstandard", "psutil", "input-server")
+SERVER_PACKAGES = (
+    "grain",
+    "sentencepiece",
+    "pyarrow",
+    "array-record",
+    "array_record",
+    "jax",
+    "orjson",
+    "zstandard",
+    "psutil",
+    "input-server",
+)
 
 
 def _lowest_and_highest() -> tuple[str, str]:
@@ -73,16 +83,32 @@ def test_the_client_alone(python, deps, server, make_spec, tmp_path):
     pins = _floors(python) if deps == "floor" else []
     client = clean_copy(CLIENT, tmp_path / "client")
     install = subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--only-binary=:all:",
-         "--disable-pip-version-check", str(client), *pins],
-        capture_output=True, text=True, timeout=600)
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            str(client),
+            *pins,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     spec = make_spec(batch={"seq_len": 64, "size": 4})
     spec_file = tmp_path / "spec.toml"
     spec_file.write_text(spec.to_toml())
-    out = subprocess.run([str(venv / "bin/python"), "-c", PROBE, server.targets[0],
-                          str(spec_file)], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-c", PROBE, server.targets[0], str(spec_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["python"].startswith(python)
@@ -112,14 +138,19 @@ def test_both_distributions_build_from_their_sdists(tmp_path):
 
     tree = clean_copy(ROOT, tmp_path / "tree")  # a fresh clone's files; builds leave nothing
     for folder in (tree, tree / "client"):
-        out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"),
-                              str(folder)], capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     wheels = {p.name.split("-")[0]: zipfile.ZipFile(p) for p in (tmp_path / "dist").glob("*.whl")}
     server, client = wheels["input_server"], wheels["input_client"]
     server_meta = next(n for n in server.namelist() if n.endswith("METADATA"))
     assert f"Requires-Dist: input-client=={DECLARED['version']}" in (
-        server.read(server_meta).decode().splitlines())
+        server.read(server_meta).decode().splitlines()
+    )
     assert not [n for n in server.namelist() if n.startswith("input_client/")]
     assert "input_client/_proto/input_server/v1/input_service.proto" in client.namelist()
     assert not [n for n in client.namelist() if n.startswith("input_server/")]

@@ -20,9 +20,15 @@ def cache_home(tmp_path_factory):
 def demo(cache_home, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     env.pop("XLA_FLAGS", None)
-    return subprocess.run(cli_argv("demo", *args), cwd=cache_home,
-                          capture_output=True, text=True, timeout=300, env=env,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cli_argv("demo", *args),
+        cwd=cache_home,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_demo_command_trains_through_the_server_and_loss_goes_down(tmp_path):
@@ -38,15 +44,15 @@ def test_demo_command_trains_through_the_server_and_loss_goes_down(tmp_path):
 
 
 def test_demo_options_set_steps_and_shape(cache_home):
-    out = demo(cache_home, "--steps", "12", "--batch-size", "4", "--seq-len", "64",
-               "--no-progress")
+    out = demo(cache_home, "--steps", "12", "--batch-size", "4", "--seq-len", "64", "--no-progress")
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"steps timed +11 \(1 excluded\)", out.stdout), out.stdout
     assert "[demo" not in out.stderr  # no progress lines
 
 
-@pytest.mark.parametrize("flag, value, least", [("--steps", "1", 2), ("--seq-len", "0", 1),
-                                               ("--batch-size", "-3", 1)])
+@pytest.mark.parametrize(
+    "flag, value, least", [("--steps", "1", 2), ("--seq-len", "0", 1), ("--batch-size", "-3", 1)]
+)
 def test_demo_refuses_sizes_it_cannot_run(tmp_path, flag, value, least):
     out = demo(tmp_path, flag, value)
     assert out.returncode == 2

@@ -60,7 +60,8 @@ def server_process(tmp_path):
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_server_sigkilled_at_random_batches_stream_continues_byte_identical(
-        server_process, make_spec, transport):
+    server_process, make_spec, transport
+):
     """Three SIGKILLs (server and workers), each followed by a restart on the same address.
 
     gRPC's flow-control window lets the server run a few MB ahead of the caller, so a kill is
@@ -74,8 +75,10 @@ def test_server_sigkilled_at_random_batches_stream_continues_byte_identical(
     got: list = []
     kills_at: list[int] = []
     next_kill = rng.randrange(5, 30)
-    with InputClient(srv.address, connect_timeout_s=30, token_file=srv.token_file) as client, \
-            client.batches(spec, reconnect_deadline_s=30) as it:
+    with (
+        InputClient(srv.address, connect_timeout_s=30, token_file=srv.token_file) as client,
+        client.batches(spec, reconnect_deadline_s=30) as it,
+    ):
         while True:
             got.append(next(it))
             felt = it.reconnects == len(kills_at)  # the last kill broke the stream, if any
@@ -95,7 +98,8 @@ def test_server_sigkilled_at_random_batches_stream_continues_byte_identical(
 
 
 def test_trainer_sigkilled_restarts_from_saved_state_with_other_worker_counts(
-        server, make_spec, tmp_path):
+    server, make_spec, tmp_path
+):
     """The consuming process dies (SIGKILL) and restarts from its checkpoint (the iterator's
     JSON state beside the log it trained on); each restart also changes `workers.count`."""
     spec = make_spec()
@@ -108,20 +112,40 @@ def test_trainer_sigkilled_restarts_from_saved_state_with_other_worker_counts(
         with open(paths["spec.json"], "w") as f:
             json.dump(spec.replace(workers={"count": worker_counts[incarnation]}).to_dict(), f)
         return ChildProcess(
-            [sys.executable, CHAOS, "trainer", "--target", server.targets[0], "--spec",
-             paths["spec.json"], "--ckpt", paths["ckpt"], "--log", paths["log"], "--batches",
-             str(steps), "--checkpoint-every", "5",
-             # Steps take time, as in training: a trainer done before the test reads its lines
-             # would leave no step to kill it at.
-             "--step-ms", "20"], log=paths["trainer.log"], read_lines=True)
+            [
+                sys.executable,
+                CHAOS,
+                "trainer",
+                "--target",
+                server.targets[0],
+                "--spec",
+                paths["spec.json"],
+                "--ckpt",
+                paths["ckpt"],
+                "--log",
+                paths["log"],
+                "--batches",
+                str(steps),
+                "--checkpoint-every",
+                "5",
+                # Steps take time, as in training: a trainer done before the test reads its lines
+                # would leave no step to kill it at.
+                "--step-ms",
+                "20",
+            ],
+            log=paths["trainer.log"],
+            read_lines=True,
+        )
 
     incarnation = 0
     proc = trainer(incarnation)
     try:
         while True:
             line = proc.lines.get(timeout=60)
-            assert line is not None, (f"trainer exited with {proc.p.wait()} before finishing: "
-                                      + (tmp_path / "trainer.log").read_text()[-2000:])
+            assert line is not None, (
+                f"trainer exited with {proc.p.wait()} before finishing: "
+                + (tmp_path / "trainer.log").read_text()[-2000:]
+            )
             if line == "done":
                 break
             if line.startswith("batch ") and kill_at and int(line.split()[1]) >= kill_at[0]:
@@ -137,7 +161,7 @@ def test_trainer_sigkilled_restarts_from_saved_state_with_other_worker_counts(
         logged = f.read()
     want = run_pipeline(spec, limit=steps)
     size = len(batch_bytes(want[0].arrays))
-    assert_same_batches([logged[i:i + size] for i in range(0, len(logged), size)], want)
+    assert_same_batches([logged[i : i + size] for i in range(0, len(logged), size)], want)
     with open(paths["ckpt"]) as f:
         assert json.load(f)["state"]["seq"] == steps
 
@@ -163,16 +187,17 @@ def test_sigkilled_worker_process_ends_its_stream_naming_it(tmp_path, make_spec)
     """A dead worker ends its stream with INTERNAL naming it, not a hang and not a retry; the
     stream's other worker goes, other streams and health go on."""
     spec = make_spec(workers={"count": 2}, order={"epochs": 0})
-    with Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv, \
-            InputClient(srv.targets[0]) as client:
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+    ):
         bystander = client.batches(make_spec(order={"epochs": 0}))
         next(bystander)
         before = {p.pid for p in worker_processes()}
         it = client.batches(spec, reconnect_deadline_s=60)
         next(it)
         deadline = time.monotonic() + 20
-        while len(workers := worker_processes(exclude=before)) < 2 and \
-                time.monotonic() < deadline:
+        while len(workers := worker_processes(exclude=before)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(workers) == 2
         time.sleep(1.5)  # a stalled trainer: every buffer fills, the workers block writing
@@ -204,10 +229,26 @@ def test_sigkilled_worker_process_ends_its_stream_naming_it(tmp_path, make_spec)
 
 def test_chaos_script_kills_server_and_trainer_without_loss_or_duplicates(tmp_path):
     out = tmp_path / "chaos.json"
-    run = subprocess.run([sys.executable, CHAOS, "--kills", "2", "--restarts", "1",
-                          "--batches", "60", "--seed", "3", "--json", str(out)],
-                         capture_output=True, text=True, timeout=150,
-                         cwd=tmp_path)  # chaos.py runs from any folder
+    run = subprocess.run(
+        [
+            sys.executable,
+            CHAOS,
+            "--kills",
+            "2",
+            "--restarts",
+            "1",
+            "--batches",
+            "60",
+            "--seed",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+    )  # chaos.py runs from any folder
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["server_kills"] == 2 and result["kills_survived"] == 2

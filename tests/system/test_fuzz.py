@@ -35,8 +35,9 @@ def _tree_rss_mb(pid: int) -> float:
 
 def _run_fuzz(tmp_path) -> tuple[int, dict]:
     """The script's exit code and JSON, watched for memory and time."""
-    fuzz = ChildProcess([sys.executable, script("fuzz.py"), *ARGV],
-                        log=str(tmp_path / "fuzz.log"), read_lines=True)
+    fuzz = ChildProcess(
+        [sys.executable, script("fuzz.py"), *ARGV], log=str(tmp_path / "fuzz.log"), read_lines=True
+    )
     lines, deadline = [], time.monotonic() + TIMEOUT_S
     try:
         while True:
@@ -60,7 +61,7 @@ def _run_fuzz(tmp_path) -> tuple[int, dict]:
         fuzz.kill()
     out = "\n".join(lines)
     assert "{" in out, f"no JSON (exit code {fuzz.p.returncode}); see {tmp_path}/fuzz.log"
-    return code, json.loads(out[out.index("{"):])
+    return code, json.loads(out[out.index("{") :])
 
 
 def test_hostile_requests_get_contract_statuses_and_leave_the_server_as_it_was(tmp_path):

@@ -21,7 +21,8 @@ def _watch(process: psutil.Process, stop: threading.Event, peak: list[int]) -> N
     while not stop.wait(0.05):
         try:
             rss = process.memory_info().rss + sum(
-                c.memory_info().rss for c in process.children(recursive=True))
+                c.memory_info().rss for c in process.children(recursive=True)
+            )
         except psutil.Error:
             return
         peak[0] = max(peak[0], rss)
@@ -36,14 +37,17 @@ def test_a_200_mb_document_is_refused_and_other_streams_flow(tmp_path, make_spec
         f.write(json.dumps({"text": docs[0]}) + "\n")
         f.write('{"text": "' + "lorem ipsum " * (200 * (1 << 20) // 12) + '"}\n')
         f.write(json.dumps({"text": docs[1]}) + "\n")
-    child, targets = serve_cli("--listen", f"unix://{tmp_path}/s.sock",
-                               log=str(tmp_path / "server.log"))
+    child, targets = serve_cli(
+        "--listen", f"unix://{tmp_path}/s.sock", log=str(tmp_path / "server.log")
+    )
     stop, peak = threading.Event(), [0]
     server = psutil.Process(child.p.pid)
     threading.Thread(target=_watch, args=(server, stop, peak), daemon=True).start()
     try:
-        with InputClient(targets[0], connect_timeout_s=60) as other_client, \
-                InputClient(targets[0], connect_timeout_s=60) as client:
+        with (
+            InputClient(targets[0], connect_timeout_s=60) as other_client,
+            InputClient(targets[0], connect_timeout_s=60) as client,
+        ):
             flowing = other_client.batches(make_spec(order={"epochs": 0}), prefetch=1)
             next(flowing)
             gaps: list[float] = []

@@ -11,11 +11,14 @@ import textwrap
 
 
 def test_client_imports_without_jax():
-    code = ("import sys, input_client, input_client.timing; "
-            "t = input_client.timing.StepTimer(tokens_per_step=1); "
-            "assert 'jax' not in sys.modules, 'jax imported'")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60)
+    code = (
+        "import sys, input_client, input_client.timing; "
+        "t = input_client.timing.StepTimer(tokens_per_step=1); "
+        "assert 'jax' not in sys.modules, 'jax imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -30,8 +33,13 @@ def test_client_streams_without_grain_sentencepiece_or_jax(server, make_spec):
         heavy = [m for m in ("grain", "sentencepiece", "jax") if m in sys.modules]
         print(json.dumps({{"batches": n, "heavy": heavy}}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["batches"] > 10

@@ -34,8 +34,7 @@ def cpu_seconds() -> float:
 def test_a_cancelled_glob_stops_and_frees_its_slot_within_a_second(tmp_path, make_spec):
     """A glob walking the whole disk (seconds of work, up to the walk's bound) for a client
     whose deadline passed: the walk stops, and the one stream slot takes the next client."""
-    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=["/"],
-                          max_streams=1)
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=["/"], max_streams=1)
     with Server(config) as srv, grpc.insecure_channel(srv.targets[0]) as channel:
         stub = pb_grpc.InputServiceStub(channel)
         walk = make_spec(source={"paths": ["/**/no_such_name_*.jsonl"]})
@@ -101,19 +100,26 @@ def test_a_cancelled_tuning_stops_and_never_held_up_another_spec(tmp_path, make_
         assert cpu_seconds() - before < 0.5
 
 
-def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(tmp_path,
-                                                                                 make_spec):
+def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(
+    tmp_path, make_spec
+):
     """A stream whose worker is stopped (SIGSTOP) never finishes closing; the server still
     exits within --grace-s and a few seconds, answering NOT_SERVING while it drains."""
-    child, targets = serve_cli("--listen", f"unix://{tmp_path}/s.sock", "--grace-s", "2",
-                               log=str(tmp_path / "server.log"))
+    child, targets = serve_cli(
+        "--listen", f"unix://{tmp_path}/s.sock", "--grace-s", "2", log=str(tmp_path / "server.log")
+    )
     try:
         spec = make_spec(order={"epochs": 0}, workers={"count": 1})
-        with InputClient(targets[0], connect_timeout_s=60) as client, \
-                client.batches(spec, reconnect_deadline_s=0, prefetch=1) as it:
+        with (
+            InputClient(targets[0], connect_timeout_s=60) as client,
+            client.batches(spec, reconnect_deadline_s=0, prefetch=1) as it,
+        ):
             next(it)
-            workers = [p for p in psutil.Process(child.p.pid).children(recursive=True)
-                       if "resource_tracker" not in " ".join(p.cmdline())]
+            workers = [
+                p
+                for p in psutil.Process(child.p.pid).children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline())
+            ]
             assert workers
             for w in workers:
                 w.suspend()  # SIGSTOP: the stream's close now waits for ever
@@ -130,10 +136,12 @@ def test_sigterm_exits_in_time_with_a_stuck_handler_and_health_says_not_serving(
         assert child.p.poll() is not None, "still running 15 s after SIGTERM"
         assert took < 2 + 4, took
         assert child.p.returncode == 1  # the drain was cut short, and says so
-        serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
-                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
         assert not_serving in seen, seen
-        drain = seen[seen.index(not_serving):]
+        drain = seen[seen.index(not_serving) :]
         assert serving not in drain, seen  # never SERVING again once draining
         assert drain.count(not_serving) >= 5, seen  # answering through the drain (2 s)
         assert not os.path.exists(tmp_path / "s.sock")
@@ -157,4 +165,3 @@ def test_a_stream_being_set_up_when_the_server_drains_gets_unavailable(tmp_path,
         stopper.join(10)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
     assert srv.drained
-

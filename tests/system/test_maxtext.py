@@ -28,10 +28,14 @@ from tests.support import ROOT, TINY_MAXTEXT, python_or_skip
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
 SEQ, ROWS, STEPS = 256, 8, 20
-STEP_LINE = re.compile(r"completed step: (\d+), .*?total_weights: (\d+), loss: ([\d.]+), "
-                       r"lm_loss: [\d.]+, perplexity: ([\d.]+)")
-EVAL_LINE = re.compile(r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
-                       r"total_weights=([\d.]+)")
+STEP_LINE = re.compile(
+    r"completed step: (\d+), .*?total_weights: (\d+), loss: ([\d.]+), "
+    r"lm_loss: [\d.]+, perplexity: ([\d.]+)"
+)
+EVAL_LINE = re.compile(
+    r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
+    r"total_weights=([\d.]+)"
+)
 MODEL = [*TINY_MAXTEXT, f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}"]
 ONE_HOST = ["skip_jax_distributed_system=true"]
 EVAL_PASS = {"shuffle": False, "epochs": 1}  # what the adapter makes of any eval spec
@@ -41,8 +45,12 @@ PROG = "python -m input_client.maxtext.train: "
 @pytest.fixture(scope="module")
 def maxtext_python() -> str:
     python_or_skip("3.12", "the MaxText venv")
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -54,34 +62,77 @@ def specs(tmp_path_factory, docs):
     a model without a pad piece (pad id -1, like Llama 2's), inside the test server's root."""
     d = tmp_path_factory.mktemp("maxtext")
     model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
-    train = PipelineSpec(source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
-                         tokenizer={"model": model}, batch={"seq_len": SEQ, "size": ROWS},
-                         order={"epochs": 0, "seed": 3})
-    evals = train.replace(source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
-                          order={"epochs": 0, "shuffle": True, "seed": 5})
+    train = PipelineSpec(
+        source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
+        tokenizer={"model": model},
+        batch={"seq_len": SEQ, "size": ROWS},
+        order={"epochs": 0, "seed": 3},
+    )
+    evals = train.replace(
+        source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
+        order={"epochs": 0, "shuffle": True, "seed": 5},
+    )
     unpacked = train.replace(batch={"packing": "none"})
     missing = train.replace(source={"paths": [str(d / "no-such.jsonl")]})
-    for name, spec in (("train", train), ("eval", evals), ("unpacked", unpacked),
-                       ("missing", missing)):
+    for name, spec in (
+        ("train", train),
+        ("eval", evals),
+        ("unpacked", unpacked),
+        ("missing", missing),
+    ):
         (d / f"{name}.toml").write_text(spec.to_toml())
     return d, train, evals, model
 
 
-def _launch(python, server, d, model, run, *extra, spec="train", stream=False, steps=STEPS,
-            env=None, evaluate=True, sync_checkpoints=False, address=None):
-    argv = [python, "-m", "input_client.maxtext.train", "--server",
-            address or server.targets[0], "--connect-timeout-s", "3",
-            "--spec", str(d / f"{spec}.toml"),
-            *(["--eval-spec", str(d / "eval.toml")] if evaluate else []),
-            f"run_name={run}", f"base_output_directory={d / 'out'}", f"tokenizer_path={model}",
-            *MODEL, f"steps={steps}", "checkpoint_period=5", "enable_checkpointing=true",
-            *(["async_checkpointing=false"] if sync_checkpoints else []),
-            f"eval_interval={10 if evaluate else -1}", "eval_steps=50", *extra]
+def _launch(
+    python,
+    server,
+    d,
+    model,
+    run,
+    *extra,
+    spec="train",
+    stream=False,
+    steps=STEPS,
+    env=None,
+    evaluate=True,
+    sync_checkpoints=False,
+    address=None,
+):
+    argv = [
+        python,
+        "-m",
+        "input_client.maxtext.train",
+        "--server",
+        address or server.targets[0],
+        "--connect-timeout-s",
+        "3",
+        "--spec",
+        str(d / f"{spec}.toml"),
+        *(["--eval-spec", str(d / "eval.toml")] if evaluate else []),
+        f"run_name={run}",
+        f"base_output_directory={d / 'out'}",
+        f"tokenizer_path={model}",
+        *MODEL,
+        f"steps={steps}",
+        "checkpoint_period=5",
+        "enable_checkpointing=true",
+        *(["async_checkpointing=false"] if sync_checkpoints else []),
+        f"eval_interval={10 if evaluate else -1}",
+        "eval_steps=50",
+        *extra,
+    ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE", **(env or {})}
     env.pop("XLA_FLAGS", None)  # one CPU device, as the model's batch is sized
     if stream:
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
 
 
@@ -94,8 +145,9 @@ def _weights(spec, server, n=None) -> list[int]:
     out = []
     with InputClient(server.targets[0]) as c, c.batches(spec) as it:
         for b in it:
-            out.append(int((to_maxtext(b, -1, spec.batch.packing)["targets_segmentation"]
-                            != 0).sum()))
+            out.append(
+                int((to_maxtext(b, -1, spec.batch.packing)["targets_segmentation"] != 0).sum())
+            )
             if n is not None and len(out) == n:
                 break
     return out
@@ -129,8 +181,9 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
         assert json.loads(saved.read_text())["seq"] == step + 1
 
     # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
-    b = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True,
-                sync_checkpoints=True)
+    b = _launch(
+        maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True, sync_checkpoints=True
+    )
     try:
         for line in b.stderr:
             if "completed step: 12," in line:
@@ -156,29 +209,82 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
 
 def test_trains_without_packing(maxtext_python, server, specs):
     d, train, _, model = specs
-    out = _launch(maxtext_python, server, d, model, "unpacked", *ONE_HOST, "packing=false",
-                  spec="unpacked", steps=4, evaluate=False)
+    out = _launch(
+        maxtext_python,
+        server,
+        d,
+        model,
+        "unpacked",
+        *ONE_HOST,
+        "packing=false",
+        spec="unpacked",
+        steps=4,
+        evaluate=False,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     steps = _steps(out.stderr)
     assert [steps[s][0] for s in range(4)] == _weights(
-        train.replace(batch={"packing": "none"}), server, 4)
+        train.replace(batch={"packing": "none"}), server, 4
+    )
 
 
 def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
     d, _, _, model = specs
-    _one_line(_launch(maxtext_python, server, d, model, "mismatch", *ONE_HOST,
-                      "max_target_length=128", evaluate=False), 2,
-              "`batch.seq_len` is 256", "`max_target_length` is 128")
-    _one_line(_launch(maxtext_python, server, d, model, "nowhere", *ONE_HOST, evaluate=False,
-                      address=f"unix://{d}/nowhere.sock"), 2, "no input server reachable")
-    no_eval = _launch(maxtext_python, server, d, model, "no-eval", *ONE_HOST, evaluate=False,
-                      steps=3)
+    _one_line(
+        _launch(
+            maxtext_python,
+            server,
+            d,
+            model,
+            "mismatch",
+            *ONE_HOST,
+            "max_target_length=128",
+            evaluate=False,
+        ),
+        2,
+        "`batch.seq_len` is 256",
+        "`max_target_length` is 128",
+    )
+    _one_line(
+        _launch(
+            maxtext_python,
+            server,
+            d,
+            model,
+            "nowhere",
+            *ONE_HOST,
+            evaluate=False,
+            address=f"unix://{d}/nowhere.sock",
+        ),
+        2,
+        "no input server reachable",
+    )
+    no_eval = _launch(
+        maxtext_python, server, d, model, "no-eval", *ONE_HOST, evaluate=False, steps=3
+    )
     assert no_eval.returncode == 0, no_eval.stderr[-3000:]  # eval_interval=-1 needs no spec
-    _one_line(_launch(maxtext_python, server, d, model, "eval-without-spec", *ONE_HOST,
-                      "eval_interval=2", evaluate=False), 2, "no eval spec was given")
-    _one_line(_launch(maxtext_python, server, d, model, "missing", *ONE_HOST, spec="missing",
-                      evaluate=False), 1, "the data stream failed: NOT_FOUND",
-              "no-such.jsonl")
+    _one_line(
+        _launch(
+            maxtext_python,
+            server,
+            d,
+            model,
+            "eval-without-spec",
+            *ONE_HOST,
+            "eval_interval=2",
+            evaluate=False,
+        ),
+        2,
+        "no eval spec was given",
+    )
+    _one_line(
+        _launch(
+            maxtext_python, server, d, model, "missing", *ONE_HOST, spec="missing", evaluate=False
+        ),
+        1,
+        "the data stream failed: NOT_FOUND",
+        "no-such.jsonl",
+    )
 
 
 def _port_free(port: int) -> bool:
@@ -196,11 +302,27 @@ def _two_hosts(python, server, d, model, run, steps):
     fixes the coordinator's port at 1234."""
     if not _port_free(1234):
         pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
-    procs = [_launch(python, server, d, model, run, "skip_jax_distributed_system=false",
-                     stream=True, steps=steps, evaluate=False,
-                     env={"JAX_COORDINATOR_ADDRESS": "localhost", "JOB_INDEX": "0",
-                          "JOB_COMPLETION_INDEX": str(i), "PROCESSES_IN_JOB": "2",
-                          "JAX_PROCESS_COUNT": "2"}) for i in (0, 1)]
+    procs = [
+        _launch(
+            python,
+            server,
+            d,
+            model,
+            run,
+            "skip_jax_distributed_system=false",
+            stream=True,
+            steps=steps,
+            evaluate=False,
+            env={
+                "JAX_COORDINATOR_ADDRESS": "localhost",
+                "JOB_INDEX": "0",
+                "JOB_COMPLETION_INDEX": str(i),
+                "PROCESSES_IN_JOB": "2",
+                "JAX_PROCESS_COUNT": "2",
+            },
+        )
+        for i in (0, 1)
+    ]
     try:
         with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall a process
             logs = list(pool.map(lambda p: p.stderr.read(), procs))
@@ -215,8 +337,7 @@ def _two_hosts(python, server, d, model, run, steps):
 
 def test_two_hosts_each_read_their_shard_and_resume_it(maxtext_python, server, specs):
     d, train, _, model = specs
-    shards = [_weights(train.replace(shard={"index": i, "count": 2}), server, 14)
-              for i in (0, 1)]
+    shards = [_weights(train.replace(shard={"index": i, "count": 2}), server, 14) for i in (0, 1)]
     want = [a + b for a, b in zip(*shards, strict=True)]  # MaxText logs the global batch's sum
     logs = _two_hosts(maxtext_python, server, d, model, "hosts", 12)
     assert _steps(logs[0]) == _steps(logs[1])  # one global step, two logs
@@ -272,21 +393,34 @@ CONVENTIONS = textwrap.dedent("""
 @pytest.mark.parametrize("pad_id", [-1, 0])
 def test_batches_equal_maxtexts_own_transforms(maxtext_python, server, specs, packing, pad_id):
     _, _, evals, _ = specs
+
     def empty_rows_at_the_end(rows: int) -> bool:
-        spec = evals.replace(batch={"seq_len": 64, "size": rows, "packing": packing},
-                             order=EVAL_PASS)
+        spec = evals.replace(
+            batch={"seq_len": 64, "size": rows, "packing": packing}, order=EVAL_PASS
+        )
         with InputClient(server.targets[0]) as c, c.batches(spec) as it:
             *_, last = it
         return not last["inputs_segmentation"].any(axis=1).all()
 
     # A batch size whose pass ends in a batch with rows of padding, as a real pass usually does.
     rows = next(r for r in range(8, 2, -1) if empty_rows_at_the_end(r))
-    spec = evals.replace(batch={"seq_len": 64, "size": rows, "packing": packing},
-                         order=EVAL_PASS)
-    out = subprocess.run([maxtext_python, "-c", CONVENTIONS, server.targets[0], str(pad_id), "64",
-                          str(rows), json.dumps(spec.to_dict())], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE",
-                                           "JAX_PLATFORMS": "cpu"})
+    spec = evals.replace(batch={"seq_len": 64, "size": rows, "packing": packing}, order=EVAL_PASS)
+    out = subprocess.run(
+        [
+            maxtext_python,
+            "-c",
+            CONVENTIONS,
+            server.targets[0],
+            str(pad_id),
+            "64",
+            str(rows),
+            json.dumps(spec.to_dict()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     checked, partial = map(int, out.stdout.strip().splitlines()[-1].split())
     assert checked > 3 and partial == 1  # the last batch has rows of padding, as MaxText's
@@ -311,19 +445,20 @@ FACTORY = textwrap.dedent("""
 """)
 
 
-def test_the_pad_id_comes_from_the_servers_description_of_the_model(maxtext_python, server,
-                                                                    specs):
+def test_the_pad_id_comes_from_the_servers_description_of_the_model(maxtext_python, server, specs):
     # Through install() and MaxText's own MultiHostDataLoadIterator: the model has no pad
     # piece, so unpacked rows are padded with -1, as MaxText's PadOrTrimToMaxLength pads.
     d, _, _, model = specs
-    out = subprocess.run([maxtext_python, "-c", FACTORY, server.targets[0],
-                          str(d / "unpacked.toml"), model], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE",
-                                           "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run(
+        [maxtext_python, "-c", FACTORY, server.targets[0], str(d / "unpacked.toml"), model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     values = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets",
-                "targets_position"):
+    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets", "targets_position"):
         assert values[key] == [-1], (key, values[key])
     assert values["targets_segmentation"] == [0]
 
@@ -341,8 +476,13 @@ def test_a_moved_hook_point_is_refused_naming_the_version(maxtext_python):
         except maxtext.MaxTextHookError as e:
             print(e)
     """)
-    out = subprocess.run([maxtext_python, "-c", code], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "DECOUPLE_GCLOUD": "TRUE"})
+    out = subprocess.run(
+        [maxtext_python, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     message = out.stdout.strip().splitlines()[-1]
     assert "MaxText 0.2.5" in message and "make_grain_eval_iterator" in message

@@ -68,9 +68,14 @@ _CHILD = textwrap.dedent("""
 def as_nobody(*probes: dict) -> list[tuple[str, str]]:
     """(status name, details) of each probe, run by uid/gid 65534: a probe is a `target`, with
     a `token` to send and a `spec` (a dict) to stream the first batch of, else GetInfo."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(probes), str(NOBODY)],
-                         capture_output=True, text=True, timeout=120, cwd="/",
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(probes), str(NOBODY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["uid"] == report["gid"] == NOBODY  # the probes ran as nobody
@@ -110,8 +115,9 @@ def test_nobody_cannot_reach_the_default_socket(open_dir):
 def test_nobody_cannot_connect_to_a_socket_file_in_an_open_folder(open_dir, make_spec):
     target = f"unix://{open_dir}/x.sock"
     with Server(ServerConfig(listen=[target])):
-        info, stream = as_nobody({"target": target},
-                                 {"target": target, "spec": make_spec().to_dict()})
+        info, stream = as_nobody(
+            {"target": target}, {"target": target, "spec": make_spec().to_dict()}
+        )
     assert refused_by_permissions(info), info
     assert refused_by_permissions(stream), stream
 
@@ -121,8 +127,11 @@ def test_nobody_needs_the_token_on_abstract_sockets_and_tcp(tmp_path, make_spec)
     abstract = f"unix-abstract:input-server-test-{uuid.uuid4().hex[:12]}"
     spec = make_spec().to_dict()
     with Server(ServerConfig(listen=["127.0.0.1:0", abstract], token_file=token_file)) as srv:
-        probes = [{"target": t, "spec": spec, **extra} for t in srv.targets
-                  for extra in ({}, {"token": "guessed"}, {"token": token})]
+        probes = [
+            {"target": t, "spec": spec, **extra}
+            for t in srv.targets
+            for extra in ({}, {"token": "guessed"}, {"token": token})
+        ]
         results = as_nobody(*probes)
     for probe, (code, details) in zip(probes, results, strict=True):
         expected = "OK" if probe.get("token") == token else "UNAUTHENTICATED"
@@ -136,7 +145,8 @@ def test_socket_group_lets_nobodys_group_in(open_dir, make_spec):
         group = str(NOBODY)
     target = f"unix://{open_dir}/x.sock"
     with Server(ServerConfig(listen=[target], socket_group=group)):
-        info, stream = as_nobody({"target": target},
-                                 {"target": target, "spec": make_spec().to_dict()})
+        info, stream = as_nobody(
+            {"target": target}, {"target": target, "spec": make_spec().to_dict()}
+        )
     assert info == ("OK", ""), info
     assert stream == ("OK", ""), stream

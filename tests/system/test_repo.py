@@ -20,14 +20,21 @@ def test_checked_in_stubs_match_the_protos(tmp_path):
     gen.generate(tmp_path)
     for rel in gen.GENERATED:
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), (
-            f"{rel} is stale: run `python scripts/gen_protos.py` and commit the result.")
+            f"{rel} is stale: run `python scripts/gen_protos.py` and commit the result."
+        )
 
 
-@pytest.mark.skipif(shutil.which("ruff") is None and importlib.util.find_spec("ruff") is None,
-                    reason="ruff is a dev dependency; install with pip install -e '.[dev]'")
+@pytest.mark.skipif(
+    shutil.which("ruff") is None and importlib.util.find_spec("ruff") is None,
+    reason="ruff is a dev dependency; install with pip install -e '.[dev]'",
+)
 def test_ruff_is_clean(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True,
-                         text=True, cwd=tmp_path)  # from any folder: ruff finds ROOT's settings
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", str(ROOT)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # from any folder: ruff finds ROOT's settings
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -38,4 +45,5 @@ def test_the_client_in_use_is_this_checkouts():
 
     assert pathlib.Path(input_client.__file__).resolve().is_relative_to(ROOT / "client"), (
         f"input_client comes from {input_client.__file__}: uninstall that input-client "
-        f"(pip uninstall input-client) and reinstall with pip install -e '.[dev]'.")
+        f"(pip uninstall input-client) and reinstall with pip install -e '.[dev]'."
+    )

@@ -78,18 +78,35 @@ if __name__ == "__main__":
 '''
 
 
-def test_50_streams_with_worker_processes_leave_dev_shm_as_it_was(tmp_path, corpus, spm_model,
-                                                                  docs):
+def test_50_streams_with_worker_processes_leave_dev_shm_as_it_was(
+    tmp_path, corpus, spm_model, docs
+):
     small = tmp_path / "small.jsonl"  # completed streams end soon
     small.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:300]))
-    argv = [sys.executable, "-c", CHILD, corpus, str(small), spm_model,
-            str(tmp_path / "s.sock"), str(STREAMS)]
+    argv = [
+        sys.executable,
+        "-c",
+        CHILD,
+        corpus,
+        str(small),
+        spm_model,
+        str(tmp_path / "s.sock"),
+        str(STREAMS),
+    ]
     private = os.geteuid() == 0 and shutil.which("unshare") is not None
     if private:  # a /dev/shm of its own, which only this run writes to
-        argv = ["unshare", "--mount", "sh", "-c",
-                'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"', "sh", *argv]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600,
-                         stdin=subprocess.DEVNULL, cwd=tmp_path)
+        argv = [
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"',
+            "sh",
+            *argv,
+        ]
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "leaked shared_memory" not in out.stderr, out.stderr[-3000:]
     shm = json.loads(out.stdout.strip().splitlines()[-1])
@@ -100,7 +117,7 @@ def test_50_streams_with_worker_processes_leave_dev_shm_as_it_was(tmp_path, corp
         assert not [n for n in left if n.startswith("psm_")], left
 
 
-EXIT_CODES = r'''
+EXIT_CODES = r"""
 import json, sys
 from absl import flags
 flags.FLAGS.mark_as_parsed()
@@ -125,16 +142,21 @@ if __name__ == "__main__":
         stream.close()
         codes += [p.exitcode for _, p in workers]
     print(json.dumps(codes))
-'''
+"""
 
 
 def test_a_cancelled_streams_workers_exit_cleanly(corpus, spm_model, tmp_path):
     """Linux's parent-death signal comes when the *thread* that started a worker ends, which
     for Grain's workers is at every close; as SIGKILL it killed them mid-stop (exit -9), and
     the segments they held leaked. Now they stop cleanly, exit code 0."""
-    out = subprocess.run([sys.executable, "-c", EXIT_CODES, corpus, spm_model],
-                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_CODES, corpus, spm_model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     codes = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(codes) >= 4 and all(c == 0 for c in codes), codes  # one found per stream at least

@@ -13,8 +13,13 @@ from tests.support import serve_cli
 
 
 def test_a_streams_resident_growth_stays_within_its_estimate(tmp_path, make_spec):
-    child, targets = serve_cli("--listen", f"unix://{tmp_path}/s.sock", "--queue-depth", "8",
-                               log=str(tmp_path / "server.log"))
+    child, targets = serve_cli(
+        "--listen",
+        f"unix://{tmp_path}/s.sock",
+        "--queue-depth",
+        "8",
+        log=str(tmp_path / "server.log"),
+    )
     try:
         server = psutil.Process(child.p.pid)
         with InputClient(targets[0], connect_timeout_s=60) as client:
@@ -32,8 +37,9 @@ def test_a_streams_resident_growth_stays_within_its_estimate(tmp_path, make_spec
                     time.sleep(0.1)
                     peak = max(peak, server.memory_info().rss)
                 next(it)
-        estimate = stream_memory_mb(big, queue_depth=8, message_tokens=MESSAGE_TOKENS,
-                                    processes=0, threads=2)
+        estimate = stream_memory_mb(
+            big, queue_depth=8, message_tokens=MESSAGE_TOKENS, processes=0, threads=2
+        )
         grew_mb = (peak - before) / (1 << 20)
         assert grew_mb > 8 * 16 * 8192 * 4 / (1 << 20) / 2, grew_mb  # the queue did fill
         assert grew_mb < estimate, (grew_mb, estimate)

@@ -9,9 +9,16 @@ from input_server.autotune import Measurement, decide, next_candidate
 
 
 def row(processes, threads, rate, *, rss=0.0, cpu=1.0) -> Measurement:
-    return Measurement(processes=processes, threads=threads, batches_per_s=rate,
-                       tokens_per_s=1000.0 * rate, rss_mb=rss, cpu_cores=cpu, seconds=1.0,
-                       batches=max(1, int(rate)))
+    return Measurement(
+        processes=processes,
+        threads=threads,
+        batches_per_s=rate,
+        tokens_per_s=1000.0 * rate,
+        rss_mb=rss,
+        cpu_cores=cpu,
+        seconds=1.0,
+        batches=max(1, int(rate)),
+    )
 
 
 def search(curve, *, cpus, **settings) -> list[Measurement]:
@@ -40,11 +47,18 @@ def test_plateau_picks_the_fewest_workers_within_a_few_percent_of_the_best():
     assert decide(rows, cpus=16).threads == 8
 
 
-@pytest.mark.parametrize("gain_past_cores, threads", [(1.10, 2), (2.0, 8)],
-                         ids=["cpu-bound-stays-within-cores", "latency-bound-goes-past"])
+@pytest.mark.parametrize(
+    "gain_past_cores, threads",
+    [(1.10, 2), (2.0, 8)],
+    ids=["cpu-bound-stays-within-cores", "latency-bound-goes-past"],
+)
 def test_more_workers_than_cores_need_a_large_gain(gain_past_cores, threads):
-    rows = [row(0, 1, 100), row(0, 2, 180), row(0, 4, 180 * gain_past_cores ** 0.5),
-            row(0, 8, 180 * gain_past_cores)]
+    rows = [
+        row(0, 1, 100),
+        row(0, 2, 180),
+        row(0, 4, 180 * gain_past_cores**0.5),
+        row(0, 8, 180 * gain_past_cores),
+    ]
     assert decide(rows, cpus=2).threads == threads
 
 
@@ -61,8 +75,12 @@ def test_target_picks_the_fewest_workers_that_meet_it_with_headroom():
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_ram_budget_that_fits_k_workers_yields_at_most_k(k):
     per_process = 300.0
-    rows = [row(0, 1, 100, rss=2), row(2, 1, 200, rss=2 * per_process),
-            row(4, 1, 390, rss=4 * per_process), row(8, 1, 700, rss=8 * per_process)]
+    rows = [
+        row(0, 1, 100, rss=2),
+        row(2, 1, 200, rss=2 * per_process),
+        row(4, 1, 390, rss=4 * per_process),
+        row(8, 1, 700, rss=8 * per_process),
+    ]
     t = decide(rows, ram_budget_mb=(k + 0.5) * per_process, cpus=8)
     assert t.workers <= k
     assert t.reason == "ram cap" and "ram cap" in t.detail
@@ -148,8 +166,11 @@ def test_search_stops_as_soon_as_the_target_is_met():
 def test_first_process_candidate_is_measured_not_predicted_from_threads():
     # A thread's memory says nothing of a process's (a whole interpreter): the first process
     # candidate runs even when threads took much per worker; later ones are predicted from it.
-    rows = [row(0, 1, 100, rss=300.0, cpu=1.0), row(0, 2, 101, rss=600.0, cpu=1.0),
-            row(0, 4, 100, rss=1200.0, cpu=1.0)]
+    rows = [
+        row(0, 1, 100, rss=300.0, cpu=1.0),
+        row(0, 2, 101, rss=600.0, cpu=1.0),
+        row(0, 4, 100, rss=1200.0, cpu=1.0),
+    ]
     c = next_candidate(rows, cpus=8, ram_budget_mb=500)  # 2 x 300 from threads: over
     assert (c.processes, c.skip) == (2, "")
     rows.append(row(2, 1, 200, rss=400.0, cpu=2.0))

@@ -14,9 +14,11 @@ from input_server.serving.coalesce import (
 
 
 def queued(seq: int):
-    arrays = {"inputs": np.full((2, 4), seq, np.int32),
-              "segment_lengths": np.array([4, 4], np.int32),
-              "segments_per_row": np.array([1, 1], np.int32)}
+    arrays = {
+        "inputs": np.full((2, 4), seq, np.int32),
+        "segment_lengths": np.array([4, 4], np.int32),
+        "segments_per_row": np.array([1, 1], np.int32),
+    }
     return pb.Batch(sequence_number=seq, num_tokens=8), arrays
 
 

@@ -9,9 +9,10 @@ import sys
 
 from tests.support import ROOT
 
-PACKAGES = {"input_client": ROOT / "client" / "input_client",
-            "input_server": ROOT / "input_server"}
-MAX_LINES = 400
+PACKAGES = {"input_client": ROOT / "client" / "input_client", "input_server": ROOT / "input_server"}
+# 400 before `ruff format` was adopted; its one-argument-a-line calls made the same modules
+# about a sixth longer.
+MAX_LINES = 480
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -44,7 +45,7 @@ def _imports(name: str, path: pathlib.Path) -> set[tuple[str, int]]:
                 base = name.split(".")
                 if path.name != "__init__.py":
                     base.pop()
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -59,9 +60,13 @@ def _project_edges() -> dict[str, set[str]]:
 
 
 def test_the_client_never_imports_the_server():
-    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}"
-           for m in MODULES if m.startswith("input_client")
-           for i, line in _imports(m, MODULES[m]) if i.split(".")[0] == "input_server"]
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}"
+        for m in MODULES
+        if m.startswith("input_client")
+        for i, line in _imports(m, MODULES[m])
+        if i.split(".")[0] == "input_server"
+    ]
     assert not bad, bad
 
 
@@ -75,11 +80,16 @@ def test_the_server_uses_only_public_names_of_the_client():
                 private = [p for p in node.module.split(".") if p.startswith("_")]
                 private += [a.name for a in node.names if a.name.startswith("_")]
                 if private:
-                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module} "
-                               f"{[a.name for a in node.names]}")
+                    bad.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.module} "
+                        f"{[a.name for a in node.names]}"
+                    )
             elif isinstance(node, ast.Import):
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names
-                        if a.name.startswith("input_client") and "._" in a.name]
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("input_client") and "._" in a.name
+                ]
     assert not bad, bad
 
 
@@ -97,7 +107,7 @@ def test_no_import_cycle_between_the_projects_modules():
         state[m] = 1
         for n in sorted(edges[m]):
             if state.get(n) == 1:
-                cycles.append(path[path.index(n):] + [n])
+                cycles.append(path[path.index(n) :] + [n])
             elif n not in state:
                 visit(n, path + [n])
         state[m] = 2
@@ -109,8 +119,11 @@ def test_no_import_cycle_between_the_projects_modules():
 
 
 def test_no_hand_written_module_is_over_the_limit():
-    big = {str(p.relative_to(ROOT)): n for p in MODULES.values()
-           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not big, f"split these by responsibility (at most {MAX_LINES} lines): {big}"
 
 
@@ -132,10 +145,18 @@ def test_the_pipeline_takes_its_parallelism_from_the_caller():
 
 
 def test_serving_never_imports_the_tools():
-    serving = [m for m in MODULES if m.startswith(("input_server.serving",
-                                                   "input_server.batching",
-                                                   "input_server.data",
-                                                   "input_server.autotune"))]
+    serving = [
+        m
+        for m in MODULES
+        if m.startswith(
+            (
+                "input_server.serving",
+                "input_server.batching",
+                "input_server.data",
+                "input_server.autotune",
+            )
+        )
+    ]
     edges = _project_edges()
     seen, todo = set(), list(serving)
     while todo:

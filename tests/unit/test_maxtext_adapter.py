@@ -22,7 +22,7 @@ def _batch(rows: list[list[list[int]]], seq_len: int) -> dict[str, np.ndarray]:
     lengths, per_row = [], []
     for r, docs in enumerate(rows):
         flat = [t for d in docs for t in d]
-        inputs[r, :len(flat)] = flat
+        inputs[r, : len(flat)] = flat
         lengths += [len(d) for d in docs]
         per_row.append(len(docs))
     return expand_packed(inputs, np.array(lengths, np.int32), np.array(per_row, np.int32))
@@ -32,12 +32,10 @@ def _batch(rows: list[list[list[int]]], seq_len: int) -> dict[str, np.ndarray]:
 def test_packed_rows_follow_maxtext_shift_data(pad_id):
     b = to_maxtext(_batch([[[1, 5, 6, 2], [1, 7, 2]], [[1, 8, 9, 9, 2]]], 8), pad_id, "first_fit")
     assert b["inputs"].tolist() == [[1, 5, 6, 2, 1, 7, 2, 0], [1, 8, 9, 9, 2, 0, 0, 0]]
-    assert b["inputs_segmentation"].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0],
-                                                 [1, 1, 1, 1, 1, 0, 0, 0]]
+    assert b["inputs_segmentation"].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 0, 0, 0]]
     assert b["inputs_position"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 0, 0, 0]]
     # Targets shift left across the row; the last column is the pad id.
-    assert b["targets"].tolist() == [[5, 6, 2, 1, 7, 2, 0, pad_id],
-                                     [8, 9, 9, 2, 0, 0, 0, pad_id]]
+    assert b["targets"].tolist() == [[5, 6, 2, 1, 7, 2, 0, pad_id], [8, 9, 9, 2, 0, 0, 0, pad_id]]
     # A document's EOS predicts the next one's BOS (weighted, as in MaxText); the token before
     # padding predicts padding (weight 0), and so does the last column.
     want_tseg = [[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]
@@ -55,8 +53,7 @@ def test_a_target_equal_to_the_pad_id_carries_no_weight():
 
 def test_empty_rows_are_whole_rows_of_the_pad_id_as_batch_and_pad_makes_them():
     b = to_maxtext(_batch([[[1, 4, 2]], []], 4), -1, "first_fit")
-    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets",
-                "targets_position"):
+    for key in ("inputs", "inputs_segmentation", "inputs_position", "targets", "targets_position"):
         assert b[key][1].tolist() == [-1] * 4, key
     assert b["targets_segmentation"][1].tolist() == [0] * 4
     assert b["inputs"][0].tolist() == [1, 4, 2, 0]  # a real row keeps the packer's 0 padding
@@ -73,10 +70,20 @@ def test_unpacked_rows_pad_every_input_array_with_the_pad_id():
 
 
 def _config(**over):
-    base = dict(max_target_length=256, global_batch_size_to_load=16, add_bos=True, add_eos=True,
-                vocab_size=8192, tokenizer_type="sentencepiece", tokenizer_path="",
-                expansion_factor_real_data=-1, packing=True, grain_packing_type="first_fit",
-                max_segments_per_seq=-1, use_truncation=True)
+    base = dict(
+        max_target_length=256,
+        global_batch_size_to_load=16,
+        add_bos=True,
+        add_eos=True,
+        vocab_size=8192,
+        tokenizer_type="sentencepiece",
+        tokenizer_path="",
+        expansion_factor_real_data=-1,
+        packing=True,
+        grain_packing_type="first_fit",
+        max_segments_per_seq=-1,
+        use_truncation=True,
+    )
     return types.SimpleNamespace(**{**base, **over})
 
 
@@ -95,47 +102,74 @@ def _tokenizer(model_file, **over):
 
 
 def _spec(model_file, **batch):
-    return PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model_file},
-                        batch={"seq_len": 256, "size": 8, **batch})
+    return PipelineSpec(
+        source={"paths": ["x.jsonl"]},
+        tokenizer={"model": model_file},
+        batch={"seq_len": 256, "size": 8, **batch},
+    )
 
 
 def test_a_spec_that_agrees_passes(model_file):
-    check.check_against_config(_spec(model_file), _config(tokenizer_path=model_file),
-                               _tokenizer(model_file), process_count=2, which="train")
+    check.check_against_config(
+        _spec(model_file),
+        _config(tokenizer_path=model_file),
+        _tokenizer(model_file),
+        process_count=2,
+        which="train",
+    )
 
 
-@pytest.mark.parametrize(("config", "batch", "tokenizer", "names"), [
-    ({"max_target_length": 512}, {}, {}, ("`batch.seq_len` is 256", "`max_target_length` is 512")),
-    ({}, {"size": 16}, {}, ("`batch.size` is 16", "is 8")),
-    ({"add_eos": False}, {}, {}, ("`tokenizer.add_eos` is True", "`add_eos` is False")),
-    ({"vocab_size": 512}, {}, {}, ("1000 pieces", "`vocab_size` is 512")),
-    ({}, {}, {"sha256": "0" * 64}, ("`tokenizer.model`", "its SHA-256 differs")),
-    ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
-    ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
-    ({"colocated_python_data_input": True}, {}, {}, ("`colocated_python_data_input`",)),
-    ({"packing": False}, {}, {}, ("`batch.packing` is 'first_fit'", "`packing` is False")),
-    ({}, {"packing": "none"}, {}, ("`batch.packing` is 'none'", "`packing` is True")),
-    ({"grain_packing_type": "best_fit"}, {}, {}, ("`grain_packing_type` is 'best_fit'",)),
-    ({"grain_packing_type": "concat_then_split"}, {"packing": "concat_then_split"}, {},
-     ("`grain_packing_type` 'concat_then_split' is not supported", "use first_fit")),
-    ({"max_segments_per_seq": 8}, {}, {}, ("`max_segments_per_seq` 8 is not supported",)),
-    ({"use_truncation": False}, {}, {}, ("`use_truncation` False is not supported",)),
-])
+@pytest.mark.parametrize(
+    ("config", "batch", "tokenizer", "names"),
+    [
+        (
+            {"max_target_length": 512},
+            {},
+            {},
+            ("`batch.seq_len` is 256", "`max_target_length` is 512"),
+        ),
+        ({}, {"size": 16}, {}, ("`batch.size` is 16", "is 8")),
+        ({"add_eos": False}, {}, {}, ("`tokenizer.add_eos` is True", "`add_eos` is False")),
+        ({"vocab_size": 512}, {}, {}, ("1000 pieces", "`vocab_size` is 512")),
+        ({}, {}, {"sha256": "0" * 64}, ("`tokenizer.model`", "its SHA-256 differs")),
+        ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
+        ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
+        ({"colocated_python_data_input": True}, {}, {}, ("`colocated_python_data_input`",)),
+        ({"packing": False}, {}, {}, ("`batch.packing` is 'first_fit'", "`packing` is False")),
+        ({}, {"packing": "none"}, {}, ("`batch.packing` is 'none'", "`packing` is True")),
+        ({"grain_packing_type": "best_fit"}, {}, {}, ("`grain_packing_type` is 'best_fit'",)),
+        (
+            {"grain_packing_type": "concat_then_split"},
+            {"packing": "concat_then_split"},
+            {},
+            ("`grain_packing_type` 'concat_then_split' is not supported", "use first_fit"),
+        ),
+        ({"max_segments_per_seq": 8}, {}, {}, ("`max_segments_per_seq` 8 is not supported",)),
+        ({"use_truncation": False}, {}, {}, ("`use_truncation` False is not supported",)),
+    ],
+)
 def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, names):
     with pytest.raises(MaxTextConfigError) as e:
-        check.check_against_config(_spec(model_file, **batch),
-                                   _config(tokenizer_path=model_file, **config),
-                                   _tokenizer(model_file, **tokenizer), process_count=2,
-                                   which="train")
+        check.check_against_config(
+            _spec(model_file, **batch),
+            _config(tokenizer_path=model_file, **config),
+            _tokenizer(model_file, **tokenizer),
+            process_count=2,
+            which="train",
+        )
     for name in names:
         assert name in str(e.value)
 
 
 def test_a_tokenizer_path_that_is_not_here_is_refused_by_name(model_file):
     with pytest.raises(MaxTextConfigError, match="'gs://bucket/tok.model' is not a file here"):
-        check.check_against_config(_spec(model_file),
-                                   _config(tokenizer_path="gs://bucket/tok.model"),
-                                   _tokenizer(model_file), process_count=2, which="eval")
+        check.check_against_config(
+            _spec(model_file),
+            _config(tokenizer_path="gs://bucket/tok.model"),
+            _tokenizer(model_file),
+            process_count=2,
+            which="eval",
+        )
 
 
 def test_each_host_reads_its_place_among_the_loading_processes(model_file):
@@ -143,18 +177,27 @@ def test_each_host_reads_its_place_among_the_loading_processes(model_file):
     assert check.shard_for(spec, [0], 0) is spec
     s = check.shard_for(spec, [0, 2, 5], 5).shard
     assert (s.index, s.count) == (2, 3)
-    own = PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model_file},
-                       shard={"index": 1, "count": 4})
+    own = PipelineSpec(
+        source={"paths": ["x.jsonl"]},
+        tokenizer={"model": model_file},
+        shard={"index": 1, "count": 4},
+    )
     assert check.shard_for(own, [0, 1], 0).shard == own.shard  # the spec's own shard wins
 
 
 def test_the_launcher_adds_what_maxtext_needs_and_refuses_another_dataset():
     assert maxtext_argv(["steps=5"]) == [
-        "steps=5", "dataset_type=grain", f"grain_train_files={PLACEHOLDER}",
-        f"grain_eval_files={PLACEHOLDER}"]
+        "steps=5",
+        "dataset_type=grain",
+        f"grain_train_files={PLACEHOLDER}",
+        f"grain_eval_files={PLACEHOLDER}",
+    ]
     assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"]) == [
-        "base.yml", "dataset_type=grain", "grain_train_files=x",
-        f"grain_eval_files={PLACEHOLDER}"]
+        "base.yml",
+        "dataset_type=grain",
+        "grain_train_files=x",
+        f"grain_eval_files={PLACEHOLDER}",
+    ]
     with pytest.raises(ValueError, match="dataset_type=hf would bypass the server"):
         maxtext_argv(["dataset_type=hf"])
 
@@ -170,12 +213,14 @@ def _launcher(capsys, *args):
 def test_the_launcher_without_maxtext_says_so_in_one_line(capsys, model_file, tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(_spec(model_file).to_toml())
-    code, err = _launcher(capsys, "--server", "unix:///nowhere.sock", "--spec", str(spec),
-                          "steps=5")
+    code, err = _launcher(
+        capsys, "--server", "unix:///nowhere.sock", "--spec", str(spec), "steps=5"
+    )
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == [
         "python -m input_client.maxtext.train: MaxText is not installed in this environment "
-        "(pip install maxtext==0.2.5)."]
+        "(pip install maxtext==0.2.5)."
+    ]
 
 
 def test_the_launcher_names_a_spec_mistake(capsys, tmp_path):
@@ -187,14 +232,22 @@ def test_the_launcher_names_a_spec_mistake(capsys, tmp_path):
 
 @pytest.mark.parametrize("factor", [0, -2, 1])
 def test_maxtexts_off_values_of_the_expansion_factor_pass(model_file, factor):
-    check.check_shape(_spec(model_file), _config(expansion_factor_real_data=factor),
-                      process_count=2, which="train")
+    check.check_shape(
+        _spec(model_file),
+        _config(expansion_factor_real_data=factor),
+        process_count=2,
+        which="train",
+    )
 
 
 def test_a_fractional_expansion_factor_is_refused(model_file):
     with pytest.raises(MaxTextConfigError, match="`expansion_factor_real_data` 1.5"):
-        check.check_shape(_spec(model_file), _config(expansion_factor_real_data=1.5),
-                          process_count=2, which="train")
+        check.check_shape(
+            _spec(model_file),
+            _config(expansion_factor_real_data=1.5),
+            process_count=2,
+            which="train",
+        )
 
 
 def test_a_checkpoint_from_another_pipeline_is_refused_by_name():

@@ -13,14 +13,22 @@ def default_threads(processes: int) -> int:
     return max(1, 8 // max(1, processes))
 
 
-def window(rate: float, *, workers: int = 1, blocked: float = 0.0, busy: float = 1.0,
-           seconds: float = 1.0) -> Window:
+def window(
+    rate: float, *, workers: int = 1, blocked: float = 0.0, busy: float = 1.0, seconds: float = 1.0
+) -> Window:
     """A window at `rate` batches/s whose producer waited for room `blocked` of the time and
     whose parallel stage was `busy` (its in-order part idle while it waited)."""
     batches = int(rate * seconds)
-    return Window(seconds=seconds, batches=batches, tokens=100 * batches, groups=batches,
-                  group_s=busy * workers * seconds, waiting_s=(1 - blocked) * seconds,
-                  blocked_s=blocked * seconds, workers=workers)
+    return Window(
+        seconds=seconds,
+        batches=batches,
+        tokens=100 * batches,
+        groups=batches,
+        group_s=busy * workers * seconds,
+        waiting_s=(1 - blocked) * seconds,
+        blocked_s=blocked * seconds,
+        workers=workers,
+    )
 
 
 def test_a_window_that_ran_free_is_its_own_capacity():
@@ -38,15 +46,18 @@ def test_a_throttled_window_scales_its_rate_by_the_bottlenecks_utilization():
 def capacities(per_thread: float, gil: float = 1.0):
     """Capacity of (processes, threads) for a stage whose threads add `per_thread` each, a
     fraction `gil` of that beyond the first."""
+
     def capacity(config):
         p, t = config
         n = max(1, p) * t
         return per_thread * (1 + gil * (n - 1))
+
     return capacity
 
 
-def run(search: OnlineSearch, capacity, demand: float | None, *, windows: int = 30,
-        now: float = 0.0):
+def run(
+    search: OnlineSearch, capacity, demand: float | None, *, windows: int = 30, now: float = 0.0
+):
     """Feeds the search the windows its current parallelism would give, switching where it
     says; returns the configs it ran and the time."""
     path = [search.current]
@@ -56,8 +67,12 @@ def run(search: OnlineSearch, capacity, demand: float | None, *, windows: int = 
             w = window(cap, workers=max(1, search.current[0]) * search.current[1])
         else:
             busy = demand / cap
-            w = window(demand, workers=max(1, search.current[0]) * search.current[1],
-                       blocked=1 - busy, busy=busy)
+            w = window(
+                demand,
+                workers=max(1, search.current[0]) * search.current[1],
+                blocked=1 - busy,
+                busy=busy,
+            )
         now += 1.0
         step = search.observe(w, demand=w.batches_per_s, now=now)
         if step.to is not None:
@@ -121,8 +136,9 @@ def test_caps_bound_the_walk():
 def test_a_remembered_choice_starts_settled_and_watches():
     first = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
     run(first, capacities(10), demand=6)
-    again = OnlineSearch(first.current, cpus=8, default_threads=default_threads,
-                         remembered=first.tuning)
+    again = OnlineSearch(
+        first.current, cpus=8, default_threads=default_threads, remembered=first.tuning
+    )
     assert again.settled
     path, _ = run(again, capacities(10), demand=6, windows=10)
     assert path == [first.current] and again.searches == 0
@@ -174,8 +190,9 @@ def test_a_measured_parallelism_whose_processes_went_elsewhere_is_not_chosen_aga
 
 
 def test_threads_are_held_to_the_memory_budget():
-    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40,
-                     mb_per_worker=8)
+    s = OnlineSearch(
+        (0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40, mb_per_worker=8
+    )
     run(s, capacities(10), demand=None)  # 4 threads hold 32 MiB, 8 would hold 64
     assert s.settled and s.current == (0, 4), s.tuning
 

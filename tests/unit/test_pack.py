@@ -11,16 +11,19 @@ from input_client.wire import FIELDS
 from input_server.batching.pack import DocCursor, pack_batch
 from input_server.data.tokenizer import TokenGroup
 
-docs_strategy = st.lists(st.lists(st.integers(1, 999), min_size=0, max_size=40), min_size=1,
-                         max_size=40)
+docs_strategy = st.lists(
+    st.lists(st.integers(1, 999), min_size=0, max_size=40), min_size=1, max_size=40
+)
 
 
 def groups_of(docs: list[list[int]], group_size: int = 4):
     for first in range(0, len(docs), group_size):
-        part = docs[first:first + group_size]
-        yield TokenGroup(first_doc=first,
-                         tokens=np.array([t for d in part for t in d], np.int32),
-                         lengths=np.array([len(d) for d in part], np.int64))
+        part = docs[first : first + group_size]
+        yield TokenGroup(
+            first_doc=first,
+            tokens=np.array([t for d in part for t in d], np.int32),
+            lengths=np.array([len(d) for d in part], np.int64),
+        )
 
 
 def pack_all(docs, *, size, seq_len, packing):
@@ -77,8 +80,9 @@ def test_first_fit_keeps_order_trims_and_fits(docs, size, seq_len):
     assert sorted(map(tuple, (t for t, _ in placed))) == sorted(map(tuple, nonempty))
     assert all(p == list(range(len(t))) for t, p in placed)
     # Real-token count equals the trimmed documents' tokens: nothing padded is counted.
-    assert sum(len(d) for d in nonempty) == sum(int((b["inputs_segmentation"] > 0).sum())
-                                              for b in batches)
+    assert sum(len(d) for d in nonempty) == sum(
+        int((b["inputs_segmentation"] > 0).sum()) for b in batches
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -105,8 +109,8 @@ def test_none_is_one_document_per_row(docs, size, seq_len):
         for r in range(size):
             n = int((b["inputs_segmentation"][r] > 0).sum())
             rows.append(b["inputs"][r][:n].tolist())
-    assert rows[:len(docs)] == [d[:seq_len] for d in docs]
-    assert all(r == [] for r in rows[len(docs):])  # the last batch's spare rows are padding
+    assert rows[: len(docs)] == [d[:seq_len] for d in docs]
+    assert all(r == [] for r in rows[len(docs) :])  # the last batch's spare rows are padding
 
 
 def test_first_fit_fills_rows_before_opening_a_batch():
@@ -135,13 +139,15 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
         while (b := pack_batch(resumed, size=3, seq_len=16, packing=packing)) is not None:
             rest.append(b.arrays())
         assert len(rest) == len(full) - i - 1
-        for x, y in zip(rest, full[i + 1:], strict=True):
+        for x, y in zip(rest, full[i + 1 :], strict=True):
             for k in FIELDS:
                 np.testing.assert_array_equal(x[k], y[k])
 
 
-@pytest.mark.parametrize("vocab_size, wire_dtype", [(1000, np.uint16), (65536, np.uint16),
-                                                    (65537, np.int32), (256_000, np.int32)])
+@pytest.mark.parametrize(
+    "vocab_size, wire_dtype",
+    [(1000, np.uint16), (65536, np.uint16), (65537, np.int32), (256_000, np.int32)],
+)
 def test_wire_form_narrows_ids_only_when_the_vocabulary_fits_uint16(vocab_size, wire_dtype):
     from input_client.wire import expand_packed
 

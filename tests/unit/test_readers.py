@@ -39,8 +39,9 @@ def test_document_source_random_access_over_three_files(kind, some_docs, tmp_pat
     assert src.where(first_of_last).startswith(paths[2] + " ")
     assert src.where(first_of_last - 1).startswith(paths[1] + " ")
     last = len(parts[2]) - 1
-    unit = {"jsonl": f"line {last + 1}", "arrayrecord": f"record {last}",
-            "parquet": f"row {last}"}[keys.get("format", "jsonl")]
+    unit = {"jsonl": f"line {last + 1}", "arrayrecord": f"record {last}", "parquet": f"row {last}"}[
+        keys.get("format", "jsonl")
+    ]
     assert src.where(len(src) - 1) == f"{paths[2]} {unit}"
 
 

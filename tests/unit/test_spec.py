@@ -54,13 +54,17 @@ def test_toml_reads_every_table_and_resolves_relative_paths(tmp_path):
 
 def test_to_toml_reads_back_equal(tmp_path):
     spec = PipelineSpec(
-        source={"paths": ["/data/été \"quoted\"/*.parquet", "/b\\c.jsonl", "/d/😀\x7f\t.jsonl"],
-                "format": "parquet",
-                "text_field": "body"},
+        source={
+            "paths": ['/data/été "quoted"/*.parquet', "/b\\c.jsonl", "/d/😀\x7f\t.jsonl"],
+            "format": "parquet",
+            "text_field": "body",
+        },
         tokenizer={"model": "/m/spm.model", "add_bos": False},
         batch={"seq_len": 512, "size": 3, "packing": "none"},
-        order={"seed": 7, "shuffle": False, "epochs": 0}, shard={"index": 1, "count": 4},
-        workers={"count": "auto", "target_batches_per_s": 12.5, "tune_seconds": 3.0})
+        order={"seed": 7, "shuffle": False, "epochs": 0},
+        shard={"index": 1, "count": 4},
+        workers={"count": "auto", "target_batches_per_s": 12.5, "tune_seconds": 3.0},
+    )
     path = tmp_path / "spec.toml"
     path.write_text(spec.to_toml())
     assert PipelineSpec.from_toml(path) == spec
@@ -70,18 +74,22 @@ def test_keyword_construction_equals_toml(tmp_path):
     path = tmp_path / "spec.toml"
     path.write_text(ISSUE_EXAMPLE)
     from_file = PipelineSpec.from_toml(path)
-    by_keyword = PipelineSpec(source={"paths": [str(tmp_path / "data/*.jsonl")]},
-                              tokenizer={"model": str(tmp_path / "spm.model")})
+    by_keyword = PipelineSpec(
+        source={"paths": [str(tmp_path / "data/*.jsonl")]},
+        tokenizer={"model": str(tmp_path / "spm.model")},
+    )
     assert by_keyword == from_file
 
 
 def test_proto_round_trip_keeps_every_key():
-    spec = PipelineSpec(source={"paths": ["a.parquet", "b/*.parquet"], "format": "parquet",
-                                "text_field": "body"},
-                        tokenizer={"model": "m.model", "add_bos": False},
-                        batch={"seq_len": 64, "size": 3, "packing": "none"},
-                        order={"seed": 7, "shuffle": False, "epochs": 0},
-                        shard={"index": 1, "count": 4}, workers={"count": 3, "ram_budget_mb": 9})
+    spec = PipelineSpec(
+        source={"paths": ["a.parquet", "b/*.parquet"], "format": "parquet", "text_field": "body"},
+        tokenizer={"model": "m.model", "add_bos": False},
+        batch={"seq_len": 64, "size": 3, "packing": "none"},
+        order={"seed": 7, "shuffle": False, "epochs": 0},
+        shard={"index": 1, "count": 4},
+        workers={"count": 3, "ram_budget_mb": 9},
+    )
     assert PipelineSpec.from_proto(spec.to_proto()) == spec
 
 
@@ -91,26 +99,30 @@ def test_data_fingerprint_ignores_workers_only():
     assert base.data_fingerprint() != base.replace(order={"seed": 1}).data_fingerprint()
 
 
-@pytest.mark.parametrize("tables, key, value", [
-    ({"source": {"paths": []}}, "source.paths", "()"),
-    ({"source": {"format": "csv"}}, "source.format", "'csv'"),
-    ({"source": {"record_format": "xml"}}, "source.record_format", "'xml'"),
-    ({"source": {"text_field": ""}}, "source.text_field", "''"),
-    ({"tokenizer": {"model": ""}}, "tokenizer.model", "''"),
-    ({"tokenizer": {"add_bos": "yes"}}, "tokenizer.add_bos", "'yes'"),
-    ({"batch": {"seq_len": 0}}, "batch.seq_len", "0"),
-    ({"batch": {"size": -2}}, "batch.size", "-2"),
-    ({"batch": {"size": 2.5}}, "batch.size", "2.5"),
-    ({"batch": {"packing": "best_fit"}}, "batch.packing", "'best_fit'"),
-    ({"order": {"epochs": -1}}, "order.epochs", "-1"),
-    ({"order": {"seed": -5}}, "order.seed", "-5"),
-    ({"order": {"shuffle": 1}}, "order.shuffle", "1"),
-    ({"shard": {"index": 2, "count": 2}}, "shard.index", "2"),
-    ({"shard": {"count": 0}}, "shard.count", "0"),
-    ({"workers": {"count": "many"}}, "workers.count", "'many'"),
-    ({"workers": {"count": -1}}, "workers.count", "-1"),
-    ({"workers": {"ram_budget_mb": 0}}, "workers.ram_budget_mb", "0"),
-], ids=lambda v: str(v) if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "tables, key, value",
+    [
+        ({"source": {"paths": []}}, "source.paths", "()"),
+        ({"source": {"format": "csv"}}, "source.format", "'csv'"),
+        ({"source": {"record_format": "xml"}}, "source.record_format", "'xml'"),
+        ({"source": {"text_field": ""}}, "source.text_field", "''"),
+        ({"tokenizer": {"model": ""}}, "tokenizer.model", "''"),
+        ({"tokenizer": {"add_bos": "yes"}}, "tokenizer.add_bos", "'yes'"),
+        ({"batch": {"seq_len": 0}}, "batch.seq_len", "0"),
+        ({"batch": {"size": -2}}, "batch.size", "-2"),
+        ({"batch": {"size": 2.5}}, "batch.size", "2.5"),
+        ({"batch": {"packing": "best_fit"}}, "batch.packing", "'best_fit'"),
+        ({"order": {"epochs": -1}}, "order.epochs", "-1"),
+        ({"order": {"seed": -5}}, "order.seed", "-5"),
+        ({"order": {"shuffle": 1}}, "order.shuffle", "1"),
+        ({"shard": {"index": 2, "count": 2}}, "shard.index", "2"),
+        ({"shard": {"count": 0}}, "shard.count", "0"),
+        ({"workers": {"count": "many"}}, "workers.count", "'many'"),
+        ({"workers": {"count": -1}}, "workers.count", "-1"),
+        ({"workers": {"ram_budget_mb": 0}}, "workers.ram_budget_mb", "0"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, str) else None,
+)
 def test_invalid_value_names_key_and_value(tables, key, value):
     spec = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m.model"})
     with pytest.raises(SpecError) as e:
@@ -121,11 +133,13 @@ def test_invalid_value_names_key_and_value(tables, key, value):
 
 def test_unknown_key_and_table_are_refused(tmp_path):
     with pytest.raises(SpecError, match=r"`batch.sizee`.*known: packing, seq_len, size"):
-        PipelineSpec.from_dict({"source": {"paths": ["a"]}, "tokenizer": {"model": "m"},
-                                "batch": {"sizee": 3}})
+        PipelineSpec.from_dict(
+            {"source": {"paths": ["a"]}, "tokenizer": {"model": "m"}, "batch": {"sizee": 3}}
+        )
     with pytest.raises(SpecError, match=r"`btach` is not a spec table"):
-        PipelineSpec.from_dict({"source": {"paths": ["a"]}, "tokenizer": {"model": "m"},
-                                "btach": {}})
+        PipelineSpec.from_dict(
+            {"source": {"paths": ["a"]}, "tokenizer": {"model": "m"}, "btach": {}}
+        )
     with pytest.raises(SpecError, match=r"`tokenizer` is a required table"):
         PipelineSpec.from_dict({"source": {"paths": ["a"]}})
     bad = tmp_path / "bad.toml"
@@ -143,7 +157,8 @@ def test_pipelines_file_names_specs_and_errors(tmp_path):
     from input_server.cli import load_pipelines
 
     path = tmp_path / "pipelines.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [wiki.source]
         paths = ["wiki.jsonl"]
         [wiki.tokenizer]
@@ -154,7 +169,8 @@ def test_pipelines_file_names_specs_and_errors(tmp_path):
         model = "spm.model"
         [code.batch]
         size = 2
-    """))
+    """)
+    )
     pipelines = load_pipelines(str(path))
     assert sorted(pipelines) == ["code", "wiki"]
     assert pipelines["wiki"].source.paths == (str(tmp_path / "wiki.jsonl"),)
@@ -165,17 +181,20 @@ def test_pipelines_file_names_specs_and_errors(tmp_path):
         load_pipelines(str(path))
 
 
-@pytest.mark.parametrize("keys, key", [
-    ({"max_workers": -1}, "workers.max_workers"),
-    ({"target_batches_per_s": -1.0}, "workers.target_batches_per_s"),
-    ({"target_batches_per_s": math.nan}, "workers.target_batches_per_s"),
-    ({"tune_seconds": 0}, "workers.tune_seconds"),
-    ({"tune_seconds": 10_000}, "workers.tune_seconds"),
-    ({"count": 2, "threads": -1}, "workers.threads"),
-    ({"count": 2, "threads": 1000}, "workers.threads"),
-    ({"count": 2, "threads": 1.5}, "workers.threads"),
-    ({"count": "auto", "threads": 2}, "workers.threads"),
-])
+@pytest.mark.parametrize(
+    "keys, key",
+    [
+        ({"max_workers": -1}, "workers.max_workers"),
+        ({"target_batches_per_s": -1.0}, "workers.target_batches_per_s"),
+        ({"target_batches_per_s": math.nan}, "workers.target_batches_per_s"),
+        ({"tune_seconds": 0}, "workers.tune_seconds"),
+        ({"tune_seconds": 10_000}, "workers.tune_seconds"),
+        ({"count": 2, "threads": -1}, "workers.threads"),
+        ({"count": 2, "threads": 1000}, "workers.threads"),
+        ({"count": 2, "threads": 1.5}, "workers.threads"),
+        ({"count": "auto", "threads": 2}, "workers.threads"),
+    ],
+)
 def test_bad_workers_keys_are_refused_by_name(keys, key):
     spec = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m"})
     with pytest.raises(SpecError) as e:
@@ -185,9 +204,11 @@ def test_bad_workers_keys_are_refused_by_name(keys, key):
 
 def test_workers_keys_survive_toml_and_proto(tmp_path):
     path = tmp_path / "spec.toml"
-    path.write_text('[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
-                    'count = "auto"\nmax_workers = 6\ntarget_batches_per_s = 2.5\n'
-                    'tune_seconds = 8\n')
+    path.write_text(
+        '[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
+        'count = "auto"\nmax_workers = 6\ntarget_batches_per_s = 2.5\n'
+        "tune_seconds = 8\n"
+    )
     spec = PipelineSpec.from_toml(path)
     validate(spec)
     w = spec.workers
@@ -198,10 +219,11 @@ def test_workers_keys_survive_toml_and_proto(tmp_path):
 
 def test_workers_threads_fix_the_tuners_whole_choice(tmp_path):
     path = tmp_path / "spec.toml"
-    path.write_text('[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
-                    'count = 2\nthreads = 3\n')
+    path.write_text(
+        '[source]\npaths = ["a.jsonl"]\n[tokenizer]\nmodel = "m"\n[workers]\n'
+        "count = 2\nthreads = 3\n"
+    )
     spec = PipelineSpec.from_toml(path)
     assert (spec.workers.count, spec.workers.threads) == (2, 3)
     assert PipelineSpec.from_proto(spec.to_proto()) == spec
     assert spec.data_fingerprint() == spec.replace(workers={"threads": 0}).data_fingerprint()
-

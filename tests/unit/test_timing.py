@@ -253,8 +253,10 @@ def test_returns_the_step_output_unchanged():
     assert out["sum"].tolist() == [3.0, 3.0]
 
 
-@pytest.mark.parametrize("kwargs", [{"tokens_per_step": 0}, {"flops_per_step": -1.0},
-                                    {"num_devices": 0}, {"exclude": "compile"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"tokens_per_step": 0}, {"flops_per_step": -1.0}, {"num_devices": 0}, {"exclude": "compile"}],
+)
 def test_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         StepTimer(**kwargs)
@@ -273,4 +275,3 @@ def test_the_first_steps_data_wait_is_reported_apart_from_its_compile_time(clock
     assert "first step's data wait  11.500 s" in text
     assert "first step (compile)    9.000 s" in text
     assert StepTimer().summary()["first_data_wait_s"] is None
-

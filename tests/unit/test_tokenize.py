@@ -13,7 +13,7 @@ from input_server.data.tokenizer import CUT_CHARS_PER_TOKEN, Tokenizer
 
 def doc_tokens(group, i):
     start = int(group.starts[i])
-    return group.tokens[start:start + int(group.lengths[i])]
+    return group.tokens[start : start + int(group.lengths[i])]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,9 @@ def tokenizer(spm_model):
 def bpe_model(docs, tmp_path_factory):
     from input_server.tools.corpus import train_sentencepiece
 
-    return train_sentencepiece(docs, tmp_path_factory.mktemp("bpe") / "bpe", vocab_size=1000,
-                               model_type="bpe")
+    return train_sentencepiece(
+        docs, tmp_path_factory.mktemp("bpe") / "bpe", vocab_size=1000, model_type="bpe"
+    )
 
 
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
@@ -43,7 +44,8 @@ def test_only_models_that_segment_each_word_alone_grow_by_the_added_text(tokeniz
 
 
 def test_unigram_ties_that_depend_on_the_text_before_them_keep_the_whole_documents_tokens(
-        spm_model):
+    spm_model,
+):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=spm_model)
@@ -51,8 +53,12 @@ def test_unigram_ties_that_depend_on_the_text_before_them_keep_the_whole_documen
     # breaks such ties by sums from the text's start, so tokenized alone after a space a run can
     # come out otherwise than inside the text (found by review, on pydoc-topics' model).
     prefixes = ["The", "The Null Object", "Return the value", "See also:", "x = 1"]
-    cases = [(p, r) for p in prefixes for r in (c * n for c in "*=-~" for n in range(3, 30))
-             if sp.encode(f"{p} {r}")[len(sp.encode(p)):] != sp.encode(f" {r}")]
+    cases = [
+        (p, r)
+        for p in prefixes
+        for r in (c * n for c in "*=-~" for n in range(3, 30))
+        if sp.encode(f"{p} {r}")[len(sp.encode(p)) :] != sp.encode(f" {r}")
+    ]
     assert len(cases) >= 5  # the model has such ties, so the check below means something
     tokenizer = Tokenizer(TokenizerSpec(model=spm_model))
     for p, r in cases:
@@ -78,15 +84,14 @@ def test_group_holds_each_documents_tokens(tokenizer, docs):
 @pytest.mark.parametrize("trim_to", [2, 8, 40, 300])
 def test_cut_documents_keep_their_first_tokens(tokenizer, docs, trim_to):
     # Long documents: the corpus's own, joined so that many exceed the cut length.
-    texts = docs[:200] + [" ".join(docs[i:i + 30]) for i in range(0, 300, 30)]
+    texts = docs[:200] + [" ".join(docs[i : i + 30]) for i in range(0, 300, 30)]
     assert tokenizer.word_local
     assert any(len(t) > trim_to * CUT_CHARS_PER_TOKEN for t in texts)
     full = tokenizer.encode(texts, num_threads=2)
     cut = tokenizer.encode(texts, num_threads=2, trim_to=trim_to)
     assert cut.tokens.size < full.tokens.size  # work was saved
     for i in range(len(texts)):
-        np.testing.assert_array_equal(doc_tokens(cut, i)[:trim_to],
-                                      doc_tokens(full, i)[:trim_to])
+        np.testing.assert_array_equal(doc_tokens(cut, i)[:trim_to], doc_tokens(full, i)[:trim_to])
         assert len(doc_tokens(cut, i)) == min(trim_to, len(doc_tokens(full, i)))
 
 
@@ -115,17 +120,41 @@ def test_prefix_with_many_characters_per_token_is_grown_further_on(any_tokenizer
 # Words and the whitespace and characters a normalizer treats specially: runs of spaces,
 # newlines and tabs, combining marks, compatibility characters NFKC rewrites (ligature,
 # full-width, diaeresis that decomposes to a space and a mark), non-Latin scripts.
-_pieces = st.sampled_from(["the", "data", "token", "x" * 30, " ", "  ", "\n", "\t", " \n ", "*" * 7,
-                           "e\u0301", "\u00a8", "\ufb01le", "\uff21\uff22", "\u4e2d\u6587",
-                           "\u00e9t\u00e9", "(", ").", "42", "\u00a0", "--"])
+_pieces = st.sampled_from(
+    [
+        "the",
+        "data",
+        "token",
+        "x" * 30,
+        " ",
+        "  ",
+        "\n",
+        "\t",
+        " \n ",
+        "*" * 7,
+        "e\u0301",
+        "\u00a8",
+        "\ufb01le",
+        "\uff21\uff22",
+        "\u4e2d\u6587",
+        "\u00e9t\u00e9",
+        "(",
+        ").",
+        "42",
+        "\u00a0",
+        "--",
+    ]
+)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(words=st.lists(st.lists(_pieces, min_size=1, max_size=400), min_size=1, max_size=6),
-       trim_to=st.integers(1, 80))
-def test_cut_and_grown_documents_keep_the_whole_documents_tokens(any_tokenizer, words,
-                                                                 trim_to):
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    words=st.lists(st.lists(_pieces, min_size=1, max_size=400), min_size=1, max_size=6),
+    trim_to=st.integers(1, 80),
+)
+def test_cut_and_grown_documents_keep_the_whole_documents_tokens(any_tokenizer, words, trim_to):
     tokenizer = any_tokenizer
     texts = ["".join(w) for w in words]
     full = tokenizer.encode(texts)

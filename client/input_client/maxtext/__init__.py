@@ -40,8 +40,15 @@ from input_client.maxtext.conventions import to_maxtext
 from input_client.maxtext.source import ServerSource
 from input_client.spec import OrderSpec, PipelineSpec
 
-__all__ = ["MaxTextConfigError", "MaxTextHookError", "configure", "install",
-           "make_eval_iterator", "make_train_iterator", "to_maxtext"]
+__all__ = [
+    "MaxTextConfigError",
+    "MaxTextHookError",
+    "configure",
+    "install",
+    "make_eval_iterator",
+    "make_train_iterator",
+    "to_maxtext",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,21 +69,37 @@ def _spec(spec: PipelineSpec | str) -> PipelineSpec:
     return spec if isinstance(spec, PipelineSpec) else PipelineSpec.from_toml(spec)
 
 
-def configure(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
-              *, token_file: str | None = None, prefetch: int = 2,
-              connect_timeout_s: float = 30.0) -> None:
+def configure(
+    server: str,
+    spec: PipelineSpec | str,
+    eval_spec: PipelineSpec | str | None = None,
+    *,
+    token_file: str | None = None,
+    prefetch: int = 2,
+    connect_timeout_s: float = 30.0,
+) -> None:
     """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths).
 
     `connect_timeout_s`: how long a factory waits for the server before raising
     `ConnectionError`."""
     global _settings
     token = None if token_file is None else read_token_file(token_file)  # its mistakes now
-    _settings = _Settings(server, _spec(spec), None if eval_spec is None else _spec(eval_spec),
-                          token, prefetch, connect_timeout_s)
+    _settings = _Settings(
+        server,
+        _spec(spec),
+        None if eval_spec is None else _spec(eval_spec),
+        token,
+        prefetch,
+        connect_timeout_s,
+    )
 
 
-def install(server: str, spec: PipelineSpec | str, eval_spec: PipelineSpec | str | None = None,
-            **options: Any) -> None:
+def install(
+    server: str,
+    spec: PipelineSpec | str,
+    eval_spec: PipelineSpec | str | None = None,
+    **options: Any,
+) -> None:
     """`configure`, then sets MaxText's Grain factories to this module's. Run MaxText with
     `dataset_type=grain` (its iterator checkpointing needs it) and any non-empty
     `grain_train_files` (and `grain_eval_files` with eval): its config check asks for them,
@@ -101,21 +124,27 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     import jax
 
     if _settings is None:
-        raise MaxTextConfigError("input_client.maxtext has no server and spec: call "
-                                 "input_client.maxtext.install(...) (or configure) first, or use "
-                                 "python -m input_client.maxtext.train.")
+        raise MaxTextConfigError(
+            "input_client.maxtext has no server and spec: call "
+            "input_client.maxtext.install(...) (or configure) first, or use "
+            "python -m input_client.maxtext.train."
+        )
     spec = _settings.spec if train else _settings.eval_spec
     if spec is None:
-        raise MaxTextConfigError("MaxText asks for an eval iterator (eval_interval > 0) but no "
-                                 "eval spec was given (--eval-spec, or eval_spec=).")
+        raise MaxTextConfigError(
+            "MaxText asks for an eval iterator (eval_interval > 0) but no "
+            "eval spec was given (--eval-spec, or eval_spec=)."
+        )
     if not train:  # one repeatable pass: the same batches at every eval
-        spec = dataclasses.replace(spec, order=OrderSpec(seed=spec.order.seed, shuffle=False,
-                                                         epochs=1))
+        spec = dataclasses.replace(
+            spec, order=OrderSpec(seed=spec.order.seed, shuffle=False, epochs=1)
+        )
     spec = shard_for(spec, list(process_indices), jax.process_index())
     which = "train" if train else "eval"
     check_shape(spec, config, process_count=jax.process_count(), which=which)
-    client = InputClient(_settings.server, token=_settings.token,
-                         connect_timeout_s=_settings.connect_timeout_s)
+    client = InputClient(
+        _settings.server, token=_settings.token, connect_timeout_s=_settings.connect_timeout_s
+    )
     client.wait_ready()  # a missing server or another wire protocol, said before anything else
     tokenizer = _describe(client, spec)
     check_tokenizer(spec, config, tokenizer, which=which)
@@ -124,13 +153,16 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     client.connect_timeout_s = max(client.connect_timeout_s, RECONNECT_DEADLINE_S)
 
     def open_stream(state):
-        return client.batches(spec, state=state, prefetch=_settings.prefetch,
-                              reconnect_deadline_s=RECONNECT_DEADLINE_S)
+        return client.batches(
+            spec,
+            state=state,
+            prefetch=_settings.prefetch,
+            reconnect_deadline_s=RECONNECT_DEADLINE_S,
+        )
 
     source = ServerSource(open_stream, pad_id=tokenizer.pad_id, packing=spec.batch.packing)
     weakref.finalize(source, client.close)
-    padding = (config.generate_padding_batch_train if train
-               else config.generate_padding_batch_eval)
+    padding = config.generate_padding_batch_train if train else config.generate_padding_batch_eval
     return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))
 
 

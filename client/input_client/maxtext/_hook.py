@@ -24,8 +24,10 @@ def maxtext_version() -> str:
     try:
         return importlib.metadata.version("maxtext")
     except importlib.metadata.PackageNotFoundError:
-        raise MaxTextHookError("MaxText is not installed in this environment (pip install "
-                               f"maxtext=={TESTED_VERSIONS[-1]}).") from None
+        raise MaxTextHookError(
+            "MaxText is not installed in this environment (pip install "
+            f"maxtext=={TESTED_VERSIONS[-1]})."
+        ) from None
 
 
 def _import(name: str, version: str) -> ModuleType:
@@ -34,7 +36,8 @@ def _import(name: str, version: str) -> ModuleType:
     except ImportError as e:
         raise MaxTextHookError(
             f"MaxText {version} has no {name} ({e}); input_client.maxtext was tested with "
-            f"MaxText {', '.join(TESTED_VERSIONS)}.") from None
+            f"MaxText {', '.join(TESTED_VERSIONS)}."
+        ) from None
 
 
 def interface_module() -> ModuleType:
@@ -48,7 +51,8 @@ def interface_module() -> ModuleType:
         raise MaxTextHookError(
             f"MaxText {version}'s input_pipeline_interface.create_data_iterator no longer looks "
             f"up {', '.join(missing or FACTORIES)} where input_client.maxtext replaces it; the "
-            f"adapter was tested with MaxText {', '.join(TESTED_VERSIONS)}.")
+            f"adapter was tested with MaxText {', '.join(TESTED_VERSIONS)}."
+        )
     return module
 
 
@@ -57,16 +61,17 @@ def _module_with(name: str, attribute: str) -> ModuleType:
     version = maxtext_version()
     module = _import(name, version)
     if not hasattr(module, attribute):
-        raise MaxTextHookError(f"MaxText {version}'s {name} has no {attribute}; "
-                               f"input_client.maxtext was tested with MaxText "
-                               f"{', '.join(TESTED_VERSIONS)}.")
+        raise MaxTextHookError(
+            f"MaxText {version}'s {name} has no {attribute}; "
+            f"input_client.maxtext was tested with MaxText "
+            f"{', '.join(TESTED_VERSIONS)}."
+        )
     return module
 
 
 def multihost_dataloading() -> ModuleType:
     """MaxText's own global-batch assembly (`MultiHostDataLoadIterator`)."""
-    return _module_with("maxtext.input_pipeline.multihost_dataloading",
-                        "MultiHostDataLoadIterator")
+    return _module_with("maxtext.input_pipeline.multihost_dataloading", "MultiHostDataLoadIterator")
 
 
 def trainer_module() -> ModuleType:

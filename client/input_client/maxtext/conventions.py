@@ -25,20 +25,28 @@ def to_maxtext(batch: dict[str, np.ndarray], pad_id: int, packing: str) -> dict[
 
     Only the `inputs*` arrays are read; they are copied only where padding must be rewritten,
     and `targets_position` is the same array as `inputs_position`, as in MaxText's batches."""
-    inputs, segmentation, position = (np.asarray(batch[k], dtype=np.int32) for k in
-                                      ("inputs", "inputs_segmentation", "inputs_position"))
+    inputs, segmentation, position = (
+        np.asarray(batch[k], dtype=np.int32)
+        for k in ("inputs", "inputs_segmentation", "inputs_position")
+    )
     real = segmentation != 0
     # With packing, only rows with no document are padding (Grain's packer pads with 0).
     padding = ~real if packing == "none" else ~real.any(axis=1, keepdims=True) & ~real
     if padding.any():
-        inputs, segmentation, position = (np.where(padding, np.int32(pad_id), a)
-                                          for a in (inputs, segmentation, position))
+        inputs, segmentation, position = (
+            np.where(padding, np.int32(pad_id), a) for a in (inputs, segmentation, position)
+        )
     targets = np.empty_like(inputs)
     targets[:, :-1] = inputs[:, 1:]
     targets[:, -1] = pad_id
     targets_segmentation = np.zeros_like(segmentation)
     targets_segmentation[:, :-1] = segmentation[:, 1:]
     targets_segmentation[targets == pad_id] = 0
-    return {"inputs": inputs, "inputs_position": position, "inputs_segmentation": segmentation,
-            "targets": targets, "targets_position": position,
-            "targets_segmentation": targets_segmentation}
+    return {
+        "inputs": inputs,
+        "inputs_position": position,
+        "inputs_segmentation": segmentation,
+        "targets": targets,
+        "targets_position": position,
+        "targets_segmentation": targets_segmentation,
+    }

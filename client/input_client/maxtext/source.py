@@ -78,7 +78,8 @@ class ServerIterator:
             shown = bytes(blob)[:120].decode(errors="replace")
             raise MaxTextConfigError(
                 f"the checkpoint's data state is not an input server's position ({shown!r}); "
-                f"was this run started with another input pipeline? Start a new run_name.")
+                f"was this run started with another input pipeline? Start a new run_name."
+            )
         self.close()
         self._state = state or None
 
@@ -102,6 +103,7 @@ class ServerSource:
     def __iter__(self) -> ServerIterator:
         if self._current is not None:
             self._current.close()  # a reset: the old pass's stream is not needed any more
-        self._current = ServerIterator(self._open_stream, pad_id=self._pad_id,
-                                       packing=self._packing)
+        self._current = ServerIterator(
+            self._open_stream, pad_id=self._pad_id, packing=self._packing
+        )
         return self._current

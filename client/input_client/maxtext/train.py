@@ -33,36 +33,63 @@ def maxtext_argv(args: list[str]) -> list[str]:
     `eval_interval` without one reaches the adapter's own message, not MaxText's."""
     keys = _keys(args)
     if keys.get("dataset_type", "grain") != "grain":
-        raise ValueError(f"dataset_type={keys['dataset_type']} would bypass the server; leave it "
-                         f"out (the launcher sets dataset_type=grain).")
-    return [*args, *(f"{k}={v}" for k, v in (("dataset_type", "grain"),
-                                             ("grain_train_files", PLACEHOLDER),
-                                             ("grain_eval_files", PLACEHOLDER))
-                     if k not in keys)]
+        raise ValueError(
+            f"dataset_type={keys['dataset_type']} would bypass the server; leave it "
+            f"out (the launcher sets dataset_type=grain)."
+        )
+    return [
+        *args,
+        *(
+            f"{k}={v}"
+            for k, v in (
+                ("dataset_type", "grain"),
+                ("grain_train_files", PLACEHOLDER),
+                ("grain_eval_files", PLACEHOLDER),
+            )
+            if k not in keys
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m input_client.maxtext.train",
-        description="Runs MaxText's pre-training trainer fed by an input server.")
-    parser.add_argument("--server", required=True,
-                        help="the server: unix:///path.sock, unix-abstract:NAME or host:port")
+        description="Runs MaxText's pre-training trainer fed by an input server.",
+    )
+    parser.add_argument(
+        "--server",
+        required=True,
+        help="the server: unix:///path.sock, unix-abstract:NAME or host:port",
+    )
     parser.add_argument("--spec", required=True, help="the training pipeline spec (TOML)")
-    parser.add_argument("--eval-spec", help="the eval pipeline spec (TOML); needed when "
-                                            "eval_interval > 0")
+    parser.add_argument(
+        "--eval-spec", help="the eval pipeline spec (TOML); needed when eval_interval > 0"
+    )
     parser.add_argument("--token-file", help="the server's token, for TCP or abstract sockets")
-    parser.add_argument("--connect-timeout-s", type=float, default=30.0,
-                        help="how long to wait for the server before giving up (default 30)")
-    parser.add_argument("maxtext", nargs=argparse.REMAINDER,
-                        help="MaxText's own arguments: [base.yml] key=value ...")
+    parser.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=30.0,
+        help="how long to wait for the server before giving up (default 30)",
+    )
+    parser.add_argument(
+        "maxtext",
+        nargs=argparse.REMAINDER,
+        help="MaxText's own arguments: [base.yml] key=value ...",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")  # MaxText's switch for hosts off GCP
     try:
         spec = PipelineSpec.from_toml(args.spec)
         eval_spec = PipelineSpec.from_toml(args.eval_spec) if args.eval_spec else None
         mt_args = maxtext_argv(args.maxtext)
-        install(args.server, spec, eval_spec, token_file=args.token_file,
-                connect_timeout_s=args.connect_timeout_s)
+        install(
+            args.server,
+            spec,
+            eval_spec,
+            token_file=args.token_file,
+            connect_timeout_s=args.connect_timeout_s,
+        )
         trainer = trainer_module()
     except (SpecError, OSError, ValueError, MaxTextHookError) as e:
         parser.exit(2, f"{parser.prog}: {e}\n")
