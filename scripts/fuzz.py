@@ -39,6 +39,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from fuzz_attacks import run_attacks  # noqa: E402  (scripts/, beside this file)
+
 from input_client.proto import pb  # noqa: E402
 from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION  # noqa: E402
 from tests.support import ChildProcess, cli_argv, health, write_format  # noqa: E402
@@ -162,7 +164,7 @@ def build_data(root: str) -> dict:
         "none",
         "body",
     ]
-    return {"model": model, "sources": sources, "paths": paths, "words": words}
+    return {"model": model, "sources": sources, "paths": paths, "words": words, "root": root}
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -532,6 +534,49 @@ def start_server(root: str) -> tuple[ChildProcess, str]:
     return child, target
 
 
+# What issue 18 measured: a 310 KB .jsonl.zst inside the roots expanding to 3.4 GiB got the
+# server OOM-killed; it must be refused at --max-decompressed-mb (1024 by default).
+BOMB_MB = 3480
+
+
+def bomb(
+    channel: grpc.Channel,
+    target: str,
+    request: pb.StreamBatchesRequest,
+    root: str,
+    deadline_s: float,
+) -> list[tuple[str, str, str, str]]:
+    """A decompression bomb inside the roots: RESOURCE_EXHAUSTED naming the file and the flag
+    within the deadline, and the server still serving. Findings as (kind, request, status,
+    message), like `fuzz_attacks`' attacks."""
+    import zstandard
+
+    path = os.path.join(root, "bomb.jsonl.zst")
+    if not os.path.exists(path):  # built streaming: 1 MB in memory, ~330 KB on disk
+        line = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
+        chunk = line * ((1 << 20) // len(line))
+        c = zstandard.ZstdCompressor(level=3).compressobj()
+        with open(path + ".part", "wb") as f:
+            for _ in range(BOMB_MB):
+                f.write(c.compress(chunk))
+            f.write(c.flush())
+        os.replace(path + ".part", path)
+    req = pb.StreamBatchesRequest()
+    req.CopyFrom(request)
+    del req.spec.source.paths[:]
+    req.spec.source.paths.append(path)
+    label = f"a {os.path.getsize(path) >> 10} KB zstd file expanding to {BOMB_MB} MB"
+    status, message, _ = call(channel, req.SerializeToString(), deadline_s, 1)
+    found = []
+    if status != "RESOURCE_EXHAUSTED" or "bomb.jsonl.zst" not in message:
+        found.append(("bomb", label, status, message))
+    elif "--max-decompressed-mb" not in message:
+        found.append(("bomb message names no flag", label, status, message))
+    if (after := health_name(target)) != "SERVING":
+        found.append(("bomb", f"health after {label}", after, ""))
+    return found
+
+
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -637,6 +682,15 @@ def fuzz(args: argparse.Namespace, target: str, pid: int | None, data: dict, kil
         lambda mb: (findings.add("rss limit", "", "", f"{mb:.0f} MB with workers"), kill()),
     )
     result = send(args, channel, target, data, server, findings)
+    if server is None or server.alive():
+        result["attacks_s"] = run_attacks(
+            channel,
+            target,
+            valid_request(random.Random(2), data),
+            data["root"],
+            args.deadline_s,
+            findings.add,
+        )
     if server:
         result.update(aftermath(server, findings))
     status, message, got = call(

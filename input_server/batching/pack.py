@@ -20,6 +20,7 @@ import numpy as np
 
 from input_client.wire import compact_arrays, expand_packed
 from input_server.data.tokenizer import TokenGroup
+from input_server.errors import InvalidSpecError
 
 
 class DocCursor:
@@ -58,6 +59,15 @@ class DocCursor:
             self.group, self.index = g, doc - g.first_doc
             self.lengths = g.lengths.tolist()
             self.starts = g.starts.tolist()
+            i = self.index
+            if self.offset and i < len(self.lengths) and self.offset >= self.lengths[i]:
+                # Only a resume state gives an offset at a group's start (the packers move
+                # on at a document's end): one past its document would make other batches
+                # under the same sequence numbers.
+                raise InvalidSpecError(
+                    f"`resume_state` offset {self.offset} is past the {self.lengths[i]} tokens of "
+                    f"document {doc}."
+                )
         return True
 
 

@@ -44,15 +44,21 @@ def _position(d: dict[str, Any]) -> Position:
     for key, v in values.items():
         if type(v) is not int or not 0 <= v < 1 << 63:
             raise ValueError(f"{key!r} must be a non-negative integer, got {v!r}")
-    # Sequence numbers travel as uint64 and grow by one a batch: a state near the top would
-    # overflow a few batches later, mid-stream. 2^62 batches is beyond any training run.
-    if values["seq"] >= MAX_SEQ:
-        raise ValueError(f"'seq' {values['seq']} is out of range (below {MAX_SEQ})")
+    # Sequence numbers travel as uint64 and grow by one a batch, document ordinals by one a
+    # document (a forever stream has no last one): a state near the top would overflow a few
+    # batches later, mid-stream. 2^62 of either is beyond any training run.
+    for key in ("seq", "doc"):
+        if values[key] >= MAX_SEQ:
+            raise ValueError(f"{key!r} {values[key]} is out of range (below {MAX_SEQ})")
     return Position(**values)
 
 
 def parse_state(
-    state: bytes | dict[str, Any] | None, *, fingerprint: str, num_docs: int
+    state: bytes | dict[str, Any] | None,
+    *,
+    fingerprint: str,
+    num_docs: int,
+    splits_documents: bool = True,
 ) -> Position:
     """Reads a resume state sent back by a client; refuses one made for other data.
 
@@ -60,6 +66,10 @@ def parse_state(
       state: the state's JSON bytes (or the dict), as a batch carried it; empty = the start.
       fingerprint: the data fingerprint of the stream's spec.
       num_docs: documents in the ordered stream (a position past them is refused).
+      splits_documents: whether the packing continues a document in the next batch; if not,
+        a position inside a document (an `offset`) is refused. An offset past its document's
+        tokens is refused when the stream reaches it (`pack.DocCursor`): that takes the
+        document's tokens.
 
     Raises:
       InvalidSpecError: the state is not one this server wrote, or not for this data.
@@ -83,6 +93,15 @@ def parse_state(
         )
     if pos.doc > num_docs:
         raise InvalidSpecError(
-            f"`resume_state` position {dataclasses.asdict(pos)} is out of range."
+            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `doc` is past "
+            f"the stream's {num_docs} documents."
+        )
+    if pos.offset and (not splits_documents or pos.doc == num_docs):
+        raise InvalidSpecError(
+            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: this stream's "
+            f"packing never stops inside a document, so its `offset` is 0."
+            if not splits_documents
+            else f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `offset` "
+            f"inside a document past the stream's end."
         )
     return pos

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from input_client.spec import TokenizerSpec
-from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError
+from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +65,16 @@ class Tokenizer:
     """Encodes groups of documents with one sentencepiece batch call.
 
     Picklable: the model is loaded lazily in each process that encodes.
+
+    Args:
+      spec: the tokenizer, its `model` the path to open (resolved inside the data roots).
+      written: the model's path as the client wrote it, which messages name (a resolved path
+        would tell the client where links lead); default `spec.model`.
     """
 
-    def __init__(self, spec: TokenizerSpec):
+    def __init__(self, spec: TokenizerSpec, *, written: str | None = None):
         self.spec = spec
+        self.written = spec.model if written is None else written
         self._sp = None
         self.vocab_size = self.processor().vocab_size()
         self.word_local = self._pieces_are_word_local()
@@ -80,21 +86,22 @@ class Tokenizer:
         if self._sp is None:
             import sentencepiece as spm
 
+            shown = shorten(self.written)
             if not os.path.isfile(self.spec.model):
-                raise DataNotFoundError(f"`tokenizer.model`: no such file {self.spec.model!r}.")
+                raise DataNotFoundError(f"`tokenizer.model`: no such file {shown!r}.")
             try:
                 open(self.spec.model, "rb").close()  # sentencepiece says only "not found"
             except PermissionError as e:
                 raise UnreadableError(
-                    f"`tokenizer.model`: the server may not read "
-                    f"{self.spec.model!r} (permission denied)."
+                    f"`tokenizer.model`: the server may not read {shown!r} (permission denied)."
                 ) from e
             sp = spm.SentencePieceProcessor()
             try:
                 sp.Load(self.spec.model)
             except (OSError, RuntimeError) as e:
+                why = str(e).replace(self.spec.model, self.written)
                 raise InvalidSpecError(
-                    f"`tokenizer.model` {self.spec.model!r} is not a sentencepiece model ({e})."
+                    f"`tokenizer.model` {shown!r} is not a sentencepiece model ({why})."
                 ) from e
             self._sp = sp
         return self._sp

@@ -16,7 +16,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from input_client.proto import pb
+from input_server.errors import InvalidSpecError
 
 
 class Credit:
@@ -31,21 +34,46 @@ class Credit:
         self.window = window
         self.taken = 0
         self.open_ended = window <= 0  # no credit will come: send as gRPC allows
+        # Batches the server has handed to gRPC, the message in flight included: a loop cannot
+        # have taken more, so a report above it is a lie that would end flow control.
+        self.offered = 0
+        self.failure: InvalidSpecError | None = None  # a report that broke the contract
         self._first: tuple[float, int] | None = None  # (time, taken) of the first report
         self._last: tuple[float, int] | None = None
         self._cond = threading.Condition()
 
+    def offer(self, sent: int) -> None:
+        """The stream is about to hand gRPC the message that brings it to `sent` batches."""
+        with self._cond:
+            self.offered = max(self.offered, sent)
+
     def grant(self, taken: int) -> None:
-        """The client's loop has taken `taken` batches of this stream in all."""
+        """The client's loop has taken `taken` batches of this stream in all.
+
+        A count above what the stream has offered is refused: the stream then ends with
+        INVALID_ARGUMENT (`failure`), since its flow control and its demand would both be
+        the client's invention.
+        """
         now = time.monotonic()
         with self._cond:
             if taken <= self.taken:
+                return
+            if taken > self.offered:
+                self._fail(
+                    f"`batches_taken` {taken} in a credit report is more than the "
+                    f"{self.offered} batches this stream has sent."
+                )
                 return
             self.taken = taken
             if self._first is None:
                 self._first = (now, taken)
             self._last = (now, taken)
             self._cond.notify_all()
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = InvalidSpecError(message)
+        self._cond.notify_all()
 
     def end(self) -> None:
         """No more reports will come (the client half-closed): nothing holds the stream back."""
@@ -61,8 +89,13 @@ class Credit:
             self._cond.wait(timeout)
             return not self._ahead(sent)
 
+    def check(self) -> None:
+        """Raises the contract error of a bad credit report, if the client sent one."""
+        if self.failure is not None:
+            raise self.failure
+
     def _ahead(self, sent: int) -> bool:
-        return not self.open_ended and sent - self.taken >= self.window
+        return self.failure is None and not self.open_ended and sent - self.taken >= self.window
 
     def taken_or(self, sent: int) -> int:
         """The batches the loop has taken: its reports, or for a client that sends none,
@@ -83,13 +116,20 @@ class Credit:
         def read() -> None:
             try:
                 for raw in requests:
-                    msg = (
-                        raw
-                        if not isinstance(raw, bytes)
-                        else pb.StreamBatchesRequest.FromString(raw)
-                    )
+                    try:
+                        msg = (
+                            raw
+                            if not isinstance(raw, bytes)
+                            else pb.StreamBatchesRequest.FromString(raw)
+                        )
+                    except DecodeError as e:
+                        with self._cond:
+                            self._fail(
+                                f"a credit report is not a valid StreamBatchesRequest ({e})."
+                            )
+                        return
                     self.grant(msg.batches_taken)
-            except Exception:  # noqa: BLE001 - cancelled, or a report that does not parse
+            except Exception:  # noqa: BLE001 - the call ended (cancelled, deadline)
                 pass  # the stream's own end (or the sender's next wait) decides what follows
             self.end()
 

@@ -21,7 +21,7 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     if "\0" in request.model:
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
     model = access.file(request.model, "tokenizer.model")
-    sp = Tokenizer(TokenizerSpec(model=model)).processor()
+    sp = Tokenizer(TokenizerSpec(model=model), written=request.model).processor()
     with open(model, "rb") as f:
         digest = hashlib.file_digest(f, "sha256")
     return pb.TokenizerInfo(

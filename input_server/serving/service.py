@@ -410,6 +410,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             if msg is None:
                 if not context.is_active():
                     return
+                credit.check()
                 continue
             while not credit.allows(session.batches_sent, _CREDIT_WAIT_S):
                 if self._draining.is_set():
@@ -419,6 +420,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     )
                 if not context.is_active():
                     return
+            credit.check()  # a report that broke the contract ends the stream here
+            credit.offer(session.batches_sent + 1 + len(msg.following))
             yield msg
             session.batches_sent += 1 + len(msg.following)
             if session.first_sent_s is None:

@@ -89,7 +89,10 @@ def test_a_throttled_loop_gets_few_workers_and_a_faster_loop_gets_more(tmp_path,
         slow = consume_until(it, client, settled, pace=one / 4, into=got)
         assert (slow.worker_processes, slow.worker_threads) == (0, 1), slow
         assert slow.worker_tuning.reason == "target met"
-        assert abs(slow.demand_batches_per_s - one / 4) <= 0.2 * one / 4, slow
+        # The loop's pace is at most one / 4 (it sleeps that long a batch), slower when a busy
+        # host slows production too: the demand seen never exceeds it, and is the loop's, not
+        # the production's (tests/integration/test_flow_control.py holds it to the pace).
+        assert 0 < slow.demand_batches_per_s <= 1.2 * one / 4, slow
         fast = consume_until(
             it,
             client,
