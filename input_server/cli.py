@@ -1,19 +1,19 @@
-"""The `input-server` command: serve, demo, info, tune."""
+"""The `input-server` command: serve, demo, info, tune, bench, tokenizer train."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
 import threading
-import time
 import tomllib
 
 from input_client.spec import PipelineSpec, SpecError
 from input_server.tools import demo as demo_module
+from input_server.tools import show_info, tokenizer_train, tune_cli
+from input_server.tools.report import plural
 
 
 def load_pipelines(path: str) -> dict[str, PipelineSpec]:
@@ -34,7 +34,10 @@ def load_pipelines(path: str) -> dict[str, PipelineSpec]:
         try:
             pipelines[name] = PipelineSpec.from_dict(spec_tables).resolve_paths(base)
         except SpecError as e:
-            raise SpecError(f"{name}.{e.key}", e.value, str(e).split("` ", 1)[-1]) from e
+            # The reason alone: SpecError adds ", got VALUE." again.
+            tail = str(SpecError(e.key, e.value, ""))[len(f"`{e.key}` ") :]
+            reason = str(e)[len(f"`{e.key}` ") : len(str(e)) - len(tail)]
+            raise SpecError(f"{name}.{e.key}", e.value, reason) from e
     return pipelines
 
 
@@ -52,10 +55,20 @@ def _positive(kind):
 EXIT_MARGIN_S = 3.0
 
 
-def _exit_now(server) -> None:
-    logging.warning("the drain did not finish in time; exiting now")
+def _stopped_line(signame: str, ended: int, drained: bool, grace_s: float) -> str:
+    """The one line `serve` ends with after SIGINT or SIGTERM."""
+    streams = plural(ended, "stream")
+    if drained:
+        return f"input-server: {signame}: drained, {streams} ended; stopped."
+    return (
+        f"input-server: {signame}: the drain did not finish within --grace-s {grace_s:g} "
+        f"({streams} to end); stopped."
+    )
+
+
+def _exit_now(server, line: str) -> None:
     server.remove_sockets()
-    sys.stderr.flush()
+    print(line, file=sys.stderr, flush=True)
     os._exit(1)
 
 
@@ -95,6 +108,8 @@ def _serve(args: argparse.Namespace) -> int:
                 stream_memory_mb=args.stream_memory_mb,
                 max_document_mb=args.max_document_mb,
                 max_files=args.max_files,
+                max_decompressed_mb=args.max_decompressed_mb,
+                max_open_files=args.max_open_files,
                 tune_cache=_tune_cache(args.tune_cache),
                 **optional,
             )
@@ -107,53 +122,33 @@ def _serve(args: argparse.Namespace) -> int:
         if stopping.is_set():
             return
         stopping.set()
-        logging.info("signal %d: draining", signum)
+        ending.update(signame=signal.Signals(signum).name, streams=server.active_streams())
+        logging.info("%s: draining %d streams", ending["signame"], ending["streams"])
         threading.Thread(target=server.stop, name="stop", daemon=True).start()
         # Whatever a handler is doing (a stuck read, Grain closing a worker), the process
         # is gone within the drain and a few seconds: interpreter exit would otherwise join
         # every RPC thread, for as long as the slowest takes.
-        threading.Timer(args.grace_s + EXIT_MARGIN_S, _exit_now, (server,)).start()
+        line = _stopped_line(ending["signame"], ending["streams"], False, args.grace_s)
+        threading.Timer(args.grace_s + EXIT_MARGIN_S, _exit_now, (server, line)).start()
 
     stopping = threading.Event()
+    ending: dict = {}
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"input-server: serving on {' '.join(server.targets)}", flush=True)
     while not server.wait(timeout=1.0):
         pass
+    if ending:  # as "serving on", on stdout; a drain cut short, on stderr
+        print(
+            _stopped_line(ending["signame"], ending["streams"], server.drained, args.grace_s),
+            file=sys.stdout if server.drained else sys.stderr,
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     # Stopped: the RPC threads have ended, or are past help (exit 1: the drain was cut
     # short); interpreter exit would wait for them.
     os._exit(0 if server.drained else 1)
-
-
-def _info(args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
-
-    from input_client import InputClient, StreamError
-    from input_server.serving import auth
-
-    address = args.address or auth.default_socket()
-    try:
-        if not args.address:  # a folder another user made could hold an impostor's socket
-            auth.ensure_private_dir(auth.default_socket_dir(), create=False)
-        with InputClient(
-            address, connect_timeout_s=args.timeout_s, token_file=args.token_file
-        ) as client:
-            client.wait_ready()
-            print(json_format.MessageToJson(client.info()))
-    except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
-        hint = ""
-        if (
-            isinstance(e, (ConnectionError, StreamError))
-            and ":" not in address.split("/", 1)[0]
-            and ("/" in address or address.endswith(".sock"))
-        ):
-            hint = f" (a Unix socket needs its scheme: unix://{os.path.abspath(address)})"
-        print(f"input-server: {e}{hint}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -174,106 +169,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     return demo_module.run_from_args(args)
-
-
-def _tune(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from input_server.autotune import report, tuner
-    from input_server.autotune.policy import cpu_count
-    from input_server.batching.pipeline import Pipeline
-    from input_server.errors import InputServerError
-
-    if args.plot:
-        try:
-            report.check_plotting()
-        except ImportError as e:
-            print(f"input-server: {e}", file=sys.stderr)
-            return 2
-    spec = PipelineSpec.from_toml(args.spec)
-    overrides = {
-        k: v
-        for k, v in (
-            ("max_workers", args.max_workers),
-            ("target_batches_per_s", args.target_batches_per_s),
-            ("tune_seconds", args.tune_seconds),
-        )
-        if v is not None
-    }
-    # A bad flag is refused here (the spec validates itself), under its key, e.g.
-    # `workers.max_workers`.
-    spec = spec.replace(workers=overrides) if overrides else spec
-    w = spec.workers
-    try:
-        pipeline = Pipeline(spec)
-    except InputServerError as e:
-        print(f"input-server: {e}", file=sys.stderr)
-        return 2
-    bar = tqdm(
-        total=float(w.tune_seconds),
-        desc="tuning",
-        unit="s",
-        disable=None,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} s {postfix}",
-    )
-    done = threading.Event()
-    start = time.perf_counter()
-
-    def tick() -> None:  # the bar follows the clock, not only the candidates' ends
-        while not done.wait(0.25):
-            bar.n = min(bar.total, time.perf_counter() - start)
-            bar.refresh()
-
-    def progress(c, row) -> None:
-        if row is None:
-            bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr ...")
-        elif row.ran:
-            bar.set_postfix_str(
-                f"{c.processes} proc x {c.threads} thr: {row.batches_per_s:.1f} batches/s"
-            )
-
-    ticker = threading.Thread(target=tick, name="tune-progress", daemon=True)
-    ticker.start()
-    try:
-        tuning = tuner.tune(
-            pipeline,
-            target_batches_per_s=float(w.target_batches_per_s),
-            max_workers=w.max_workers,
-            ram_budget_mb=w.ram_budget_mb,
-            tune_seconds=float(w.tune_seconds),
-            progress=progress,
-        )
-    except InputServerError as e:
-        print(f"input-server: {e}", file=sys.stderr)
-        return 2
-    finally:
-        done.set()
-        ticker.join()
-        bar.close()
-    print(report.table(tuning))
-    print(
-        f"choice: {tuning.processes} processes x {tuning.threads} threads "
-        f"({tuning.workers} workers), {tuning.reason}: {tuning.detail}"
-    )
-    print(
-        f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
-        f"`workers.count = {tuning.processes}` and `workers.threads = {tuning.threads}` to "
-        f'fix this choice, or keep "auto".'
-    )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(), **tuning.to_dict()},
-                f,
-                indent=2,
-            )
-    if args.plot:
-        try:
-            report.plot(tuning, args.plot, title=os.path.basename(args.spec))
-        except ImportError as e:
-            print(f"input-server: {e}", file=sys.stderr)
-            return 2
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,6 +246,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the most files a request may name after globbing",
     )
     serve.add_argument(
+        "--max-decompressed-mb",
+        type=_positive(float),
+        default=1024.0,
+        help="the most a source's .gz/.zst files may expand to in memory, together; "
+        "past it RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument(
+        "--max-open-files",
+        type=_positive(int),
+        metavar="N",
+        help="data files each process keeps open at once, least recently used closed first "
+        "(default a quarter of the descriptor limit, at most 1024)",
+    )
+    serve.add_argument(
         "--max-workers",
         type=int,
         metavar="N",
@@ -405,51 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.set_defaults(run=_bench)
 
-    info = sub.add_parser("info", help="print a running server's info")
-    info.add_argument(
-        "address", nargs="?", help="the server's gRPC target (default the server's default socket)"
-    )
-    info.add_argument("--timeout-s", type=_positive(float), default=10.0)
-    info.add_argument(
-        "--token-file",
-        metavar="FILE",
-        help="a file holding the server's token (its abstract sockets and TCP need it)",
-    )
-    info.set_defaults(run=_info)
+    show_info.add_parser(sub, positive=_positive(float))
 
-    tune = sub.add_parser(
-        "tune",
-        help="measure a spec's pipeline at candidate worker counts "
-        "and print the autotuner's choice",
-    )
-    tune.add_argument("spec", metavar="SPEC.toml", help="a pipeline spec file")
-    tune.add_argument(
-        "--max-workers",
-        type=int,
-        metavar="N",
-        help="at most N workers (processes x threads); default the spec's "
-        "workers.max_workers (0 = no cap)",
-    )
-    tune.add_argument(
-        "--target-batches-per-s",
-        type=float,
-        metavar="R",
-        help="the consumer's demand: choose the fewest workers that deliver it; "
-        "default the spec's workers.target_batches_per_s (0 = unknown)",
-    )
-    tune.add_argument(
-        "--tune-seconds",
-        type=float,
-        metavar="S",
-        help="time bound; default the spec's workers.tune_seconds (20)",
-    )
-    tune.add_argument("--json", metavar="OUT", help="write the measurements and choice as JSON")
-    tune.add_argument(
-        "--plot",
-        metavar="OUT.png",
-        help="draw batches/s against workers, choice marked (needs matplotlib)",
-    )
-    tune.set_defaults(run=_tune)
+    tune_cli.add_parser(sub)
+
+    tokenizer_train.add_parser(sub)
 
     from input_server.errors import InputServerError
 

@@ -7,6 +7,7 @@ gRPC sends for an exception that escapes a servicer).
 
 from __future__ import annotations
 
+import errno
 import signal
 
 import grpc
@@ -47,6 +48,11 @@ class CancelledError(InputServerError):
     (CANCELLED); nobody reads this status, but the work for it stops."""
 
 
+class OverBudgetError(InputServerError):
+    """The data would take more of the server than a flag allows (RESOURCE_EXHAUSTED): a
+    compressed file expanding past --max-decompressed-mb; the message names file and flag."""
+
+
 class RefusedError(InputServerError):
     """A request the servicer refuses with a status of its choosing (RESOURCE_EXHAUSTED,
     UNAVAILABLE, FAILED_PRECONDITION): about the server's state, not the data."""
@@ -64,7 +70,13 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     RecordError: grpc.StatusCode.DATA_LOSS,
     WorkerDiedError: grpc.StatusCode.INTERNAL,
     CancelledError: grpc.StatusCode.CANCELLED,
+    OverBudgetError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+# The process (EMFILE) or the host (ENFILE) is out of file descriptors: the server's state,
+# not the request's mistake, so a client may retry; wherever it happens (a reader, a worker's
+# pipe, shared memory), never INTERNAL.
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 # A status message travels in the response's trailing metadata, which gRPC limits (8 KiB by
@@ -97,10 +109,26 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
     """
     if isinstance(e, RefusedError):
         return e.code, _fit(str(e))
+    if _out_of_descriptors(e):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, _fit(
+            f"the server is out of file descriptors ({type(e).__name__}: {e}); retry shortly, "
+            f"or ask the operator to raise its `ulimit -n` or lower its --max-open-files."
+        )
     for cls, code in _STATUS.items():
         if isinstance(e, cls):
             return code, _fit(str(e))
     return grpc.StatusCode.INTERNAL, _fit(f"{type(e).__name__}: {e}")
+
+
+def _out_of_descriptors(e: BaseException | None) -> bool:
+    """Whether `e`, or an exception it was raised from, is EMFILE or ENFILE."""
+    for _ in range(8):  # a cause chain is short; a cycle must not loop forever
+        if e is None:
+            return False
+        if isinstance(e, OSError) and e.errno in _OUT_OF_DESCRIPTORS:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def exit_words(code: int) -> str:

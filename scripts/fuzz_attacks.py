@@ -1,9 +1,10 @@
 """The fuzz run's aimed attacks: each one request (or a few calls) that once denied service.
 
 Bad credit reports on a held-open stream, calls that never send their request, one request of
-many globs over a big folder. Each attack says what the server must keep doing meanwhile
-(answer health and `GetInfo` within a second, end the attacker's call with a contract status
-within its deadline) and returns its findings as (kind, request, status, message).
+many globs over a big folder, a decompression bomb. Each attack says what the server must keep
+doing meanwhile (answer health and `GetInfo` within a second, end the attacker's call with a
+contract status within its deadline) and returns its findings as (kind, request, status,
+message).
 """
 
 from __future__ import annotations
@@ -172,6 +173,60 @@ def many_globs(
     return found
 
 
+def bomb(
+    channel: grpc.Channel,
+    target: str,
+    request: pb.StreamBatchesRequest,
+    root: str,
+    deadline_s: float,
+    bomb_mb: int,
+) -> list[Finding]:
+    """A zstd file inside the roots that expands to `bomb_mb` MB, past the server's
+    --max-decompressed-mb: RESOURCE_EXHAUSTED naming the file and the flag within the deadline,
+    health and info answering meanwhile (issue 18: a 310 KB file of 3.4 GiB OOM-killed the
+    server after ~18 s, and every other stream with it)."""
+    import zstandard
+
+    path = os.path.join(root, "bomb.jsonl.zst")
+    if not os.path.exists(path):  # built streaming: 1 MB in memory, a few hundred KB on disk
+        line = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
+        chunk = line * ((1 << 20) // len(line))
+        c = zstandard.ZstdCompressor(level=3).compressobj()
+        with open(path + ".part", "wb") as f:
+            for _ in range(bomb_mb):
+                f.write(c.compress(chunk))
+            f.write(c.flush())
+        os.replace(path + ".part", path)
+    req = pb.StreamBatchesRequest()
+    req.CopyFrom(request)
+    del req.spec.source.paths[:]
+    req.spec.source.paths.append(path)
+    label = f"a {os.path.getsize(path) >> 10} KB zstd file expanding to {bomb_mb} MB"
+    found: list[Finding] = []
+    answers: list[Finding] = []
+    done = threading.Event()
+
+    def watch() -> None:  # while the server decompresses, everyone else is answered
+        while not done.wait(0.5):
+            answers.extend(_answers(channel, target, f"during {label}"))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        next(iter(_raw_stream(channel)(iter([req.SerializeToString()]), timeout=deadline_s)))
+        status, message = "OK", ""
+    except grpc.RpcError as e:
+        status, message = e.code().name, e.details() or ""
+    finally:
+        done.set()
+        watcher.join()
+    if status != "RESOURCE_EXHAUSTED" or "bomb.jsonl.zst" not in message:
+        found.append(("bomb", label, status, message))
+    elif "--max-decompressed-mb" not in message:
+        found.append(("bomb message names no flag", label, status, message))
+    return found + answers + _answers(channel, target, f"after {label}")
+
+
 def run_attacks(
     channel: grpc.Channel,
     target: str,
@@ -179,6 +234,8 @@ def run_attacks(
     root: str,
     deadline_s: float,
     add: Callable[..., None],
+    *,
+    bomb_mb: int,
 ) -> dict:
     """Every attack in turn; each finding goes to `add(kind, request, status, message)`.
     Returns the seconds each took."""
@@ -192,6 +249,7 @@ def run_attacks(
         ("credit_reports", lambda: credit_reports(channel, target, first, deadline_s)),
         ("silent_calls", lambda: silent_calls(channel, target, first, deadline_s)),
         ("many_globs", lambda: many_globs(channel, target, request, root, deadline_s)),
+        ("bomb", lambda: bomb(channel, target, request, root, deadline_s, bomb_mb)),
     ]:
         start = time.monotonic()
         for finding in attack():

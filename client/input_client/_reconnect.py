@@ -99,9 +99,10 @@ class Outage:
     def ended(self, seq: int) -> None:
         """Logs the stream delivering again, from batch `seq`."""
         log.warning(
-            "input stream to %s resumed at batch %d after %.1f s (%d attempts)",
+            "input stream to %s resumed at batch %d after %.1f s (%d attempt%s)",
             self.address,
             seq,
             time.monotonic() - self.start,
             self.attempts,
+            "" if self.attempts == 1 else "s",
         )

@@ -18,8 +18,10 @@ def what_the_server_does(stub: Any) -> str:
     streams = ", ".join(
         f"stream {s.stream_id} ({s.pipeline}): {s.worker_reason}"
         if s.worker_reason.startswith("setting up")
-        else f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batches produced, "
-        f"{s.worker_processes} processes x {s.worker_threads} threads"
+        else f"stream {s.stream_id} ({s.pipeline}): {s.batches_produced} batch"
+        f"{'' if s.batches_produced == 1 else 'es'} produced, "
+        f"{s.worker_processes} process{'' if s.worker_processes == 1 else 'es'} x "
+        f"{s.worker_threads} thread{'' if s.worker_threads == 1 else 's'}"
         + (f" ({s.tuning_state})" if s.tuning_state else "")
         for s in info.streams
     )

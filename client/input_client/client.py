@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import grpc
 
+from input_client import addresses
 from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
 from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.errors import StreamError
@@ -19,9 +22,13 @@ class InputClient:
     """A connection to an input server.
 
     Args:
-      address: a gRPC target: `unix:///path/to.sock` (sidecar) or `host:port`.
+      address: a gRPC target: `unix:///path/to.sock` (sidecar) or `host:port`; default the
+        address a plain `input-server serve` listens on (`input_client.addresses.
+        default_socket()`: a socket in $XDG_RUNTIME_DIR, else in `$TMPDIR/input-server-UID/`).
       connect_timeout_s: how long `batches()` and `info()` wait for the server to be reachable
-        before raising, so a missing server is an error, not a hang.
+        before raising, so a missing server is an error, not a hang. A `unix:` socket file
+        that does not exist yet is waited for (a server starting); an address that can never
+        work (a socket path without `unix://`) is refused at once.
       token: the shared token of a server started with `--token-file`, sent on every call
         (`authorization: Bearer TOKEN`). Its abstract sockets and TCP ports need it; its
         socket files do not (their file mode admits only the server's user), unless it also
@@ -31,11 +38,13 @@ class InputClient:
     Raises:
       ValueError: both `token` and `token_file`, or an empty or non-ASCII token.
       OSError: `token_file` cannot be read.
+      PermissionError: no `address`, and the default socket's folder is not ours alone
+        (another user could have put a server there).
     """
 
     def __init__(
         self,
-        address: str,
+        address: str | None = None,
         *,
         connect_timeout_s: float = 30.0,
         token: str | None = None,
@@ -47,6 +56,9 @@ class InputClient:
             token = read_token_file(token_file)
         elif token is not None:
             token = check_token(token, "`token`")
+        if address is None:
+            addresses.check_private_dir(addresses.default_socket_dir())
+            address = addresses.default_socket()
         self.address = address
         self.connect_timeout_s = connect_timeout_s
         self._channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
@@ -59,14 +71,17 @@ class InputClient:
         protocol.
 
         Raises:
-          ConnectionError: no server reachable within the timeout.
+          ConnectionError: no server reachable within the timeout; at once for an address
+            that cannot work (a socket path without `unix://`, a `unix:` path that is no
+            socket).
           StreamError: FAILED_PRECONDITION, the server speaks another wire protocol.
         """
         timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
+        remaining = self._socket_file_ready(timeout_s)
         # A cheap call that waits for the connection (channel_ready_future leaves a polling
         # thread behind that fails once the channel closes).
         try:
-            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout_s, wait_for_ready=True)
+            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise ConnectionError(
@@ -75,12 +90,43 @@ class InputClient:
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)
 
+    def _socket_file_ready(self, timeout_s: float) -> float:
+        """Says at once what no waiting can fix, waits for a `unix:` socket file to appear (a
+        server starting), and returns the time left of `timeout_s`.
+
+        Raises:
+          ConnectionError: a path without its `unix://`, a `unix:` path that is not a socket,
+            or no socket there within the timeout.
+        """
+        if addresses.looks_like_a_path(self.address):
+            path = os.path.abspath(self.address)
+            there = "is a socket file" if addresses.is_socket(path) else "looks like a path"
+            raise ConnectionError(
+                f"no input server reachable at {self.address!r}: it {there}, and a Unix "
+                f"socket needs its scheme: unix://{path}"
+            )
+        path = addresses.socket_path(self.address)
+        deadline = time.monotonic() + timeout_s
+        if not path:
+            return timeout_s
+        while not os.path.exists(path):
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"no input server reachable at {self.address!r}: no socket at {path} "
+                    f"after {timeout_s:g} s; is `input-server serve` running?"
+                )
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if not addresses.is_socket(path):
+            raise ConnectionError(
+                f"no input server reachable at {self.address!r}: {path} is not a socket."
+            )
+        return max(0.0, deadline - time.monotonic())
+
     def info(self) -> pb.GetInfoResponse:
         """Server version, configured pipelines and the streams running now."""
+        remaining = self._socket_file_ready(self.connect_timeout_s)
         try:
-            return self._stub.GetInfo(
-                pb.GetInfoRequest(), timeout=self.connect_timeout_s, wait_for_ready=True
-            )
+            return self._stub.GetInfo(pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True)
         except grpc.RpcError as e:
             raise StreamError(e.code(), e.details()) from None
 

@@ -47,7 +47,8 @@ class ReconnectError(StreamError):
         InputClientError.__init__(
             self,
             f"gave up reconnecting to {address!r} after {waited_s:.1f} s and {attempts} "
-            f"attempts (reconnect_deadline_s={deadline_s:g}); the last error was "
+            f"attempt{'' if attempts == 1 else 's'} (reconnect_deadline_s={deadline_s:g}); "
+            f"the last error was "
             f"{code.name}: {details} Resume later with `state=` the iterator's "
             f"get_state(), or allow a longer `reconnect_deadline_s`.",
         )

@@ -26,7 +26,8 @@ FORMATS = ("jsonl", "arrayrecord", "parquet")
 RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
 MAX_WORKERS = 1024
-# A stream waits for its tuning before its first batch; ten minutes is already far too long.
+# A stream serves while it tunes (online), but a search that long would leave the loop
+# underfed for as long: ten minutes is already far too long.
 MAX_TUNE_SECONDS = 600
 MAX_THREADS = 256
 
@@ -120,8 +121,8 @@ class WorkersSpec:
       target_batches_per_s: "auto" only: the consumer's demand; the fewest workers that meet it
         are chosen, leaving the rest of the host's CPUs to training. 0 = unknown: the
         throughput plateau is chosen.
-      tune_seconds: "auto" only: the most time the measurement may take before the first batch
-        (the issue's bound; a plateau usually ends it in a few seconds).
+      tune_seconds: "auto" only: the most time the live search may take (the stream serves
+        from its first moment meanwhile; a plateau usually ends it in a few seconds).
       threads: with a fixed `count`, threads per process (0 = the default: the cores shared
         among the processes, at most 8); what `input-server tune` suggests, to fix its whole
         choice. Must be 0 with "auto".

@@ -18,7 +18,7 @@ from input_server import cancel
 from input_server.autotune.policy import Measurement
 from input_server.batching.pipeline import Pipeline, Workers
 
-# Module-level alias so tests can stand in another clock (STYLE.md item 4).
+# Module-level alias so tests can stand in another clock.
 clock = time.perf_counter
 
 # Production is timed after the first batch and this warm-up (thread pools filled, worker

@@ -1,4 +1,5 @@
-"""Autotune policy: what to measure next and what to choose, as pure functions of a table.
+"""Autotune policy: which candidate comes next offline and what to choose, as pure functions of
+a table (what the live search measures next is `search.py`).
 
 A "worker" is one document group being read and tokenized at a time: a candidate has
 `max(1, processes) * threads` of them. Threads in the server process are the cheap knob
@@ -18,7 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-# Module-level alias so tests can pretend another host (STYLE.md item 4).
+# Module-level alias so tests can pretend another host (a pure decision's inputs, like
+# Grain's `pick_performance_config`).
 cpu_count = os.cpu_count
 
 # A step to more workers must add at least this much to count as progress ("a few percent");
@@ -160,7 +162,8 @@ class Tuning:
     def summary(self) -> str:
         """One line for logs and `StreamInfo.worker_reason`."""
         return (
-            f"{self.processes} processes x {self.threads} threads ({self.reason}: "
+            f"{self.processes} process{'' if self.processes == 1 else 'es'} x {self.threads} "
+            f"thread{'' if self.threads == 1 else 's'} ({self.reason}: "
             f"{self.detail}; {sum(m.ran for m in self.measurements)} candidates measured "
             f"in {self.tune_seconds:.1f} s)"
         )
@@ -313,7 +316,7 @@ def decide(
     elif any(cost(m) > cost(c) for m in fits):
         reason = "plateau"
         detail = (
-            f"{rate}; more workers added under {PLATEAU_GAIN:.0%} "
+            f"{rate}; more workers added at most {CHOICE_GAIN:.0%} "
             f"(best {best.batches_per_s:.1f} batches/s, {best.label()})"
         )
         if pool is inside and len(inside) < len(fits):

@@ -78,7 +78,11 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
     ran = [m for m in tuning.measurements if m.ran]
     for processes in sorted({m.processes for m in ran}):
         pts = sorted((m for m in ran if m.processes == processes), key=lambda m: m.workers)
-        label = "in-process threads" if processes == 0 else f"{processes} processes"
+        label = (
+            "in-process threads"
+            if processes == 0
+            else f"{processes} process{'' if processes == 1 else 'es'}"
+        )
         ax.plot([m.workers for m in pts], [m.batches_per_s for m in pts], "o-", label=label)
     c = next(
         (m for m in ran if (m.processes, m.threads) == (tuning.processes, tuning.threads)), None
@@ -89,13 +93,19 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
             [c.batches_per_s],
             "r*",
             markersize=16,
+            clip_on=False,  # at the top of the axes, the whole star still shows
             label=f"choice: {c.label()} ({tuning.reason})",
         )
     if tuning.target_batches_per_s:
         ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--", label="target")
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_ylim(bottom=0)  # ratios read true from the height
+    # Ticks at the worker counts measured, as integers ("1 2 4", not "1.0 2.0 4.0").
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted({m.workers for m in ran})))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    top = max([m.batches_per_s for m in ran] + [tuning.target_batches_per_s], default=0)
+    # Ratios read true from the height; headroom above the highest point for the star.
+    ax.set_ylim(bottom=0, top=top * 1.15 or 1.0)
     ax.set_xlabel("workers (processes x threads)")
     ax.set_ylabel("batches/s")
     ax.set_title(title or f"autotune: {tuning.tune_seconds:.1f} s")

@@ -80,7 +80,7 @@ def next_candidate(
     left cores idle (per-record Python work holds the GIL) or fell short of the target; they
     stop after one doubling without gain. One process is not tried: it adds a copy of every
     group for no more parallelism than the server's own threads. A target met ends
-    everything. A candidate over a cap (`_capped`) comes back with `skip` set (the caller
+    everything. A candidate over a cap (`capped`) comes back with `skip` set (the caller
     records it), which ends its kind's search.
     """
     caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)

@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import time
 
-# Module-level alias so tests can stand in another clock (STYLE.md item 4).
+# Module-level alias so tests can stand in another clock.
 clock = time.perf_counter
 
 

@@ -1,11 +1,12 @@
 """ArrayRecord (json, text or tf.train.Example records) and Parquet files: random access to
-each record's text. Picklable; each opens its file lazily in the process that reads."""
+each record's text. Picklable; each opens its file lazily in the process that reads, ArrayRecord
+through `OPEN_FILES` (a bounded number open per process), Parquet only while it loads."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from input_server.data.records import check_size, loads_json, text_of
+from input_server.data.records import OPEN_FILES, check_size, loads_json, text_of
 from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
 
 
@@ -18,30 +19,33 @@ class ArrayRecordReader:
         self.path = path
         self.text_field = text_field
         self.record_format = record_format
-        self._reader = None
         try:
-            reader = self._open()
-            # A file that is not ArrayRecord opens with 0 records and `ok()` false.
-            if not reader.ok():
-                raise ValueError("the reader reports a corrupt file")
-            self._len = reader.num_records()
+            reader = self._new()
+            try:
+                # A file that is not ArrayRecord opens with 0 records and `ok()` false.
+                if not reader.ok():
+                    raise ValueError("the reader reports a corrupt file")
+                self._len = reader.num_records()
+            finally:
+                reader.close()
         except Exception as e:
             raise RecordError(f"{path}: not a readable ArrayRecord file ({e}).") from e
 
+    def _new(self):
+        from array_record.python import array_record_module
+
+        # No readahead: the pipeline reads in shuffled order.
+        return array_record_module.ArrayRecordReader(self.path, "readahead_buffer_size:0")
+
     def _open(self):
-        if self._reader is None:
-            from array_record.python import array_record_module
+        """A context holding the file's reader open (`OPEN_FILES`)."""
+        return OPEN_FILES.use(self, self._new, lambda reader: reader.close())
 
-            # No readahead: the pipeline reads in shuffled order.
-            self._reader = array_record_module.ArrayRecordReader(
-                self.path, "readahead_buffer_size:0"
-            )
-        return self._reader
+    def release(self) -> None:
+        """Closes the file's reader now; a later read opens it again."""
+        OPEN_FILES.close(self)
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_reader"] = None
-        return state
+    close = release
 
     def __len__(self) -> int:
         return self._len
@@ -52,14 +56,16 @@ class ArrayRecordReader:
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many records, read in one call."""
         try:
-            raws = self._open().read(list(indices))
+            with self._open() as reader:
+                raws = reader.read(list(indices))
         except RuntimeError:  # a corrupt chunk: find and name the record
             return [self[i] for i in indices]
         return [self._decode(raw, i) for raw, i in zip(raws, indices, strict=True)]
 
     def __getitem__(self, index: int) -> str:
         try:
-            raw = self._open().read([index])[0]
+            with self._open() as reader:
+                raw = reader.read([index])[0]
         except RuntimeError as e:
             raise RecordError(f"{self.where(index)}: cannot read ({e}).") from e
         return self._decode(raw, index)
@@ -111,16 +117,15 @@ class ParquetReader:
         self.text_field = text_field
         self._column = None
         try:
-            meta = pq.ParquetFile(path)
+            with pq.ParquetFile(path) as meta:  # closed now, not when collected
+                names, self._len = meta.schema_arrow.names, meta.metadata.num_rows
         except Exception as e:
             raise RecordError(f"{path}: not a readable Parquet file ({e}).") from e
-        names = meta.schema_arrow.names
         if text_field not in names:
             raise InvalidSpecError(
                 f"`source.text_field` {text_field!r} is not a column of {path} "
                 f"(columns: {', '.join(names)})."
             )
-        self._len = meta.metadata.num_rows
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -133,28 +138,38 @@ class ParquetReader:
     def where(self, index: int) -> str:
         return f"{self.path} row {index}"
 
+    def release(self) -> None:
+        """Nothing to close: the file is open only while its column loads."""
+
+    def close(self) -> None:
+        """Drops the loaded column now (loaded again if read)."""
+        self._column = None
+
     def _texts(self):
         if self._column is None:
-            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            f, chunks, first = pq.ParquetFile(self.path), [], 0
-            for g in range(f.num_row_groups):
-                rows = f.metadata.row_group(g).num_rows
-                try:
-                    chunks.append(
-                        f.read_row_group(g, columns=[self.text_field]).column(self.text_field)
-                    )
-                except (OSError, pa.ArrowException) as e:
-                    raise CorruptFileError(
-                        f"{self.path} row group {g} (rows {first}-"
-                        f"{first + rows - 1}): cannot read ({e})."
-                    ) from e
-                first += rows
-            self._column = pa.chunked_array(
-                [c for ch in chunks for c in ch.chunks]
-            ).combine_chunks()
+            with pq.ParquetFile(self.path) as f:  # closed once the column is in memory
+                self._column = self._load(f)
         return self._column
+
+    def _load(self, f):
+        import pyarrow as pa
+
+        chunks, first = [], 0
+        for g in range(f.num_row_groups):
+            rows = f.metadata.row_group(g).num_rows
+            try:
+                chunks.append(
+                    f.read_row_group(g, columns=[self.text_field]).column(self.text_field)
+                )
+            except (OSError, pa.ArrowException) as e:
+                raise CorruptFileError(
+                    f"{self.path} row group {g} (rows {first}-{first + rows - 1}): "
+                    f"cannot read ({e})."
+                ) from e
+            first += rows
+        return pa.chunked_array([c for ch in chunks for c in ch.chunks]).combine_chunks()
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many rows, taken in one vectorized call."""

@@ -1,28 +1,70 @@
 """JSON-lines files (plain, .gz or .zst): random access to each line's text.
 
-Plain files are memory-mapped and indexed by their newlines in chunks; compressed ones are
-decompressed whole once per process. Picklable (Grain sends readers to worker processes); the
-file opens lazily in the process that reads.
+Plain files are memory-mapped (through `OPEN_FILES`, which bounds the descriptors a process
+keeps) and indexed by their newlines in chunks; compressed ones are decompressed streaming,
+within the server's --max-decompressed-mb, and held once per process. Picklable (Grain sends
+readers to worker processes); the file opens lazily in the process that reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import mmap
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 import orjson
 
 from input_server import cancel
-from input_server.data.records import check_size, loads_json, text_of
-from input_server.errors import RecordError
+from input_server.data.records import OPEN_FILES, check_size, loads_json, text_of
+from input_server.errors import InputServerError, OverBudgetError, RecordError
 
 _INDEX_CHUNK = 16 << 20
+# Compressed bytes read from the file at once, and decompressed output between two checks
+# for a client that left.
+_READ = 1 << 20
+_CHECK_EVERY = 16 << 20
+# Compressed bytes fed to zstd per call: zstd cannot cap one call's output, and a 4-byte RLE
+# block expands to 128 KiB, so 1 KiB of a bomb is at most 32 MiB before the bound is checked
+# (small feeds cost no speed: docs/architecture.md, "Compressed files").
+_ZSTD_FEED = 1 << 10
+_MIB = 1 << 20
 
 
 def _newlines(buf: np.ndarray, base: int) -> np.ndarray:
     return np.flatnonzero(buf == ord("\n")).astype(np.int64) + base
+
+
+def _gzip_chunks(f: BinaryIO) -> Iterator[bytes]:
+    # GzipFile reads every member, checks each CRC, raises EOFError on a cut-off member, and
+    # returns at most what is asked for per read, however well the data compresses.
+    with gzip.GzipFile(fileobj=f, mode="rb") as z:
+        while out := z.read(_READ):
+            yield out
+
+
+def _zstd_chunks(f: BinaryIO) -> Iterator[bytes]:
+    import zstandard
+
+    d = zstandard.ZstdDecompressor()
+    obj, fed = d.decompressobj(), False  # fed: the current frame has begun
+    while raw := f.read(_READ):
+        view = memoryview(raw)
+        for i in range(0, len(view), _ZSTD_FEED):
+            piece = view[i : i + _ZSTD_FEED]
+            while piece:  # every frame (concatenated files, pzstd)
+                fed = True
+                out = obj.decompress(piece)
+                if out:
+                    yield out
+                piece = b""
+                if obj.eof:
+                    piece, obj, fed = obj.unused_data, d.decompressobj(), False
+    if fed:
+        raise EOFError("the file ends inside a zstd frame (truncated?)")
 
 
 class JsonlReader:
@@ -30,43 +72,77 @@ class JsonlReader:
 
     Plain files are indexed by line offsets and memory-mapped, so memory stays small (the page
     cache holds what was read); compressed files are decompressed into memory once per process
-    (streams cannot seek).
+    (streams cannot seek), at most `max_decompressed` bytes less `held_before` (what the
+    source's earlier compressed files hold), else OverBudgetError (RESOURCE_EXHAUSTED).
     """
 
     max_bytes: int | None = None
 
-    def __init__(self, path: str, text_field: str):
+    def __init__(
+        self,
+        path: str,
+        text_field: str,
+        *,
+        max_decompressed: int | None = None,
+        held_before: int = 0,
+    ):
         self.path = path
         self.text_field = text_field
+        self.max_decompressed = max_decompressed
         self._compressed = path.endswith((".gz", ".zst", ".zstd"))
-        self._buf: bytes | mmap.mmap | None = None
-        self._starts, self._ends, self._lines = self._index()
+        self._buf: bytearray | None = None
+        self._lock = threading.Lock()
+        limit = None if max_decompressed is None else max(0, max_decompressed - held_before)
+        self._starts, self._ends, self._lines, self._size = self._index(limit, held_before)
 
-    def _data(self) -> bytes:
-        with open(self.path, "rb") as f:
-            raw = f.read()
-        try:
-            if self.path.endswith(".gz"):
-                return gzip.decompress(raw)
-            import zstandard
+    @property
+    def decompressed_bytes(self) -> int:
+        """What the file takes in memory once decompressed (0 for a plain, mapped file)."""
+        return self._size if self._compressed else 0
 
-            # Every frame (concatenated files, pzstd), and a cut-off frame is an error.
-            out, d = [], zstandard.ZstdDecompressor()
-            while raw:
-                obj = d.decompressobj()
-                out.append(obj.decompress(raw))
-                if not obj.eof:
-                    raise EOFError("the file ends inside a zstd frame (truncated?)")
-                raw = obj.unused_data
-            return b"".join(out)
-        except Exception as e:  # corrupt archive: name the file, never a traceback
-            raise RecordError(f"{self.path}: cannot decompress: {e}") from e
+    def _decompress(self, limit: int | None, held_before: int = 0) -> bytearray:
+        with open(self.path, "rb") as f:  # EMFILE here is the server's state, not the file's
+            chunks = _gzip_chunks(f) if self.path.endswith(".gz") else _zstd_chunks(f)
+            buf, checked = bytearray(), 0
+            try:
+                for out in chunks:
+                    if limit is not None and len(buf) + len(out) > limit:
+                        raise self._over_budget(held_before)
+                    buf += out
+                    if len(buf) - checked >= _CHECK_EVERY:
+                        checked = len(buf)
+                        cancel.check()  # a bomb takes seconds; the client may have left
+            except InputServerError:
+                raise
+            except Exception as e:  # corrupt archive: name the file, never a traceback
+                raise RecordError(f"{self.path}: cannot decompress: {e}") from e
+            finally:
+                chunks.close()
+        return buf
 
-    def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _over_budget(self, held_before: int) -> OverBudgetError:
+        flag = (self.max_decompressed or 0) / _MIB
+        what = (
+            f"would take the source's compressed files past {flag:g} MB in memory "
+            f"({held_before / _MIB:,.1f} MB in the files before it)"
+            if held_before
+            else f"expands to more than {flag:g} MB when decompressed"
+        )
+        return OverBudgetError(
+            f"{self.path} {what}, over the server's --max-decompressed-mb {flag:g} (compressed "
+            f"files are held whole in memory); decompress it to plain .jsonl (mapped from "
+            f"disk, no limit), split it, or ask the operator for a larger limit."
+        )
+
+    def _index(
+        self, limit: int | None, held_before: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self._compressed:
-            self._buf = self._data()
-            size = len(self._buf)
-            newlines = _newlines(np.frombuffer(self._buf, np.uint8), 0)
+            self._buf = self._decompress(limit, held_before)
+            size, parts = len(self._buf), []
+            for at in range(0, size, _INDEX_CHUNK):
+                n = min(_INDEX_CHUNK, size - at)
+                parts.append(_newlines(np.frombuffer(self._buf, np.uint8, n, at), at))
         else:
             parts, size = [], 0
             with open(self.path, "rb") as f:
@@ -74,7 +150,7 @@ class JsonlReader:
                     cancel.check()  # a large file takes a while; the client may have left
                     parts.append(_newlines(np.frombuffer(chunk, np.uint8), size))
                     size += len(chunk)
-            newlines = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        newlines = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
         ends = np.concatenate((newlines, [size])).astype(np.int64)
         lines = np.arange(1, len(starts) + 1, dtype=np.int64)
@@ -84,13 +160,18 @@ class JsonlReader:
         one = np.flatnonzero((ends - starts) == 1)
         for i in one:
             keep[i] = self._raw_span(int(starts[i]), int(ends[i])).strip() != b""
-        return starts[keep], ends[keep], lines[keep]
+        return starts[keep], ends[keep], lines[keep], size
 
     def __getstate__(self):
-        # Workers reopen the file; never pickle a decompressed buffer or a descriptor.
+        # Workers reopen the file; never pickle a decompressed buffer, a map or a lock.
         state = self.__dict__.copy()
         state["_buf"] = None
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -98,20 +179,45 @@ class JsonlReader:
     def where(self, index: int) -> str:
         return f"{self.path} line {int(self._lines[index])}"
 
+    def release(self) -> None:
+        """Unmaps the file (its descriptor with it) now; a later read maps it again."""
+        OPEN_FILES.close(self)
+
+    def close(self) -> None:
+        """`release`, and drops the decompressed text (decompressed again if read)."""
+        OPEN_FILES.close(self)
+        self._buf = None
+
+    def _text(self) -> bytearray:
+        """The decompressed file, once per process (threads wait for the first to finish)."""
+        buf = self._buf
+        if buf is None:
+            with self._lock:
+                buf = self._buf
+                if buf is None:
+                    # The size is known from the index: a file that grew was replaced.
+                    buf = self._decompress(self._size)
+                    if len(buf) != self._size:
+                        raise RecordError(f"{self.path}: changed since the stream opened it.")
+                    self._buf = buf
+        return buf
+
+    def _map(self) -> mmap.mmap:
+        with open(self.path, "rb") as f:  # the map keeps a duplicate of the descriptor
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _buffer(self):
+        """A context holding the file's bytes: mapped (and kept open) within it, or in memory."""
+        if self._compressed:
+            return contextlib.nullcontext(self._text())
+        return OPEN_FILES.use(self, self._map, mmap.mmap.close)
+
     def _raw(self, index: int) -> bytes:
         return self._raw_span(int(self._starts[index]), int(self._ends[index]))
 
-    def _buffer(self) -> bytes | mmap.mmap:
-        if self._buf is None:
-            if self._compressed:
-                self._buf = self._data()
-            else:
-                with open(self.path, "rb") as f:
-                    self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._buf
-
     def _raw_span(self, start: int, end: int) -> bytes:
-        return self._buffer()[start:end]
+        with self._buffer() as buf:
+            return buf[start:end]
 
     def __getitem__(self, index: int) -> str:
         check_size(int(self._ends[index] - self._starts[index]), self.max_bytes, self.where(index))
@@ -124,7 +230,11 @@ class JsonlReader:
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many records; one pass with no per-record numpy or syscall."""
-        buf, field = self._buffer(), self.text_field
+        with self._buffer() as buf:
+            return self._read_many(buf, indices)
+
+    def _read_many(self, buf, indices: Sequence[int]) -> list[str]:
+        field = self.text_field
         starts = self._starts[indices].tolist()
         ends = self._ends[indices].tolist()
         out = []

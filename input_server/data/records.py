@@ -1,13 +1,24 @@
-"""What every reader of one file provides, and the checks on a record's text they share."""
+"""What every reader of one file provides, the checks on a record's text they share, and the
+descriptors they may hold open in one process (`OPEN_FILES`)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import errno
 import json
-from typing import Protocol
+import logging
+import resource
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import orjson
 
 from input_server.errors import InvalidSpecError, RecordError
+
+log = logging.getLogger(__name__)
 
 
 class Reader(Protocol):
@@ -22,6 +33,15 @@ class Reader(Protocol):
 
     def where(self, index: int) -> str:
         """Names the record for error messages, e.g. `data.jsonl line 12`."""
+        ...
+
+    def release(self) -> None:
+        """Closes the reader's descriptors and maps now (not at garbage collection); it
+        opens them again if read."""
+        ...
+
+    def close(self) -> None:
+        """`release`, and drops what it holds in memory (decompressed text, a column)."""
         ...
 
 
@@ -58,3 +78,181 @@ def loads_json(raw: bytes) -> object:
         return orjson.loads(raw)
     except ValueError:
         return json.loads(raw)
+
+
+# --- Descriptors -----------------------------------------------------------------------------
+
+# Of the process's descriptor limit, the share readers may keep open (the rest: sockets,
+# Grain's pipes and shared memory, the model), and a cap: past ~1,000 files a source thrashes
+# a little on reopening (an open and an mmap, microseconds), and vm.max_map_count (65,530 by
+# default) stays far away.
+_SHARE_OF_LIMIT = 4
+_MAX_DEFAULT_OPEN = 1024
+_MIN_OPEN = 8
+
+
+def default_max_open(soft_limit: int) -> int:
+    """The readers' descriptors a process with `soft_limit` (RLIMIT_NOFILE) keeps open."""
+    return max(_MIN_OPEN, min(_MAX_DEFAULT_OPEN, soft_limit // _SHARE_OF_LIMIT))
+
+
+class _Entry:
+    __slots__ = ("handle", "closer", "pins", "dropped")
+
+    def __init__(self, handle: Any, closer: Callable[[Any], None]):
+        self.handle, self.closer, self.pins, self.dropped = handle, closer, 0, False
+
+
+class OpenFiles:
+    """The files (maps, readers) readers hold open in this process: at most `capacity` at once,
+    the least recently used closed first, so a source of 100,000 files holds a few hundred
+    descriptors, all streams together. A handle in use (`use`) is never closed under its user:
+    it closes when let go."""
+
+    def __init__(self, capacity: int | None = None):
+        self._capacity = capacity
+        # Reentrant: a reader's finalizer (`close`) may run during a collection triggered
+        # while this thread holds the lock.
+        self._lock = threading.RLock()
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._watched: set[int] = set()
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+            self._capacity = default_max_open(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, n: int) -> None:
+        self._capacity = n
+        self._close(self._evict())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @contextlib.contextmanager
+    def use(
+        self, owner: object, opener: Callable[[], Any], closer: Callable[[Any], None]
+    ) -> Iterator[Any]:
+        """`owner`'s open handle (`opener()` if it has none), kept open within the block."""
+        key = id(owner)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                entry.pins += 1
+        if entry is None:
+            entry = self._add(owner, key, self._open(opener), closer)
+        try:
+            yield entry.handle
+        finally:
+            with self._lock:
+                entry.pins -= 1
+                done = [entry] if entry.dropped and entry.pins == 0 else []
+                done += self._evict()
+            self._close(done)
+
+    def _open(self, opener: Callable[[], Any]) -> Any:
+        try:
+            return opener()
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Out of descriptors: give back every handle not in use, and try once more.
+            with self._lock:
+                idle = [k for k, v in self._entries.items() if v.pins == 0]
+                done = [self._entries.pop(k) for k in idle]
+            self._close(done)
+            return opener()
+
+    def _add(self, owner: object, key: int, handle: Any, closer: Callable[[Any], None]) -> _Entry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(handle, closer)
+                if key not in self._watched:  # freed with its owner, if never closed
+                    self._watched.add(key)
+                    weakref.finalize(owner, self._forget, key)
+                spare = None
+            else:  # another thread opened it meanwhile
+                self._entries.move_to_end(key)
+                spare = _Entry(handle, closer)
+            entry.pins += 1
+        if spare is not None:
+            self._close([spare])
+        return entry
+
+    def _evict(self) -> list[_Entry]:
+        """Takes the least recently used handles not in use out, down to the capacity."""
+        with self._lock:
+            over = len(self._entries) - self.capacity
+            if over <= 0:
+                return []
+            idle = [k for k, v in self._entries.items() if v.pins == 0][:over]
+            return [e for e in (self._entries.pop(k, None) for k in idle) if e is not None]
+
+    def close(self, owner: object) -> None:
+        """Closes `owner`'s handle now (or, if in use, as soon as it is let go)."""
+        self._drop(id(owner))
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._watched.discard(key)
+        self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return
+            entry.dropped = True
+            if entry.pins:
+                return
+        self._close([entry])
+
+    @staticmethod
+    def _close(entries: list[_Entry]) -> None:
+        for e in entries:
+            try:
+                e.closer(e.handle)
+            except Exception:  # noqa: BLE001 - a close that fails frees what it can; go on
+                log.warning("closing a data file failed", exc_info=True)
+
+
+OPEN_FILES = OpenFiles()
+
+
+def configure_open_files(max_open: int | None) -> int:
+    """At server start: raises this process's soft descriptor limit to its hard limit (Grain's
+    worker processes inherit it), then sets how many files readers keep open (`max_open`,
+    default `default_max_open`). Returns that number.
+
+    Raises:
+      ValueError: `max_open` would leave under half the descriptor limit to the rest.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    try:
+        with open("/proc/sys/fs/nr_open") as f:  # the kernel's cap on any process's limit
+            nr_open = int(f.read())
+        target = nr_open if hard == resource.RLIM_INFINITY else min(hard, nr_open)
+    except (OSError, ValueError):
+        pass
+    if target != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("descriptor limit (ulimit -n) raised from %d to %d", soft, target)
+            soft = target
+        except (OSError, ValueError) as e:
+            log.warning("cannot raise the descriptor limit %d to %d: %s", soft, target, e)
+    if max_open is not None and max_open > soft // 2:
+        raise ValueError(
+            f"--max-open-files {max_open} would leave too few of the process's {soft} "
+            f"descriptors (ulimit -n) to sockets and worker pipes; use at most {soft // 2}, "
+            f"or raise the limit."
+        )
+    OPEN_FILES.capacity = max_open if max_open is not None else default_max_open(soft)
+    log.info("readers keep at most %d data files open", OPEN_FILES.capacity)
+    return OPEN_FILES.capacity

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import glob
 import os
+import re
 import stat
 
 from input_server import cancel
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 _GLOB_CHARS = frozenset("*?[")
-# Bounds on one glob's walk: its parts (each `**` multiplies the paths a walk can take) and
-# the directory entries it may look at (a walk of a whole disk is not a data set).
+# Bounds on a request's globs: a glob's parts (each `**` multiplies the paths a walk can take)
+# and the directory entries all of a request's walks may look at together (a walk of a whole
+# disk is not a data set; counted per glob, 200 copies of one 4 KiB request walked a
+# 20,000-entry folder 200 times, 4.7 s of CPU).
 MAX_GLOB_PARTS = 32
 MAX_GLOB_VISITS = 2_000_000
 # Kernel pseudo-filesystems: their "regular files" are live state (a process's environment,
@@ -42,11 +46,14 @@ class DataAccess:
       roots: real paths of folders; None reads anything the process can (the operator's).
       max_files: the most files the source's paths may name after globbing; None = no cap.
       max_document_bytes: a longer record ends the stream with INVALID_ARGUMENT; None = no cap.
+      max_decompressed_bytes: the most a source's compressed files may expand to in memory,
+        together; past it, RESOURCE_EXHAUSTED naming the file; None = no cap.
     """
 
     roots: tuple[str, ...] | None = None
     max_files: int | None = None
     max_document_bytes: int | None = None
+    max_decompressed_bytes: int | None = None
 
     def __post_init__(self):
         if self.roots is not None:
@@ -111,11 +118,15 @@ class DataAccess:
           InvalidSpecError: more than `max_files` files.
         """
         files: list[str] = []
+        budget = _Budget()
+        walked: dict[str, list[str]] = {}  # a pattern named twice is walked once
         for pattern in patterns:
             cancel.check()
             if _has_glob(pattern):
                 try:
-                    matched = self._glob(pattern)
+                    matched = walked.get(pattern)
+                    if matched is None:
+                        matched = walked[pattern] = self._glob(pattern, budget)
                 except RecursionError:  # folders nested deeper than Python's stack
                     raise InvalidSpecError(
                         f"`source.paths`: the glob {shorten(pattern)!r} "
@@ -142,9 +153,18 @@ class DataAccess:
                 f"(the server's --max-files); use fewer or larger files."
             )
 
-    def _glob(self, pattern: str) -> list[str]:
+    def _glob(self, pattern: str, budget: _Budget) -> list[str]:
         if self.roots is None:
             return sorted(p for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p))
+        written = pattern.split("/")
+        wild = next(i for i, p in enumerate(written) if _has_glob(p))
+        if ".." in written[wild:]:
+            # normpath would fold `*/..` away (a different question: glob's `*/..` needs a
+            # folder to match the `*`), and `..` after a link would tell where it leads.
+            raise InvalidSpecError(
+                f"`source.paths`: the glob {shorten(pattern)!r} has `..` after a wildcard; "
+                f"write the folder before the wildcard."
+            )
         parts = os.path.normpath(os.path.join(self.roots[0], pattern)).split("/")
         fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
         base = os.path.realpath("/".join(parts[:fixed]) or "/")
@@ -160,19 +180,61 @@ class DataAccess:
                 f"`source.paths`: the glob {shorten(pattern)!r} has more than "
                 f"{MAX_GLOB_PARTS} parts."
             )
-        walk = _Walk(self, pattern)
+        walk = _Walk(self, pattern, budget)
         walk.match(base, rest)
         return sorted(walk.found)
+
+
+class _Budget:
+    """The directory entries a request's walks have looked at, all its globs together, and
+    what they learned of the disk on the way: many globs over one folder list it once and
+    resolve each entry once (200 globs over a 5,000-entry folder took 7.9 s without)."""
+
+    def __init__(self):
+        self.visits = 0
+        self._listings: dict[str, list[str]] = {}
+        self._real: dict[str, str] = {}
+        self._kind: dict[str, str] = {}
+
+    def listing(self, folder: str) -> list[str]:
+        names = self._listings.get(folder)
+        if names is None:
+            try:
+                with os.scandir(folder) as it:
+                    names = [e.name for e in it]
+            except OSError:  # unreadable or vanished: as glob does, nothing there
+                names = []
+            self._listings[folder] = names
+        return names
+
+    def real(self, path: str) -> str:
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = os.path.realpath(path)
+        return real
+
+    def kind(self, real: str) -> str:
+        """ "dir", "file" or "" (anything else, or gone) for a real path."""
+        kind = self._kind.get(real)
+        if kind is None:
+            try:
+                mode = os.stat(real).st_mode
+            except OSError:
+                mode = 0
+            kind = self._kind[real] = (
+                "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else ""
+            )
+        return kind
 
 
 class _Walk:
     """One glob's walk inside the roots: real paths of regular files, each once; folders are
     entered through links only when the link stays inside, and each folder once per `**`."""
 
-    def __init__(self, access: DataAccess, pattern: str):
+    def __init__(self, access: DataAccess, pattern: str, budget: _Budget):
         self.access, self.pattern = access, pattern
         self.found: set[str] = set()
-        self.visits = 0
+        self.budget = budget
 
     def match(self, folder: str, rest: list[str], seen: frozenset = frozenset()) -> None:
         """Matches `rest` (pattern components) under `folder` (a real path inside)."""
@@ -188,8 +250,8 @@ class _Walk:
             seen = seen | {(st.st_dev, st.st_ino)}
             self.match(folder, tail or ["*"], seen)  # `**` matching no folder
             for path in self._entries(folder, "*"):
-                real = os.path.realpath(path)
-                if self.access._inside(real) and os.path.isdir(real):
+                real = self.budget.real(path)
+                if self.access._inside(real) and self.budget.kind(real) == "dir":
                     self.match(real, rest, seen)
             return
         if _has_glob(head):
@@ -199,36 +261,39 @@ class _Walk:
                 [os.path.join(folder, head)] if os.path.lexists(os.path.join(folder, head)) else []
             )
         for path in paths:
-            real = os.path.realpath(path)
+            real = self.budget.real(path)
             if not self.access._inside(real):
                 continue  # silently: the client may not learn it exists
             if tail:
-                if os.path.isdir(real):
+                if self.budget.kind(real) == "dir":
                     self.match(real, tail, seen)
-            elif real not in self.found and os.path.isfile(real):
+            elif real not in self.found and self.budget.kind(real) == "file":
                 self.found.add(real)
                 self.access._check_count(len(self.found))
 
     def _entries(self, folder: str, pattern: str) -> list[str]:
         """Names in `folder` matching `pattern` (hidden ones only for a pattern that starts
-        with a dot, as glob does), counted against MAX_GLOB_VISITS."""
-        try:
-            with os.scandir(folder) as it:
-                names = [e.name for e in it]
-        except OSError:  # unreadable or vanished: as glob does, nothing there
-            return []
-        self.visits += len(names)
-        if self.visits > MAX_GLOB_VISITS:
+        with a dot, as glob does), counted against the request's MAX_GLOB_VISITS."""
+        names = self.budget.listing(folder)
+        self.budget.visits += len(names)
+        if self.budget.visits > MAX_GLOB_VISITS:
             raise InvalidSpecError(
-                f"`source.paths`: the glob {shorten(self.pattern)!r} looks at more than "
-                f"{MAX_GLOB_VISITS:,} directory entries; name a narrower folder."
+                f"`source.paths`: the globs look at more than {MAX_GLOB_VISITS:,} directory "
+                f"entries in all (at {shorten(self.pattern)!r}); name narrower folders."
             )
+        matches = _matcher(pattern)
+        hidden = pattern.startswith(".")
         return [
             os.path.join(folder, n)
             for n in names
-            if fnmatch.fnmatchcase(n, pattern)
-            and (not n.startswith(".") or pattern.startswith("."))
+            if matches(n) and (hidden or not n.startswith("."))
         ]
+
+
+@functools.lru_cache(maxsize=256)
+def _matcher(pattern: str):
+    """fnmatchcase's test for `pattern`, compiled once (fnmatchcase caches only 32 patterns)."""
+    return re.compile(fnmatch.translate(pattern)).match
 
 
 OPERATOR = DataAccess()

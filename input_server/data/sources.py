@@ -23,9 +23,23 @@ from input_server.errors import (
 )
 
 
-def open_reader(path: str, spec: SourceSpec, max_document_bytes: int | None = None) -> Reader:
+def open_reader(
+    path: str,
+    spec: SourceSpec,
+    max_document_bytes: int | None = None,
+    *,
+    max_decompressed_bytes: int | None = None,
+    held_before: int = 0,
+) -> Reader:
+    """The reader of one file; a compressed one may hold `max_decompressed_bytes` less
+    `held_before` (what the source's earlier files hold) decompressed."""
     if spec.format == "jsonl":
-        reader = JsonlReader(path, spec.text_field)
+        reader = JsonlReader(
+            path,
+            spec.text_field,
+            max_decompressed=max_decompressed_bytes,
+            held_before=held_before,
+        )
     elif spec.format == "arrayrecord":
         reader = ArrayRecordReader(path, spec.text_field, spec.record_format)
     else:
@@ -50,6 +64,7 @@ class DocumentSource:
           DataNotFoundError: a path or glob names no file.
           InvalidSpecError: the text field is missing from the first record, or nothing to read.
           RecordError: a file is not of the format the spec says.
+          OverBudgetError: its compressed files expand past --max-decompressed-mb.
         """
         try:
             return cls._open(spec, access)
@@ -61,11 +76,29 @@ class DocumentSource:
     @classmethod
     def _open(cls, spec: SourceSpec, access: DataAccess) -> DocumentSource:
         opened: dict[str, Reader] = {}
-        readers = []
+        try:
+            return cls._open_into(opened, spec, access)
+        except BaseException:  # cancelled or refused: the files opened so far close now
+            for r in opened.values():
+                r.close()
+            raise
+
+    @classmethod
+    def _open_into(
+        cls, opened: dict[str, Reader], spec: SourceSpec, access: DataAccess
+    ) -> DocumentSource:
+        readers, held = [], 0
         for p in access.expand(spec.paths):
             cancel.check()
             if p not in opened:
-                opened[p] = open_reader(p, spec, access.max_document_bytes)
+                opened[p] = open_reader(
+                    p,
+                    spec,
+                    access.max_document_bytes,
+                    max_decompressed_bytes=access.max_decompressed_bytes,
+                    held_before=held,
+                )
+                held += getattr(opened[p], "decompressed_bytes", 0)
             readers.append(opened[p])
         for r in opened.values():
             if len(r):
@@ -86,6 +119,18 @@ class DocumentSource:
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
+
+    def release(self) -> None:
+        """Closes every file's descriptors and maps now, keeping what is in memory; they
+        open again if read."""
+        for r in {id(r): r for r in self._readers}.values():
+            r.release()
+
+    def close(self) -> None:
+        """`release`, and drops what the readers hold in memory (decompressed text, loaded
+        columns)."""
+        for r in {id(r): r for r in self._readers}.values():
+            r.close()
 
     def _locate(self, index: int) -> tuple[Reader, int]:
         f = bisect.bisect_right(self._ends, index)

@@ -17,47 +17,26 @@ import hmac
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 
 import grpc
 
+from input_client.addresses import (  # noqa: F401 - the server's default is the client's
+    SOCKET_NAME,
+    check_private_dir,
+    default_socket,
+    default_socket_dir,
+)
 from input_client.auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
 
 log = logging.getLogger(__name__)
 
-# The name clients of earlier releases dial in $XDG_RUNTIME_DIR.
-SOCKET_NAME = f"input-server-{os.geteuid()}.sock"
 # Probes (kubelet, load balancers) carry no token; health tells them only SERVING or not.
 OPEN_METHODS = "/grpc.health.v1.Health/"
 UNAUTHENTICATED = "missing or wrong token; pass token= or token_file= to the client"
 
 
 # --- The default socket's folder -----------------------------------------------------------------
-
-
-def _is_private_dir(st: os.stat_result) -> bool:
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
-
-
-def default_socket_dir() -> str:
-    """$XDG_RUNTIME_DIR when it is ours and private (systemd makes it so), else
-    `$TMPDIR/input-server-UID` (the server makes it private: `ensure_private_dir`).
-
-    An XDG_RUNTIME_DIR that is not ours is passed over, not refused: `sudo -s` keeps the
-    invoking user's, and root's server belongs in root's folder.
-    """
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        with contextlib.suppress(OSError):
-            if _is_private_dir(os.stat(xdg)):
-                return xdg
-    return os.path.join(tempfile.gettempdir(), f"input-server-{os.geteuid()}")
-
-
-def default_socket() -> str:
-    """The address a server listens on, and `input-server info` dials, when given none."""
-    return f"unix://{os.path.join(default_socket_dir(), SOCKET_NAME)}"
 
 
 def ensure_private_dir(path: str, *, create: bool = True) -> None:
@@ -68,31 +47,10 @@ def ensure_private_dir(path: str, *, create: bool = True) -> None:
     Raises:
       PermissionError: one line naming the folder and what is wrong with it.
     """
-    try:
-        if create:
+    if create:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        st = os.lstat(path)  # a link is refused, not followed: whoever made it chose its target
-    except FileExistsError:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if create:
-            raise
-        return
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        problem = "is not a folder"
-    elif st.st_uid != os.geteuid():
-        problem = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
-    elif st.st_mode & 0o077:
-        problem = (
-            f"has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach the "
-            f"socket; it must be 0700 (chmod 700 {path})"
-        )
-    else:
-        return
-    raise PermissionError(
-        f"the default socket's folder {path} {problem}; fix or remove it, "
-        f"or name a socket elsewhere (serve --listen unix:///PATH.sock)"
-    )
+    check_private_dir(path)
 
 
 # --- Socket files --------------------------------------------------------------------------------

@@ -22,10 +22,12 @@ from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.remembered import TuneCache
 from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
+from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError
 from input_server.serving import auth
 from input_server.serving.auth import default_socket
+from input_server.serving.call_limits import CallLimits
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.limits import Limits, check_workers
 from input_server.serving.service import InputServicer, add_to_server
@@ -33,7 +35,7 @@ from input_server.serving.service import InputServicer, add_to_server
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20
-# Threads no stream may take: health checks and info always answer.
+# Threads beyond every cap: a call refused for a cap still needs one to hear why.
 SPARE_THREADS = 2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
@@ -153,6 +155,13 @@ class ServerConfig:
         flight); a spec that cannot fit is refused with RESOURCE_EXHAUSTED.
       max_document_mb: a longer document ends its stream with INVALID_ARGUMENT.
       max_files: the most files a request's paths may name after globbing.
+      max_decompressed_mb: the most one source's compressed (.gz, .zst) files may expand to in
+        memory, together (each is held whole, once per process that reads it); past it the
+        stream ends with RESOURCE_EXHAUSTED naming the file. 1024: a C4 shard (~800 MB) fits,
+        a 310 KB zstd bomb of 3.4 GiB does not.
+      max_open_files: the most data files each process keeps open (least recently used closed
+        first, so a source may name far more); default a quarter of the descriptor limit,
+        which the server raises to its hard limit at start, at most 1024 (`records.py`).
       max_workers: worker processes across all streams of this server; default the CPU count.
       tune_cache: a folder where "auto" choices persist across restarts (the CLI's default:
         `remembered.default_folder()`); None = kept in memory only.
@@ -172,6 +181,8 @@ class ServerConfig:
     stream_memory_mb: float = 2048.0
     max_document_mb: float = 64.0
     max_files: int = 100_000
+    max_decompressed_mb: float = 1024.0
+    max_open_files: int | None = None
     max_workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     tune_cache: str | None = None
 
@@ -182,11 +193,13 @@ class ServerConfig:
             raise ValueError(f"`queue_depth` must be positive, got {self.queue_depth}.")
         if self.message_tokens < 1:
             raise ValueError(f"`message_tokens` must be positive, got {self.message_tokens}.")
-        for name in ("stream_memory_mb", "max_document_mb", "max_files"):
+        for name in ("stream_memory_mb", "max_document_mb", "max_files", "max_decompressed_mb"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}.")
         if self.max_workers < 0:
             raise ValueError(f"`max_workers` must be 0 or more, got {self.max_workers}.")
+        if self.max_open_files is not None and self.max_open_files < 1:
+            raise ValueError(f"`max_open_files` must be positive, got {self.max_open_files}.")
         roots = tuple(os.path.realpath(r) for r in (self.data_roots or (os.getcwd(),)))
         for r in roots:
             if not os.path.isdir(r):
@@ -213,6 +226,8 @@ class Server:
     def __init__(self, config: ServerConfig | None = None, *, start: bool = True):
         self.config = config or ServerConfig()
         addresses = [parse_address(a) for a in (self.config.listen or [default_socket()])]
+        # Descriptors: the soft limit raised to the hard one, and the share readers keep.
+        configure_open_files(self.config.max_open_files)
         if not self.config.listen:  # other users must not reach the folder of the default
             auth.ensure_private_dir(auth.default_socket_dir())
         # Who may connect, decided before anything is built or bound: a mistake is one line.
@@ -225,7 +240,10 @@ class Server:
         )
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
         # The operator's pipelines read any path, within the document limit.
-        operator = DataAccess(max_document_bytes=int(self.config.max_document_mb * (1 << 20)))
+        operator = DataAccess(
+            max_document_bytes=int(self.config.max_document_mb * (1 << 20)),
+            max_decompressed_bytes=int(self.config.max_decompressed_mb * (1 << 20)),
+        )
         for name, spec in self.config.pipelines.items():
             try:
                 check_workers(getattr(spec, "spec", spec), self.config.max_workers)
@@ -243,6 +261,7 @@ class Server:
             roots=c.data_roots,
             max_files=c.max_files,
             max_document_bytes=int(c.max_document_mb * (1 << 20)),
+            max_decompressed_bytes=int(c.max_decompressed_mb * (1 << 20)),
         )
         limits = Limits(
             access=access, stream_memory_mb=c.stream_memory_mb, max_workers=c.max_workers
@@ -257,13 +276,16 @@ class Server:
             tuner=Tuner(cache=TuneCache(c.tune_cache) if c.tune_cache else None),
         )
         # Streams hold a thread each, and a stream whose client left keeps its thread while
-        # it closes (its slot already free); the spare threads keep health and info answering
-        # when every stream slot is busy.
+        # it closes (its slot already free). Calls still waiting for their request, and calls
+        # of the other methods, are capped too (`call_limits`): the pool holds every capped
+        # call, and its spare threads answer the refusals beyond the caps.
+        calls = CallLimits()
+        threads = self._servicer.max_handlers + calls.threads() + SPARE_THREADS
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=self._servicer.max_handlers + SPARE_THREADS, thread_name_prefix="rpc"
-            ),
-            interceptors=auth.interceptors(policy),
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+            interceptors=[*auth.interceptors(policy), calls],
+            # A flood of calls beyond the pool waits in its queue; past this gRPC refuses them.
+            maximum_concurrent_rpcs=4 * threads,
             options=[
                 ("grpc.so_reuseport", 0),
                 *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
@@ -312,6 +334,10 @@ class Server:
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s", ", ".join(self.targets))
+
+    def active_streams(self) -> int:
+        """Streams being set up, running or closing now (what a drain would end)."""
+        return self._servicer.active_requests()
 
     def stop(self, grace: float | None = None) -> None:
         """Drains and stops; safe to call twice."""

@@ -1,7 +1,7 @@
 """The gRPC servicer: glue that validates requests, starts stream sessions, reports status.
 
-Every exception a request meets becomes a status in one place (`_guard` with
-`errors.status_of`): nothing escapes to gRPC, which would send UNKNOWN.
+Every exception a request meets becomes a status in one place (`_guard_stream` and
+`_guard_unary`, with `errors.status_of`): nothing escapes to gRPC, which would send UNKNOWN.
 """
 
 from __future__ import annotations

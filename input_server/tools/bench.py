@@ -20,6 +20,8 @@ from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION, shift_left
 from input_server.batching.pipeline import Pipeline, Workers, default_threads
 from input_server.data.sources import DocumentSource
+from input_server.tools.bench_time import estimate_s, minutes
+from input_server.tools.report import plural
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -199,10 +201,13 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
     import subprocess
     import sys
 
+    import grpc
     import psutil
 
     from input_client import InputClient
+    from input_client.auth import TokenInterceptor, read_token_file
     from input_client.proto import pb, pb_grpc
+    from input_client.wire import MESSAGE_OPTIONS
 
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
@@ -240,8 +245,12 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         # This process is the client; the server's CPU is the other process's.
         result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
         result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")
-        # Wire size, from the raw messages of a short second stream.
-        stub = pb_grpc.InputServiceStub(client._channel)
+        # Wire size, from the raw messages of a short second stream, on a channel of its own
+        # (the client's is its own business).
+        channel = stack.enter_context(grpc.insecure_channel(target, options=MESSAGE_OPTIONS))
+        if token_file is not None:
+            channel = grpc.intercept_channel(channel, TokenInterceptor(read_token_file(token_file)))
+        stub = pb_grpc.InputServiceStub(channel)
         wire, tokens = 0, 0
         call = stub.StreamBatches(
             iter([pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)])
@@ -350,12 +359,27 @@ def run(
     )
 
     cores = os.cpu_count() or 1
+    quick = bench_sentencepiece(texts, spec, min_seconds=min(0.5, min_seconds))
+    t = estimate_s(
+        limit_tokens_per_s=quick["tokens_per_s"],
+        kept=kept,
+        epochs=epochs,
+        rounds=rounds,
+        min_seconds=min_seconds,
+        cores=cores,
+    )
+    say(
+        f"this takes about {minutes(t['total'])}: the MaxText-style reference "
+        f"~{minutes(t['reference'])}, {plural(rounds, 'round')} of ~{minutes(t['round'])}, "
+        f"the packing comparison ~{minutes(t['packing'])} (from sentencepiece's "
+        f"{quick['tokens_per_s'] / 1e6:.1f} M tokens/s here; --min-tokens and --rounds change it)"
+    )
     reference = {}
     ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
     for processes in sorted({0, 1, cores}):
         reference[processes] = bench_reference(ref_spec, texts, processes)
         say(
-            f"MaxText-style reference, {processes} processes: "
+            f"MaxText-style reference, {plural(processes, 'process', 'processes')}: "
             f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
         )
 
@@ -411,7 +435,10 @@ def run(
 
 def format_table(result: dict[str, Any]) -> str:
     rows = [("sentencepiece batch encode (limit)", result["sentencepiece_limit"])]
-    rows += [(f"MaxText-style reference, {k} processes", v) for k, v in result["reference"].items()]
+    rows += [
+        (f"MaxText-style reference, {plural(int(k), 'process', 'processes')}", v)
+        for k, v in result["reference"].items()
+    ]
     rows.append(("this pipeline, in process", result["pipeline_in_process"]))
     rows += [(f"through server + client, {k}", v) for k, v in result["server"].items()]
     lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}  CPU ns/token"]

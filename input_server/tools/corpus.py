@@ -13,6 +13,7 @@ import os
 import pathlib
 import sysconfig
 import tempfile
+from collections.abc import Iterable
 
 MIN_CHARS = 40
 
@@ -97,16 +98,20 @@ def write_jsonl(docs: list[str], path: str | os.PathLike, text_field: str = "tex
 
 
 def train_sentencepiece(
-    docs: list[str],
+    docs: Iterable[str],
     model_prefix: str | os.PathLike,
     *,
     vocab_size: int = 1000,
     model_type: str = "unigram",
     with_pad: bool = True,
+    exact_vocab: bool = False,
+    num_threads: int = 2,
 ) -> str:
     """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path.
 
     `with_pad=False` leaves out the pad piece, as Llama 2's model does (`pad_id()` is -1).
+    `exact_vocab=True` makes a corpus too small for `vocab_size` an error (sentencepiece's
+    RuntimeError names the most it supports) instead of a smaller vocabulary.
     """
     import sentencepiece as spm
 
@@ -126,8 +131,8 @@ def train_sentencepiece(
         ),
         input_sentence_size=200000,
         shuffle_input_sentence=True,
-        num_threads=2,
-        hard_vocab_limit=False,  # a small corpus gets the vocabulary it supports
+        num_threads=num_threads,
+        hard_vocab_limit=exact_vocab,  # else a small corpus gets the vocabulary it supports
         minloglevel=2,
     )
     return f"{os.fspath(model_prefix)}.model"

@@ -251,7 +251,8 @@ def test_client_refuses_both_token_and_token_file_and_an_empty_token(tmp_path):
 
 def test_info_takes_a_token_file(capsys, guarded):
     srv, _, token_file = guarded
-    assert cli.main(["info", srv.targets[0], "--token-file", token_file, "--timeout-s", "10"]) == 0
+    argv = ["info", srv.targets[0], "--token-file", token_file, "--timeout-s", "10", "--json"]
+    assert cli.main(argv) == 0
     assert '"serverVersion"' in capsys.readouterr().out
     code = cli.main(["info", srv.targets[0], "--timeout-s", "10"])
     assert_one_line(code, capsys.readouterr().err, "UNAUTHENTICATED", "token")
@@ -328,7 +329,7 @@ def test_the_default_socket_lives_in_a_private_folder_that_info_finds(tmp_path):
         assert stat.S_IMODE((folder / auth.SOCKET_NAME).stat().st_mode) == 0o600
         # `info` without an address dials the same default, found the same way.
         out = subprocess.run(
-            cli_argv("info", "--timeout-s", "10"),
+            cli_argv("info", "--timeout-s", "10", "--json"),
             capture_output=True,
             text=True,
             timeout=60,

@@ -3,6 +3,7 @@ traceback."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -26,15 +27,34 @@ def spec_file(tmp_path, corpus, spm_model):
     return write
 
 
-@pytest.mark.parametrize("address", ["unix:///nonexistent/input.sock", "127.0.0.1:1"])
-def test_info_on_an_unreachable_address(capsys, address):
-    code, err = run_main(capsys, "info", address, "--timeout-s", "1")
-    assert_one_line(code, err, "no input server reachable", address)
+def test_info_on_an_unreachable_tcp_address(capsys):
+    code, err = run_main(capsys, "info", "127.0.0.1:1", "--timeout-s", "1")
+    assert_one_line(code, err, "no input server reachable", "127.0.0.1:1")
 
 
-def test_info_on_a_socket_path_without_its_scheme_hints_at_it(capsys, tmp_path):
-    code, err = run_main(capsys, "info", str(tmp_path / "input.sock"), "--timeout-s", "1")
-    assert_one_line(code, err, f"unix://{tmp_path}/input.sock")
+def test_info_on_a_unix_path_with_no_socket_suggests_serve(capsys):
+    code, err = run_main(capsys, "info", "unix:///nonexistent/input.sock", "--timeout-s", "1")
+    assert_one_line(code, err, "no socket at /nonexistent/input.sock", "`input-server serve`")
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["a-socket-file", "no-file"])
+def test_info_on_a_socket_path_without_its_scheme_says_so_at_once(capsys, tmp_path, exists):
+    path = tmp_path / "input.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        if exists:
+            s.bind(str(path))
+        start = time.monotonic()
+        code, err = run_main(capsys, "info", str(path), "--timeout-s", "30")
+    assert time.monotonic() - start < 5  # not the 30 s timeout: no waiting can fix it
+    assert_one_line(code, err, f"unix://{path}", "is a socket file" if exists else "scheme")
+
+
+def test_info_on_a_unix_path_that_is_no_socket(capsys, tmp_path):
+    (tmp_path / "x.sock").write_text("")
+    start = time.monotonic()
+    code, err = run_main(capsys, "info", f"unix://{tmp_path}/x.sock", "--timeout-s", "30")
+    assert time.monotonic() - start < 5
+    assert_one_line(code, err, f"{tmp_path}/x.sock is not a socket")
 
 
 @pytest.mark.parametrize("verb", ["tune", "bench"])
@@ -121,3 +141,70 @@ def test_numbers_out_of_range_are_refused_by_the_parser(capsys, args):
     with pytest.raises(SystemExit) as e:
         cli.main(args)
     assert e.value.code == 2 and "must be a positive number" in capsys.readouterr().err
+
+
+def test_a_bad_named_pipeline_says_its_value_once(capsys, tmp_path, corpus, spm_model):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[x.source]\npaths = ["{corpus}"]\n[x.tokenizer]\nmodel = "{spm_model}"\n'
+        '[x.batch]\npacking = "best"\n'
+    )
+    code, err = run_main(
+        capsys, "serve", "--pipelines", str(path), "--listen", f"unix://{tmp_path}/s.sock"
+    )
+    assert_one_line(code, err, "`x.batch.packing`")
+    assert err.count("got 'best'") == 1, err
+
+
+def test_help_lists_every_verb(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for verb in ("serve", "demo", "info", "tune", "bench", "tokenizer"):
+        assert verb in out.split("positional arguments")[0], (verb, out)
+
+
+# --- tokenizer train --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_corpus(tmp_path, docs):
+    from input_server.tools.corpus import write_jsonl
+
+    return write_jsonl(docs[:300], tmp_path / "c.jsonl")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["{tmp}/missing.jsonl"], ["missing.jsonl", "no such file"]),
+        (["{corpus}", "--text-field", "body"], ["line 1", "no field 'body'", "id, text"]),
+        (["{corpus}", "--vocab-size", "100000"], ["--vocab-size 100000", "at most"]),
+        (["{corpus}", "--vocab-size", "20"], ["--vocab-size 20 is too small", "at least"]),
+        (
+            ["{corpus}", "--format", "text", "--text-field", "x", "-o", "{tmp}/no/m.model"],
+            ["no such folder"],
+        ),
+        (["{tmp}/notjson.jsonl"], ["notjson.jsonl line 2", "not valid JSON", "--format text"]),
+        (["{tmp}/empty.jsonl"], ["no text in"]),
+    ],
+    ids=[
+        "missing",
+        "field",
+        "vocab-too-large",
+        "vocab-too-small",
+        "no-folder",
+        "not-json",
+        "empty",
+    ],
+)
+def test_tokenizer_train_mistakes(capsys, tmp_path, small_corpus, args, words):
+    (tmp_path / "notjson.jsonl").write_text('{"text": "fine"}\nnot json at all\n')
+    (tmp_path / "empty.jsonl").write_text('{"text": ""}\n\n')
+    args = [a.format(tmp=tmp_path, corpus=small_corpus) for a in args]
+    if "-o" not in args:
+        args += ["-o", str(tmp_path / "m.model")]
+    code, err = run_main(capsys, "tokenizer", "train", *args)
+    assert_one_line(code, err, *words)
+    assert not (tmp_path / "m.model").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".spm-")] == []

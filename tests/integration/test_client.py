@@ -218,3 +218,53 @@ def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert f"speaks wire protocol {PROTOCOL_VERSION + 1}" in e.value.details
     assert other.streams == 0  # no stream was opened on it
+
+
+# --- Addresses: the default, and saying at once what no waiting can fix -----------------------
+
+
+def test_a_client_without_an_address_finds_a_plain_server(tmp_path, monkeypatch, make_spec):
+    import tempfile
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with Server(ServerConfig()) as srv, InputClient(connect_timeout_s=10) as client:
+        assert client.address == srv.targets[0]
+        assert next(iter(client.batches(make_spec())))["inputs"].shape == (4, 128)
+
+
+def test_a_client_waits_for_a_socket_that_appears_within_its_timeout(tmp_path, make_spec):
+    import threading
+
+    sock = f"unix://{tmp_path}/late.sock"
+    servers = []
+    starter = threading.Timer(1.5, lambda: servers.append(Server(ServerConfig(listen=[sock]))))
+    starter.start()
+    try:
+        with InputClient(sock, connect_timeout_s=30) as client:
+            start = time.monotonic()
+            client.wait_ready()  # the server starting: no socket file yet
+            assert 1.0 < time.monotonic() - start < 25
+    finally:
+        starter.join()
+        for s in servers:
+            s.stop(0)
+
+
+def test_no_socket_file_says_so_and_suggests_serve(tmp_path):
+    with InputClient(f"unix://{tmp_path}/none.sock", connect_timeout_s=1) as client:
+        with pytest.raises(ConnectionError) as e:
+            client.wait_ready()
+    assert str(e.value) == (
+        f"no input server reachable at 'unix://{tmp_path}/none.sock': no socket at "
+        f"{tmp_path}/none.sock after 1 s; is `input-server serve` running?"
+    )
+
+
+def test_a_socket_path_without_its_scheme_fails_at_once(tmp_path, server):
+    path = server.targets[0].removeprefix("unix://")
+    with InputClient(path, connect_timeout_s=30) as client:
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match=f"is a socket file.*unix://{path}"):
+            client.wait_ready()
+        assert time.monotonic() - start < 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,8 @@ def start_serve(*args: str) -> subprocess.Popen:
     )
 
 
-def test_serve_named_pipeline_then_sigterm_stops_cleanly(tmp_path, corpus, spm_model):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_named_pipeline_then_a_signal_stops_cleanly(tmp_path, corpus, spm_model, signum):
     pipelines = tmp_path / "pipelines.toml"
     pipelines.write_text(f"""
 [tiny.source]
@@ -50,9 +52,12 @@ count = 1
             assert info.streams[0].worker_processes == 1
             workers = psutil.Process(proc.pid).children(recursive=True)
             assert workers, "the stream runs a worker process"
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
             it.close()
+        # One line says it drained and what it ended.
+        assert f"input-server: {signum.name}: drained, 1 stream ended; stopped." in out, (out, err)
         assert not sock.exists()
         time.sleep(0.5)
         assert not still_running(workers)
@@ -61,19 +66,43 @@ count = 1
             proc.kill()
 
 
-def test_info_command_prints_server_description(tmp_path, corpus, spm_model):
-    sock = tmp_path / "info.sock"
-    proc = start_serve("--listen", f"unix://{sock}")
+def test_info_prints_a_table_and_json_with_numbers_as_numbers(tmp_path, corpus, spm_model):
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(
+        f'[tiny.source]\npaths = ["{corpus}"]\n[tiny.tokenizer]\nmodel = "{spm_model}"\n'
+        "[tiny.batch]\nseq_len = 64\nsize = 2\n[tiny.order]\nepochs = 0\n"
+        "[tiny.workers]\ncount = 0\nthreads = 1\n"
+    )
+    sock = f"unix://{tmp_path}/info.sock"
+    proc = start_serve("--listen", sock, "--pipelines", str(pipelines))
     try:
-        InputClient(f"unix://{sock}", connect_timeout_s=60).wait_ready()
-        out = subprocess.run(
-            cli_argv("info", f"unix://{sock}"), capture_output=True, text=True, timeout=60
-        )
-        assert out.returncode == 0, out.stderr
-        assert '"serverVersion"' in out.stdout
+        with InputClient(sock, connect_timeout_s=60) as client, client.batches("tiny") as it:
+            for _ in range(3):
+                next(it)
+            table = subprocess.run(
+                cli_argv("info", sock), capture_output=True, text=True, timeout=60
+            )
+            as_json = subprocess.run(
+                cli_argv("info", sock, "--json"), capture_output=True, text=True, timeout=60
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.communicate(timeout=30)
+    assert table.returncode == 0 and as_json.returncode == 0, (table.stderr, as_json.stderr)
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("server     input-server ")
+    assert lines[1] == f"address    {sock}"  # the address it used
+    assert any(line.startswith("pipelines  tiny: ") and "batch 2 x 64" in line for line in lines)
+    assert "streams    1 running" in lines
+    row = next(line.split() for line in lines if line.split()[:2] == ["1", "tiny"])
+    processes, threads, _, produced, sent, taken = row[2:8]
+    assert (processes, threads) == ("0", "1") and int(sent) >= 3 and int(taken) >= 3
+    info = json.loads(as_json.stdout)
+    stream = info["streams"][0]
+    assert isinstance(stream["batchesSent"], int) and stream["batchesSent"] >= 3
+    assert stream["streamId"] == 1 and stream["workerProcesses"] == 0  # zero fields included
+    assert "demandBatchesPerS" in stream and isinstance(info["protocolVersion"], int)
+    assert info["pipelines"]["tiny"]["batch"]["seqLen"] == 64
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
-"""The addresses a server may listen on: loopback and Unix sockets only."""
+"""The addresses a server may listen on (loopback and Unix sockets only), the default one both
+sides share, and what the client tells from an address before dialing it."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -20,3 +23,71 @@ def test_non_loopback_addresses_are_refused(address):
 )
 def test_loopback_and_unix_addresses_are_accepted(address):
     assert parse_address(address).bind == address
+
+
+# --- The client's side: the default address, and what an address says before dialing ----------
+
+
+def test_the_server_listens_where_the_client_dials_by_default(tmp_path, monkeypatch):
+    import tempfile
+
+    from input_client import addresses
+    from input_server.serving import auth
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert auth.default_socket() == addresses.default_socket()
+    assert addresses.default_socket() == (
+        f"unix://{tmp_path}/input-server-{os.geteuid()}/input-server-{os.geteuid()}.sock"
+    )
+
+
+@pytest.mark.parametrize(
+    "address, path",
+    [
+        ("unix:///tmp/a.sock", "/tmp/a.sock"),
+        ("unix:/tmp/a.sock", "/tmp/a.sock"),
+        ("unix:rel.sock", "rel.sock"),
+        ("unix-abstract:name", None),
+        ("127.0.0.1:5000", None),
+    ],
+)
+def test_socket_path_of_a_target(address, path):
+    from input_client.addresses import socket_path
+
+    assert socket_path(address) == path
+
+
+@pytest.mark.parametrize(
+    "address, path_like",
+    [
+        ("/tmp/a.sock", True),
+        ("./a.sock", True),
+        ("a.sock", True),
+        ("unix:///tmp/a.sock", False),
+        ("localhost:5000", False),
+        ("[::1]:5000", False),
+        ("dns:///host:5000", False),
+    ],
+)
+def test_a_path_without_its_scheme_is_told_from_a_host(address, path_like):
+    from input_client.addresses import looks_like_a_path
+
+    assert looks_like_a_path(address) is path_like
+
+
+def test_a_client_refuses_a_default_folder_open_to_others(tmp_path, monkeypatch):
+    import tempfile
+
+    from input_client import InputClient
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"input-server-{os.geteuid()}"
+    folder.mkdir()
+    folder.chmod(0o755)
+    with pytest.raises(PermissionError, match="0755"):
+        InputClient()
+    folder.chmod(0o700)
+    with InputClient() as client:
+        assert client.address == f"unix://{folder}/input-server-{os.geteuid()}.sock"

@@ -165,3 +165,20 @@ def test_serving_never_imports_the_tools():
             seen.add(m)
             todo += edges.get(m, ())
     assert not {m for m in seen if m.startswith(("input_server.tools", "input_server.testing"))}
+
+
+def test_nothing_outside_the_client_reads_its_private_parts():
+    """The server's tools and the scripts use the client's public face (`InputClient`'s
+    methods), never its channel or stub: what they rely on would otherwise change unseen."""
+    import re
+
+    private = re.compile(r"\b(?:client|c|it|self\._client)\._(?!_)[a-z]\w*")
+    files = [p for m, p in MODULES.items() if m.startswith("input_server")]
+    files += sorted((ROOT / "scripts").glob("*.py"))
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
+    assert not found, found

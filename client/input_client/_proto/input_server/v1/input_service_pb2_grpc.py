@@ -61,10 +61,14 @@ class InputServiceServicer(object):
 
     def StreamBatches(self, request_iterator, context):
         """Streams the batches of one pipeline, from the start or from a resume state.
-        Errors: INVALID_ARGUMENT (bad spec or state, message names the key and value),
-        NOT_FOUND (missing file, empty glob or unknown pipeline name), DATA_LOSS (a
-        record that fails to decode, message names the file and record),
-        RESOURCE_EXHAUSTED (too many concurrent streams), UNAVAILABLE (server draining).
+        Errors (README's status table is the contract): INVALID_ARGUMENT (bad spec, state or
+        credit report; the message names the key and value), NOT_FOUND (missing file, empty glob
+        or unknown pipeline name), PERMISSION_DENIED (a path outside the data roots),
+        UNAUTHENTICATED (missing or wrong token), DATA_LOSS (a record that fails to decode;
+        the message names the file and record), RESOURCE_EXHAUSTED (a limit of the server's:
+        streams, memory, files, calls at once), FAILED_PRECONDITION (another wire protocol),
+        UNAVAILABLE (server draining), DEADLINE_EXCEEDED (no first request within 5 s),
+        INTERNAL (anything unexpected; a worker process died).
         The first request names the pipeline; each later one carries only `batches_taken`, the
         credit that lets the server send more (flow control). A client that half-closes after
         the first request takes whatever comes, bounded by gRPC's own flow control only.

@@ -1,0 +1,142 @@
+"""`input-server info`: a running server's version, pipelines and streams, as a table for
+people or (`--json`) as the `GetInfoResponse` proto's JSON for machines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# Integer kinds that proto3's JSON mapping quotes ("16"); `--json` writes them as numbers.
+_QUOTED_INTS = ("TYPE_INT64", "TYPE_UINT64", "TYPE_SINT64", "TYPE_FIXED64", "TYPE_SFIXED64")
+
+
+def _unquote_ints(message, d: dict) -> None:
+    """Turns `d`'s (MessageToDict of `message`) quoted 64-bit integers back into ints."""
+    for field in message.DESCRIPTOR.fields:
+        key = field.json_name
+        if key not in d:
+            continue
+        value = getattr(message, field.name)
+        mt = field.message_type
+        if mt is not None and mt.GetOptions().map_entry:
+            vf = mt.fields_by_name["value"]
+            for k, v in value.items():
+                if vf.message_type is not None:
+                    _unquote_ints(v, d[key][str(k)])
+                elif _kind(vf) in _QUOTED_INTS:
+                    d[key][str(k)] = int(v)
+        elif mt is not None:
+            if _repeated(field):
+                for m, sub in zip(value, d[key], strict=True):
+                    _unquote_ints(m, sub)
+            else:
+                _unquote_ints(value, d[key])
+        elif _kind(field) in _QUOTED_INTS:
+            d[key] = [int(x) for x in value] if _repeated(field) else int(value)
+
+
+def _kind(field) -> str:
+    return next(
+        n for n, v in vars(type(field)).items() if n.startswith("TYPE_") and v == field.type
+    )
+
+
+def _repeated(field) -> bool:
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def to_json(info) -> str:
+    """The proto JSON of `info` with every field, zero ones too, and integers as numbers."""
+    from google.protobuf import json_format
+
+    d = json_format.MessageToDict(info, always_print_fields_with_no_presence=True)
+    _unquote_ints(info, d)
+    return json.dumps(d, indent=2)
+
+
+def _rate(x: float) -> str:
+    return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def format_table(info, address: str) -> str:
+    """What a person reads: the server, the address used, each pipeline and each stream."""
+    lines = [
+        f"server     input-server {info.server_version} (wire protocol {info.protocol_version})",
+        f"address    {address}",
+    ]
+    if not info.pipelines:
+        lines.append("pipelines  none named (clients send their specs)")
+    for i, (name, spec) in enumerate(sorted(info.pipelines.items())):
+        paths = ", ".join(spec.source.paths[:3]) + (" ..." if len(spec.source.paths) > 3 else "")
+        lines.append(
+            f"{'pipelines' if i == 0 else '':<10} {name}: {paths}; batch {spec.batch.size} x "
+            f"{spec.batch.seq_len}, model {spec.tokenizer.model}"
+        )
+    if not info.streams:
+        lines.append("streams    none running")
+        return "\n".join(lines)
+    lines.append(f"streams    {len(info.streams)} running")
+    head = (
+        f"  {'id':>4}  {'pipeline':<12} {'processes':>9} {'threads':>7} {'tuning':<9} "
+        f"{'produced':>8} {'sent':>6} {'taken':>6} {'taken/s':>8} {'demand/s':>8}"
+    )
+    lines.append(head)
+    for s in info.streams:
+        lines.append(
+            f"  {s.stream_id:>4}  {(s.pipeline or '(spec)')[:12]:<12} {s.worker_processes:>9} "
+            f"{s.worker_threads:>7} {s.tuning_state or '-':<9} {s.batches_produced:>8} "
+            f"{s.batches_sent:>6} {s.batches_taken:>6} {_rate(s.consumed_batches_per_s):>8} "
+            f"{_rate(s.demand_batches_per_s):>8}"
+        )
+        if s.worker_reason:
+            lines.append(f"        why: {s.worker_reason}")
+        for w in s.switches:
+            lines.append(
+                f"        at {w.at_s:.1f} s: {w.from_processes}x{w.from_threads} -> "
+                f"{w.to_processes}x{w.to_threads} ({w.reason}; capacity "
+                f"{_rate(w.capacity_batches_per_s)}, demand {_rate(w.demand_batches_per_s)} "
+                f"batches/s)"
+            )
+    return "\n".join(lines)
+
+
+def add_parser(sub, *, positive) -> None:
+    """`info` under the CLI's sub-commands; `positive` parses `--timeout-s`."""
+    info = sub.add_parser("info", help="print a running server's info")
+    info.add_argument(
+        "address",
+        nargs="?",
+        help="the server's gRPC target (default the address a plain `serve` listens on)",
+    )
+    info.add_argument("--json", action="store_true", help="the GetInfoResponse proto as JSON")
+    info.add_argument("--timeout-s", type=positive, default=10.0)
+    info.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file holding the server's token (its abstract sockets and TCP need it)",
+    )
+    info.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from input_client import InputClient, StreamError
+    from input_client.addresses import check_private_dir, default_socket, default_socket_dir
+
+    address = args.address or default_socket()
+    try:
+        if not args.address:  # a folder another user made could hold an impostor's socket
+            check_private_dir(default_socket_dir())
+        with InputClient(
+            address, connect_timeout_s=args.timeout_s, token_file=args.token_file
+        ) as client:
+            client.wait_ready()
+            info = client.info()
+    except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
+        said = "" if args.address or address in str(e) else f" (the default address {address})"
+        print(f"input-server: {e}{said}", file=sys.stderr)
+        return 2
+    print(to_json(info) if args.json else format_table(info, address))
+    return 0

@@ -1,0 +1,306 @@
+"""`input-server tokenizer train`: a sentencepiece model from the user's own corpus, made as
+the server expects it (pad 0, bos 1, eos 2, unk 3; sentencepiece's whitespace defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from input_server.data.records import loads_json, text_of
+from input_server.errors import DataNotFoundError, InputServerError, RecordError
+from input_server.tools.corpus import train_sentencepiece
+from input_server.tools.report import plural
+
+COMPRESSED = (".gz", ".zst", ".zstd")
+JSONL = (".jsonl", ".json", ".ndjson")
+# sentencepiece skips a "sentence" over 4192 bytes (its max_sentence_length); a longer line is
+# cut at spaces into pieces of at most this many characters (4 bytes each at worst in UTF-8).
+MAX_PIECE_CHARS = 1000
+DEFAULT_VOCAB = 8000  # sentencepiece's own default
+
+
+class TrainError(InputServerError):
+    """A user mistake in `tokenizer train`: one line, exit 2."""
+
+
+def file_format(path: str) -> str:
+    """ "jsonl" for .jsonl/.json/.ndjson (compressed or not), else "text" (a document a line)."""
+    name = path
+    for ext in COMPRESSED:
+        name = name.removesuffix(ext)
+    return "jsonl" if name.endswith(JSONL) else "text"
+
+
+@contextlib.contextmanager
+def _open_binary(path: str) -> Iterator[io.BufferedIOBase]:
+    """`path` decompressed as a stream (never whole in memory): plain, .gz or .zst."""
+    if not os.path.isfile(path):
+        what = "is not a file" if os.path.exists(path) else "no such file"
+        raise DataNotFoundError(f"corpus {path}: {what}.")
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            yield f
+    elif path.endswith((".zst", ".zstd")):
+        import zstandard
+
+        with (
+            open(path, "rb") as raw,
+            zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as z,
+        ):
+            yield io.BufferedReader(z)
+    else:
+        with open(path, "rb") as f:
+            yield f
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from zstandard import ZstdError
+    except ImportError:
+        return (OSError, EOFError)
+    return (OSError, EOFError, ZstdError)
+
+
+def texts(path: str, *, fmt: str, text_field: str) -> Iterator[str]:
+    """The documents of one corpus file, in order.
+
+    Raises:
+      DataNotFoundError: no such file.
+      RecordError: a line that is not JSON, or has no string `text_field` (naming file and line).
+    """
+    with _open_binary(path) as f:
+        try:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                where = f"{path} line {n}"
+                if fmt == "text":
+                    try:
+                        yield raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise RecordError(f"{where}: not UTF-8 text ({e.reason}).") from None
+                    continue
+                try:
+                    obj = loads_json(raw)
+                except ValueError as e:
+                    raise RecordError(
+                        f"{where}: not valid JSON ({e}); plain text files need --format text."
+                    ) from None
+                yield text_of(obj, text_field, where).replace("\0", "")
+        except _read_errors() as e:  # a damaged .gz (BadGzipFile, EOFError) or .zst
+            raise RecordError(f"{path}: cannot be read ({e}).") from None
+
+
+def pieces(line: str) -> Iterator[str]:
+    """`line` cut at spaces into pieces sentencepiece does not skip for their length."""
+    while len(line) > MAX_PIECE_CHARS:
+        cut = line.rfind(" ", 1, MAX_PIECE_CHARS)
+        cut = cut if cut > 0 else MAX_PIECE_CHARS
+        yield line[:cut]
+        line = line[cut:]
+    if line.strip():
+        yield line
+
+
+class _Corpus:
+    """The training lines of every file, counted; an error while sentencepiece reads is kept
+    (sentencepiece would turn it into a RuntimeError quoting a stack) and raised after."""
+
+    def __init__(self, paths: list[str], *, fmt: str, text_field: str):
+        self.paths, self.fmt, self.text_field = paths, fmt, text_field
+        self.documents = self.lines = 0
+        self.error: Exception | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for path in self.paths:
+                fmt = file_format(path) if self.fmt == "auto" else self.fmt
+                for doc in texts(path, fmt=fmt, text_field=self.text_field):
+                    self.documents += 1
+                    for line in doc.splitlines():
+                        for piece in pieces(line):
+                            self.lines += 1
+                            yield piece
+        except Exception as e:
+            self.error = e
+
+
+def _check_first_records(paths: list[str], fmt: str, text_field: str) -> None:
+    """Each file opens and its first record has the text field: a mistake in the command
+    line fails in a moment, before a training run that reads everything."""
+    for path in paths:
+        for _ in texts(
+            path, fmt=file_format(path) if fmt == "auto" else fmt, text_field=text_field
+        ):
+            break
+
+
+def _sentencepiece_says(e: RuntimeError, vocab_size: int) -> str:
+    text = str(e)
+    if m := re.search(
+        r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", text
+    ):
+        return (
+            f"--vocab-size {vocab_size} is more than this corpus supports (at most "
+            f"{m.group(2)}); pass --vocab-size {m.group(2)} or less, or train on more text."
+        )
+    if m := re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text):
+        return (
+            f"--vocab-size {vocab_size} is too small: the corpus has more distinct characters "
+            f"than that; pass at least --vocab-size {m.group(2)}."
+        )
+    last = [line for line in text.splitlines() if line.strip()][-1:] or [text]
+    return f"sentencepiece could not train: {last[0].strip()}"
+
+
+def train(
+    corpora: list[str],
+    output: str,
+    *,
+    vocab_size: int = DEFAULT_VOCAB,
+    model_type: str = "unigram",
+    text_field: str = "text",
+    fmt: str = "auto",
+    with_pad: bool = True,
+) -> dict:
+    """Trains a model on `corpora` and writes it to `output` (nothing else: no .vocab file);
+    returns what it made, checked by loading it as the server does.
+
+    Raises:
+      DataNotFoundError: a corpus file or the output's folder does not exist.
+      RecordError: a record without the text field, or not JSON (file and line named).
+      TrainError: no text, or a vocabulary the corpus cannot give.
+    """
+    from input_client.spec import TokenizerSpec
+    from input_server.data.tokenizer import Tokenizer
+
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise DataNotFoundError(f"-o {output}: no such folder {folder}.")
+    if os.path.isdir(output):
+        raise TrainError(f"-o {output}: is a folder; name the model file, e.g. {output}/spm.model.")
+    _check_first_records(corpora, fmt, text_field)
+    corpus = _Corpus(corpora, fmt=fmt, text_field=text_field)
+    work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename
+    try:
+        try:
+            model = train_sentencepiece(
+                corpus,
+                os.path.join(work, "spm"),
+                vocab_size=vocab_size,
+                model_type=model_type,
+                with_pad=with_pad,
+                exact_vocab=True,  # the vocabulary asked for, or a clear no
+                num_threads=os.cpu_count() or 1,
+            )
+        except RuntimeError as e:
+            if corpus.error is not None:
+                raise corpus.error from None
+            if not corpus.lines:
+                raise TrainError(
+                    f"no text in {' '.join(corpora)} (field {text_field!r})."
+                ) from None
+            raise TrainError(_sentencepiece_says(e, vocab_size)) from None
+        if corpus.error is not None:
+            raise corpus.error
+        os.replace(model, output)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    tok = Tokenizer(TokenizerSpec(model=os.path.abspath(output)))
+    sp = tok.processor()
+    return {
+        "model": output,
+        "model_type": model_type,
+        "vocab_size": tok.vocab_size,
+        "pad_id": sp.pad_id(),
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        "unk_id": sp.unk_id(),
+        "documents": corpus.documents,
+        "lines": corpus.lines,
+        "files": len(corpora),
+    }
+
+
+def _vocab_size(text: str) -> int:
+    value = int(text)
+    if value < 8:  # the four special pieces and a few characters
+        raise argparse.ArgumentTypeError(f"must be at least 8, got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    """`tokenizer train` under the CLI's sub-commands."""
+    tokenizer = sub.add_parser("tokenizer", help="make a sentencepiece model for your own corpus")
+    verbs = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
+    p = verbs.add_parser(
+        "train",
+        help="train a sentencepiece model the server accepts",
+        description="Trains a sentencepiece model on jsonl (plain, .gz, .zst) or plain-text "
+        "files, with pad 0, bos 1, eos 2 and unk 3 (MaxText's convention: 0 pads the "
+        "batches), and writes it to MODEL.",
+    )
+    p.add_argument("corpus", nargs="+", metavar="CORPUS", help="jsonl or text files")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL", help="the model file to write")
+    p.add_argument(
+        "--vocab-size",
+        type=_vocab_size,
+        default=DEFAULT_VOCAB,
+        help=f"pieces in the vocabulary (default {DEFAULT_VOCAB}); a corpus too small for "
+        "it is refused, naming the most it supports",
+    )
+    p.add_argument(
+        "--model-type",
+        choices=("unigram", "bpe"),
+        default="unigram",
+        help="unigram (sentencepiece's default) or bpe (the server grows a cut document's "
+        "tokens without tokenizing it again)",
+    )
+    p.add_argument(
+        "--text-field",
+        default="text",
+        metavar="F",
+        help="the JSON key holding each document's text (default text), as the spec's "
+        "source.text_field",
+    )
+    p.add_argument(
+        "--format",
+        choices=("auto", "jsonl", "text"),
+        default="auto",
+        help="auto (default): jsonl for .jsonl/.json/.ndjson names, else text, a document a line",
+    )
+    p.add_argument(
+        "--no-pad",
+        action="store_true",
+        help="no pad piece (as Llama 2's model): MaxText then pads with -1",
+    )
+    p.set_defaults(run=run_from_args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    made = train(
+        args.corpus,
+        args.output,
+        vocab_size=args.vocab_size,
+        model_type=args.model_type,
+        text_field=args.text_field,
+        fmt=args.format,
+        with_pad=not args.no_pad,
+    )
+    ids = ", ".join(
+        f"{k} {made[f'{k}_id']}" for k in ("pad", "bos", "eos", "unk") if made[f"{k}_id"] >= 0
+    )
+    print(
+        f"wrote {made['model']}: {made['model_type']}, {made['vocab_size']:,} pieces ({ids}), "
+        f"from {plural(made['documents'], 'document')} ({plural(made['lines'], 'line')}) in "
+        f"{plural(made['files'], 'file')}"
+    )
+    print(f'in a spec: [tokenizer] model = "{os.path.abspath(made["model"])}"')
+    return 0

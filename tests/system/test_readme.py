@@ -1,0 +1,112 @@
+"""README stays true: its first screen, its quick start's one address, and its "Bring your own
+data" commands run exactly as written, against a real server on the default address."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import ROOT
+
+README = (ROOT / "README.md").read_text()
+DEMO = "python3 -m pip install -e '.[dev]' && input-server demo"
+TESTS = "python3 -m pip install -e '.[dev]' && python3 -m pytest"
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end > 0 else None]
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block, in order."""
+    return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_the_first_screen_says_what_it_is_and_the_two_commands():
+    first_screen = "\n".join(README.splitlines()[:40])
+    assert first_screen.startswith("# input-server\n")
+    assert "gRPC server" in first_screen and "JAX" in first_screen
+    assert DEMO in first_screen and TESTS in first_screen
+    assert first_screen.index(DEMO) < first_screen.index("## Quick start")
+
+
+def test_the_quick_start_uses_one_address_and_names_its_data_root():
+    quick = section("Quick start")
+    blocks = [code for _, code in code_blocks(quick)]
+    serve = next(c for c in blocks if c.startswith("input-server serve"))
+    assert "--data-root" in serve and "--listen" not in serve  # the default address
+    client = next(c for c in blocks if "InputClient" in c)
+    assert "InputClient()" in client and "unix://" not in client
+    loop = section("In a training loop")
+    assert "InputClient()" in loop and "/tmp/input.sock" not in loop
+
+
+def test_bring_your_own_data_runs_as_written(tmp_path):
+    from input_server.tools.corpus import stdlib_docstrings, write_jsonl
+
+    blocks = code_blocks(section("Bring your own data"))
+    shell = [code for lang, code in blocks if lang == "bash"]
+    python = [code for lang, code in blocks if lang == "python"]
+    assert len(shell) == 1 and len(python) == 1, blocks
+    assert "input-server tokenizer train" in shell[0] and "input-server serve" in shell[0]
+
+    (tmp_path / "my-data").mkdir()
+    # Enough real text for the README's vocabulary.
+    write_jsonl(stdlib_docstrings(5000), tmp_path / "my-data" / "docs.jsonl")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["TMPDIR"] = str(tmp_path)  # the default address: a fresh private folder in here
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # `input-server` as this interpreter runs it: no installed entry point needed.
+    prelude = f'input-server() {{ "{sys.executable}" -m input_server.cli "$@"; }}\nset -e\n'
+    log = open(tmp_path / "shell.log", "w+")  # noqa: SIM115 - closed below
+    shell_proc = subprocess.Popen(
+        ["bash", "-c", prelude + shell[0]],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # the backgrounded server stays in this process group
+    )
+    try:
+        assert shell_proc.wait(timeout=240) == 0, log.read()
+        client = subprocess.run(
+            [sys.executable, "-c", python[0]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert client.returncode == 0, client.stderr + (tmp_path / "shell.log").read_text()
+        steps = re.findall(r"batch (\d): \(8, 512\), (\d+) tokens", client.stdout)
+        assert [s for s, _ in steps] == ["0", "1", "2", "3", "4"], client.stdout
+        assert all(int(n) > 8 * 512 * 0.8 for _, n in steps)  # packed rows, mostly real tokens
+    finally:
+        os.killpg(shell_proc.pid, signal.SIGTERM)  # as `kill %1` would
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _group_alive(shell_proc.pid):
+            time.sleep(0.2)
+        if _group_alive(shell_proc.pid):
+            os.killpg(shell_proc.pid, signal.SIGKILL)
+            pytest.fail("the server did not stop on SIGTERM")
+    out = (tmp_path / "shell.log").read_text()
+    log.close()
+    assert "wrote my-data/spm.model: unigram, 8,000 pieces (pad 0, bos 1, eos 2, unk 3)" in out
+    assert "serving on unix://" in out and "SIGTERM: drained" in out, out
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
