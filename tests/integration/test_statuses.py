@@ -22,6 +22,7 @@ from input_server.errors import (
     CorruptFileError,
     DataNotFoundError,
     InvalidSpecError,
+    OverBudgetError,
     RecordError,
     UnreadableError,
     WorkerDiedError,
@@ -186,6 +187,7 @@ def test_the_status_table_maps_each_error_class_and_the_unexpected_to_internal()
         RecordError("x"): grpc.StatusCode.DATA_LOSS,
         CorruptFileError("x"): grpc.StatusCode.DATA_LOSS,
         WorkerDiedError("x"): grpc.StatusCode.INTERNAL,
+        OverBudgetError("x"): grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
     for error, code in table.items():
         assert status_of(error) == (code, "x")

@@ -157,3 +157,29 @@ def test_message_size_script_compares_each_size_through_the_server(corpus, spm_m
         assert v["over_in_process"] > 0
         # The server's CPU is read in psutil's 10 ms ticks: a short run may show none.
         assert v["client_cpu_ns_per_token"] > 0 and v["server_cpu_ns_per_token"] >= 0
+
+
+def test_bench_hostile_reports_each_attack_held(tmp_path):
+    """The hostile-clients benchmark at small sizes: the bomb refused by name while the other
+    stream flows, health and info answering beside silent calls, a file glob served under a
+    descriptor limit of 1,024."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            script("bench_hostile.py"),
+            *("--bomb-mb", "64", "--decompressed-mb", "16", "--memory-gb", "2"),
+            *("--silent", "24", "--files", "60"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)
+    bomb = result["bomb"]
+    assert bomb["status"] == "RESOURCE_EXHAUSTED" and "--max-decompressed-mb" in bomb["message"]
+    assert bomb["server_alive"] and bomb["other_stream_batches_meanwhile"] > 0
+    assert result["silent"]["health_max_s"] < 1.0 and result["silent"]["info_max_s"] < 1.0
+    assert result["files"]["status"] == "OK"
+    assert set(result["globs"]) == {"200_distinct_globs_cpu_s", "10000_copies_of_one_cpu_s"}

@@ -1,0 +1,293 @@
+"""Hostile clients at the sizes that once denied service (issue 18), against real servers.
+
+  python scripts/bench_hostile.py [--bomb-mb 3480] [--memory-gb 3] [--silent 24] [--files 1100]
+                                  [--decompressed-mb 1024]
+
+- bomb: a ~330 KB .jsonl.zst expanding to `--bomb-mb` MB inside the roots, sent to a server in a
+  memory cgroup of `--memory-gb` (cgroup v1 or v2, where this process may make one; else none,
+  said in the JSON), whose --max-decompressed-mb is `--decompressed-mb` (its default): the
+  status and seconds to it, the server's peak RSS, whether it lived,
+  and the batches another client's stream took meanwhile;
+- silent: `--silent` StreamBatches calls that never send their request, then 20 health checks
+  and 20 GetInfo calls: their slowest answer;
+- files: a server under `prlimit --nofile=1024:1024` streaming a glob of `--files` small files:
+  the status and the most descriptors the server held;
+- globs: one request's glob walk, in this process: 200 distinct globs and 10,000 copies of one
+  over a 5,000-entry folder, CPU seconds each.
+Prints JSON. Loopback only: every server listens on a Unix socket in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+import grpc  # noqa: E402
+import psutil  # noqa: E402
+
+from input_client import InputClient, PipelineSpec  # noqa: E402
+from input_client.proto import pb  # noqa: E402
+from input_client.wire import PROTOCOL_VERSION  # noqa: E402
+from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece  # noqa: E402
+from input_server.tools.report import emit_json  # noqa: E402
+from tests.support import cli_argv, health, jsonl_bytes, write_bytes  # noqa: E402
+
+STREAM = "/input_server.v1.InputService/StreamBatches"
+_LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
+
+
+@contextlib.contextmanager
+def memory_cgroup(gb: float):
+    """A memory cgroup of `gb` GB to put a server in, or None where none can be made."""
+    name = f"input-server-bench-{os.getpid()}"
+    for base, limit_file, procs in [
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "cgroup.procs"),  # v1
+        ("/sys/fs/cgroup", "memory.max", "cgroup.procs"),  # v2
+    ]:
+        path = os.path.join(base, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(int(gb * (1 << 30))))
+            yield os.path.join(path, procs)
+            return
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+    yield None
+
+
+@contextlib.contextmanager
+def server(root: str, *flags: str, prefix: tuple[str, ...] = (), cgroup_procs: str | None = None):
+    target = f"unix://{root}/s.sock"
+    argv = [*prefix, *cli_argv("serve", "--listen", target, "--data-root", root, *flags)]
+
+    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
+        if cgroup_procs:
+            with open(cgroup_procs, "w") as f:
+                f.write(str(os.getpid()))
+
+    p = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=enter_cgroup
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                if health(target) == 1:
+                    break
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+        yield target, p
+    finally:
+        p.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(30)
+        p.kill()
+
+
+def _status(target: str, spec: PipelineSpec, timeout: float) -> tuple[str, str]:
+    with grpc.insecure_channel(target) as channel:
+        call = channel.stream_stream(
+            STREAM, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        req = pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)
+        try:
+            for _ in call(iter([req.SerializeToString()]), timeout=timeout):
+                pass
+            return "OK", ""
+        except grpc.RpcError as e:
+            return e.code().name, e.details() or ""
+
+
+def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int) -> dict:
+    import zstandard
+
+    path = os.path.join(root, "bomb.jsonl.zst")
+    chunk = _LINE * ((1 << 20) // len(_LINE))
+    c = zstandard.ZstdCompressor(level=3).compressobj()
+    with open(path, "wb") as f:
+        for _ in range(mb):
+            f.write(c.compress(chunk))
+        f.write(c.flush())
+    flags = ("--max-decompressed-mb", str(bound_mb))
+    with memory_cgroup(gb) as procs, server(root, *flags, cgroup_procs=procs) as (target, p):
+        peak, taken, stop = [0], [0], threading.Event()
+
+        def watch() -> None:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(p.pid)
+                while not stop.wait(0.05):
+                    peak[0] = max(peak[0], proc.memory_info().rss)
+
+        def other() -> None:  # another client's stream, flowing meanwhile
+            with (
+                InputClient(target) as client,
+                client.batches(spec.replace(order={"epochs": 0})) as it,
+            ):
+                for _ in it:
+                    taken[0] += 1
+                    if stop.is_set():
+                        return
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (watch, other)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # the other stream is flowing
+        before = taken[0]
+        start = time.monotonic()
+        status, message = _status(target, spec.replace(source={"paths": [path]}), 120)
+        seconds = time.monotonic() - start
+        time.sleep(1.0)
+        during = taken[0] - before
+        alive = p.poll() is None
+        stop.set()
+        for t in threads:
+            t.join(10)
+    return {
+        "bomb_kb": os.path.getsize(path) >> 10,
+        "bomb_mb": mb,
+        "cgroup_gb": gb if procs else None,
+        "status": status,
+        "message": message[:160],
+        "seconds": round(seconds, 2),
+        "server_peak_rss_mb": round(peak[0] / 2**20),
+        "server_alive": alive,
+        "other_stream_batches_meanwhile": during,
+    }
+
+
+def silent(root: str, n: int) -> dict:
+    with server(root) as (target, _), grpc.insecure_channel(target) as channel:
+        release = threading.Event()
+
+        def quiet():
+            release.wait(60)
+            yield from ()
+
+        calls = channel.stream_stream(
+            STREAM, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        for _ in range(n):
+            threading.Thread(target=_drain, args=(calls(quiet()),), daemon=True).start()
+        time.sleep(1.0)
+        health_s, info_s = [], []
+        with InputClient(target) as client:
+            for _ in range(20):
+                t = time.monotonic()
+                health(target)
+                health_s.append(time.monotonic() - t)
+                t = time.monotonic()
+                client.info()
+                info_s.append(time.monotonic() - t)
+        release.set()
+    return {
+        "silent_calls": n,
+        "health_max_s": round(max(health_s), 3),
+        "info_max_s": round(max(info_s), 3),
+    }
+
+
+def _drain(call) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        for _ in call:
+            pass
+
+
+def files(root: str, spec: PipelineSpec, docs: list[str], n: int) -> dict:
+    folder = os.path.join(root, "many")
+    os.makedirs(folder)
+    for i in range(n):
+        write_bytes(os.path.join(folder, f"f{i:05d}.jsonl"), jsonl_bytes(docs[i % 50 : i % 50 + 2]))
+    with server(root, prefix=("prlimit", "--nofile=1024:1024")) as (target, p):
+        most, stop = [0], threading.Event()
+
+        def watch() -> None:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(p.pid)
+                while not stop.wait(0.05):
+                    most[0] = max(most[0], proc.num_fds())
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        status, message = _status(
+            target, spec.replace(source={"paths": [f"{folder}/*.jsonl"]}), 120
+        )
+        stop.set()
+        t.join()
+    return {
+        "files": n,
+        "nofile_limit": 1024,
+        "status": status,
+        "message": message[:160],
+        "server_most_fds": most[0],
+    }
+
+
+def globs(root: str) -> dict:
+    from input_server.data.roots import DataAccess
+
+    folder = os.path.join(root, "wide")
+    os.makedirs(folder)
+    for i in range(5000):
+        open(os.path.join(folder, f"e{i}.txt"), "w").close()
+    access = DataAccess(roots=(folder,), max_files=100_000)
+    out = {}
+    for label, patterns in [
+        ("200_distinct_globs_cpu_s", [f"*{i}*" for i in range(200)]),
+        ("10000_copies_of_one_cpu_s", ["e1*.txt"] * 10_000),
+    ]:
+        t = time.process_time()
+        with contextlib.suppress(Exception):  # 10,000 copies name more than --max-files
+            access.expand(patterns)
+        out[label] = round(time.process_time() - t, 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bomb-mb", type=int, default=3480)
+    parser.add_argument("--memory-gb", type=float, default=3.0)
+    parser.add_argument("--silent", type=int, default=24)
+    parser.add_argument("--files", type=int, default=1100)
+    parser.add_argument("--decompressed-mb", type=int, default=1024)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+        root = os.path.realpath(tmp)
+        docs = stdlib_docstrings(300)
+        corpus = write_bytes(os.path.join(root, "corpus.jsonl"), jsonl_bytes(docs))
+        model = train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)
+        spec = PipelineSpec(
+            source={"paths": [corpus]},
+            tokenizer={"model": model},
+            batch={"seq_len": 128, "size": 4},
+            workers={"count": 0},
+        )
+        result = {
+            "bomb": bomb(root, spec, args.bomb_mb, args.memory_gb, args.decompressed_mb),
+            "silent": silent(root, args.silent),
+            "files": files(root, spec, docs, args.files),
+            "globs": globs(root),
+        }
+    emit_json(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
