@@ -39,11 +39,14 @@ GRACE_S = 0.1
 WAITING_CAP = 4
 STREAM_METHOD = "/input_server.v1.InputService/StreamBatches"
 # Calls at once of each method other than StreamBatches (whose running streams the servicer
-# caps): enough for a few operators and probes, few enough that the pool has a thread left.
+# caps), once their request has come. GetInfo and Check answer in a millisecond, so only a
+# burst reaches their cap (every client's `batches()` asks GetInfo first: many trainers
+# starting at once must not be refused); DescribeTokenizer loads a model, and Watch holds its
+# thread for as long as it watches.
 ACTIVE_CAPS = {
-    "/input_server.v1.InputService/GetInfo": 4,
+    "/input_server.v1.InputService/GetInfo": 16,
     "/input_server.v1.InputService/DescribeTokenizer": 2,
-    "/grpc.health.v1.Health/Check": 4,
+    "/grpc.health.v1.Health/Check": 16,
     "/grpc.health.v1.Health/Watch": 2,
 }
 OTHER_CAP = 2  # any method not named above (reflection, should it be added)

@@ -263,3 +263,27 @@ def test_a_bad_model_is_named_as_written_not_where_its_link_leads(tmp_path, make
         e = _status_of_resume(srv.targets[0], spec, b"")
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
     assert "alias.model" in e.details() and "real-name" not in e.details()
+
+
+def test_a_burst_of_honest_calls_is_answered(own_server):
+    """Trainers starting at once each ask GetInfo first (`batches()` checks the protocol):
+    the caps on calls at once leave room for a burst of honest calls."""
+    target = own_server.targets[0]
+    barrier, errors = threading.Barrier(12), []
+
+    def ask():
+        with InputClient(target) as client:
+            barrier.wait(10)
+            try:
+                for _ in range(20):
+                    client.info()
+                    health(target)
+            except Exception as e:  # noqa: BLE001 - any failure is the finding
+                errors.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:3]
