@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -16,9 +17,33 @@ log = logging.getLogger("input_client.iterator")
 
 # gRPC redials a lost server with its own backoff, up to 120 s between tries by default: a
 # server restarted on the same address would then wait that long to be noticed.
+# The unary calls (GetInfo, which every `batches()` asks first, and DescribeTokenizer) are
+# retried by gRPC itself when the server refuses them for its caps on calls at once
+# (RESOURCE_EXHAUSTED, "retry shortly": `input_server/serving/call_limits.py`): many trainers
+# starting together are a burst, not an error. At most 5 attempts over about 1.5 s (gRPC
+# caps maxAttempts at 5), jittered by gRPC.
+_UNARY_RETRY = {
+    "methodConfig": [
+        {
+            "name": [
+                {"service": "input_server.v1.InputService", "method": "GetInfo"},
+                {"service": "input_server.v1.InputService", "method": "DescribeTokenizer"},
+            ],
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["RESOURCE_EXHAUSTED"],
+            },
+        }
+    ]
+}
 RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", json.dumps(_UNARY_RETRY)),
 ]
 # Failures a new stream from the last state can cure: the server went away, restarted or is
 # draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an

@@ -91,3 +91,21 @@ def is_socket(path: str) -> bool:
         return stat.S_ISSOCK(os.stat(path).st_mode)
     except OSError:
         return False
+
+
+def nobody_answers(path: str) -> bool:
+    """Whether the socket file at `path` refuses connections: left by a server that stopped
+    without removing it (killed), or one that has bound it and not yet started."""
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False

@@ -84,8 +84,16 @@ class InputClient:
             info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                path = addresses.socket_path(self.address)
+                stale = path is not None and addresses.nobody_answers(path)
+                hint = (
+                    f": nobody answers on the socket file {path} (left by a server that was "
+                    f"killed?); is `input-server serve` running?"
+                    if stale
+                    else "."
+                )
                 raise ConnectionError(
-                    f"no input server reachable at {self.address!r} after {timeout_s:g} s."
+                    f"no input server reachable at {self.address!r} after {timeout_s:g} s{hint}"
                 ) from None
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)

@@ -37,6 +37,7 @@ class Position:
 
 
 MAX_SEQ = 1 << 62
+MAX_DOC = (1 << 63) - (1 << 40)
 
 
 def _position(d: dict[str, Any]) -> Position:
@@ -44,12 +45,14 @@ def _position(d: dict[str, Any]) -> Position:
     for key, v in values.items():
         if type(v) is not int or not 0 <= v < 1 << 63:
             raise ValueError(f"{key!r} must be a non-negative integer, got {v!r}")
-    # Sequence numbers travel as uint64 and grow by one a batch, document ordinals by one a
-    # document (a forever stream has no last one): a state near the top would overflow a few
-    # batches later, mid-stream. 2^62 of either is beyond any training run.
-    for key in ("seq", "doc"):
-        if values[key] >= MAX_SEQ:
-            raise ValueError(f"{key!r} {values[key]} is out of range (below {MAX_SEQ})")
+    # Sequence numbers travel as uint64 and grow by one a batch, document ordinals (int64 in
+    # the document order's arithmetic) by one a document, and a forever stream has no last
+    # one: a state near the top would overflow later, mid-stream. Either bound is beyond any
+    # training run, and leaves a stream resumed just below it 2^40 documents (2^62 batches)
+    # whose states still read back.
+    for key, top in (("seq", MAX_SEQ), ("doc", MAX_DOC)):
+        if values[key] >= top:
+            raise ValueError(f"{key!r} {values[key]} is out of range (below {top})")
     return Position(**values)
 
 

@@ -18,6 +18,7 @@ import glob
 import os
 import re
 import stat
+import time
 
 from input_server import cancel
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
@@ -29,6 +30,10 @@ _GLOB_CHARS = frozenset("*?[")
 # 20,000-entry folder 200 times, 4.7 s of CPU).
 MAX_GLOB_PARTS = 32
 MAX_GLOB_VISITS = 2_000_000
+# And the CPU they may take: entries cost unequally (an entry a `**` walks is resolved and
+# checked, ~7 us; one a `*` only matches, ~0.2 us), so 49 `**` globs over a 20,000-entry folder
+# took 6.9 s within the visit bound. A real data set's globs take milliseconds.
+MAX_GLOB_CPU_S = 2.0
 # Kernel pseudo-filesystems: their "regular files" are live state (a process's environment,
 # memory maps), never data.
 _PSEUDO = ("/proc", "/sys", "/dev")
@@ -192,6 +197,7 @@ class _Budget:
 
     def __init__(self):
         self.visits = 0
+        self._cpu_start = time.thread_time()
         self._listings: dict[str, list[str]] = {}
         self._real: dict[str, str] = {}
         self._kind: dict[str, str] = {}
@@ -206,6 +212,20 @@ class _Budget:
                 names = []
             self._listings[folder] = names
         return names
+
+    def charge(self, entries: int, pattern: str) -> None:
+        """Counts `entries` more looked at by the walk of `pattern`, within the bounds."""
+        self.visits += entries
+        if self.visits > MAX_GLOB_VISITS:
+            raise InvalidSpecError(
+                f"`source.paths`: the globs look at more than {MAX_GLOB_VISITS:,} directory "
+                f"entries in all (at {shorten(pattern)!r}); name narrower folders."
+            )
+        if time.thread_time() - self._cpu_start > MAX_GLOB_CPU_S:
+            raise InvalidSpecError(
+                f"`source.paths`: the globs take more than {MAX_GLOB_CPU_S:g} s of CPU in all "
+                f"(at {shorten(pattern)!r}); name narrower folders or fewer globs."
+            )
 
     def real(self, path: str) -> str:
         real = self._real.get(path)
@@ -250,6 +270,7 @@ class _Walk:
             seen = seen | {(st.st_dev, st.st_ino)}
             self.match(folder, tail or ["*"], seen)  # `**` matching no folder
             for path in self._entries(folder, "*"):
+                self.budget.charge(1, self.pattern)  # resolved and checked: a second visit
                 real = self.budget.real(path)
                 if self.access._inside(real) and self.budget.kind(real) == "dir":
                     self.match(real, rest, seen)
@@ -275,12 +296,7 @@ class _Walk:
         """Names in `folder` matching `pattern` (hidden ones only for a pattern that starts
         with a dot, as glob does), counted against the request's MAX_GLOB_VISITS."""
         names = self.budget.listing(folder)
-        self.budget.visits += len(names)
-        if self.budget.visits > MAX_GLOB_VISITS:
-            raise InvalidSpecError(
-                f"`source.paths`: the globs look at more than {MAX_GLOB_VISITS:,} directory "
-                f"entries in all (at {shorten(self.pattern)!r}); name narrower folders."
-            )
+        self.budget.charge(len(names), self.pattern)
         matches = _matcher(pattern)
         hidden = pattern.startswith(".")
         return [

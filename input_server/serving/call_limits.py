@@ -45,7 +45,7 @@ STREAM_METHOD = "/input_server.v1.InputService/StreamBatches"
 # thread for as long as it watches.
 ACTIVE_CAPS = {
     "/input_server.v1.InputService/GetInfo": 16,
-    "/input_server.v1.InputService/DescribeTokenizer": 2,
+    "/input_server.v1.InputService/DescribeTokenizer": 4,
     "/grpc.health.v1.Health/Check": 16,
     "/grpc.health.v1.Health/Watch": 2,
 }
@@ -198,7 +198,8 @@ class _Call:
                 )
             finally:
                 self._waiting.release()
-        if error is not None:
+        if error is not None or (request is _NOTHING and not context.is_active()):
+            # Cancelled while waiting (gRPC may end the wait as if the client half-closed).
             context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request.")
         return request
 

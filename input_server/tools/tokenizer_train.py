@@ -186,6 +186,9 @@ def train(
         raise DataNotFoundError(f"-o {output}: no such folder {folder}.")
     if os.path.isdir(output):
         raise TrainError(f"-o {output}: is a folder; name the model file, e.g. {output}/spm.model.")
+    for path in corpora:
+        if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
+            raise TrainError(f"-o {output}: is one of the corpus files; name another model file.")
     _check_first_records(corpora, fmt, text_field)
     corpus = _Corpus(corpora, fmt=fmt, text_field=text_field)
     work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename

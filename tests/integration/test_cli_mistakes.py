@@ -3,6 +3,7 @@ traceback."""
 
 from __future__ import annotations
 
+import pathlib
 import socket
 import subprocess
 import sys
@@ -187,6 +188,7 @@ def small_corpus(tmp_path, docs):
         ),
         (["{tmp}/notjson.jsonl"], ["notjson.jsonl line 2", "not valid JSON", "--format text"]),
         (["{tmp}/empty.jsonl"], ["no text in"]),
+        (["{corpus}", "-o", "{corpus}"], ["is one of the corpus files"]),
     ],
     ids=[
         "missing",
@@ -196,6 +198,7 @@ def small_corpus(tmp_path, docs):
         "no-folder",
         "not-json",
         "empty",
+        "over-the-corpus",
     ],
 )
 def test_tokenizer_train_mistakes(capsys, tmp_path, small_corpus, args, words):
@@ -204,7 +207,9 @@ def test_tokenizer_train_mistakes(capsys, tmp_path, small_corpus, args, words):
     args = [a.format(tmp=tmp_path, corpus=small_corpus) for a in args]
     if "-o" not in args:
         args += ["-o", str(tmp_path / "m.model")]
+    before = pathlib.Path(small_corpus).read_bytes()
     code, err = run_main(capsys, "tokenizer", "train", *args)
     assert_one_line(code, err, *words)
     assert not (tmp_path / "m.model").exists()
+    assert pathlib.Path(small_corpus).read_bytes() == before  # the data is never touched
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".spm-")] == []

@@ -268,3 +268,18 @@ def test_a_socket_path_without_its_scheme_fails_at_once(tmp_path, server):
         with pytest.raises(ConnectionError, match=f"is a socket file.*unix://{path}"):
             client.wait_ready()
         assert time.monotonic() - start < 2
+
+
+def test_a_socket_file_nobody_answers_on_says_so(tmp_path):
+    """A server killed without removing its socket leaves the file: the wait ends naming it."""
+    import socket
+
+    path = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))  # bound, never listening: connections are refused, as after a SIGKILL
+    try:
+        with InputClient(f"unix://{path}", connect_timeout_s=1) as client:
+            with pytest.raises(ConnectionError, match="nobody answers on the socket file"):
+                client.wait_ready()
+    finally:
+        s.close()
