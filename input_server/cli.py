@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-decompressed-mb",
         type=_positive(float),
         default=1024.0,
-        help="the most a source's .gz/.zst files may expand to in memory, together; "
-        "past it RESOURCE_EXHAUSTED",
+        help="the most all .gz/.zst files being read may expand to in memory, together, in "
+        "each process (every stream's); past it RESOURCE_EXHAUSTED naming the file",
     )
     serve.add_argument(
         "--max-open-files",

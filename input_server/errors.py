@@ -121,13 +121,17 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
 
 
 def _out_of_descriptors(e: BaseException | None) -> bool:
-    """Whether `e`, or an exception it was raised from, is EMFILE or ENFILE."""
+    """Whether `e`, or an exception it was raised from (`raise ... from`), is EMFILE or ENFILE.
+
+    Only the explicit cause: an error raised while an EMFILE was being handled (its
+    `__context__`: a spec refused, a client that left) is that error, not the EMFILE.
+    """
     for _ in range(8):  # a cause chain is short; a cycle must not loop forever
         if e is None:
             return False
         if isinstance(e, OSError) and e.errno in _OUT_OF_DESCRIPTORS:
             return True
-        e = e.__cause__ or e.__context__
+        e = e.__cause__
     return False
 
 

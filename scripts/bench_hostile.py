@@ -1,13 +1,13 @@
 """Hostile clients at the sizes that once denied service (issue 18), against real servers.
 
-  python scripts/bench_hostile.py [--bomb-mb 3480] [--memory-gb 3] [--silent 24] [--files 1100]
-                                  [--decompressed-mb 1024]
+  python scripts/bench_hostile.py [--bomb-mb 3480] [--bombs 4] [--memory-gb 3] [--silent 24]
+                                  [--files 1100] [--decompressed-mb 1024]
 
-- bomb: a ~330 KB .jsonl.zst expanding to `--bomb-mb` MB inside the roots, sent to a server in a
-  memory cgroup of `--memory-gb` (cgroup v1 or v2, where this process may make one; else none,
-  said in the JSON), whose --max-decompressed-mb is `--decompressed-mb` (its default): the
-  status and seconds to it, the server's peak RSS, whether it lived,
-  and the batches another client's stream took meanwhile;
+- bomb: a ~330 KB .jsonl.zst expanding to `--bomb-mb` MB inside the roots, sent `--bombs`
+  times at once to a server in a memory cgroup of `--memory-gb` (cgroup v1 or v2, where this
+  process may make one; else none, said in the JSON) whose --max-decompressed-mb is
+  `--decompressed-mb` (its default): the statuses and seconds to them, the server's peak RSS,
+  whether it lived, and the batches another client's stream took meanwhile;
 - silent: `--silent` StreamBatches calls that never send their request, then 20 health checks
   and 20 GetInfo calls: their slowest answer;
 - files: a server under `prlimit --nofile=1024:1024` streaming a glob of `--files` small files:
@@ -116,7 +116,7 @@ def _status(target: str, spec: PipelineSpec, timeout: float) -> tuple[str, str]:
             return e.code().name, e.details() or ""
 
 
-def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int) -> dict:
+def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_once: int) -> dict:
     import zstandard
 
     path = os.path.join(root, "bomb.jsonl.zst")
@@ -152,8 +152,22 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int) -> di
         time.sleep(2.0)  # the other stream is flowing
         before = taken[0]
         start = time.monotonic()
-        status, message = _status(target, spec.replace(source={"paths": [path]}), 120)
+        answers: list[tuple[str, str]] = []
+        bombs = [
+            threading.Thread(
+                target=lambda: answers.append(
+                    _status(target, spec.replace(source={"paths": [path]}), 120)
+                )
+            )
+            for _ in range(at_once)
+        ]
+        for t in bombs:
+            t.start()
+        for t in bombs:
+            t.join()
         seconds = time.monotonic() - start
+        statuses = sorted({a[0] for a in answers})
+        status, message = answers[0] if len(statuses) == 1 else (",".join(statuses), answers[0][1])
         time.sleep(1.0)
         during = taken[0] - before
         alive = p.poll() is None
@@ -163,9 +177,10 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int) -> di
     return {
         "bomb_kb": os.path.getsize(path) >> 10,
         "bomb_mb": mb,
+        "bombs_at_once": at_once,
         "cgroup_gb": gb if procs else None,
         "status": status,
-        "message": message[:160],
+        "message": message[:400],
         "seconds": round(seconds, 2),
         "server_peak_rss_mb": round(peak[0] / 2**20),
         "server_alive": alive,
@@ -235,7 +250,7 @@ def files(root: str, spec: PipelineSpec, docs: list[str], n: int) -> dict:
         "files": n,
         "nofile_limit": 1024,
         "status": status,
-        "message": message[:160],
+        "message": message[:400],
         "server_most_fds": most[0],
     }
 
@@ -267,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--silent", type=int, default=24)
     parser.add_argument("--files", type=int, default=1100)
     parser.add_argument("--decompressed-mb", type=int, default=1024)
+    parser.add_argument("--bombs", type=int, default=4, help="bomb requests sent at once")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         root = os.path.realpath(tmp)
@@ -280,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             workers={"count": 0},
         )
         result = {
-            "bomb": bomb(root, spec, args.bomb_mb, args.memory_gb, args.decompressed_mb),
+            "bomb": bomb(
+                root, spec, args.bomb_mb, args.memory_gb, args.decompressed_mb, args.bombs
+            ),
             "silent": silent(root, args.silent),
             "files": files(root, spec, docs, args.files),
             "globs": globs(root),

@@ -183,7 +183,8 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    # Streams open on this pipeline (`BatchStream`); the last to close closes its files.
+    # Streams open on this pipeline (`BatchStream`); the last to close gives back its
+    # descriptors (`release`).
     _users = 0
     _users_lock = threading.Lock()
 
@@ -203,9 +204,7 @@ class Pipeline:
             raise
         # Set up: a stream opens again what it reads; until then the pipeline holds no
         # descriptor (a client may leave before its stream starts).
-        release = getattr(self.source, "release", None)
-        if release is not None:
-            release()
+        self.release()
 
     def _set_up(self, spec: PipelineSpec) -> None:
         shard, order = spec.shard, spec.order
@@ -225,10 +224,20 @@ class Pipeline:
         self.docs_per_epoch = self.order.per_epoch
         self.group_size = self._group_size()
 
+    def release(self) -> None:
+        """Closes its files' descriptors and maps now, keeping their decompressed text, so a
+        later stream (a tuning's next candidate, a named pipeline's next client) reads it
+        without decompressing again; they open again if read."""
+        release = getattr(self.source, "release", None)  # a stand-in source may hold nothing
+        if release is not None:
+            release()
+
     def close(self) -> None:
-        """Closes its files now (descriptors, maps, decompressed text); a stream opened later
-        opens them again."""
-        close = getattr(self.source, "close", None)  # a stand-in source may hold nothing
+        """`release`, and drops what its files hold in memory (decompressed text, giving it
+        back to --max-decompressed-mb; loaded columns): for when the pipeline is done (a
+        request's, at the end of its stream, `service._stream`). A named pipeline is never
+        closed: its text stays, counted in the budget. A stream opened later reads again."""
+        close = getattr(self.source, "close", None)
         if close is not None:
             close()
 
@@ -241,7 +250,7 @@ class Pipeline:
             self._users -= 1
             idle = self._users == 0
         if idle:
-            self.close()
+            self.release()
 
     def _open_source(self, spec: PipelineSpec) -> DocumentSource:
         """The documents: a random-access source of strings that pickles for worker processes

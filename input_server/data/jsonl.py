@@ -2,7 +2,8 @@
 
 Plain files are memory-mapped (through `OPEN_FILES`, which bounds the descriptors a process
 keeps) and indexed by their newlines in chunks; compressed ones are decompressed streaming,
-within the server's --max-decompressed-mb, and held once per process. Picklable (Grain sends
+within the server's --max-decompressed-mb (one budget per process, `records.DECOMPRESSED`),
+and held once per process. Picklable (Grain sends
 readers to worker processes); the file opens lazily in the process that reads.
 """
 
@@ -19,7 +20,14 @@ import numpy as np
 import orjson
 
 from input_server import cancel
-from input_server.data.records import OPEN_FILES, check_size, loads_json, text_of
+from input_server.data.records import (
+    DECOMPRESSED,
+    OPEN_FILES,
+    Reservation,
+    check_size,
+    loads_json,
+    text_of,
+)
 from input_server.errors import InputServerError, OverBudgetError, RecordError
 
 _INDEX_CHUNK = 16 << 20
@@ -72,8 +80,9 @@ class JsonlReader:
 
     Plain files are indexed by line offsets and memory-mapped, so memory stays small (the page
     cache holds what was read); compressed files are decompressed into memory once per process
-    (streams cannot seek), at most `max_decompressed` bytes less `held_before` (what the
-    source's earlier compressed files hold), else OverBudgetError (RESOURCE_EXHAUSTED).
+    (streams cannot seek) and kept until `close`, within `max_decompressed` bytes for all the
+    process holds decompressed (`records.DECOMPRESSED`: every stream's and source's files),
+    else OverBudgetError (RESOURCE_EXHAUSTED).
     """
 
     max_bytes: int | None = None
@@ -84,48 +93,65 @@ class JsonlReader:
         text_field: str,
         *,
         max_decompressed: int | None = None,
-        held_before: int = 0,
     ):
         self.path = path
         self.text_field = text_field
         self.max_decompressed = max_decompressed
         self._compressed = path.endswith((".gz", ".zst", ".zstd"))
         self._buf: bytearray | None = None
+        self._held: Reservation | None = None  # the buffer's share of DECOMPRESSED
         self._lock = threading.Lock()
-        limit = None if max_decompressed is None else max(0, max_decompressed - held_before)
-        self._starts, self._ends, self._lines, self._size = self._index(limit, held_before)
+        self._starts, self._ends, self._lines, self._size = self._index()
 
     @property
     def decompressed_bytes(self) -> int:
         """What the file takes in memory once decompressed (0 for a plain, mapped file)."""
         return self._size if self._compressed else 0
 
-    def _decompress(self, limit: int | None, held_before: int = 0) -> bytearray:
-        with open(self.path, "rb") as f:  # EMFILE here is the server's state, not the file's
-            chunks = _gzip_chunks(f) if self.path.endswith(".gz") else _zstd_chunks(f)
-            buf, checked = bytearray(), 0
-            try:
-                for out in chunks:
-                    if limit is not None and len(buf) + len(out) > limit:
-                        raise self._over_budget(held_before)
-                    buf += out
-                    if len(buf) - checked >= _CHECK_EVERY:
-                        checked = len(buf)
-                        cancel.check()  # a bomb takes seconds; the client may have left
-            except InputServerError:
-                raise
-            except Exception as e:  # corrupt archive: name the file, never a traceback
-                raise RecordError(f"{self.path}: cannot decompress: {e}") from e
-            finally:
-                chunks.close()
-        return buf
+    def _decompress(self, expect: int | None = None) -> tuple[bytearray, Reservation]:
+        """The file decompressed, each chunk reserved in the process's budget before it is
+        kept; `expect`: its size when the stream opened it (any other size: it changed)."""
+        held = Reservation()
+        try:
+            with open(self.path, "rb") as f:  # EMFILE here is the server's state, not the file's
+                chunks = _gzip_chunks(f) if self.path.endswith(".gz") else _zstd_chunks(f)
+                # `+=` grows the buffer by an eighth at a time (remapped in place, not copied:
+                # glibc serves these sizes with mmap), so the peak is what is reserved plus
+                # one chunk (gzip 1 MB, zstd at most 32 MiB), not twice the text.
+                buf, checked = bytearray(), 0
+                try:
+                    for out in chunks:
+                        if expect is not None and len(buf) + len(out) > expect:
+                            raise self._changed()
+                        if not held.grow(len(out), self.max_decompressed):
+                            raise self._over_budget(len(buf) + len(out), held)
+                        buf += out
+                        if len(buf) - checked >= _CHECK_EVERY:
+                            checked = len(buf)
+                            cancel.check()  # a bomb takes seconds; the client may have left
+                except InputServerError:
+                    raise
+                except Exception as e:  # corrupt archive: name the file, never a traceback
+                    raise RecordError(f"{self.path}: cannot decompress: {e}") from e
+                finally:
+                    chunks.close()
+            if expect is not None and len(buf) != expect:
+                raise self._changed()
+        except BaseException:
+            held.free()
+            raise
+        return buf, held
 
-    def _over_budget(self, held_before: int) -> OverBudgetError:
+    def _changed(self) -> RecordError:
+        return RecordError(f"{self.path}: changed since the stream opened it.")
+
+    def _over_budget(self, size: int, held: Reservation) -> OverBudgetError:
         flag = (self.max_decompressed or 0) / _MIB
+        others = DECOMPRESSED.held - held.bytes
         what = (
-            f"would take the source's compressed files past {flag:g} MB in memory "
-            f"({held_before / _MIB:,.1f} MB in the files before it)"
-            if held_before
+            f"would take the compressed files the server holds decompressed past {flag:g} MB "
+            f"({others / _MIB:,.1f} MB held now, by this and other streams)"
+            if others > 0 and size <= (self.max_decompressed or 0)
             else f"expands to more than {flag:g} MB when decompressed"
         )
         return OverBudgetError(
@@ -134,11 +160,9 @@ class JsonlReader:
             f"disk, no limit), split it, or ask the operator for a larger limit."
         )
 
-    def _index(
-        self, limit: int | None, held_before: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self._compressed:
-            self._buf = self._decompress(limit, held_before)
+            self._buf, self._held = self._decompress()
             size, parts = len(self._buf), []
             for at in range(0, size, _INDEX_CHUNK):
                 n = min(_INDEX_CHUNK, size - at)
@@ -165,7 +189,7 @@ class JsonlReader:
     def __getstate__(self):
         # Workers reopen the file; never pickle a decompressed buffer, a map or a lock.
         state = self.__dict__.copy()
-        state["_buf"] = None
+        state["_buf"] = state["_held"] = None
         del state["_lock"]
         return state
 
@@ -180,13 +204,18 @@ class JsonlReader:
         return f"{self.path} line {int(self._lines[index])}"
 
     def release(self) -> None:
-        """Unmaps the file (its descriptor with it) now; a later read maps it again."""
+        """Unmaps the file (its descriptor with it) now; a later read maps it again. The
+        decompressed text of a compressed file stays."""
         OPEN_FILES.close(self)
 
     def close(self) -> None:
-        """`release`, and drops the decompressed text (decompressed again if read)."""
+        """`release`, and drops the decompressed text, giving its bytes back to the process's
+        budget (decompressed again if read)."""
         OPEN_FILES.close(self)
+        held, self._held = self._held, None
         self._buf = None
+        if held is not None:
+            held.free()
 
     def _text(self) -> bytearray:
         """The decompressed file, once per process (threads wait for the first to finish)."""
@@ -195,11 +224,9 @@ class JsonlReader:
             with self._lock:
                 buf = self._buf
                 if buf is None:
-                    # The size is known from the index: a file that grew was replaced.
-                    buf = self._decompress(self._size)
-                    if len(buf) != self._size:
-                        raise RecordError(f"{self.path}: changed since the stream opened it.")
-                    self._buf = buf
+                    # The size is known from the index: a file of another size changed.
+                    buf, held = self._decompress(expect=self._size)
+                    self._buf, self._held = buf, held
         return buf
 
     def _map(self) -> mmap.mmap:

@@ -1,5 +1,6 @@
-"""What every reader of one file provides, the checks on a record's text they share, and the
-descriptors they may hold open in one process (`OPEN_FILES`)."""
+"""What every reader of one file provides, the checks on a record's text they share, the
+descriptors they may hold open in one process (`OPEN_FILES`) and the decompressed text they may
+hold in it (`DECOMPRESSED`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import resource
 import threading
 import weakref
@@ -89,6 +91,9 @@ def loads_json(raw: bytes) -> object:
 _SHARE_OF_LIMIT = 4
 _MAX_DEFAULT_OPEN = 1024
 _MIN_OPEN = 8
+# --max-open-files, for Grain's worker processes: spawned, they inherit the environment (and
+# the raised descriptor limit), not what the server set in its own `OPEN_FILES`.
+OPEN_FILES_ENV = "INPUT_SERVER_MAX_OPEN_FILES"
 
 
 def default_max_open(soft_limit: int) -> int:
@@ -120,7 +125,9 @@ class OpenFiles:
     @property
     def capacity(self) -> int:
         if self._capacity is None:
-            self._capacity = default_max_open(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self._capacity = _configured_open() or default_max_open(
+                resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            )
         return self._capacity
 
     @capacity.setter
@@ -224,10 +231,23 @@ class OpenFiles:
 OPEN_FILES = OpenFiles()
 
 
+def _configured_open() -> int | None:
+    """The server's --max-open-files, in a worker process it started (`OPEN_FILES_ENV`)."""
+    value = os.environ.get(OPEN_FILES_ENV)
+    if not value:
+        return None
+    try:
+        return max(1, int(value))
+    except ValueError:
+        log.warning("ignoring %s=%r (not a number of files)", OPEN_FILES_ENV, value)
+        return None
+
+
 def configure_open_files(max_open: int | None) -> int:
     """At server start: raises this process's soft descriptor limit to its hard limit (Grain's
     worker processes inherit it), then sets how many files readers keep open (`max_open`,
-    default `default_max_open`). Returns that number.
+    default `default_max_open`), here and, through `OPEN_FILES_ENV`, in the worker processes
+    it spawns later. Returns that number.
 
     Raises:
       ValueError: `max_open` would leave under half the descriptor limit to the rest.
@@ -253,6 +273,65 @@ def configure_open_files(max_open: int | None) -> int:
             f"descriptors (ulimit -n) to sockets and worker pipes; use at most {soft // 2}, "
             f"or raise the limit."
         )
+    if max_open is None:  # workers find the same default under the limit they inherit
+        os.environ.pop(OPEN_FILES_ENV, None)
+    else:
+        os.environ[OPEN_FILES_ENV] = str(max_open)
     OPEN_FILES.capacity = max_open if max_open is not None else default_max_open(soft)
     log.info("readers keep at most %d data files open", OPEN_FILES.capacity)
     return OPEN_FILES.capacity
+
+
+# --- Decompressed text -----------------------------------------------------------------------
+
+
+class DecompressedBudget:
+    """The bytes of compressed files this process holds decompressed, every stream and source
+    together, within --max-decompressed-mb: reserved chunk by chunk as a file is decompressed
+    (`Reservation.grow`), given back when its reader drops the text (`close`) or is collected.
+    Readers without a bound (the operator's own, in scripts) are not counted."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # a Reservation may be collected while it is held
+        self._held = 0
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def _grow(self, r: Reservation, n: int, limit: int) -> bool:
+        with self._lock:
+            if self._held + n > limit:
+                return False
+            self._held += n
+            r.bytes += n
+            return True
+
+    def _free(self, r: Reservation) -> None:
+        with self._lock:
+            self._held -= r.bytes
+            r.bytes = 0
+
+
+DECOMPRESSED = DecompressedBudget()
+
+
+class Reservation:
+    """One decompressed buffer's share of `DECOMPRESSED`, given back by `free` (at most once)
+    or when the reservation is collected with its reader."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self):
+        self.bytes = 0
+
+    def grow(self, n: int, limit: int | None) -> bool:
+        """Reserves `n` more bytes, unless the process would then hold more than `limit`."""
+        return limit is None or DECOMPRESSED._grow(self, n, limit)
+
+    def free(self) -> None:
+        DECOMPRESSED._free(self)
+
+    def __del__(self):
+        if self.bytes:
+            self.free()

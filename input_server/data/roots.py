@@ -51,8 +51,9 @@ class DataAccess:
       roots: real paths of folders; None reads anything the process can (the operator's).
       max_files: the most files the source's paths may name after globbing; None = no cap.
       max_document_bytes: a longer record ends the stream with INVALID_ARGUMENT; None = no cap.
-      max_decompressed_bytes: the most a source's compressed files may expand to in memory,
-        together; past it, RESOURCE_EXHAUSTED naming the file; None = no cap.
+      max_decompressed_bytes: the most the compressed files of every reader in the process
+        may expand to in memory, together (`records.DECOMPRESSED`); past it,
+        RESOURCE_EXHAUSTED naming the file; None = no cap (and not counted).
     """
 
     roots: tuple[str, ...] | None = None

@@ -29,17 +29,11 @@ def open_reader(
     max_document_bytes: int | None = None,
     *,
     max_decompressed_bytes: int | None = None,
-    held_before: int = 0,
 ) -> Reader:
-    """The reader of one file; a compressed one may hold `max_decompressed_bytes` less
-    `held_before` (what the source's earlier files hold) decompressed."""
+    """The reader of one file; a compressed one is decompressed only while the process holds at
+    most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files)."""
     if spec.format == "jsonl":
-        reader = JsonlReader(
-            path,
-            spec.text_field,
-            max_decompressed=max_decompressed_bytes,
-            held_before=held_before,
-        )
+        reader = JsonlReader(path, spec.text_field, max_decompressed=max_decompressed_bytes)
     elif spec.format == "arrayrecord":
         reader = ArrayRecordReader(path, spec.text_field, spec.record_format)
     else:
@@ -64,7 +58,8 @@ class DocumentSource:
           DataNotFoundError: a path or glob names no file.
           InvalidSpecError: the text field is missing from the first record, or nothing to read.
           RecordError: a file is not of the format the spec says.
-          OverBudgetError: its compressed files expand past --max-decompressed-mb.
+          OverBudgetError: its compressed files would take what the process holds decompressed
+            past --max-decompressed-mb.
         """
         try:
             return cls._open(spec, access)
@@ -87,7 +82,7 @@ class DocumentSource:
     def _open_into(
         cls, opened: dict[str, Reader], spec: SourceSpec, access: DataAccess
     ) -> DocumentSource:
-        readers, held = [], 0
+        readers = []
         for p in access.expand(spec.paths):
             cancel.check()
             if p not in opened:
@@ -96,9 +91,7 @@ class DocumentSource:
                     spec,
                     access.max_document_bytes,
                     max_decompressed_bytes=access.max_decompressed_bytes,
-                    held_before=held,
                 )
-                held += getattr(opened[p], "decompressed_bytes", 0)
             readers.append(opened[p])
         for r in opened.values():
             if len(r):
@@ -127,8 +120,8 @@ class DocumentSource:
             r.release()
 
     def close(self) -> None:
-        """`release`, and drops what the readers hold in memory (decompressed text, loaded
-        columns)."""
+        """`release`, and drops what the readers hold in memory (decompressed text, giving its
+        bytes back to --max-decompressed-mb; loaded columns)."""
         for r in {id(r): r for r in self._readers}.values():
             r.close()
 

@@ -155,10 +155,11 @@ class ServerConfig:
         flight); a spec that cannot fit is refused with RESOURCE_EXHAUSTED.
       max_document_mb: a longer document ends its stream with INVALID_ARGUMENT.
       max_files: the most files a request's paths may name after globbing.
-      max_decompressed_mb: the most one source's compressed (.gz, .zst) files may expand to in
-        memory, together (each is held whole, once per process that reads it); past it the
-        stream ends with RESOURCE_EXHAUSTED naming the file. 1024: a C4 shard (~800 MB) fits,
-        a 310 KB zstd bomb of 3.4 GiB does not.
+      max_decompressed_mb: the most the compressed (.gz, .zst) files that requests read may
+        expand to in memory, all streams' together, in each process (each file is held whole,
+        once per process that reads it: `records.DECOMPRESSED`); past it the stream ends with
+        RESOURCE_EXHAUSTED naming the file. 1024: a C4 shard (~800 MB) fits, a 310 KB zstd
+        bomb of 3.4 GiB does not, nor do several smaller ones at once.
       max_open_files: the most data files each process keeps open (least recently used closed
         first, so a source may name far more); default a quarter of the descriptor limit,
         which the server raises to its hard limit at start, at most 1024 (`records.py`).

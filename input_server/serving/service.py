@@ -60,7 +60,10 @@ _CREDIT_WAIT_S = 0.1
 
 def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
     code, message = status_of(e)
-    if code == grpc.StatusCode.INTERNAL and not isinstance(e, InputServerError):
+    unexpected = code == grpc.StatusCode.INTERNAL and not isinstance(e, InputServerError)
+    # A call the client already left fails wherever it was (its request iterator raises):
+    # nobody reads that status, and it is no server error worth a traceback.
+    if unexpected and context.is_active():
         log.warning("request failed: %s", message, exc_info=e)
     context.abort(code, message)
 
@@ -326,6 +329,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             else "(request)"
         )
         self._set_up(stream_id, shown, "opening its files and model")
+        pipeline: Pipeline | None = None
         try:
             try:
                 with cancel.scope(left, self._draining):
@@ -384,6 +388,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 with self._lock:
                     self._sessions.pop(session.stream_id, None)
             self._processes.give(reserved)
+            if pipeline is not None and request.WhichOneof("pipeline") == "spec":
+                pipeline.close()  # a request's own pipeline ends here; a named one keeps its text
 
     def _set_up(self, stream_id: int, name: str, doing: str) -> None:
         with self._lock:

@@ -1,11 +1,13 @@
 """Decompression bombs: a compressed file inside the roots that expands past the server's
---max-decompressed-mb ends its own stream with RESOURCE_EXHAUSTED naming the file and the flag,
+--max-decompressed-mb (one budget for all the process holds decompressed, every stream and
+source together) ends its own stream with RESOURCE_EXHAUSTED naming the file and the flag,
 decompressed streaming (never whole), while other streams go on. The bombs are hundreds of MB
 of repeated lines, built streaming (kilobytes on disk) and refused after a few MB, so nothing
 large is ever allocated, even by a server that would decompress them whole."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import threading
@@ -19,7 +21,11 @@ from input_client import InputClient
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server import cancel
+from input_server.batching.pipeline import Pipeline, fixed_workers
+from input_server.data import jsonl
 from input_server.data.jsonl import JsonlReader
+from input_server.data.records import DECOMPRESSED
+from input_server.data.roots import DataAccess
 from input_server.errors import CancelledError, OverBudgetError, RecordError
 from input_server.serving.server import Server, ServerConfig
 from tests.support import jsonl_bytes, write_bytes
@@ -62,12 +68,26 @@ def call(target: str, spec: pb.PipelineSpec, timeout: float = 60) -> tuple[grpc.
         return grpc.StatusCode.OK, ""
 
 
+def serve(tmp_path, mb: float):
+    gc.collect()  # earlier tests' readers give their bytes back to the process's budget
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_decompressed_mb=mb, grace_s=1)
+    return Server(config)
+
+
 @pytest.fixture
 def bounded(tmp_path):
-    """A server whose sources' compressed files may expand to 4 MB in memory."""
-    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_decompressed_mb=4, grace_s=1)
-    with Server(config) as srv:
+    """A server that may hold 4 MB of compressed files decompressed, all streams together."""
+    with serve(tmp_path, 4) as srv:
         yield srv.targets[0]
+
+
+def settled(held: int, timeout: float = 10.0) -> int:
+    """The process's decompressed bytes once they come back to `held` (a stream's teardown
+    runs in its server thread), or what they are at the deadline."""
+    deadline = time.monotonic() + timeout
+    while DECOMPRESSED.held != held and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return DECOMPRESSED.held
 
 
 @pytest.mark.parametrize("kind", ["zst", "gz"])
@@ -117,26 +137,161 @@ def test_a_bomb_is_resource_exhausted_naming_file_and_flag_while_another_stream_
     assert any(started <= t <= refused_at + 1.0 for t in taken)
 
 
+def parts(docs, tmp_path, n: int = 3) -> list[str]:
+    """`n` .jsonl.zst files of ~1.8 MB decompressed each: two fit in 4 MiB, three do not."""
+    import zstandard
+
+    data = jsonl_bytes(docs) * 4
+    assert 1 << 20 < len(data) < 2 << 20
+    blob = zstandard.ZstdCompressor().compress(data)
+    return [write_bytes(tmp_path / f"part{i}.jsonl.zst", blob) for i in range(n)]
+
+
 def test_the_bound_is_for_the_source_s_compressed_files_together(
     bounded, make_spec, docs, tmp_path
 ):
     """Three 1.8 MB files fit one by one but not together: the third is refused, named."""
-    import zstandard
-
-    data = jsonl_bytes(docs) * 4  # ~1.8 MB: two fit in 4 MiB, three do not
-    paths = [
-        write_bytes(tmp_path / f"part{i}.jsonl.zst", zstandard.ZstdCompressor().compress(data))
-        for i in range(3)
-    ]
-    assert 1 << 20 < len(data) < 2 << 20
+    paths = parts(docs, tmp_path)
     spec = make_spec(source={"paths": [os.path.relpath(p) for p in paths]})
     code, details = call(bounded, spec.to_proto())
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-    assert "part2.jsonl.zst" in details and "in the files before it" in details, details
+    assert "part2.jsonl.zst" in details and "held now" in details, details
     code, details = call(
         bounded, make_spec(source={"paths": [os.path.relpath(paths[0])]}).to_proto()
     )
     assert code == grpc.StatusCode.OK, details
+
+
+def open_stream(target: str, spec: pb.PipelineSpec):
+    """A stream that has sent its first batch (its files decompressed), and its channel."""
+    channel = grpc.insecure_channel(target)
+    call = pb_grpc.InputServiceStub(channel).StreamBatches(
+        iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+        timeout=120,
+    )
+    next(call)
+    return channel, call
+
+
+def test_the_bound_is_one_budget_for_every_stream_of_the_server(bounded, make_spec, docs, tmp_path):
+    """Two open streams of one 1.8 MB file each hold 3.6 of the 4 MB: a third stream's file is
+    refused, naming the file and the flag; once they end, their bytes are back and it flows."""
+    paths = [os.path.relpath(p) for p in parts(docs, tmp_path)]
+    idle = DECOMPRESSED.held
+    spec = [make_spec(source={"paths": [p]}, order={"epochs": 0}).to_proto() for p in paths]
+    streams = [open_stream(bounded, s) for s in spec[:2]]
+    try:
+        assert DECOMPRESSED.held > idle + (3 << 20)
+        code, details = call(bounded, spec[2])
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
+        assert paths[2] in details and "--max-decompressed-mb 4" in details, details
+        assert "held now" in details, details
+    finally:
+        for channel, stream in streams:
+            stream.cancel()
+            channel.close()
+    assert settled(idle) == idle  # a request's pipeline gives its text back when it ends
+    channel, stream = open_stream(bounded, spec[2])
+    stream.cancel()
+    channel.close()
+    assert settled(idle) == idle
+
+
+def test_concurrent_bombs_are_each_refused_within_one_bound_while_another_stream_flows(
+    make_spec, docs, tmp_path
+):
+    """Four bombs at once against a server of an 8 MB bound: each refused, naming its file and
+    the flag; the process never holds more than the bound decompressed (before: each stream
+    had the whole bound, so four held four times it); another stream over a compressed file
+    flows throughout and keeps its bytes."""
+    import zstandard
+
+    small = write_bytes(
+        tmp_path / "small.jsonl.zst", zstandard.ZstdCompressor().compress(jsonl_bytes(docs))
+    )
+    bombs = [os.path.relpath(zstd_bomb(tmp_path / f"bomb{i}.jsonl.zst", 128)) for i in range(4)]
+    with serve(tmp_path, 8) as srv:
+        target = srv.targets[0]
+        idle = DECOMPRESSED.held
+        channel, other = open_stream(
+            target,
+            make_spec(source={"paths": [os.path.relpath(small)]}, order={"epochs": 0}).to_proto(),
+        )
+        try:
+            holding = DECOMPRESSED.held
+            assert holding > idle
+            peak, done = [holding], threading.Event()
+
+            def watch() -> None:
+                while not done.is_set():
+                    peak[0] = max(peak[0], DECOMPRESSED.held)
+                    time.sleep(0.0005)
+
+            results: dict[str, tuple[grpc.StatusCode, str]] = {}
+
+            def bomb(path: str) -> None:
+                results[path] = call(target, make_spec(source={"paths": [path]}).to_proto())
+
+            threads = [threading.Thread(target=watch, daemon=True)]
+            threads += [threading.Thread(target=bomb, args=(b,), daemon=True) for b in bombs]
+            for t in threads:
+                t.start()
+            taken = 0
+            while any(t.is_alive() for t in threads[1:]):
+                next(other)  # the other stream flows while the bombs are refused
+                taken += 1
+                time.sleep(0.005)
+            done.set()
+            for t in threads:
+                t.join(30)
+            for path in bombs:
+                code, details = results[path]
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (path, code, details)
+                assert path in details and "--max-decompressed-mb 8" in details, details
+            assert peak[0] <= idle + (8 << 20), f"held {peak[0] / (1 << 20):.1f} MB at once"
+            assert settled(holding) == holding  # the refused gave theirs back, the other kept
+            for _ in range(3):
+                next(other)
+            assert taken > 0
+        finally:
+            other.cancel()
+            channel.close()
+        assert settled(idle) == idle
+
+
+def test_streams_one_after_another_on_one_pipeline_decompress_once(
+    make_spec, docs, tmp_path, monkeypatch
+):
+    """A tuning's candidates and a named pipeline's clients open streams one after another on
+    one Pipeline: the last stream closing gives back descriptors only; the text (and its share
+    of the budget) stays until the pipeline is closed."""
+    import zstandard
+
+    path = write_bytes(
+        tmp_path / "d.jsonl.zst", zstandard.ZstdCompressor().compress(jsonl_bytes(docs))
+    )
+    runs = []
+    real = jsonl._zstd_chunks
+
+    def counted(f):
+        runs.append(1)
+        return real(f)
+
+    monkeypatch.setattr(jsonl, "_zstd_chunks", counted)
+    gc.collect()
+    idle = DECOMPRESSED.held
+    access = DataAccess(max_decompressed_bytes=64 << 20)
+    pipeline = Pipeline(make_spec(source={"paths": [path]}), access)
+    held = DECOMPRESSED.held
+    assert held - idle == len(jsonl_bytes(docs)) and runs == [1]
+    for _ in range(2):
+        with pipeline.stream(None, workers=fixed_workers(0)) as stream:
+            for _, _batch in zip(range(3), stream, strict=False):
+                pass
+        assert DECOMPRESSED.held == held
+    assert runs == [1], f"decompressed {len(runs)} times"
+    pipeline.close()
+    assert DECOMPRESSED.held == idle
 
 
 def test_decompression_is_streaming_and_bounded_in_memory(tmp_path):

@@ -1,8 +1,10 @@
-"""Document readers without a pipeline: random access over many files in every format, and
-pickling (Grain ships readers to its worker processes)."""
+"""Document readers without a pipeline: random access over many files in every format,
+pickling (Grain ships readers to its worker processes), and compressed files' share of the
+process's --max-decompressed-mb."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import pickle
@@ -13,7 +15,9 @@ import pytest
 from input_client.spec import SourceSpec
 from input_server.data.columnar import ArrayRecordReader, ParquetReader
 from input_server.data.jsonl import JsonlReader
+from input_server.data.records import DECOMPRESSED
 from input_server.data.sources import DocumentSource, open_reader
+from input_server.errors import OverBudgetError, RecordError
 from tests.support import FORMATS, jsonl_bytes, split3, write_bytes, write_format
 
 # ---------------------------------------------------------------------------------------------
@@ -83,3 +87,73 @@ def test_document_source_pickles_with_all_its_readers(some_docs, tmp_path):
     assert len(copy) == 2 * len(some_docs)
     assert [copy[i] for i in range(len(copy))] == some_docs + some_docs
     assert copy.where(len(some_docs)) == f"{path} line 1"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Compressed files: the process's budget, and a file that changed
+
+
+def zst(path, data: bytes) -> str:
+    import zstandard
+
+    return write_bytes(path, zstandard.ZstdCompressor().compress(data))
+
+
+def test_a_readers_close_gives_its_bytes_back_to_the_process_budget(some_docs, tmp_path):
+    """Reserved while decompressed, kept through `release` (descriptors only), given back by
+    `close`, reserved again by a read after it, and given back when the reader is collected;
+    a pickled copy holds nothing until it reads."""
+    data = jsonl_bytes(some_docs)
+    path = zst(tmp_path / "d.jsonl.zst", data)
+    gc.collect()
+    idle = DECOMPRESSED.held
+    reader = JsonlReader(path, "text", max_decompressed=64 << 20)
+    assert DECOMPRESSED.held == idle + len(data) == idle + reader.decompressed_bytes
+    reader.release()
+    assert reader[3] == some_docs[3] and DECOMPRESSED.held == idle + len(data)
+    reader.close()
+    assert DECOMPRESSED.held == idle
+    reader.close()  # twice: nothing given back twice
+    assert DECOMPRESSED.held == idle
+    copy = pickle.loads(pickle.dumps(reader))
+    assert DECOMPRESSED.held == idle
+    assert reader[3] == some_docs[3] and copy[4] == some_docs[4]  # both decompress again
+    assert DECOMPRESSED.held == idle + 2 * len(data)
+    del reader, copy
+    gc.collect()
+    assert DECOMPRESSED.held == idle
+
+
+def test_readers_together_stay_within_the_bound(some_docs, tmp_path):
+    """Two readers of one file each fit the bound alone, not together (the bound is the
+    process's, not the reader's); the refused one holds nothing."""
+    data = jsonl_bytes(some_docs)
+    path = zst(tmp_path / "d.jsonl.zst", data)
+    gc.collect()
+    idle = DECOMPRESSED.held
+    bound = idle + len(data) * 3 // 2
+    first = JsonlReader(path, "text", max_decompressed=bound)
+    with pytest.raises(OverBudgetError, match=r"held now.*--max-decompressed-mb"):
+        JsonlReader(path, "text", max_decompressed=bound)
+    assert DECOMPRESSED.held == idle + len(data)
+    first.close()
+    JsonlReader(path, "text", max_decompressed=bound).close()
+    assert DECOMPRESSED.held == idle
+
+
+@pytest.mark.parametrize("change", ["grew", "shrank"])
+def test_a_compressed_file_that_changed_since_it_was_opened_is_a_record_error(
+    change, some_docs, tmp_path
+):
+    """Decompressed again after `close` (or in a worker process) and of another size: the file
+    changed, DATA_LOSS naming it, not a bound it would exceed."""
+    data = jsonl_bytes(some_docs[:100])
+    path = zst(tmp_path / "d.jsonl.zst", data)
+    reader = JsonlReader(path, "text", max_decompressed=64 << 20)
+    reader.close()
+    zst(tmp_path / "d.jsonl.zst", data * 2 if change == "grew" else data[: len(data) // 2])
+    with pytest.raises(RecordError, match="changed since the stream opened it"):
+        reader[0]
+    copy = pickle.loads(pickle.dumps(reader))
+    with pytest.raises(RecordError, match="changed since the stream opened it"):
+        copy[0]
