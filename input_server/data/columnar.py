@@ -17,6 +17,7 @@ class ArrayRecordReader:
 
     def __init__(self, path: str, text_field: str, record_format: str):
         self.path = path
+        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
         self.text_field = text_field
         self.record_format = record_format
         try:
@@ -51,7 +52,7 @@ class ArrayRecordReader:
         return self._len
 
     def where(self, index: int) -> str:
-        return f"{self.path} record {index}"
+        return f"{self.name} record {index}"
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many records, read in one call."""
@@ -114,6 +115,7 @@ class ParquetReader:
         import pyarrow.parquet as pq
 
         self.path = path
+        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
         self.text_field = text_field
         self._column = None
         try:
@@ -136,7 +138,7 @@ class ParquetReader:
         return self._len
 
     def where(self, index: int) -> str:
-        return f"{self.path} row {index}"
+        return f"{self.name} row {index}"
 
     def release(self) -> None:
         """Nothing to close: the file is open only while its column loads."""
@@ -165,7 +167,7 @@ class ParquetReader:
                 )
             except (OSError, pa.ArrowException) as e:
                 raise CorruptFileError(
-                    f"{self.path} row group {g} (rows {first}-{first + rows - 1}): "
+                    f"{self.name} row group {g} (rows {first}-{first + rows - 1}): "
                     f"cannot read ({e})."
                 ) from e
             first += rows

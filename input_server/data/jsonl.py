@@ -95,6 +95,7 @@ class JsonlReader:
         max_decompressed: int | None = None,
     ):
         self.path = path
+        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
         self.text_field = text_field
         self.max_decompressed = max_decompressed
         self._compressed = path.endswith((".gz", ".zst", ".zstd"))
@@ -132,7 +133,7 @@ class JsonlReader:
                 except InputServerError:
                     raise
                 except Exception as e:  # corrupt archive: name the file, never a traceback
-                    raise RecordError(f"{self.path}: cannot decompress: {e}") from e
+                    raise RecordError(f"{self.name}: cannot decompress: {e}") from e
                 finally:
                     chunks.close()
             if expect is not None and len(buf) != expect:
@@ -143,7 +144,7 @@ class JsonlReader:
         return buf, held
 
     def _changed(self) -> RecordError:
-        return RecordError(f"{self.path}: changed since the stream opened it.")
+        return RecordError(f"{self.name}: changed since the stream opened it.")
 
     def _over_budget(self, size: int, held: Reservation) -> OverBudgetError:
         flag = (self.max_decompressed or 0) / _MIB
@@ -155,7 +156,7 @@ class JsonlReader:
             else f"expands to more than {flag:g} MB when decompressed"
         )
         return OverBudgetError(
-            f"{self.path} {what}, over the server's --max-decompressed-mb {flag:g} (compressed "
+            f"{self.name} {what}, over the server's --max-decompressed-mb {flag:g} (compressed "
             f"files are held whole in memory); decompress it to plain .jsonl (mapped from "
             f"disk, no limit), split it, or ask the operator for a larger limit."
         )
@@ -201,7 +202,7 @@ class JsonlReader:
         return len(self._starts)
 
     def where(self, index: int) -> str:
-        return f"{self.path} line {int(self._lines[index])}"
+        return f"{self.name} line {int(self._lines[index])}"
 
     def release(self) -> None:
         """Unmaps the file (its descriptor with it) now; a later read maps it again. The

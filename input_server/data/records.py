@@ -27,6 +27,7 @@ class Reader(Protocol):
     """Random access to the documents of one file."""
 
     path: str
+    name: str  # the path as the client wrote it, for messages
     max_bytes: int | None  # a longer record is refused (`check_size`)
 
     def __len__(self) -> int: ...

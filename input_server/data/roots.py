@@ -123,9 +123,15 @@ class DataAccess:
           DataNotFoundError, UnreadableError: as `file`, or a glob matches nothing.
           InvalidSpecError: more than `max_files` files.
         """
-        files: list[str] = []
+        return [real for real, _ in self.expand_named(patterns)]
+
+    def expand_named(self, patterns: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+        """As `expand`, each file with its name as the client wrote it (`(real, written)`): a
+        glob's match is its written folder and the names it matched, links unresolved, so
+        messages about the file tell the client nothing of where links lead."""
+        files: list[tuple[str, str]] = []
         budget = _Budget()
-        walked: dict[str, list[str]] = {}  # a pattern named twice is walked once
+        walked: dict[str, list[tuple[str, str]]] = {}  # a pattern named twice is walked once
         for pattern in patterns:
             cancel.check()
             if _has_glob(pattern):
@@ -146,9 +152,9 @@ class DataAccess:
             elif self.roots is None:
                 if not os.path.isfile(pattern):
                     raise DataNotFoundError(f"`source.paths`: no such file {shorten(pattern)!r}.")
-                files.append(pattern)
+                files.append((pattern, pattern))
             else:
-                files.append(self.file(pattern, "source.paths"))
+                files.append((self.file(pattern, "source.paths"), pattern))
             self._check_count(len(files))
         return files
 
@@ -159,9 +165,11 @@ class DataAccess:
                 f"(the server's --max-files); use fewer or larger files."
             )
 
-    def _glob(self, pattern: str, budget: _Budget) -> list[str]:
+    def _glob(self, pattern: str, budget: _Budget) -> list[tuple[str, str]]:
         if self.roots is None:
-            return sorted(p for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p))
+            return [
+                (p, p) for p in sorted(glob.iglob(pattern, recursive=True)) if os.path.isfile(p)
+            ]
         written = pattern.split("/")
         wild = next(i for i, p in enumerate(written) if _has_glob(p))
         if ".." in written[wild:]:
@@ -187,8 +195,8 @@ class DataAccess:
                 f"{MAX_GLOB_PARTS} parts."
             )
         walk = _Walk(self, pattern, budget)
-        walk.match(base, rest)
-        return sorted(walk.found)
+        walk.match(base, rest, "/".join(written[:wild]))
+        return sorted(walk.found.items())
 
 
 class _Budget:
@@ -254,11 +262,14 @@ class _Walk:
 
     def __init__(self, access: DataAccess, pattern: str, budget: _Budget):
         self.access, self.pattern = access, pattern
-        self.found: set[str] = set()
+        self.found: dict[str, str] = {}  # real path: the path as written, links unresolved
         self.budget = budget
 
-    def match(self, folder: str, rest: list[str], seen: frozenset = frozenset()) -> None:
-        """Matches `rest` (pattern components) under `folder` (a real path inside)."""
+    def match(
+        self, folder: str, rest: list[str], shown: str, seen: frozenset = frozenset()
+    ) -> None:
+        """Matches `rest` (pattern components) under `folder` (a real path inside), which the
+        client's pattern calls `shown`."""
         cancel.check()
         head, tail = rest[0], rest[1:]
         if head == "**":
@@ -269,12 +280,12 @@ class _Walk:
             if (st.st_dev, st.st_ino) in seen:
                 return  # a link back up: a loop
             seen = seen | {(st.st_dev, st.st_ino)}
-            self.match(folder, tail or ["*"], seen)  # `**` matching no folder
+            self.match(folder, tail or ["*"], shown, seen)  # `**` matching no folder
             for path in self._entries(folder, "*"):
                 self.budget.charge(1, self.pattern)  # resolved and checked: a second visit
                 real = self.budget.real(path)
                 if self.access._inside(real) and self.budget.kind(real) == "dir":
-                    self.match(real, rest, seen)
+                    self.match(real, rest, os.path.join(shown, os.path.basename(path)), seen)
             return
         if _has_glob(head):
             paths = self._entries(folder, head)
@@ -286,11 +297,12 @@ class _Walk:
             real = self.budget.real(path)
             if not self.access._inside(real):
                 continue  # silently: the client may not learn it exists
+            named = os.path.join(shown, os.path.basename(path))
             if tail:
                 if self.budget.kind(real) == "dir":
-                    self.match(real, tail, seen)
+                    self.match(real, tail, named, seen)
             elif real not in self.found and self.budget.kind(real) == "file":
-                self.found.add(real)
+                self.found[real] = named
                 self.access._check_count(len(self.found))
 
     def _entries(self, folder: str, pattern: str) -> list[str]:

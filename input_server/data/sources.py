@@ -29,9 +29,11 @@ def open_reader(
     max_document_bytes: int | None = None,
     *,
     max_decompressed_bytes: int | None = None,
+    name: str | None = None,
 ) -> Reader:
     """The reader of one file; a compressed one is decompressed only while the process holds at
-    most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files)."""
+    most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files).
+    Its messages call it `name` (the path as the client wrote it; default `path`)."""
     if spec.format == "jsonl":
         reader = JsonlReader(path, spec.text_field, max_decompressed=max_decompressed_bytes)
     elif spec.format == "arrayrecord":
@@ -39,6 +41,7 @@ def open_reader(
     else:
         reader = ParquetReader(path, spec.text_field)
     reader.max_bytes = max_document_bytes
+    reader.name = path if name is None else name
     return reader
 
 
@@ -83,7 +86,7 @@ class DocumentSource:
         cls, opened: dict[str, Reader], spec: SourceSpec, access: DataAccess
     ) -> DocumentSource:
         readers = []
-        for p in access.expand(spec.paths):
+        for p, written in access.expand_named(spec.paths):
             cancel.check()
             if p not in opened:
                 opened[p] = open_reader(
@@ -91,6 +94,7 @@ class DocumentSource:
                     spec,
                     access.max_document_bytes,
                     max_decompressed_bytes=access.max_decompressed_bytes,
+                    name=written,
                 )
             readers.append(opened[p])
         for r in opened.values():
@@ -101,7 +105,7 @@ class DocumentSource:
                     raise
                 except RecordError as e:  # the first record failing is a spec mistake
                     raise InvalidSpecError(
-                        f"`source` does not fit {r.path} (format={spec.format!r}, "
+                        f"`source` does not fit {r.name} (format={spec.format!r}, "
                         f"text_field={spec.text_field!r}, record_format={spec.record_format!r}): "
                         f"{e}"
                     ) from e

@@ -321,3 +321,23 @@ def test_a_burst_of_honest_calls_is_answered(own_server, make_spec):
     for t in threads:
         t.join(60)
     assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("named", ["alias.jsonl", "al*.jsonl", "*/alias.jsonl"])
+def test_a_bad_record_is_named_as_written_not_where_its_link_leads(tmp_path, make_spec, named):
+    """Messages about a file name it the way the request reached it (a path, or a glob's
+    folder and match), never the real path a link inside the roots leads to."""
+    import os
+
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "real-name.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    folder = tmp_path / "d" if named.startswith("*/") else tmp_path
+    folder.mkdir(exist_ok=True)
+    os.symlink(tmp_path / "hidden" / "real-name.jsonl", folder / "alias.jsonl")
+    spec = make_spec(source={"paths": [named]}, order={"shuffle": False})
+    with Server(
+        ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], data_roots=[str(tmp_path), os.getcwd()])
+    ) as srv:
+        e = _status_of_resume(srv.targets[0], spec, b"")
+    assert e.code() == grpc.StatusCode.DATA_LOSS, e.details()
+    assert "alias.jsonl line 2" in e.details() and "real-name" not in e.details(), e.details()
