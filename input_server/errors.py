@@ -111,13 +111,21 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
         return e.code, _fit(str(e))
     if _out_of_descriptors(e):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, _fit(
-            f"the server is out of file descriptors ({type(e).__name__}: {e}); retry shortly, "
+            f"the server is out of file descriptors ({_words(e)}); retry shortly, "
             f"or ask the operator to raise its `ulimit -n` or lower its --max-open-files."
         )
     for cls, code in _STATUS.items():
         if isinstance(e, cls):
             return code, _fit(str(e))
-    return grpc.StatusCode.INTERNAL, _fit(f"{type(e).__name__}: {e}")
+    return grpc.StatusCode.INTERNAL, _fit(_words(e))
+
+
+def _words(e: BaseException) -> str:
+    """An unexpected exception's type and message; an OSError's without the file it names
+    (a real path, which may lie behind a link the client must not learn of)."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{type(e).__name__}: [Errno {e.errno}] {e.strerror}"
+    return f"{type(e).__name__}: {e}"
 
 
 def _out_of_descriptors(e: BaseException | None) -> bool:

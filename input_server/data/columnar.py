@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from input_server.data.records import OPEN_FILES, check_size, loads_json, text_of
+from input_server.data.records import OPEN_FILES, check_size, loads_json, said, text_of
 from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
 
 
@@ -15,9 +15,9 @@ class ArrayRecordReader:
 
     max_bytes: int | None = None
 
-    def __init__(self, path: str, text_field: str, record_format: str):
+    def __init__(self, path: str, text_field: str, record_format: str, *, name: str | None = None):
         self.path = path
-        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
+        self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
         self.record_format = record_format
         try:
@@ -30,7 +30,9 @@ class ArrayRecordReader:
             finally:
                 reader.close()
         except Exception as e:
-            raise RecordError(f"{path}: not a readable ArrayRecord file ({e}).") from e
+            raise RecordError(
+                f"{self.name}: not a readable ArrayRecord file ({said(e, path, self.name)})."
+            ) from e
 
     def _new(self):
         from array_record.python import array_record_module
@@ -68,7 +70,9 @@ class ArrayRecordReader:
             with self._open() as reader:
                 raw = reader.read([index])[0]
         except RuntimeError as e:
-            raise RecordError(f"{self.where(index)}: cannot read ({e}).") from e
+            raise RecordError(
+                f"{self.where(index)}: cannot read ({said(e, self.path, self.name)})."
+            ) from e
         return self._decode(raw, index)
 
     def _decode(self, raw: bytes, index: int) -> str:
@@ -111,21 +115,23 @@ class ParquetReader:
 
     max_bytes: int | None = None
 
-    def __init__(self, path: str, text_field: str):
+    def __init__(self, path: str, text_field: str, *, name: str | None = None):
         import pyarrow.parquet as pq
 
         self.path = path
-        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
+        self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
         self._column = None
         try:
             with pq.ParquetFile(path) as meta:  # closed now, not when collected
                 names, self._len = meta.schema_arrow.names, meta.metadata.num_rows
         except Exception as e:
-            raise RecordError(f"{path}: not a readable Parquet file ({e}).") from e
+            raise RecordError(
+                f"{self.name}: not a readable Parquet file ({said(e, path, self.name)})."
+            ) from e
         if text_field not in names:
             raise InvalidSpecError(
-                f"`source.text_field` {text_field!r} is not a column of {path} "
+                f"`source.text_field` {text_field!r} is not a column of {self.name} "
                 f"(columns: {', '.join(names)})."
             )
 
@@ -168,7 +174,7 @@ class ParquetReader:
             except (OSError, pa.ArrowException) as e:
                 raise CorruptFileError(
                     f"{self.name} row group {g} (rows {first}-{first + rows - 1}): "
-                    f"cannot read ({e})."
+                    f"cannot read ({said(e, self.path, self.name)})."
                 ) from e
             first += rows
         return pa.chunked_array([c for ch in chunks for c in ch.chunks]).combine_chunks()

@@ -26,6 +26,7 @@ from input_server.data.records import (
     Reservation,
     check_size,
     loads_json,
+    said,
     text_of,
 )
 from input_server.errors import InputServerError, OverBudgetError, RecordError
@@ -93,9 +94,10 @@ class JsonlReader:
         text_field: str,
         *,
         max_decompressed: int | None = None,
+        name: str | None = None,
     ):
         self.path = path
-        self.name = path  # in messages: the path as the client wrote it (`open_reader`)
+        self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
         self.max_decompressed = max_decompressed
         self._compressed = path.endswith((".gz", ".zst", ".zstd"))
@@ -133,7 +135,9 @@ class JsonlReader:
                 except InputServerError:
                     raise
                 except Exception as e:  # corrupt archive: name the file, never a traceback
-                    raise RecordError(f"{self.name}: cannot decompress: {e}") from e
+                    raise RecordError(
+                        f"{self.name}: cannot decompress: {said(e, self.path, self.name)}"
+                    ) from e
                 finally:
                     chunks.close()
             if expect is not None and len(buf) != expect:

@@ -336,3 +336,9 @@ class Reservation:
     def __del__(self):
         if self.bytes:
             self.free()
+
+
+def said(e: BaseException, path: str, name: str) -> str:
+    """What a library's error says, the real `path` it may quote given as `name` (the path
+    the client wrote): a message never tells where a link inside the roots leads."""
+    return str(e).replace(path, name) if path != name else str(e)

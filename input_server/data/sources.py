@@ -35,13 +35,14 @@ def open_reader(
     most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files).
     Its messages call it `name` (the path as the client wrote it; default `path`)."""
     if spec.format == "jsonl":
-        reader = JsonlReader(path, spec.text_field, max_decompressed=max_decompressed_bytes)
+        reader = JsonlReader(
+            path, spec.text_field, max_decompressed=max_decompressed_bytes, name=name
+        )
     elif spec.format == "arrayrecord":
-        reader = ArrayRecordReader(path, spec.text_field, spec.record_format)
+        reader = ArrayRecordReader(path, spec.text_field, spec.record_format, name=name)
     else:
-        reader = ParquetReader(path, spec.text_field)
+        reader = ParquetReader(path, spec.text_field, name=name)
     reader.max_bytes = max_document_bytes
-    reader.name = path if name is None else name
     return reader
 
 
@@ -89,13 +90,18 @@ class DocumentSource:
         for p, written in access.expand_named(spec.paths):
             cancel.check()
             if p not in opened:
-                opened[p] = open_reader(
-                    p,
-                    spec,
-                    access.max_document_bytes,
-                    max_decompressed_bytes=access.max_decompressed_bytes,
-                    name=written,
-                )
+                try:
+                    opened[p] = open_reader(
+                        p,
+                        spec,
+                        access.max_document_bytes,
+                        max_decompressed_bytes=access.max_decompressed_bytes,
+                        name=written,
+                    )
+                except PermissionError:
+                    raise UnreadableError(
+                        f"`source.paths`: the server may not read {written} (permission denied)."
+                    ) from None
             readers.append(opened[p])
         for r in opened.values():
             if len(r):

@@ -341,3 +341,36 @@ def test_a_bad_record_is_named_as_written_not_where_its_link_leads(tmp_path, mak
         e = _status_of_resume(srv.targets[0], spec, b"")
     assert e.code() == grpc.StatusCode.DATA_LOSS, e.details()
     assert "alias.jsonl line 2" in e.details() and "real-name" not in e.details(), e.details()
+
+
+@pytest.mark.parametrize("kind", ["bomb", "corrupt-gz", "not-parquet"])
+def test_a_file_refused_while_opening_is_named_as_written(tmp_path, make_spec, kind):
+    """The messages a file gets while it is opened (over the decompression budget, a damaged
+    archive, not the format) name it as the request did, not where its link leads."""
+    import gzip
+    import os
+
+    import zstandard
+
+    (tmp_path / "hidden").mkdir()
+    real = tmp_path / "hidden" / "real-name"
+    if kind == "bomb":
+        real.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "x"}\n' * (1 << 20)))
+        alias, fmt = "alias.jsonl.zst", "jsonl"
+    elif kind == "corrupt-gz":
+        real.write_bytes(gzip.compress(b'{"text": "x"}\n' * 1000)[:-40] + b"\0" * 40)
+        alias, fmt = "alias.jsonl.gz", "jsonl"
+    else:
+        real.write_bytes(b"not a parquet file at all")
+        alias, fmt = "alias.parquet", "parquet"
+    os.symlink(real, tmp_path / alias)
+    spec = make_spec(source={"paths": [alias], "format": fmt})
+    config = ServerConfig(
+        listen=[f"unix://{tmp_path}/s.sock"],
+        data_roots=[str(tmp_path), os.getcwd()],
+        max_decompressed_mb=4,  # the bomb's 14 MB are over it
+    )
+    with Server(config) as srv:
+        e = _status_of_resume(srv.targets[0], spec, b"")
+    assert e.code() != grpc.StatusCode.OK, e.details()
+    assert alias in e.details() and "real-name" not in e.details(), e.details()
