@@ -9,7 +9,7 @@ hostile values (huge or negative numbers, odd unicode, `../`, /proc, globs, a FI
 the data root, a garbage model); a real resume state tampered with (JSON edits, NaN, huge ints,
 deep nesting, bytes that are not UTF-8). Each call has a deadline and reads at most 3 messages.
 Then the aimed attacks of `fuzz_attacks.py` (bad credit reports, silent calls, many globs, a
-decompression bomb), each checking that health and info answer within a second.
+decompression bomb), each checking that health and info answer within ANSWER_S (2.5 s).
 Without --server it serves a temporary folder of data in every format (`serve --data-root`) on
 a Unix socket. Findings: a status outside README's table, INTERNAL, a traceback, a call past its
 deadline, an unreadable batch; the server dying, leaving SERVING, exiting non-zero on SIGTERM,

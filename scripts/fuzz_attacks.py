@@ -2,7 +2,7 @@
 
 Bad credit reports on a held-open stream, calls that never send their request, one request of
 many globs over a big folder, a decompression bomb. Each attack says what the server must keep
-doing meanwhile (answer health and `GetInfo` within a second, end the attacker's call with a
+doing meanwhile (answer health and `GetInfo` within ANSWER_S, end the attacker's call with a
 contract status within its deadline) and returns its findings as (kind, request, status,
 message).
 """
@@ -24,7 +24,10 @@ INFO = "/input_server.v1.InputService/GetInfo"
 SILENT_CALLS = 24
 # A folder of this many entries, and a request naming globs over it this many times.
 FOLDER_ENTRIES, GLOB_COPIES, DISTINCT_GLOBS = 5_000, 10_000, 200
-ANSWER_S = 1.0  # health and info answer within this while an attack runs
+# Health and info answer within this while an attack runs. Starved, they took the whole 5 s
+# deadline; served, they take milliseconds (0.015 s at most beside 24 silent calls:
+# docs/benchmarks.md), and a host loaded by other work has stretched that past a second.
+ANSWER_S = 2.5
 
 Finding = tuple[str, str, str, str]
 

@@ -22,6 +22,10 @@ from input_server.serving.server import Server, ServerConfig
 from tests.support import TOKENS, dial, health
 
 METHOD = "/input_server.v1.InputService/StreamBatches"
+# Starved, health and info took their whole 5 s deadline; served, milliseconds (0.015 s beside
+# 24 silent calls: docs/benchmarks.md, "Hostile clients"). The bound leaves room for a host
+# loaded by other work.
+ANSWER_S = 2.5
 
 
 def _first_request(spec, window: int = 2) -> bytes:
@@ -132,12 +136,12 @@ def test_silent_calls_leave_health_info_and_streams_answering(own_server, make_s
             time.sleep(1.0)  # every silent call has reached the server
             started = time.monotonic()
             assert health(target) == 1  # SERVING
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < ANSWER_S
             with InputClient(target) as other:
                 started = time.monotonic()
                 other.info()
                 if method != "/input_server.v1.InputService/GetInfo":
-                    assert time.monotonic() - started < 1.0
+                    assert time.monotonic() - started < ANSWER_S
                     with other.batches(make_spec()) as it:
                         next(it)
             # The ones beyond the cap were refused at once; the rest end at the deadline.

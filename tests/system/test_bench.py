@@ -180,6 +180,7 @@ def test_bench_hostile_reports_each_attack_held(tmp_path):
     bomb = result["bomb"]
     assert bomb["status"] == "RESOURCE_EXHAUSTED" and "--max-decompressed-mb" in bomb["message"]
     assert bomb["server_alive"] and bomb["other_stream_batches_meanwhile"] > 0
-    assert result["silent"]["health_max_s"] < 1.0 and result["silent"]["info_max_s"] < 1.0
+    # Starved, they took the whole 5 s deadline; served, milliseconds (a loaded host: more).
+    assert result["silent"]["health_max_s"] < 2.5 and result["silent"]["info_max_s"] < 2.5
     assert result["files"]["status"] == "OK"
     assert set(result["globs"]) == {"200_distinct_globs_cpu_s", "10000_copies_of_one_cpu_s"}
