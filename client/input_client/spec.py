@@ -9,12 +9,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from input_client._spec_checks import (  # noqa: F401  (the constants are this module's API)
+    FORMATS,
+    MAX_THREADS,
+    MAX_TUNE_SECONDS,
+    MAX_WORKERS,
+    PACKINGS,
+    RECORD_FORMATS,
+    SpecError,
+    validate,
+)
 from input_client.proto import pb
 
 if sys.version_info >= (3, 11):
@@ -22,43 +31,33 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, from its backport
     import tomli as tomllib
 
-FORMATS = ("jsonl", "arrayrecord", "parquet")
-RECORD_FORMATS = ("json", "text", "tf_example")
-PACKINGS = ("first_fit", "concat_then_split", "none")
-MAX_WORKERS = 1024
-# A stream serves while it tunes (online), but a search that long would leave the loop
-# underfed for as long: ten minutes is already far too long.
-MAX_TUNE_SECONDS = 600
-MAX_THREADS = 256
-
-
-class SpecError(ValueError):
-    """A spec key holds a value that cannot work; `key` is the dotted key, e.g. `batch.size`."""
-
-    def __init__(self, key: str, value: Any, reason: str):
-        self.key = key
-        self.value = value
-        shown = repr(value)
-        if len(shown) > 80:  # a 5,000-digit number is named, not printed
-            shown = f"{shown[:40]}...{shown[-20:]} ({len(shown)} characters)"
-        super().__init__(f"`{key}` {reason}, got {shown}.")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceSpec:
-    """Where documents come from.
+    """Where documents come from: one source, or one component of a mixture.
 
     Attributes:
       paths: files or glob patterns.
-      format: "jsonl" (plain, .gz or .zst), "arrayrecord" or "parquet".
-      text_field: JSON key or Parquet column holding the text (MaxText's default "text").
+      format: "jsonl" (plain, .gz or .zst), "arrayrecord", "parquet" or "tfrecord" (records
+        are tf.train.Example).
+      text_field: JSON key, Parquet column or Example feature holding the text (MaxText's
+        default "text").
+      token_field: pre-tokenized documents: the key, column or int64 feature holding each
+        document's token ids; "" = the documents are text.
       record_format: ArrayRecord only: "json", "text" or "tf_example".
+      weight: in a mixture, the component's share of documents relative to the others'
+        (weights count documents, as Grain's `mix` and MaxText's mixtures do).
+      name: in a mixture, optional and unique; with every component named, a resume state
+        survives a change of weights (each component continues where it was).
     """
 
     paths: tuple[str, ...]
     format: str = "jsonl"
     text_field: str = "text"
+    token_field: str = ""
     record_format: str = "json"
+    weight: float = 1.0
+    name: str = ""
 
     def __post_init__(self):
         if isinstance(self.paths, str):
@@ -66,14 +65,37 @@ class SourceSpec:
         elif isinstance(self.paths, (list, tuple)):
             object.__setattr__(self, "paths", tuple(self.paths))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML keys; the keys added with mixtures only where they are set, so a spec
+        written before them keeps its fingerprint (and its resume states)."""
+        out = dataclasses.asdict(self)
+        out["paths"] = list(self.paths)
+        for key, default in (("token_field", ""), ("weight", 1.0), ("name", "")):
+            if out[key] == default:
+                del out[key]
+        return out
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
-    """The sentencepiece model and the special ids added around each document."""
+    """The sentencepiece model and the special ids added around each document.
 
-    model: str
+    Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
+    `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with
+    (MaxText's convention: -1 for none). With a model they come from it and stay unset.
+    """
+
+    model: str = ""
     add_bos: bool = True
     add_eos: bool = True
+    vocab_size: int | None = None
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: v for k, v in out.items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,6 +172,16 @@ def _table(name: str, value: Any) -> Any:
     cls = _TABLES[name]
     if isinstance(value, cls):
         return value
+    if name == "source" and isinstance(value, (list, tuple)):  # a mixture: [[source]] tables
+        if not value:
+            raise SpecError("source", [], "must list at least one source")
+        return tuple(_table_of(f"source[{i}]", cls, v) for i, v in enumerate(value))
+    return _table_of(name, cls, value)
+
+
+def _table_of(name: str, cls: type, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
     if not isinstance(value, Mapping):
         raise SpecError(name, value, "must be a table")
     known = {f.name for f in dataclasses.fields(cls)}
@@ -177,9 +209,10 @@ class PipelineSpec:
 
     Tables may be given as their dataclasses or as plain dicts with the TOML keys:
     `PipelineSpec(source={"paths": ["data/*.jsonl"]}, tokenizer={"model": "spm.model"})`.
+    A mixture gives `source` as a list of tables (TOML's `[[source]]`), each with a `weight`.
     """
 
-    source: SourceSpec
+    source: SourceSpec | tuple[SourceSpec, ...]
     tokenizer: TokenizerSpec
     batch: BatchSpec = BatchSpec()
     order: OrderSpec = OrderSpec()
@@ -215,29 +248,65 @@ class PipelineSpec:
                 raise SpecError("(file)", path, f"is not valid TOML: {e}") from e
         return cls.from_dict(tables).resolve_paths(os.path.dirname(os.path.abspath(path)))
 
+    @property
+    def is_mixture(self) -> bool:
+        """Whether `source` lists components (`[[source]]`), even a single one."""
+        return isinstance(self.source, tuple)
+
+    @property
+    def sources(self) -> tuple[SourceSpec, ...]:
+        """The components: the one source, or a mixture's."""
+        return self.source if isinstance(self.source, tuple) else (self.source,)
+
+    @property
+    def all_named(self) -> bool:
+        """A mixture whose every component has a name: its resume states survive a change of
+        weights."""
+        return self.is_mixture and all(s.name for s in self.source)
+
     def resolve_paths(self, base: str) -> PipelineSpec:
         """Returns a copy whose relative source paths and model path are joined to `base`."""
 
         def join(p: str) -> str:
             return p if not isinstance(p, str) or os.path.isabs(p) else os.path.join(base, p)
 
-        source = dataclasses.replace(self.source, paths=tuple(join(p) for p in self.source.paths))
-        tokenizer = dataclasses.replace(self.tokenizer, model=join(self.tokenizer.model))
-        return dataclasses.replace(self, source=source, tokenizer=tokenizer)
+        joined = tuple(
+            dataclasses.replace(s, paths=tuple(join(p) for p in s.paths)) for s in self.sources
+        )
+        model = self.tokenizer.model
+        tokenizer = dataclasses.replace(self.tokenizer, model=join(model) if model else model)
+        return dataclasses.replace(
+            self, source=joined if self.is_mixture else joined[0], tokenizer=tokenizer
+        )
 
     def replace(self, **tables: Mapping[str, Any]) -> PipelineSpec:
-        """Returns a copy with some keys changed: `spec.replace(batch={"size": 8})`."""
+        """Returns a copy with some keys changed: `spec.replace(batch={"size": 8})`. A
+        mixture's `source` is replaced whole: `spec.replace(source=[{...}, {...}])`."""
         changed = {}
         for name, keys in tables.items():
             if name not in _TABLES:
                 raise SpecError(name, keys, "is not a spec table")
-            changed[name] = dataclasses.replace(getattr(self, name), **keys)
+            if name == "source" and (self.is_mixture or isinstance(keys, (list, tuple))):
+                changed[name] = keys
+            else:
+                changed[name] = dataclasses.replace(getattr(self, name), **keys)
         return dataclasses.replace(self, **changed)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        out = {name: dataclasses.asdict(getattr(self, name)) for name in _TABLES}
-        out["source"]["paths"] = list(self.source.paths)
-        return out
+    def to_dict(self, *, weights: bool = True) -> dict[str, Any]:
+        """The TOML tables; a mixture's `source` is a list of them. `weights=False` leaves the
+        components' weights out (what a named mixture's resume states are matched by)."""
+        out: dict[str, Any] = {
+            name: dataclasses.asdict(getattr(self, name))
+            for name in _TABLES
+            if name not in ("source", "tokenizer")
+        }
+        sources = [s.to_dict() for s in self.sources]
+        if not weights:
+            for s in sources:
+                s.pop("weight", None)
+        out["source"] = sources if self.is_mixture else sources[0]
+        out["tokenizer"] = self.tokenizer.to_dict()
+        return {name: out[name] for name in _TABLES}
 
     def to_toml(self) -> str:
         """The spec as a TOML file's text, which `from_toml` reads back to an equal spec."""
@@ -249,223 +318,33 @@ class PipelineSpec:
         def value(v: Any) -> str:
             return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
 
-        return "".join(
-            f"[{name}]\n" + "".join(f"{key} = {value(v)}\n" for key, v in t.items())
-            for name, t in self.to_dict().items()
-        )
+        def table(header: str, t: dict[str, Any]) -> str:
+            return f"{header}\n" + "".join(f"{key} = {value(v)}\n" for key, v in t.items())
 
-    def data_fingerprint(self) -> str:
-        """A hash of all that decides the data (all but [workers]), to match resume states."""
-        tables = self.to_dict()
+        out = []
+        for name, t in self.to_dict().items():
+            if isinstance(t, list):
+                out.extend(table(f"[[{name}]]", c) for c in t)
+            else:
+                out.append(table(f"[{name}]", t))
+        return "".join(out)
+
+    def data_fingerprint(self, *, weights: bool = True) -> str:
+        """A hash of all that decides the data (all but [workers]), to match resume states;
+        `weights=False`: all but the mixture's weights too."""
+        tables = self.to_dict(weights=weights)
         del tables["workers"]
         blob = json.dumps(tables, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_proto(self) -> pb.PipelineSpec:
-        s, t, b, o, sh, w = (
-            self.source,
-            self.tokenizer,
-            self.batch,
-            self.order,
-            self.shard,
-            self.workers,
-        )
-        return pb.PipelineSpec(
-            source=pb.Source(
-                paths=list(s.paths),
-                format=s.format,
-                text_field=s.text_field,
-                record_format=s.record_format,
-            ),
-            tokenizer=pb.Tokenizer(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
-            batch=pb.BatchShape(seq_len=b.seq_len, size=b.size, packing=b.packing),
-            order=pb.Order(seed=o.seed, shuffle=o.shuffle, epochs=o.epochs),
-            shard=pb.Shard(index=sh.index, count=sh.count),
-            workers=pb.Workers(
-                count=str(w.count),
-                ram_budget_mb=w.ram_budget_mb,
-                max_workers=w.max_workers,
-                target_batches_per_s=w.target_batches_per_s,
-                tune_seconds=w.tune_seconds,
-                threads=w.threads,
-            ),
-        )
+        from input_client._spec_proto import to_proto
+
+        return to_proto(self)
 
     @classmethod
     def from_proto(cls, msg: pb.PipelineSpec) -> PipelineSpec:
         """Reads the proto form. An empty string or an absent table means the default."""
+        from input_client._spec_proto import from_proto
 
-        def pick(present: bool, value: Any, default: Any) -> Any:
-            return value if present else default
-
-        s, t, b, o, sh, w = msg.source, msg.tokenizer, msg.batch, msg.order, msg.shard, msg.workers
-        d_batch, d_workers = BatchSpec(), WorkersSpec()
-        count: int | str = w.count or d_workers.count
-        # ASCII digits only ("²".isdigit() holds), and few enough to be a count: anything
-        # else stays a string, which validation refuses by name.
-        if count.isascii() and count.isdigit() and len(count) <= 9:
-            count = int(count)
-        return cls(
-            source=SourceSpec(
-                paths=tuple(s.paths),
-                format=s.format or "jsonl",
-                text_field=s.text_field or "text",
-                record_format=s.record_format or "json",
-            ),
-            tokenizer=TokenizerSpec(model=t.model, add_bos=t.add_bos, add_eos=t.add_eos),
-            batch=BatchSpec(
-                seq_len=pick(msg.HasField("batch"), b.seq_len, d_batch.seq_len),
-                size=pick(msg.HasField("batch"), b.size, d_batch.size),
-                packing=b.packing or d_batch.packing,
-            ),
-            order=OrderSpec(
-                **(
-                    {"seed": o.seed, "shuffle": o.shuffle, "epochs": o.epochs}
-                    if msg.HasField("order")
-                    else {}
-                )
-            ),
-            shard=ShardSpec(
-                **({"index": sh.index, "count": sh.count} if msg.HasField("shard") else {})
-            ),
-            workers=WorkersSpec(
-                count=count,
-                ram_budget_mb=w.ram_budget_mb or d_workers.ram_budget_mb,
-                max_workers=w.max_workers,
-                target_batches_per_s=w.target_batches_per_s,
-                tune_seconds=w.tune_seconds or d_workers.tune_seconds,
-                threads=w.threads,
-            ),
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check(ok: bool, key: str, value: Any, reason: str) -> None:
-    if not ok:
-        raise SpecError(key, value, reason)
-
-
-def validate(spec: PipelineSpec) -> None:
-    """Checks every key's value; raises `SpecError` naming the first bad key and its value.
-
-    File existence is the server's business (NOT_FOUND), not checked here.
-    """
-    s, t, b, o = spec.source, spec.tokenizer, spec.batch, spec.order
-    sh, w = spec.shard, spec.workers
-    _check(
-        isinstance(s.paths, tuple) and len(s.paths) > 0,
-        "source.paths",
-        s.paths,
-        "must list at least one file or glob",
-    )
-    for p in s.paths:
-        _check(isinstance(p, str) and p != "", "source.paths", p, "must hold non-empty strings")
-        _check("\x00" not in p, "source.paths", p, "must not hold a NUL character")
-    _check(s.format in FORMATS, "source.format", s.format, f"must be one of {', '.join(FORMATS)}")
-    _check(
-        isinstance(s.text_field, str) and s.text_field != "",
-        "source.text_field",
-        s.text_field,
-        "must be a non-empty string",
-    )
-    _check(
-        s.record_format in RECORD_FORMATS,
-        "source.record_format",
-        s.record_format,
-        f"must be one of {', '.join(RECORD_FORMATS)}",
-    )
-    _check(
-        isinstance(t.model, str) and t.model != "" and "\x00" not in t.model,
-        "tokenizer.model",
-        t.model,
-        "must name a sentencepiece model file",
-    )
-    _check(isinstance(t.add_bos, bool), "tokenizer.add_bos", t.add_bos, "must be true or false")
-    _check(isinstance(t.add_eos, bool), "tokenizer.add_eos", t.add_eos, "must be true or false")
-    _check(
-        _is_int(b.seq_len) and 2 <= b.seq_len <= 1 << 20,
-        "batch.seq_len",
-        b.seq_len,
-        "must be an integer from 2 to 1048576",
-    )
-    _check(
-        _is_int(b.size) and 1 <= b.size <= 1 << 16,
-        "batch.size",
-        b.size,
-        "must be an integer from 1 to 65536",
-    )
-    _check(
-        b.packing in PACKINGS, "batch.packing", b.packing, f"must be one of {', '.join(PACKINGS)}"
-    )
-    _check(
-        _is_int(o.seed) and 0 <= o.seed < 1 << 63,
-        "order.seed",
-        o.seed,
-        "must be a non-negative integer",
-    )
-    _check(isinstance(o.shuffle, bool), "order.shuffle", o.shuffle, "must be true or false")
-    _check(
-        _is_int(o.epochs) and o.epochs >= 0,
-        "order.epochs",
-        o.epochs,
-        "must be a non-negative integer (0 = repeat forever)",
-    )
-    _check(
-        _is_int(sh.count) and sh.count >= 1, "shard.count", sh.count, "must be a positive integer"
-    )
-    _check(
-        _is_int(sh.index) and 0 <= sh.index < sh.count,
-        "shard.index",
-        sh.index,
-        f"must be an integer from 0 to shard.count - 1 = {sh.count - 1}",
-    )
-    _check(
-        w.count == "auto" or (_is_int(w.count) and 0 <= w.count <= MAX_WORKERS),
-        "workers.count",
-        w.count,
-        f'must be "auto" or an integer from 0 to {MAX_WORKERS}',
-    )
-    _check(
-        _is_int(w.ram_budget_mb) and w.ram_budget_mb >= 1,
-        "workers.ram_budget_mb",
-        w.ram_budget_mb,
-        "must be a positive integer (MiB)",
-    )
-    _check(
-        _is_int(w.max_workers) and 0 <= w.max_workers <= MAX_WORKERS,
-        "workers.max_workers",
-        w.max_workers,
-        f"must be an integer from 0 (no cap) to {MAX_WORKERS}",
-    )
-    _check(
-        _is_number(w.target_batches_per_s) and 0 <= w.target_batches_per_s < math.inf,
-        "workers.target_batches_per_s",
-        w.target_batches_per_s,
-        "must be a non-negative number (batches/s; 0 = unknown)",
-    )
-    _check(
-        _is_int(w.threads) and 0 <= w.threads <= MAX_THREADS,
-        "workers.threads",
-        w.threads,
-        f"must be an integer from 0 (the default) to {MAX_THREADS}",
-    )
-    _check(
-        w.threads == 0 or w.count != "auto",
-        "workers.threads",
-        w.threads,
-        'must be 0 with workers.count = "auto" (which picks threads itself); set a count '
-        "to fix both",
-    )
-    _check(
-        _is_number(w.tune_seconds) and 0 < w.tune_seconds <= MAX_TUNE_SECONDS,
-        "workers.tune_seconds",
-        w.tune_seconds,
-        f"must be a number of seconds above 0 and at most {MAX_TUNE_SECONDS}",
-    )
+        return from_proto(cls, msg)

@@ -25,14 +25,16 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
+from input_server.batching.encode import BUSY_KEY, EncodeGroup
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.resume import Position, parse_state
+from input_server.data.ids import IdsOnly, model_specials
+from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer import TokenGroup, Tokenizer
-from input_server.errors import CancelledError, InvalidSpecError
 
 # Text to tokenize per group (after long documents are cut, see tokenizer.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -53,8 +55,6 @@ cpu_count = os.cpu_count
 # (a group of slow, remote records may take seconds; past this they close regardless).
 CLOSE_WAIT_S = 5.0
 log = logging.getLogger(__name__)
-# The element key of a group's wall time in its worker.
-BUSY_KEY = "busy_s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,83 +82,6 @@ class Produced:
     def arrays(self) -> dict[str, np.ndarray]:
         """MaxText's six arrays (derived from the compact batch on each access)."""
         return self.batch.arrays()
-
-
-class _InFlight:
-    """The groups being computed in this process, and whether more may start. Grain's threads
-    finish the groups they began after its iterator closes, so a closed stream stops new ones
-    and waits for those before it closes its files (which they would open again, to stay
-    open). Pickles as a new one: a worker process's groups end with the process."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._running = 0
-        self._stopped = False
-
-    def __reduce__(self):
-        return (_InFlight, ())
-
-    def enter(self) -> None:
-        with self._cond:
-            if self._stopped:
-                raise CancelledError("the stream closed; its groups are no longer read.")
-            self._running += 1
-
-    def exit(self) -> None:
-        with self._cond:
-            self._running -= 1
-            self._cond.notify_all()
-
-    def stop(self, timeout: float) -> bool:
-        """Lets no group start; True once none runs (within `timeout` seconds)."""
-        with self._cond:
-            self._stopped = True
-            return self._cond.wait_for(lambda: self._running == 0, timeout)
-
-
-class _EncodeGroup:
-    """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
-
-    def __init__(
-        self,
-        order: DocumentOrder,
-        source: DocumentSource,
-        size: int,
-        tokenizer: Tokenizer,
-        *,
-        trim_to: int | None = None,
-    ):
-        self.order = order
-        self.source = source
-        self.size = size
-        self.tokenizer = tokenizer
-        # Packings that keep only a document's first seq_len tokens need no more from it.
-        self.trim_to = trim_to
-        self.in_flight = _InFlight()
-
-    def __call__(self, g: int) -> dict[str, np.ndarray]:
-        self.in_flight.enter()
-        try:
-            return self._encode(g)
-        finally:
-            self.in_flight.exit()
-
-    def _encode(self, g: int) -> dict[str, np.ndarray]:
-        started = time.perf_counter()
-        first = g * self.size
-        indices = self.order.source_indices(first, first + self.size).tolist()
-        read_many = getattr(self.source, "read_many", None)
-        texts = read_many(indices) if read_many else [self.source[i] for i in indices]
-        # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
-        # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
-        # against x 2: docs/benchmarks.md, "Tokenizer side").
-        element = self.tokenizer.encode(
-            texts, first_doc=first, num_threads=1, trim_to=self.trim_to
-        ).to_element()
-        # How long the group took in its worker: what a live stream's tuner measures the
-        # parallel stage's utilization by (`autotune/live.py`).
-        element[BUSY_KEY] = np.float64(time.perf_counter() - started)
-        return element
 
 
 def fixed_workers(processes: int, threads: int = 0) -> Workers:
@@ -191,11 +114,17 @@ class Pipeline:
     def __init__(self, spec: PipelineSpec, access: DataAccess = OPERATOR):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.access = access
-        self.fingerprint = spec.data_fingerprint()
-        model = access.file(spec.tokenizer.model, "tokenizer.model")
-        self.tokenizer = Tokenizer(
-            dataclasses.replace(spec.tokenizer, model=model), written=spec.tokenizer.model
-        )
+        # A named mixture's states are matched without its weights: under new weights each
+        # component continues where it was (`resume.parse_state`).
+        self.fingerprint = spec.data_fingerprint(weights=not spec.all_named)
+        self.components = component_fingerprints(spec) if spec.is_mixture else None
+        if spec.tokenizer.model:
+            model = access.file(spec.tokenizer.model, "tokenizer.model")
+            self.tokenizer = Tokenizer(
+                dataclasses.replace(spec.tokenizer, model=model), written=spec.tokenizer.model
+            )
+        else:
+            self.tokenizer = IdsOnly(spec.tokenizer)
         self.source = self._open_source(spec)
         try:
             self._set_up(spec)
@@ -207,21 +136,15 @@ class Pipeline:
         self.release()
 
     def _set_up(self, spec: PipelineSpec) -> None:
-        shard, order = spec.shard, spec.order
-        self.order = DocumentOrder(
-            num_records=len(self.source),
-            shard_index=shard.index,
-            shard_count=shard.count,
-            seed=order.seed,
-            shuffle=order.shuffle,
-            epochs=order.epochs,
-        )
-        if self.order.per_epoch == 0:
-            raise InvalidSpecError(
-                f"`shard.index` {shard.index} of `shard.count` {shard.count} holds no documents "
-                f"({len(self.source)} in all); use fewer shards."
-            )
+        components = getattr(self.source, "components", None) or [(0, len(self.source))]
+        self.order = order_for(spec, components)
         self.docs_per_epoch = self.order.per_epoch
+        self.specials = None
+        if any(s.token_field for s in spec.sources):
+            is_model = isinstance(self.tokenizer, Tokenizer)
+            self.specials = (
+                model_specials(self.tokenizer) if is_model else self.tokenizer.specials()
+            )
         self.group_size = self._group_size()
 
     def release(self) -> None:
@@ -255,7 +178,7 @@ class Pipeline:
     def _open_source(self, spec: PipelineSpec) -> DocumentSource:
         """The documents: a random-access source of strings that pickles for worker processes
         (`testing.SlowPipeline` stands remote storage's latency in here)."""
-        return DocumentSource.from_spec(spec.source, self.access)
+        return DocumentSource.from_spec(spec.source, self.access)  # a mixture's: each
 
     def _trim_to(self) -> int | None:
         """Tokens the packer keeps of a document, if it keeps only a document's first ones."""
@@ -265,18 +188,29 @@ class Pipeline:
     def _group_size(self) -> int:
         """Documents per group, so that a group is about GROUP_CHARS of text to tokenize,
         from a sample of the data (which also teaches the tokenizer its characters per token,
-        used for cutting long documents before tokenizing)."""
-        sample, lengths = [], []
-        for i in range(min(SAMPLE_DOCS, len(self.source))):
+        used for cutting long documents before tokenizing). A document of ids counts two
+        characters an id (what it holds, not tokenizing: it costs far less)."""
+        sample, lengths, chars = [], [], []
+        trim_to = self._trim_to()
+        indices = (
+            self.order.source_indices(0, SAMPLE_DOCS).tolist()
+            if self.spec.is_mixture
+            else range(min(SAMPLE_DOCS, len(self.source)))
+        )
+        is_text = []
+        for i in indices:
             cancel.check()
-            text = self.source[i]
-            lengths.append(len(text))
-            sample.append(text[:SAMPLE_DOC_CHARS])
+            doc = self.source[i]
+            is_text.append(isinstance(doc, str))
+            if is_text[-1]:
+                sample.append(doc[:SAMPLE_DOC_CHARS])
+            lengths.append(len(doc) if is_text[-1] else 2 * len(doc))
             if sum(lengths) > SAMPLE_CHARS:
                 break
-        self.tokenizer.learn_chars_per_token(sample)
-        trim_to = self._trim_to()
-        chars = [self.tokenizer.tokenized_chars(n, trim_to) for n in lengths]
+        if sample:
+            self.tokenizer.learn_chars_per_token(sample)
+        for n, text in zip(lengths, is_text, strict=True):
+            chars.append(self.tokenizer.tokenized_chars(n, trim_to) if text else n)
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
         # Cutting makes long documents cheap to tokenize, not to read or hold: the whole text
         # of a group stays bounded too (with a short seq_len a group of long documents would
@@ -285,19 +219,31 @@ class Pipeline:
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
 
-    def encoder(self) -> _EncodeGroup:
-        """What reads and tokenizes one group (`groups` maps it over the group numbers)."""
-        return _EncodeGroup(
-            self.order, self.source, self.group_size, self.tokenizer, trim_to=self._trim_to()
+    def encoder(self, order: DocumentOrder | MixtureOrder | None = None) -> EncodeGroup:
+        """What reads and tokenizes one group (`groups` maps it over the group numbers), over
+        `order` (default the pipeline's; a resumed mixture's may stand elsewhere)."""
+        return EncodeGroup(
+            order or self.order,
+            self.source,
+            self.group_size,
+            self.tokenizer,
+            trim_to=self._trim_to(),
+            specials=self.specials,
         )
 
-    def groups(self, first_doc: int = 0, encode: _EncodeGroup | None = None) -> grain.MapDataset:
+    def groups(self, first_doc: int = 0, encode: EncodeGroup | None = None) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on (by `encode`)."""
         size = self.group_size
         encode = encode or self.encoder()
-        return grain.MapDataset.range(first_doc // size, math.ceil(len(self.order) / size)).map(
+        return grain.MapDataset.range(first_doc // size, math.ceil(len(encode.order) / size)).map(
             encode
         )
+
+    def order_at(self, pos: Position) -> DocumentOrder | MixtureOrder:
+        """The order a stream from `pos` reads: a mixture's interleave where the state put it."""
+        if pos.mix is None or pos.mix == self.order.at:
+            return self.order
+        return self.order.moved(pos.mix)
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """The position of a resume state sent back by a client (`resume.parse_state`)."""
@@ -306,6 +252,8 @@ class Pipeline:
             fingerprint=self.fingerprint,
             num_docs=len(self.order),
             splits_documents=self.spec.batch.packing == "concat_then_split",
+            mixture=self.order if isinstance(self.order, MixtureOrder) else None,
+            components=self.components,
         )
 
     def stream(
@@ -331,7 +279,8 @@ class BatchStream:
         self.pipeline = pipeline
         self.workers = workers
         self._seq = pos.seq
-        self._encode = pipeline.encoder()
+        self._encode = pipeline.encoder(pipeline.order_at(pos))
+        self._mix = getattr(self._encode.order, "at", None)  # a mixture's interleave
         self._it = iter(
             parallel(
                 pipeline.groups(pos.doc, self._encode),
@@ -367,7 +316,7 @@ class BatchStream:
 
     def position(self) -> Position:
         """Where the next batch starts: a stream opened here yields the same batches."""
-        return Position(self._seq, self._cursor.doc, self._cursor.offset)
+        return Position(self._seq, self._cursor.doc, self._cursor.offset, self._mix)
 
     def __iter__(self) -> Iterator[Produced]:
         return self
@@ -382,8 +331,8 @@ class BatchStream:
             raise StopIteration
         seq = self._seq
         self._seq += 1
-        state = Position(self._seq, self._cursor.doc, self._cursor.offset).state(
-            self.pipeline.fingerprint
+        state = Position(self._seq, self._cursor.doc, self._cursor.offset, self._mix).state(
+            self.pipeline.fingerprint, self.pipeline.components
         )
         return Produced(seq=seq, batch=batch, state=state)
 

@@ -3,7 +3,10 @@
 A state is the next batch's sequence number and the stream position `(doc, offset)` after a
 batch (the next document of the ordered stream and the tokens of it already used), with the
 data fingerprint of the spec that made it: Grain's own multiprocess iterator state is per
-worker, and a state saved with 2 workers would not restore into 3.
+worker, and a state saved with 2 workers would not restore into 3. A mixture's state adds
+where its interleave stands (`mixture.MixPosition`: the quotas, an origin and each
+component's base, a few integers per component) and each component's own fingerprint, so a
+state from another mixture is refused naming the components that differ.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from input_client.wire import decode_state
+from input_server.data.mixture import MixPosition, MixtureOrder
 from input_server.errors import InvalidSpecError
 
 STATE_VERSION = 1
@@ -24,16 +28,21 @@ class Position:
     seq: int = 0
     doc: int = 0
     offset: int = 0
+    mix: MixPosition | None = None  # a mixture's interleave (None: one source)
 
-    def state(self, fingerprint: str) -> dict[str, Any]:
-        """The JSON-able state a batch carries."""
-        return {
+    def state(self, fingerprint: str, components: list[list[str]] | None = None) -> dict[str, Any]:
+        """The JSON-able state a batch carries; `components`: a mixture's [name, fingerprint]
+        pairs."""
+        out = {
             "version": STATE_VERSION,
             "fingerprint": fingerprint,
             "seq": self.seq,
             "doc": self.doc,
             "offset": self.offset,
         }
+        if self.mix is not None:
+            out["mixture"] = {**self.mix.to_json(), "components": components}
+        return out
 
 
 MAX_SEQ = 1 << 62
@@ -62,6 +71,8 @@ def parse_state(
     fingerprint: str,
     num_docs: int,
     splits_documents: bool = True,
+    mixture: MixtureOrder | None = None,
+    components: list[list[str]] | None = None,
 ) -> Position:
     """Reads a resume state sent back by a client; refuses one made for other data.
 
@@ -73,6 +84,10 @@ def parse_state(
         a position inside a document (an `offset`) is refused. An offset past its document's
         tokens is refused when the stream reaches it (`pack.DocCursor`): that takes the
         document's tokens.
+      mixture: the stream's mixture order, fresh (then `num_docs` is ignored: the state's own
+        interleave decides it); `components` its [name, fingerprint] pairs. A state made
+        under other weights of the same named components continues each component where
+        it was (`MixtureOrder.rebased`), from document 0 of the new interleave.
 
     Raises:
       InvalidSpecError: the state is not one this server wrote, or not for this data.
@@ -92,8 +107,13 @@ def parse_state(
     if fp != fingerprint:
         raise InvalidSpecError(
             f"`resume_state` was made for other data (fingerprint {fp!r}, this spec's is "
-            f"{fingerprint!r}): resume with the spec that produced it."
+            f"{fingerprint!r}): resume with the spec that produced it"
+            f"{_mixture_difference(d, components)}."
         )
+    if mixture is not None:
+        pos, num_docs = _in_mixture(d, pos, mixture)
+    elif "mixture" in d:
+        raise InvalidSpecError("`resume_state` is a mixture's; this spec reads one source.")
     if pos.doc > num_docs:
         raise InvalidSpecError(
             f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `doc` is past "
@@ -108,3 +128,69 @@ def parse_state(
             f"inside a document past the stream's end."
         )
     return pos
+
+
+def _mixture_difference(d: dict[str, Any], components: list[list[str]] | None) -> str:
+    """What differs between the state's mixture and this spec's, for the refusal."""
+    mix = d.get("mixture")
+    theirs = mix.get("components") if isinstance(mix, dict) else None
+    if components is None or not isinstance(theirs, list):
+        if components is not None or isinstance(theirs, list):
+            return " (one is a mixture, the other one source)"
+        return ""
+    try:
+        then = {str(n): str(f) for n, f in theirs}
+    except (TypeError, ValueError):
+        return ""
+    now = dict(components)
+    said = []
+    if gone := [n for n in then if n not in now]:
+        said.append(f"components {gone} are not in this spec")
+    if new := [n for n in now if n not in then]:
+        said.append(f"components {new} are new")
+    if changed := [n for n in now if n in then and then[n] != now[n]]:
+        said.append(f"components {changed} changed (paths, format or fields)")
+    if not said and [list(c) for c in theirs] == components:
+        unnamed = any(n.startswith("source[") for n, _ in components)
+        said.append(
+            "only weights or other tables differ"
+            + (
+                "; to resume under new weights, name every component (`source[i].name`)"
+                if unnamed
+                else ""
+            )
+        )
+    return f": {'; '.join(said)}" if said else ""
+
+
+def _ints(v: Any, key: str, n: int | None = None) -> list[int]:
+    ok = isinstance(v, list) and (n is None or len(v) == n)
+    if not ok or not all(type(x) is int and -(1 << 62) < x < 1 << 62 for x in v):
+        raise ValueError(f"mixture {key!r} must list {n or 'some'} integers, got {v!r}")
+    return v
+
+
+def _in_mixture(d: dict[str, Any], pos: Position, order: MixtureOrder) -> tuple[Position, int]:
+    """The position in this spec's mixture (rebased when the quotas changed), and how many
+    documents its interleave holds from there."""
+    n = len(order.components)
+    try:
+        mix = d["mixture"]
+        quotas = _ints(mix["quotas"], "quotas", n)
+        origin = _ints([mix["origin"]], "origin")[0]
+        bases = _ints(mix["bases"], "bases", n)
+        if min(quotas) < 1 or origin < 0:
+            raise ValueError(f"mixture quotas {quotas} and origin {origin} must be positive")
+        then = order.moved(MixPosition(tuple(quotas), origin, tuple(bases)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidSpecError(f"`resume_state` is not a mixture state this server wrote: {e}.")
+    if pos.doc > len(then):
+        raise InvalidSpecError(
+            f"`resume_state` position {pos.doc} is out of range: `doc` is past the mixture's "
+            f"{len(then)} documents."
+        )
+    if tuple(quotas) != order.at.quotas:  # the weights changed: each component goes on
+        at = then.rebased(order.at.quotas, pos.doc, pos.offset)
+        pos = dataclasses.replace(pos, doc=0, mix=at)
+        return pos, len(order.moved(at))
+    return dataclasses.replace(pos, mix=then.at), len(then)

@@ -66,7 +66,10 @@ class DocumentOrder:
     def source_indices(self, start: int, stop: int) -> np.ndarray:
         """Source record indices of stream documents `[start, stop)`."""
         stop = min(stop, len(self))
-        ordinals = np.arange(start, stop, dtype=np.int64)
+        return self.indices_of(np.arange(start, stop, dtype=np.int64))
+
+    def indices_of(self, ordinals: np.ndarray) -> np.ndarray:
+        """Source record indices of the stream documents `ordinals` (each below `len`)."""
         epochs, within = np.divmod(ordinals, self.per_epoch)
         if self.shuffle:
             shuffled = np.empty_like(within)

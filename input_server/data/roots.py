@@ -125,10 +125,13 @@ class DataAccess:
         """
         return [real for real, _ in self.expand_named(patterns)]
 
-    def expand_named(self, patterns: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    def expand_named(
+        self, patterns: tuple[str, ...] | list[str], *, ends: list[int] | None = None
+    ) -> list[tuple[str, str]]:
         """As `expand`, each file with its name as the client wrote it (`(real, written)`): a
         glob's match is its written folder and the names it matched, links unresolved, so
-        messages about the file tell the client nothing of where links lead."""
+        messages about the file tell the client nothing of where links lead. `ends` gets the
+        number of files so far after each pattern."""
         files: list[tuple[str, str]] = []
         budget = _Budget()
         walked: dict[str, list[tuple[str, str]]] = {}  # a pattern named twice is walked once
@@ -156,7 +159,22 @@ class DataAccess:
             else:
                 files.append((self.file(pattern, "source.paths"), pattern))
             self._check_count(len(files))
+            if ends is not None:
+                ends.append(len(files))
         return files
+
+    def expand_each(self, groups: list[tuple[str, ...]]) -> list[list[tuple[str, str]]]:
+        """`expand_named` of several components' patterns under one request's budget (glob
+        work, file count): each component's files."""
+        ends: list[int] = []
+        files = self.expand_named([p for g in groups for p in g], ends=ends)
+        out, first, i = [], 0, 0
+        for g in groups:
+            i += len(g)
+            last = ends[i - 1]
+            out.append(files[first:last])
+            first = last
+        return out
 
     def _check_count(self, n: int) -> None:
         if self.max_files is not None and n > self.max_files:

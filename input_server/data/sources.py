@@ -1,5 +1,6 @@
-"""Document sources: every record's text of every file a spec names, as one random-access
-source of strings for Grain (`DocumentSource`), over a reader per file (`jsonl`, `columnar`).
+"""Document sources: every record of every file a spec names (a mixture's components one after
+another), as one random-access source for Grain (`DocumentSource`) of texts, or of token-id
+arrays for pre-tokenized files, over a reader per file (`jsonl`, `columnar`, `tfrecord`).
 """
 
 from __future__ import annotations
@@ -34,29 +35,47 @@ def open_reader(
     """The reader of one file; a compressed one is decompressed only while the process holds at
     most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files).
     Its messages call it `name` (the path as the client wrote it; default `path`)."""
+    token_field = spec.token_field or None
     if spec.format == "jsonl":
         reader = JsonlReader(
-            path, spec.text_field, max_decompressed=max_decompressed_bytes, name=name
+            path,
+            spec.text_field,
+            token_field=token_field,
+            max_decompressed=max_decompressed_bytes,
+            name=name,
         )
     elif spec.format == "arrayrecord":
-        reader = ArrayRecordReader(path, spec.text_field, spec.record_format, name=name)
+        reader = ArrayRecordReader(
+            path, spec.text_field, spec.record_format, token_field=token_field, name=name
+        )
+    elif spec.format == "tfrecord":
+        from input_server.data.tfrecord import TFRecordReader
+
+        reader = TFRecordReader(path, spec.text_field, token_field=token_field, name=name)
     else:
-        reader = ParquetReader(path, spec.text_field, name=name)
+        reader = ParquetReader(path, spec.text_field, token_field=token_field, name=name)
     reader.max_bytes = max_document_bytes
     return reader
 
 
 class DocumentSource:
-    """All documents of all files, in file order: a Grain random-access data source of strings."""
+    """All documents of all files, in file order: a Grain random-access data source of texts
+    (or id arrays). A mixture's components follow one another: component c's records are
+    `components[c]` (start, count) of it."""
 
-    def __init__(self, readers: Sequence[Reader]):
+    def __init__(self, readers: Sequence[Reader], components: Sequence[tuple[int, int]] = ()):
         self._readers = list(readers)
         self._ends = np.cumsum([len(r) for r in self._readers]).tolist()
+        self.components = list(components) or [(0, len(self))]
 
     @classmethod
-    def from_spec(cls, spec: SourceSpec, access: DataAccess = OPERATOR) -> DocumentSource:
+    def from_spec(
+        cls, spec: SourceSpec | Sequence[SourceSpec], access: DataAccess = OPERATOR
+    ) -> DocumentSource:
         """Opens every file the spec names (that `access` allows) and checks the first record
-        of each can be read. A file named twice is opened once (its reader shared).
+        of each can be read. A file named twice is opened once (its reader shared). Several
+        specs (a mixture's components) are opened one after another; messages name them
+        `source[i]`.
 
         Raises:
           DataNotFoundError: a path or glob names no file.
@@ -65,18 +84,31 @@ class DocumentSource:
           OverBudgetError: its compressed files would take what the process holds decompressed
             past --max-decompressed-mb.
         """
+        specs = [spec] if isinstance(spec, SourceSpec) else list(spec)
+        keys = (
+            ["source"]
+            if isinstance(spec, SourceSpec)
+            else [f"source[{i}]" for i in range(len(specs))]
+        )
         try:
-            return cls._open(spec, access)
+            return cls._open(specs, keys, access)
         except PermissionError as e:
             raise UnreadableError(
                 f"`source.paths`: the server may not read {e.filename or e} (permission denied)."
             ) from e
 
     @classmethod
-    def _open(cls, spec: SourceSpec, access: DataAccess) -> DocumentSource:
-        opened: dict[str, Reader] = {}
+    def _open(cls, specs: list[SourceSpec], keys: list[str], access: DataAccess) -> DocumentSource:
+        opened: dict[tuple, Reader] = {}
         try:
-            return cls._open_into(opened, spec, access)
+            readers, components = [], []
+            each = access.expand_each([spec.paths for spec in specs])
+            for spec, key, files in zip(specs, keys, each, strict=True):
+                part = cls._open_into(opened, spec, key, files, access)
+                start = sum(len(r) for r in readers)
+                components.append((start, sum(len(r) for r in part)))
+                readers.extend(part)
+            return cls(readers, components)
         except BaseException:  # cancelled or refused: the files opened so far close now
             for r in opened.values():
                 r.close()
@@ -84,14 +116,22 @@ class DocumentSource:
 
     @classmethod
     def _open_into(
-        cls, opened: dict[str, Reader], spec: SourceSpec, access: DataAccess
-    ) -> DocumentSource:
+        cls,
+        opened: dict[tuple, Reader],
+        spec: SourceSpec,
+        key: str,
+        files: list[tuple[str, str]],
+        access: DataAccess,
+    ) -> list[Reader]:
         readers = []
-        for p, written in access.expand_named(spec.paths):
+        # A file two components read alike is opened once.
+        fields = (spec.format, spec.text_field, spec.token_field, spec.record_format)
+        mine = []
+        for p, written in files:
             cancel.check()
-            if p not in opened:
+            if (p, fields) not in opened:
                 try:
-                    opened[p] = open_reader(
+                    opened[p, fields] = open_reader(
                         p,
                         spec,
                         access.max_document_bytes,
@@ -100,25 +140,29 @@ class DocumentSource:
                     )
                 except PermissionError:
                     raise UnreadableError(
-                        f"`source.paths`: the server may not read {written} (permission denied)."
+                        f"`{key}.paths`: the server may not read {written} (permission denied)."
                     ) from None
-            readers.append(opened[p])
-        for r in opened.values():
+                mine.append(opened[p, fields])
+            readers.append(opened[p, fields])
+        for r in mine:
             if len(r):
                 try:
                     r[0]
                 except CorruptFileError:  # a damaged file is DATA_LOSS, not a spec mistake
                     raise
                 except RecordError as e:  # the first record failing is a spec mistake
+                    field = (
+                        f"token_field={spec.token_field!r}"
+                        if spec.token_field
+                        else f"text_field={spec.text_field!r}"
+                    )
                     raise InvalidSpecError(
-                        f"`source` does not fit {r.name} (format={spec.format!r}, "
-                        f"text_field={spec.text_field!r}, record_format={spec.record_format!r}): "
-                        f"{e}"
+                        f"`{key}` does not fit {r.name} (format={spec.format!r}, {field}, "
+                        f"record_format={spec.record_format!r}): {e}"
                     ) from e
-        source = cls(readers)
-        if len(source) == 0:
-            raise InvalidSpecError(f"`source.paths` {list(spec.paths)!r} hold no records.")
-        return source
+        if sum(len(r) for r in readers) == 0:
+            raise InvalidSpecError(f"`{key}.paths` {list(spec.paths)!r} hold no records.")
+        return readers
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0

@@ -6,26 +6,40 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Source(_message.Message):
-    __slots__ = ("paths", "format", "text_field", "record_format")
+    __slots__ = ("paths", "format", "text_field", "record_format", "token_field", "weight", "name")
     PATHS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_FIELD_NUMBER: _ClassVar[int]
     RECORD_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     format: str
     text_field: str
     record_format: str
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., text_field: _Optional[str] = ..., record_format: _Optional[str] = ...) -> None: ...
+    token_field: str
+    weight: float
+    name: str
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., text_field: _Optional[str] = ..., record_format: _Optional[str] = ..., token_field: _Optional[str] = ..., weight: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Tokenizer(_message.Message):
-    __slots__ = ("model", "add_bos", "add_eos")
+    __slots__ = ("model", "add_bos", "add_eos", "vocab_size", "pad_id", "bos_id", "eos_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADD_BOS_FIELD_NUMBER: _ClassVar[int]
     ADD_EOS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAD_ID_FIELD_NUMBER: _ClassVar[int]
+    BOS_ID_FIELD_NUMBER: _ClassVar[int]
+    EOS_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     add_bos: bool
     add_eos: bool
-    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ...) -> None: ...
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("vocab_size", "bos_id", "eos_id", "pad_id", "unk_id", "sha256")
@@ -88,20 +102,22 @@ class Workers(_message.Message):
     def __init__(self, count: _Optional[str] = ..., ram_budget_mb: _Optional[int] = ..., max_workers: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ..., threads: _Optional[int] = ...) -> None: ...
 
 class PipelineSpec(_message.Message):
-    __slots__ = ("source", "tokenizer", "batch", "order", "shard", "workers")
+    __slots__ = ("source", "tokenizer", "batch", "order", "shard", "workers", "mixture")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_FIELD_NUMBER: _ClassVar[int]
     source: Source
     tokenizer: Tokenizer
     batch: BatchShape
     order: Order
     shard: Shard
     workers: Workers
-    def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ...) -> None: ...
+    mixture: _containers.RepeatedCompositeFieldContainer[Source]
+    def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ..., mixture: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version", "batches_taken", "window")

@@ -1,0 +1,103 @@
+"""The parallel stage: one group of the ordered documents read and tokenized (texts in one
+sentencepiece call, pre-tokenized ids checked and passed through), in whichever worker
+thread or process Grain runs it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from input_server.data.ids import Specials, encode_documents
+from input_server.data.order import DocumentOrder
+from input_server.data.sources import DocumentSource
+from input_server.errors import CancelledError
+
+# The element key of a group's wall time in its worker.
+BUSY_KEY = "busy_s"
+
+
+class InFlight:
+    """The groups being computed in this process, and whether more may start. Grain's threads
+    finish the groups they began after its iterator closes, so a closed stream stops new ones
+    and waits for those before it closes its files (which they would open again, to stay
+    open). Pickles as a new one: a worker process's groups end with the process."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._running = 0
+        self._stopped = False
+
+    def __reduce__(self):
+        return (InFlight, ())
+
+    def enter(self) -> None:
+        with self._cond:
+            if self._stopped:
+                raise CancelledError("the stream closed; its groups are no longer read.")
+            self._running += 1
+
+    def exit(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """Lets no group start; True once none runs (within `timeout` seconds)."""
+        with self._cond:
+            self._stopped = True
+            return self._cond.wait_for(lambda: self._running == 0, timeout)
+
+
+class EncodeGroup:
+    """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
+
+    def __init__(
+        self,
+        order: DocumentOrder,
+        source: DocumentSource,
+        size: int,
+        tokenizer,
+        *,
+        trim_to: int | None = None,
+        specials: Specials | None = None,
+    ):
+        self.order = order  # a `DocumentOrder` or a `mixture.MixtureOrder`
+        self.source = source
+        self.size = size
+        self.tokenizer = tokenizer
+        # The vocabulary and specials pre-tokenized documents are checked against and given.
+        self.specials = specials
+        # Packings that keep only a document's first seq_len tokens need no more from it.
+        self.trim_to = trim_to
+        self.in_flight = InFlight()
+
+    def __call__(self, g: int) -> dict[str, np.ndarray]:
+        self.in_flight.enter()
+        try:
+            return self._encode(g)
+        finally:
+            self.in_flight.exit()
+
+    def _encode(self, g: int) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        first = g * self.size
+        indices = self.order.source_indices(first, first + self.size).tolist()
+        read_many = getattr(self.source, "read_many", None)
+        items = read_many(indices) if read_many else [self.source[i] for i in indices]
+        # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
+        # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
+        # against x 2: docs/benchmarks.md, "Tokenizer side").
+        element = encode_documents(
+            self.tokenizer,
+            self.specials,
+            items,
+            first_doc=first,
+            trim_to=self.trim_to,
+            where=lambda i: self.source.where(indices[i]),
+        ).to_element()
+        # How long the group took in its worker: what a live stream's tuner measures the
+        # parallel stage's utilization by (`autotune/live.py`).
+        element[BUSY_KEY] = np.float64(time.perf_counter() - started)
+        return element

@@ -1,0 +1,254 @@
+"""Weighted mixtures: which component gives the stream's n-th document, and which of its own.
+
+Weights count documents, as Grain's `mix` and MaxText's mixtures do. They become integer
+quotas of a period (exact where the weights are ratios of small integers, 0.3 : 0.7 -> 3 : 7;
+else shares of 2^16 documents), and a period is one interleave of every component's quota,
+each component's occurrences spread evenly (the k-th of a component with quota q sits at
+(k + 1/2) / q of the period, ties to the lower component). So a component's count in any
+window stays within a document or two of its share, and the whole map is a pure function of
+the ordinal: a range of ordinals is computed in a few numpy calls, in any process, for any
+worker count, with no state to carry but where the stream stands.
+
+Each component keeps its own shuffled, repeating order (`DocumentOrder`, seeded by the
+component). With finite `order.epochs`, the mixture ends where its first component runs out
+(its epochs' documents used), as Grain's mix stops at its first exhausted input.
+
+A stream resumed under other weights (every component named, nothing else changed) keeps
+each component where it was: `rebased` gives the new interleave an origin and per-component
+bases so that component c's next document is the one it would have read next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from input_client._spec_checks import MIX_PERIOD
+from input_server.data.order import DocumentOrder
+from input_server.errors import InvalidSpecError
+
+_FOREVER = np.iinfo(np.int64).max
+
+
+def quotas(weights: Sequence[float]) -> tuple[int, ...]:
+    """Integer documents per period for each weight: their exact ratio when the weights are
+    ratios of integers whose sum is at most MIX_PERIOD, else the largest-remainder shares of
+    MIX_PERIOD (validation keeps every share at 1/MIX_PERIOD or more)."""
+    fractions = [Fraction(w).limit_denominator(MIX_PERIOD) for w in weights]
+    if all(float(f) == float(w) for f, w in zip(fractions, weights, strict=True)):
+        common = math.lcm(*(f.denominator for f in fractions))
+        q = [int(f * common) for f in fractions]
+        g = math.gcd(*q)
+        q = [x // g for x in q]
+        if sum(q) <= MIX_PERIOD:
+            return tuple(q)
+    total = math.fsum(weights)
+    raw = [w / total * MIX_PERIOD for w in weights]
+    q = [max(1, int(r)) for r in raw]
+    by_remainder = sorted(range(len(q)), key=lambda i: (q[i] - raw[i], i))
+    for i in by_remainder[: max(0, MIX_PERIOD - sum(q))]:
+        q[i] += 1
+    while sum(q) > MIX_PERIOD:  # shares rounded up to 1 took a document from the largest
+        q[q.index(max(q))] -= 1
+    return tuple(q)
+
+
+class Schedule:
+    """One period of the interleave: the component at each position, and each occurrence's
+    rank within its component."""
+
+    def __init__(self, q: Sequence[int]):
+        q = np.asarray(q, np.int64)
+        self.quotas = q
+        self.period = int(q.sum())
+        comp = np.repeat(np.arange(len(q)), q)
+        rank = np.arange(self.period) - np.repeat(np.cumsum(q) - q, q)
+        # The k-th occurrence of a component at (2k + 1) / 2q: exact fractions of numbers
+        # below 2^17 compare correctly as float64 quotients, equal ones tie to the component.
+        at = np.lexsort((comp, (2 * rank + 1) / (2 * q[comp])))
+        self.comp = comp[at]
+        self.rank = rank[at]
+        where = np.empty(self.period, np.int64)
+        where[at] = np.arange(self.period)
+        # Each component's positions in the period, in order (its occurrences' ranks rise
+        # with their positions): component c's are where[starts[c]:starts[c] + q[c]].
+        self._where = where
+        self._starts = np.cumsum(q) - q
+
+    def positions(self, c: int) -> np.ndarray:
+        return self._where[self._starts[c] : self._starts[c] + self.quotas[c]]
+
+    def count_before(self, c: int, s: int) -> int:
+        """Occurrences of component c at schedule positions below `s`."""
+        cycles, within = divmod(s, self.period)
+        return cycles * int(self.quotas[c]) + int(np.searchsorted(self.positions(c), within))
+
+    def position_of(self, c: int, j: int) -> int:
+        """The schedule position of component c's j-th occurrence (from 0)."""
+        cycles, r = divmod(j, int(self.quotas[c]))
+        return cycles * self.period + int(self.positions(c)[r])
+
+
+@dataclasses.dataclass(frozen=True)
+class MixPosition:
+    """Where a mixture's interleave starts (`origin`, a schedule position) and each
+    component's documents before it (`bases`), under integer `quotas`. A fresh stream:
+    origin 0, bases 0."""
+
+    quotas: tuple[int, ...]
+    origin: int = 0
+    bases: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"quotas": list(self.quotas), "origin": self.origin, "bases": list(self.bases)}
+
+
+class MixtureOrder:
+    """Maps stream ordinals to source indices across the components of a mixture.
+
+    Picklable and cheap to send; the schedule is built in each process that reads.
+
+    Args:
+      components: each component's own document order (shard, shuffle, epochs).
+      offsets: the source index of each component's first record (`DocumentSource` holds
+        every component's files, one after another).
+      at: the interleave's quotas, origin and bases.
+    """
+
+    def __init__(
+        self, components: Sequence[DocumentOrder], offsets: Sequence[int], at: MixPosition
+    ):
+        self.components = list(components)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.at = dataclasses.replace(at, bases=at.bases or (0,) * len(self.components))
+        self._schedule: Schedule | None = None
+        self._len = self._length()
+
+    def __getstate__(self):
+        return {**self.__dict__, "_schedule": None}
+
+    @property
+    def schedule(self) -> Schedule:
+        if self._schedule is None:
+            self._schedule = Schedule(self.at.quotas)
+        return self._schedule
+
+    @property
+    def per_epoch(self) -> int:
+        """Documents of one pass over every component (for reporting)."""
+        return sum(c.per_epoch for c in self.components)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _length(self) -> int:
+        """Ordinals before the first component runs out; a very large number forever."""
+        if not self.components[0].epochs:
+            return _FOREVER
+        sched, origin = self.schedule, self.at.origin
+        ends = [
+            sched.position_of(c, len(order) - self.at.bases[c]) - origin
+            for c, order in enumerate(self.components)
+        ]
+        return max(0, min(ends))
+
+    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """For stream documents `[start, stop)`: each one's component and its ordinal there."""
+        sched = self.schedule
+        s = np.arange(start, min(stop, len(self)), dtype=np.int64) + self.at.origin
+        cycles, within = np.divmod(s, sched.period)
+        comp = sched.comp[within]
+        bases = np.asarray(self.at.bases, np.int64)
+        return comp, bases[comp] + cycles * sched.quotas[comp] + sched.rank[within]
+
+    def source_indices(self, start: int, stop: int) -> np.ndarray:
+        """Source record indices of stream documents `[start, stop)`."""
+        comp, ordinal = self.locate(start, stop)
+        out = np.empty(len(comp), np.int64)
+        for c in np.unique(comp).tolist():
+            mask = comp == c
+            out[mask] = self.offsets[c] + self.components[c].indices_of(ordinal[mask])
+        return out
+
+    def next_ordinals(self, doc: int) -> list[int]:
+        """Each component's next document ordinal once stream document `doc` is next."""
+        sched, s = self.schedule, self.at.origin + doc
+        return [self.at.bases[c] + sched.count_before(c, s) for c in range(len(self.components))]
+
+    def rebased(self, new_quotas: Sequence[int], doc: int, offset: int) -> MixPosition:
+        """The position under `new_quotas` that continues this order's stream at document
+        `doc` (`offset` of its tokens used): each component's next document stays its next,
+        and a document begun (offset > 0) comes first, its offset kept."""
+        nexts = self.next_ordinals(doc)
+        new = Schedule(new_quotas)
+        origin = 0
+        if offset and doc < len(self):
+            begun = int(self.locate(doc, doc + 1)[0][0])
+            origin = new.position_of(begun, 0)
+        bases = tuple(n - new.count_before(c, origin) for c, n in enumerate(nexts))
+        return MixPosition(tuple(int(q) for q in new_quotas), origin, bases)
+
+    def moved(self, at: MixPosition) -> MixtureOrder:
+        """The same components under another interleave position."""
+        return MixtureOrder(self.components, self.offsets.tolist(), at)
+
+
+def component_seed(seed: int, c: int, name: str) -> int:
+    """Component c's own shuffle seed: from its name when it has one (so a named component
+    keeps its order wherever it stands in the list), else from its place."""
+    blob = f"{seed}\0{name}" if name else f"{seed}\0#{c}"
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "little") >> 1
+
+
+def order_for(spec, components: Sequence[tuple[int, int]]) -> DocumentOrder | MixtureOrder:
+    """The document order of `spec` over a source whose component c is the records
+    `components[c]` (start, count): one source's `DocumentOrder` as it always was, or a
+    mixture of each component's own.
+
+    Raises:
+      InvalidSpecError: a shard holds none of a component's documents.
+    """
+    shard, o = spec.shard, spec.order
+
+    def one(count: int, seed: int, key: str) -> DocumentOrder:
+        order = DocumentOrder(
+            num_records=count,
+            shard_index=shard.index,
+            shard_count=shard.count,
+            seed=seed,
+            shuffle=o.shuffle,
+            epochs=o.epochs,
+        )
+        if order.per_epoch == 0:
+            raise InvalidSpecError(
+                f"`shard.index` {shard.index} of `shard.count` {shard.count} holds no documents "
+                f"of `{key}` ({count} in all); use fewer shards."
+            )
+        return order
+
+    if not spec.is_mixture:
+        return one(components[0][1], o.seed, "source")
+    orders = [
+        one(count, component_seed(o.seed, c, s.name), f"source[{c}]")
+        for c, (s, (_, count)) in enumerate(zip(spec.sources, components, strict=True))
+    ]
+    at = MixPosition(quotas([s.weight for s in spec.sources]))
+    return MixtureOrder(orders, [start for start, _ in components], at)
+
+
+def component_fingerprints(spec) -> list[list[str]]:
+    """[name, fingerprint] of each component (`source[i]` where unnamed), weights left out:
+    what a resume state from another mixture is compared by."""
+    out = []
+    for i, s in enumerate(spec.sources):
+        d = s.to_dict()
+        d.pop("weight", None)
+        blob = json.dumps(d, sort_keys=True).encode()
+        out.append([s.name or f"source[{i}]", hashlib.sha256(blob).hexdigest()[:8]])
+    return out
