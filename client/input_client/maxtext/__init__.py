@@ -34,6 +34,7 @@ from input_client.maxtext.check import (
     MaxTextConfigError,
     check_shape,
     check_tokenizer,
+    check_vocab_size,
     shard_for,
 )
 from input_client.maxtext.conventions import to_maxtext
@@ -146,8 +147,13 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
         _settings.server, token=_settings.token, connect_timeout_s=_settings.connect_timeout_s
     )
     client.wait_ready()  # a missing server or another wire protocol, said before anything else
-    tokenizer = _describe(client, spec)
-    check_tokenizer(spec, config, tokenizer, which=which)
+    if spec.tokenizer.model:
+        tokenizer = _describe(client, spec)
+        check_tokenizer(spec, config, tokenizer, which=which)
+        pad_id = tokenizer.pad_id
+    else:  # pre-tokenized, no model: the spec says the vocabulary and the pad id
+        check_vocab_size(spec, config, which=which)
+        pad_id = -1 if spec.tokenizer.pad_id is None else spec.tokenizer.pad_id
     # Later opens (each eval, a restored state) wait for a restarting server as long as a
     # broken stream does.
     client.connect_timeout_s = max(client.connect_timeout_s, RECONNECT_DEADLINE_S)
@@ -160,7 +166,7 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
             reconnect_deadline_s=RECONNECT_DEADLINE_S,
         )
 
-    source = ServerSource(open_stream, pad_id=tokenizer.pad_id, packing=spec.batch.packing)
+    source = ServerSource(open_stream, pad_id=pad_id, packing=spec.batch.packing)
     weakref.finalize(source, client.close)
     padding = config.generate_padding_batch_train if train else config.generate_padding_batch_eval
     return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))

@@ -68,7 +68,7 @@ def check_shape(spec: PipelineSpec, config: Any, *, process_count: int, which: s
             raise _unsupported(key, True, "the server is the data pipeline; leave it false")
     kind = getattr(config, "tokenizer_type", "sentencepiece")
     kind = getattr(kind, "value", kind)  # an enum in MaxText's config
-    if kind != "sentencepiece":
+    if kind != "sentencepiece" and spec.tokenizer.model:
         raise _differ(which, "tokenizer.model", "(a sentencepiece model)", "tokenizer_type", kind)
     if spec.batch.seq_len != int(config.max_target_length):
         raise _differ(
@@ -115,6 +115,18 @@ def _check_packing(spec: PipelineSpec, config: Any, which: str) -> None:
     if not bool(getattr(config, "use_truncation", True)):
         raise _unsupported(
             "use_truncation", False, "the server trims long documents to seq_len; leave it true"
+        )
+
+
+def check_vocab_size(spec: PipelineSpec, config: Any, *, which: str) -> None:
+    """A spec without a model: its `tokenizer.vocab_size` fits MaxText's `vocab_size`."""
+    if spec.tokenizer.vocab_size > int(config.vocab_size):
+        raise _differ(
+            which,
+            "tokenizer.vocab_size",
+            spec.tokenizer.vocab_size,
+            "vocab_size",
+            config.vocab_size,
         )
 
 
