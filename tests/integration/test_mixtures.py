@@ -131,11 +131,9 @@ def test_a_state_from_another_mixture_is_refused_naming_what_differs(parts, tmp_
     state = json.dumps(run_pipeline(_spec(parts, (1, 1, 1)), limit=2)[-1].state).encode()
     from input_server.errors import InvalidSpecError
 
-    renamed = PipelineSpec.from_dict(
-        {**_spec(parts, (1, 1, 1)).to_dict(), "source": [
-            {**s, "name": f"q{i}"} for i, s in enumerate(_spec(parts, (1, 1, 1)).to_dict()["source"])
-        ]}
-    )  # fmt: skip
+    tables = _spec(parts, (1, 1, 1)).to_dict()
+    tables["source"] = [{**s, "name": f"q{i}"} for i, s in enumerate(tables["source"])]
+    renamed = PipelineSpec.from_dict(tables)
     with pytest.raises(InvalidSpecError, match=r"\['p0', 'p1', 'p2'\] are not in this spec"):
         run_pipeline(renamed, state)
     unnamed = _spec(parts, (1, 1, 1), names=False)
