@@ -117,13 +117,11 @@ class _Rows:
         flat: list[np.ndarray] = []
         lengths: list[int] = []
         per_row: list[int] = []
-        for row in self.pieces:
-            used = 0
-            for piece in row:
-                flat.append(piece)
-                lengths.append(len(piece))
-                used += len(piece)
-            flat.append(zeros[: seq_len - used])
+        for row in self.pieces:  # per row, not per piece: C loops over the pieces
+            first = len(lengths)
+            lengths.extend(map(len, row))
+            flat.extend(row)
+            flat.append(zeros[: seq_len - sum(lengths[first:])])
             per_row.append(len(row))
         # One copy of every token into place: the rows' pieces and padding, end to end.
         inputs = np.concatenate(flat).reshape(self.size, seq_len)
@@ -131,25 +129,36 @@ class _Rows:
 
 
 def _first_fit(cursor: DocCursor, out: _Rows) -> None:
+    # The hot loop of a stream with short documents (a few hundred per row): plain ints and
+    # lists, names bound locally, one slice per document placed.
     size, seq_len = out.size, out.seq_len
     free = [seq_len] * size
-    rows = range(size)
+    pieces = out.pieces
     while cursor.load():
         tokens, starts, lengths = cursor.group.tokens, cursor.starts, cursor.lengths
         i, count = cursor.index, len(lengths)
+        most = max(free)  # no row has more room: a longer document opens the next batch
         while i < count:
-            n = min(lengths[i], seq_len)
+            n = lengths[i]
+            if n > seq_len:
+                n = seq_len
             if n == 0:
                 i += 1
                 continue
-            for r in rows:
-                if free[r] >= n:
-                    break
-            else:  # fits no row: this document opens the next batch
+            if n > most:
                 cursor.index = i
                 return
-            out.add(r, tokens[starts[i] : starts[i] + n])
-            free[r] -= n
+            r = 0
+            while free[r] < n:
+                r += 1
+            start = starts[i]
+            pieces[r].append(tokens[start : start + n])
+            out.placed = True
+            if free[r] == most:
+                free[r] -= n
+                most = max(free)
+            else:
+                free[r] -= n
             i += 1
         cursor.index = i
 

@@ -69,14 +69,18 @@ def model_specials(tokenizer) -> Specials:
     )
 
 
-def _checked(ids: np.ndarray, specials: Specials, where: Callable[[], str]) -> None:
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= specials.vocab_size):
-        bad = ids[(ids < 0) | (ids >= specials.vocab_size)]
-        at = int(np.flatnonzero((ids < 0) | (ids >= specials.vocab_size))[0])
-        raise RecordError(
-            f"{where()}: token id {int(bad[0])} (position {at}) is outside the vocabulary of "
-            f"{specials.written}: ids run from 0 to {specials.vocab_size - 1}."
-        )
+def _check_range(flat: np.ndarray, lengths: np.ndarray, specials: Specials, where) -> None:
+    """Refuses the first id outside the vocabulary (of all documents' ids end to end), naming
+    its document's record: one vectorized pass over the group."""
+    if not len(flat) or (0 <= int(flat.min()) and int(flat.max()) < specials.vocab_size):
+        return
+    at = int(np.flatnonzero((flat < 0) | (flat >= specials.vocab_size))[0])
+    doc = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
+    within = at - int(lengths[:doc].sum())
+    raise RecordError(
+        f"{where(doc)}: token id {int(flat[at])} (position {within}) is outside the vocabulary "
+        f"of {specials.written}: ids run from 0 to {specials.vocab_size - 1}."
+    )
 
 
 def id_parts(
@@ -85,25 +89,33 @@ def id_parts(
     *,
     trim_to: int | None,
     where: Callable[[int], str],
-) -> list[list[np.ndarray]]:
-    """Each document's tokens as text would give them, in parts (views, no copy): BOS, the ids,
-    EOS, of which the first `trim_to`; ids outside the vocabulary are DATA_LOSS naming file,
-    record and id."""
-    for i, ids in enumerate(docs):
-        _checked(ids, specials, lambda i=i: where(i))
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Every document's tokens as text would give them, in parts end to end (views, no copy):
+    BOS, the ids, EOS, of which the first `trim_to`; with each document's token count. Ids
+    outside the vocabulary are DATA_LOSS naming file, record and id."""
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+    if docs:
+        _check_range(np.concatenate(docs), lengths, specials, where)
     bos = np.array([specials.bos], np.int32) if specials.bos is not None else None
     eos = np.array([specials.eos], np.int32) if specials.eos is not None else None
+    around = (bos is not None) + (eos is not None)
     room = trim_to if trim_to is not None else np.iinfo(np.int64).max
-    out = []
-    for ids in docs:
+    parts: list[np.ndarray] = []
+    add = parts.append
+    for ids in docs:  # per document only appends, the cheap case first
+        if len(ids) + around <= room:
+            if bos is not None:
+                add(bos)
+            add(ids)
+            if eos is not None:
+                add(eos)
+            continue
         left = room
-        parts = []
         for part in (bos, ids, eos):
             if part is not None and left > 0:
-                parts.append(part[:left] if len(part) > left else part)
+                add(part[:left])
                 left -= len(parts[-1])
-        out.append(parts)
-    return out
+    return parts, np.minimum(lengths + around, room)
 
 
 def encode_documents(
@@ -120,24 +132,28 @@ def encode_documents(
     text_at = [i for i, x in enumerate(items) if isinstance(x, str)]
     if len(text_at) == len(items):
         return tokenizer.encode(list(items), first_doc=first_doc, num_threads=1, trim_to=trim_to)
-    parts: list[list[np.ndarray]] = [[] for _ in items]
-    if text_at:
-        texts = tokenizer.encode(
-            [items[i] for i in text_at], first_doc=0, num_threads=1, trim_to=trim_to
-        )
-        for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
-            parts[i] = [texts.tokens[start : start + n]]
-    ids_at = [i for i, x in enumerate(items) if not isinstance(x, str)]
-    made = id_parts(
-        [items[i] for i in ids_at], specials, trim_to=trim_to, where=lambda k: where(ids_at[k])
+    if not text_at:  # all pre-tokenized: no per-document work but appending views
+        parts, lengths = id_parts(items, specials, trim_to=trim_to, where=where)
+        return TokenGroup(first_doc=first_doc, tokens=_joined(parts), lengths=lengths)
+    pieces: list[list[np.ndarray]] = [[] for _ in items]
+    texts = tokenizer.encode(
+        [items[i] for i in text_at], first_doc=0, num_threads=1, trim_to=trim_to
     )
-    for i, p in zip(ids_at, made, strict=True):
-        parts[i] = p
-    lengths = np.fromiter((sum(len(x) for x in p) for p in parts), dtype=np.int64, count=len(parts))
-    flat = [x for p in parts for x in p]
-    # One copy, cast as it is made: ids stored as int64 become the wire's int32 (checked below
-    # the vocabulary, which is below 2^31).
-    tokens = (
-        np.concatenate(flat, dtype=np.int32, casting="unsafe") if flat else np.zeros(0, np.int32)
+    for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
+        pieces[i] = [texts.tokens[start : start + n]]
+    lengths = np.zeros(len(items), np.int64)
+    lengths[text_at] = texts.lengths
+    for i in (i for i, x in enumerate(items) if not isinstance(x, str)):
+        one, n = id_parts([items[i]], specials, trim_to=trim_to, where=lambda _, i=i: where(i))
+        pieces[i], lengths[i] = one, n[0]
+    return TokenGroup(
+        first_doc=first_doc, tokens=_joined([x for p in pieces for x in p]), lengths=lengths
     )
-    return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """One copy, cast as it is made: ids stored as int64 become the wire's int32 (checked
+    below the vocabulary, which is below 2^31)."""
+    if not parts:
+        return np.zeros(0, np.int32)
+    return np.concatenate(parts, dtype=np.int32, casting="unsafe")

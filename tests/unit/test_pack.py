@@ -162,3 +162,44 @@ def test_wire_form_narrows_ids_only_when_the_vocabulary_fits_uint16(vocab_size, 
     for k, want in batch.arrays().items():
         np.testing.assert_array_equal(got[k], want)
     assert int(got["inputs"].max()) == top
+
+
+def _reference_first_fit(lengths: list[int], size: int, seq_len: int) -> list[list[list[int]]]:
+    """First fit as its definition reads: each document (trimmed) into the first row with
+    room; a document no row fits opens the next batch. Rows as lists of document indices."""
+    batches, free, rows = [], [seq_len] * size, [[] for _ in range(size)]
+    for d, n in enumerate(lengths):
+        n = min(n, seq_len)
+        if n == 0:
+            continue
+        fit = next((r for r in range(size) if free[r] >= n), None)
+        if fit is None:
+            batches.append(rows)
+            free, rows = [seq_len] * size, [[] for _ in range(size)]
+            fit = 0
+        rows[fit].append(d)
+        free[fit] -= n
+    if any(rows):
+        batches.append(rows)
+    return batches
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), max_size=120),
+    size=st.integers(1, 5),
+    seq_len=st.integers(2, 24),
+)
+def test_first_fit_places_each_document_where_its_definition_says(lengths, size, seq_len):
+    # Document d's tokens are all d + 1, so every segment names its document.
+    docs = [[d + 1] * n for d, n in enumerate(lengths)]
+    got = [
+        [[int(b["inputs"][r][s]) - 1 for s in _segment_starts(b, r)] for r in range(size)]
+        for b in pack_all(docs, size=size, seq_len=seq_len, packing="first_fit")
+    ]
+    assert got == _reference_first_fit(lengths, size, seq_len)
+
+
+def _segment_starts(batch, row: int) -> list[int]:
+    seg = batch["inputs_segmentation"][row]
+    return [i for i in range(len(seg)) if seg[i] and (i == 0 or seg[i] != seg[i - 1])]

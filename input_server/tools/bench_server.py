@@ -1,0 +1,143 @@
+"""The pipeline through a real server process and the client, as a sidecar runs it, with the CPU
+each side takes per token and what the server holds (memory, threads) while it streams."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from input_client.spec import PipelineSpec
+from input_client.wire import PROTOCOL_VERSION
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
+    """Times a batch iterator after its first batch (start-up is not throughput), with the CPU
+    time it took per real token: this process's (all threads), and `other_process`'s (a
+    psutil.Process, the server) apart. `on_last(result)` adds what it measures once the last
+    batch is in (before the stream closes)."""
+
+    def other_cpu() -> float:
+        return sum(other_process.cpu_times()[:2]) if other_process is not None else 0.0
+
+    it = iter(batches)
+    first = next(it)
+    tokens, rows, slots = 0, 0, 0
+    start, cpu, other = time.perf_counter(), time.process_time(), other_cpu()
+    for batch in it:
+        seg = count_tokens(batch)
+        tokens += int(np.count_nonzero(seg))
+        rows += 1
+        slots += seg.size
+    elapsed = time.perf_counter() - start
+    cpu, other = time.process_time() - cpu, other_cpu() - other
+    del first
+    result = {
+        "tokens": tokens,
+        "batches": rows,
+        "seconds": elapsed,
+        "tokens_per_s": _rate(tokens, elapsed),
+        "packing_efficiency": tokens / slots if slots else 0.0,
+        "cpu_ns_per_token": 1e9 * cpu / tokens if tokens else 0.0,
+    }
+    if other_process is not None:
+        result["other_cpu_ns_per_token"] = 1e9 * other / tokens if tokens else 0.0
+    if on_last is not None:
+        on_last(result)
+    return result
+
+
+def _held(process):
+    """What the server process (and its worker processes) hold at the stream's last batch."""
+
+    def measure(result: dict) -> None:
+        procs = [process, *process.children(recursive=True)]
+        result["server_rss_mb"] = sum(p.memory_info().rss for p in procs) / (1 << 20)
+        result["server_threads"] = process.num_threads()
+        result["server_worker_processes"] = len(procs) - 1
+
+    return measure
+
+
+def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
+    """The same pipeline through a real server process and the client, as a sidecar runs:
+    `input-server serve [server_args]` in its own process, over a Unix socket or loopback TCP."""
+    import secrets
+    import socket
+    import subprocess
+    import sys
+
+    import grpc
+    import psutil
+
+    from input_client import InputClient
+    from input_client.auth import TokenInterceptor, read_token_file
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import MESSAGE_OPTIONS
+
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+        token_file = None
+        if transport == "unix":
+            target = f"unix://{tmp}/bench.sock"
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                target = f"127.0.0.1:{s.getsockname()[1]}"
+            # As a TCP deployment runs: with a token (checked once per stream, not per batch).
+            token_file = os.path.join(tmp, "token")
+            with os.fdopen(
+                os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w"
+            ) as f:
+                f.write(secrets.token_hex(16))
+            server_args = ("--token-file", token_file, *server_args)
+        # The spec's own folders are the server's data roots.
+        roots = {
+            os.path.dirname(p.split("*")[0].split("?")[0].split("[")[0]) or "."
+            for p in (*(q for s in spec.sources for q in s.paths), spec.tokenizer.model)
+            if p
+        }
+        server_args = (*server_args, *(a for r in sorted(roots) for a in ("--data-root", r)))
+        server = subprocess.Popen(
+            [sys.executable, "-m", "input_server.cli", "serve", "--listen", target, *server_args],
+            stdout=subprocess.DEVNULL,
+        )
+        stack.callback(server.wait, 30)
+        stack.callback(server.terminate)
+        client = stack.enter_context(
+            InputClient(target, connect_timeout_s=60, token_file=token_file)
+        )
+        it = stack.enter_context(client.batches(spec, prefetch=2))
+        process = psutil.Process(server.pid)
+        result = _consume(it, lambda b: b["inputs_segmentation"], process, on_last=_held(process))
+        # This process is the client; the server's CPU is the other process's.
+        result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
+        result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")
+        # Wire size, from the raw messages of a short second stream, on a channel of its own
+        # (the client's is its own business).
+        channel = stack.enter_context(grpc.insecure_channel(target, options=MESSAGE_OPTIONS))
+        if token_file is not None:
+            channel = grpc.intercept_channel(channel, TokenInterceptor(read_token_file(token_file)))
+        stub = pb_grpc.InputServiceStub(channel)
+        wire, tokens = 0, 0
+        call = stub.StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)])
+        )
+        for i, msg in enumerate(call):
+            wire += msg.ByteSize()
+            tokens += msg.num_tokens + sum(b.num_tokens for b in msg.following)
+            if i >= 20 or msg.end_of_data:
+                break
+        call.cancel()
+    return {
+        **result,
+        "transport": transport,
+        "wire_bytes_per_token": wire / tokens if tokens else 0.0,
+    }
