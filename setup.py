@@ -35,6 +35,7 @@ SERVER_REQUIRES = [
     "zstandard>=0.22",
     "pyarrow>=15",
     "array-record>=0.7",
+    "google-crc32c>=1.5",  # TFRecord's framing checksums (crc32c) without TensorFlow
     "tqdm>=4.66",
     "psutil>=5.9",  # autotune measures worker memory (RSS)
     "orjson>=3.9",  # several times faster JSON lines than the standard library

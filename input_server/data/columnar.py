@@ -1,25 +1,49 @@
 """ArrayRecord (json, text or tf.train.Example records) and Parquet files: random access to
-each record's text. Picklable; each opens its file lazily in the process that reads, ArrayRecord
-through `OPEN_FILES` (a bounded number open per process), Parquet only while it loads."""
+each record's text, or to its token ids (`token_field`). Picklable; each opens its file lazily in
+the process that reads, ArrayRecord through `OPEN_FILES` (a bounded number open per process),
+Parquet only while it loads."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
+
+from input_server.data.jsonl import ids_of
 from input_server.data.records import OPEN_FILES, check_size, loads_json, said, text_of
+from input_server.data.tf_example import example_ids, example_text
 from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
 
 
 class ArrayRecordReader:
-    """ArrayRecord files; each record is a JSON object, UTF-8 text or a tf.train.Example."""
+    """ArrayRecord files; each record is a JSON object, UTF-8 text or a tf.train.Example. With
+    a `token_field`, a record's token ids (int64 arrays): a JSON list of integers or an Example's
+    `int64_list`; `text_field` is then unused."""
 
     max_bytes: int | None = None
 
-    def __init__(self, path: str, text_field: str, record_format: str, *, name: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        text_field: str,
+        record_format: str,
+        *,
+        token_field: str | None = None,
+        name: str | None = None,
+    ):
         self.path = path
         self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
         self.record_format = record_format
+        self.token_field = token_field
+        if token_field is not None and record_format == "text":
+            raise InvalidSpecError(
+                f"`source.token_field` {token_field!r} is set, but {self.name} is read with "
+                f"`source.record_format` 'text', whose records are text, not token ids; use "
+                f"record_format 'json' or 'tf_example' for pre-tokenized records, or leave "
+                f"token_field unset to tokenize the text."
+            )
         try:
             reader = self._new()
             try:
@@ -56,8 +80,8 @@ class ArrayRecordReader:
     def where(self, index: int) -> str:
         return f"{self.name} record {index}"
 
-    def read_many(self, indices: Sequence[int]) -> list[str]:
-        """The texts of many records, read in one call."""
+    def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
+        """The texts (or ids) of many records, read in one call."""
         try:
             with self._open() as reader:
                 raws = reader.read(list(indices))
@@ -65,7 +89,7 @@ class ArrayRecordReader:
             return [self[i] for i in indices]
         return [self._decode(raw, i) for raw, i in zip(raws, indices, strict=True)]
 
-    def __getitem__(self, index: int) -> str:
+    def __getitem__(self, index: int) -> str | np.ndarray:
         try:
             with self._open() as reader:
                 raw = reader.read([index])[0]
@@ -75,64 +99,82 @@ class ArrayRecordReader:
             ) from e
         return self._decode(raw, index)
 
-    def _decode(self, raw: bytes, index: int) -> str:
+    def _decode(self, raw: bytes, index: int) -> str | np.ndarray:
         where = self.where(index)
         check_size(len(raw), self.max_bytes, where)
         try:
+            if self.token_field is not None:
+                if self.record_format == "json":
+                    return ids_of(loads_json(raw), self.token_field, where)
+                return example_ids(raw, self.token_field, where)
             if self.record_format == "text":
                 return raw.decode("utf-8")
             if self.record_format == "json":
                 return text_of(loads_json(raw), self.text_field, where)
-            return _example_text(raw, self.text_field, where)
+            return example_text(raw, self.text_field, where)
         except UnicodeDecodeError as e:
             raise RecordError(f"{where}: not valid UTF-8 ({e}).") from e
         except ValueError as e:
             raise RecordError(f"{where}: not valid JSON ({e}).") from e
 
 
-def _example_text(raw: bytes, field: str, where: str) -> str:
-    from google.protobuf.message import DecodeError
+@dataclasses.dataclass(frozen=True)
+class _Ids:
+    """A token-id column in memory: row i's ids are `values[offsets[i]:offsets[i + 1]]`."""
 
-    from input_server import tf_example_pb2
+    offsets: np.ndarray  # int64, one more than the rows
+    values: np.ndarray  # int32 or int64 as stored; read-only, handed out as views
+    bad: np.ndarray | None  # per row: null, or holding a null id; None: no row is
+    null_ids: np.ndarray | None  # per id: null (read as 0); None: no id is
 
-    example = tf_example_pb2.Example()
-    try:
-        example.ParseFromString(raw)
-    except DecodeError as e:
-        raise RecordError(f"{where}: not a serialized tf.train.Example ({e}).") from e
-    features = example.features.feature
-    if field not in features:
-        keys = ", ".join(sorted(features)[:10])
-        raise RecordError(f"{where}: the Example has no feature {field!r} (it has: {keys}).")
-    values = features[field].bytes_list.value
-    if len(values) != 1:
-        raise RecordError(f"{where}: feature {field!r} holds {len(values)} byte strings, not 1.")
-    return values[0].decode("utf-8")
+
+def _is_ids(kind) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and kind.value_type in (
+        pa.int32(),
+        pa.int64(),
+    )
 
 
 class ParquetReader:
-    """Parquet files; the text column is loaded once per process for random access."""
+    """Parquet files; the text column (or, with a `token_field`, a column of token ids: a list
+    of int32 or int64 per row) is loaded once per process for random access."""
 
     max_bytes: int | None = None
 
-    def __init__(self, path: str, text_field: str, *, name: str | None = None):
+    def __init__(
+        self, path: str, text_field: str, *, token_field: str | None = None, name: str | None = None
+    ):
         import pyarrow.parquet as pq
 
         self.path = path
         self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
+        self.token_field = token_field
         self._column = None
         try:
             with pq.ParquetFile(path) as meta:  # closed now, not when collected
-                names, self._len = meta.schema_arrow.names, meta.metadata.num_rows
+                schema, self._len = meta.schema_arrow, meta.metadata.num_rows
         except Exception as e:
             raise RecordError(
                 f"{self.name}: not a readable Parquet file ({said(e, path, self.name)})."
             ) from e
-        if text_field not in names:
+        key, column = (
+            ("text_field", text_field) if token_field is None else ("token_field", token_field)
+        )
+        if column not in schema.names:
             raise InvalidSpecError(
-                f"`source.text_field` {text_field!r} is not a column of {self.name} "
-                f"(columns: {', '.join(names)})."
+                f"`source.{key}` {column!r} is not a column of {self.name} "
+                f"(columns: {', '.join(schema.names)})."
+            )
+        kind = schema.field(column).type
+        if token_field is not None and not _is_ids(kind):
+            raise InvalidSpecError(
+                f"`source.token_field` {column!r}: column {column!r} of {self.name} is of type "
+                f"{kind}, not token ids (list<int32> or list<int64>, or their large_list); "
+                f"store the ids as such, or name the text column in `source.text_field` and "
+                f"leave token_field unset."
             )
 
     def __getstate__(self):
@@ -153,36 +195,45 @@ class ParquetReader:
         """Drops the loaded column now (loaded again if read)."""
         self._column = None
 
-    def _texts(self):
+    def _loaded(self):
+        """The column in memory: the texts (an arrow array), or the ids (`_Ids`)."""
         if self._column is None:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
             with pq.ParquetFile(self.path) as f:  # closed once the column is in memory
-                self._column = self._load(f)
+                arrays = self._load(f, self.token_field or self.text_field)
+            self._column = (
+                _ids(arrays)
+                if self.token_field is not None
+                else pa.chunked_array(arrays).combine_chunks()
+            )
         return self._column
 
-    def _load(self, f):
+    def _load(self, f, name: str) -> list:
+        """The column's arrow arrays, row group by row group."""
         import pyarrow as pa
 
         chunks, first = [], 0
         for g in range(f.num_row_groups):
             rows = f.metadata.row_group(g).num_rows
             try:
-                chunks.append(
-                    f.read_row_group(g, columns=[self.text_field]).column(self.text_field)
-                )
+                chunks.append(f.read_row_group(g, columns=[name]).column(name))
             except (OSError, pa.ArrowException) as e:
                 raise CorruptFileError(
                     f"{self.name} row group {g} (rows {first}-{first + rows - 1}): "
                     f"cannot read ({said(e, self.path, self.name)})."
                 ) from e
             first += rows
-        return pa.chunked_array([c for ch in chunks for c in ch.chunks]).combine_chunks()
+        return [c for ch in chunks for c in ch.chunks]
 
-    def read_many(self, indices: Sequence[int]) -> list[str]:
-        """The texts of many rows, taken in one vectorized call."""
+    def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
+        """The texts (or ids) of many rows, taken in one vectorized call; ids are read-only
+        views of the column (no copy, no work per id)."""
+        if self.token_field is not None:
+            return self._read_ids(indices)
         try:
-            texts = self._texts().take(indices).to_pylist()
+            texts = self._loaded().take(indices).to_pylist()
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
         limit = self.max_bytes or float("inf")
@@ -191,9 +242,25 @@ class ParquetReader:
             for t, i in zip(texts, indices, strict=True)
         ]
 
-    def __getitem__(self, index: int) -> str:
+    def _read_ids(self, indices: Sequence[int]) -> list[np.ndarray]:
+        ids = self._loaded()
+        rows = np.asarray(indices, np.int64).reshape(-1)
+        rows = np.where(rows < 0, rows + self._len, rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._len):
+            raise IndexError(f"{self.name}: a row index is out of range (0-{self._len - 1}).")
+        starts, ends = ids.offsets[rows], ids.offsets[rows + 1]
+        if (ids.bad is not None and ids.bad[rows].any()) or (
+            self.max_bytes is not None and ((ends - starts) * _ID_BYTES > self.max_bytes).any()
+        ):
+            return [self[i] for i in indices]  # raises, naming the row
+        values = ids.values
+        return [values[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+    def __getitem__(self, index: int) -> str | np.ndarray:
+        if self.token_field is not None:
+            return self._row_ids(index)
         try:
-            text = self._texts()[index].as_py()
+            text = self._loaded()[index].as_py()
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
         if not isinstance(text, str):
@@ -204,3 +271,57 @@ class ParquetReader:
         # Characters, a lower bound of the bytes: the column is in memory already.
         check_size(len(text), self.max_bytes, self.where(index))
         return text
+
+    def _row_ids(self, index: int) -> np.ndarray:
+        ids = self._loaded()
+        row = index + self._len if index < 0 else index
+        if not 0 <= row < self._len:
+            raise IndexError(f"{self.name}: row {index} is out of range (0-{self._len - 1}).")
+        start, end = int(ids.offsets[row]), int(ids.offsets[row + 1])
+        if ids.bad is not None and ids.bad[row]:
+            nulls = np.flatnonzero(ids.null_ids[start:end]) if ids.null_ids is not None else ()
+            what = f"holds a null at position {int(nulls[0])}" if len(nulls) else "is null"
+            raise RecordError(
+                f"{self.where(row)}: column {self.token_field!r} {what}, not a list of token ids."
+            )
+        check_size((end - start) * _ID_BYTES, self.max_bytes, self.where(row))
+        return ids.values[start:end]
+
+
+# What an id takes for the size bound: an int32, as the batches hold it.
+_ID_BYTES = 4
+
+
+def _ids(arrays: list) -> _Ids:
+    """A column of lists of ids (arrow arrays, one a row group) as numpy: 64-bit offsets (a
+    file may hold over 2**31 ids, past a list's int32 offsets), the values (no copy if one
+    array), and which rows are null or hold a null id."""
+    n = sum(len(a) for a in arrays)
+    offsets = np.zeros(n + 1, np.int64)
+    parts, bad, nulls = [], np.zeros(n, bool), []  # nulls: (first id, mask) of each array
+    row = base = 0
+    for a in arrays:
+        at = a.offsets.to_numpy().astype(np.int64)  # into a.values, which a slice shares
+        child = a.values.slice(int(at[0]), int(at[-1] - at[0]))
+        at -= at[0]
+        offsets[row + 1 : row + len(a) + 1] = at[1:] + base
+        if a.null_count:
+            bad[row : row + len(a)] |= a.is_null().to_numpy(zero_copy_only=False)
+        if child.null_count:  # mark their rows, and give numpy a buffer without gaps
+            mask = child.is_null().to_numpy(zero_copy_only=False)
+            bad[row + np.searchsorted(at, np.flatnonzero(mask), side="right") - 1] = True
+            nulls.append((base, mask))
+            child = child.fill_null(0)
+        parts.append(child.to_numpy(zero_copy_only=True))
+        row, base = row + len(a), base + len(child)
+    if len(parts) == 1:
+        values = parts[0]
+    else:
+        values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    values.flags.writeable = False  # shared by every document read: none may change it
+    null_ids = None
+    if nulls:
+        null_ids = np.zeros(base, bool)
+        for first, mask in nulls:
+            null_ids[first : first + len(mask)] = mask
+    return _Ids(offsets, values, bad if bad.any() else None, null_ids)

@@ -1,4 +1,5 @@
-"""JSON-lines files (plain, .gz or .zst): random access to each line's text.
+"""JSON-lines files (plain, .gz or .zst): random access to each line's text, or to its token
+ids (`token_field`, a list of integers: `ids_of`).
 
 Plain files are memory-mapped (through `OPEN_FILES`, which bounds the descriptors a process
 keeps) and indexed by their newlines in chunks; compressed ones are decompressed streaming,
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import mmap
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
@@ -29,7 +31,7 @@ from input_server.data.records import (
     said,
     text_of,
 )
-from input_server.errors import InputServerError, OverBudgetError, RecordError
+from input_server.errors import InputServerError, OverBudgetError, RecordError, shorten
 
 _INDEX_CHUNK = 16 << 20
 # Compressed bytes read from the file at once, and decompressed output between two checks
@@ -76,8 +78,84 @@ def _zstd_chunks(f: BinaryIO) -> Iterator[bytes]:
         raise EOFError("the file ends inside a zstd frame (truncated?)")
 
 
+def ids_of(obj: object, field: str, where: str) -> np.ndarray:
+    """The token ids in a JSON object's `field`: a list of integers within int64, as int64.
+
+    Raises:
+      RecordError: `obj` is not an object, has no `field`, or it holds other than a list of
+        integers (a string, a bool, a float, a nested list, null) or an integer outside int64;
+        the message names `where`, the field and what it holds.
+    """
+    if not isinstance(obj, dict):
+        raise RecordError(f"{where}: expected a JSON object, got {type(obj).__name__}.")
+    if field not in obj:
+        keys = ", ".join(sorted(obj)[:10])
+        raise RecordError(f"{where}: no field {field!r} (the record has: {keys}).")
+    ids = _ids(obj[field])
+    if ids is None:
+        raise RecordError(f"{where}: field {field!r} {_not_ids(obj[field])}")
+    return ids
+
+
+def _ids(value: object) -> np.ndarray | None:
+    """`value` as int64 ids, None unless it is a list of integers within int64."""
+    if type(value) is not list:
+        return None
+    if not value:
+        return np.zeros(0, np.int64)
+    try:
+        # Inferred, not cast: a cast would take 1.5 and "7" silently, inference makes float or
+        # str arrays of them (of 2**63 uint64, of larger ints or null object; of nested lists
+        # 2-D or an error). Bools it takes as 0 and 1 among ints: checked below.
+        ids = np.array(value)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        return None
+    # Bools among integers become 0 and 1: only those ids need a look at the objects.
+    maybe = np.flatnonzero(ids.view(np.uint64) <= 1)
+    if maybe.size and any(type(value[i]) is bool for i in maybe.tolist()):
+        return None
+    return ids
+
+
+def _not_ids(value: object) -> str:
+    """What a field that is not a list of ids holds, in words, for a message."""
+    if type(value) is not list:
+        return f"holds {_described(value)}, not a list of token ids."
+    for i, v in enumerate(value):
+        if type(v) is int and not -(1 << 63) <= v < 1 << 63:
+            return f"holds {v} at position {i}, outside int64: not a token id."
+        if type(v) is not int:
+            return f"holds {_described(v)} at position {i}, not an integer token id."
+    return f"holds {_described(value)}, not a list of token ids."
+
+
+_JSON_TYPES = {
+    str: "a string",
+    bool: "a boolean",
+    dict: "an object",
+    list: "a list",
+    int: "an integer",
+    # orjson reads an integer past 64 bits as a float.
+    float: "a number with a fraction or exponent, or an integer past 64 bits",
+}
+
+
+def _described(value: object) -> str:
+    """`value` as JSON (cut short), and its JSON type: `"7" (a string)`, `null`."""
+    shown = shorten(json.dumps(value, ensure_ascii=False), 60)
+    kind = _JSON_TYPES.get(type(value))
+    return f"{shown} ({kind})" if kind else shown
+
+
+def _str(value: object) -> str | None:
+    return value if type(value) is str else None
+
+
 class JsonlReader:
-    """JSON lines, plain or compressed (.gz, .zst). Blank lines are skipped.
+    """JSON lines, plain or compressed (.gz, .zst). Blank lines are skipped. A reader with a
+    `token_field` reads each line's token ids (int64 arrays; `text_field` unused), else its text.
 
     Plain files are indexed by line offsets and memory-mapped, so memory stays small (the page
     cache holds what was read); compressed files are decompressed into memory once per process
@@ -93,12 +171,14 @@ class JsonlReader:
         path: str,
         text_field: str,
         *,
+        token_field: str | None = None,
         max_decompressed: int | None = None,
         name: str | None = None,
     ):
         self.path = path
         self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
+        self.token_field = token_field
         self.max_decompressed = max_decompressed
         self._compressed = path.endswith((".gz", ".zst", ".zstd"))
         self._buf: bytearray | None = None
@@ -251,22 +331,28 @@ class JsonlReader:
         with self._buffer() as buf:
             return buf[start:end]
 
-    def __getitem__(self, index: int) -> str:
+    def __getitem__(self, index: int) -> str | np.ndarray:
         check_size(int(self._ends[index] - self._starts[index]), self.max_bytes, self.where(index))
         raw = self._raw(index)
         try:
             obj = loads_json(raw)
         except (ValueError, RecursionError) as e:
             raise RecordError(f"{self.where(index)}: not valid JSON ({e}).") from e
+        if self.token_field is not None:
+            return ids_of(obj, self.token_field, self.where(index))
         return text_of(obj, self.text_field, self.where(index))
 
-    def read_many(self, indices: Sequence[int]) -> list[str]:
-        """The texts of many records; one pass with no per-record numpy or syscall."""
+    def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
+        """The texts (or ids) of many records; one pass with no per-record syscall."""
         with self._buffer() as buf:
-            return self._read_many(buf, indices)
+            if self.token_field is not None:
+                return self._read_many(buf, indices, self.token_field, _ids)
+            return self._read_many(buf, indices, self.text_field, _str)
 
-    def _read_many(self, buf, indices: Sequence[int]) -> list[str]:
-        field = self.text_field
+    def _read_many(
+        self, buf, indices: Sequence[int], field: str, convert: Callable[[object], object]
+    ) -> list:
+        """Each record's `field` through `convert` (None: not what it should be)."""
         starts = self._starts[indices].tolist()
         ends = self._ends[indices].tolist()
         out = []
@@ -276,10 +362,9 @@ class JsonlReader:
                 out.append(self[index])  # raises, naming the line
                 continue
             try:
-                text = orjson.loads(buf[start:end])[field]
+                value = convert(orjson.loads(buf[start:end])[field])
             except (ValueError, KeyError, TypeError):
-                text = self[index]  # the slow path names the exact problem
-            if type(text) is not str:
-                text = self[index]
-            out.append(text)
+                value = None
+            # The slow path names the exact problem (or reads what orjson refuses).
+            out.append(self[index] if value is None else value)
         return out
