@@ -7,10 +7,10 @@ it receives), so both sides keep one definition.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from input_client.spec import PipelineSpec, SourceSpec, TokenizerSpec
+# The spec's types are not imported: `spec` imports this module. Annotations name them.
+PipelineSpec = SourceSpec = TokenizerSpec = Any
 
 FORMATS = ("jsonl", "arrayrecord", "parquet", "tfrecord")
 RECORD_FORMATS = ("json", "text", "tf_example")

@@ -3,12 +3,18 @@ reads. An empty string or an absent table means the default."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from input_client._spec_checks import SpecError
+from input_client._spec_tables import (
+    BatchSpec,
+    OrderSpec,
+    ShardSpec,
+    SourceSpec,
+    TokenizerSpec,
+    WorkersSpec,
+)
 from input_client.proto import pb
-
-if TYPE_CHECKING:
-    from input_client.spec import PipelineSpec
 
 
 def _source(s) -> pb.Source:
@@ -23,7 +29,8 @@ def _source(s) -> pb.Source:
     )
 
 
-def to_proto(spec: PipelineSpec) -> pb.PipelineSpec:
+def to_proto(spec: Any) -> pb.PipelineSpec:
+    """`spec`: a `PipelineSpec`."""
     t, b, o, sh, w = spec.tokenizer, spec.batch, spec.order, spec.shard, spec.workers
     tables: dict[str, Any] = {}
     if spec.is_mixture:
@@ -54,9 +61,7 @@ def to_proto(spec: PipelineSpec) -> pb.PipelineSpec:
     )
 
 
-def _source_spec(s: pb.Source):
-    from input_client.spec import SourceSpec
-
+def _source_spec(s: pb.Source) -> SourceSpec:
     return SourceSpec(
         paths=tuple(s.paths),
         format=s.format or "jsonl",
@@ -68,15 +73,8 @@ def _source_spec(s: pb.Source):
     )
 
 
-def from_proto(cls: type[PipelineSpec], msg: pb.PipelineSpec) -> PipelineSpec:
-    from input_client.spec import (
-        BatchSpec,
-        OrderSpec,
-        ShardSpec,
-        SpecError,
-        TokenizerSpec,
-        WorkersSpec,
-    )
+def from_proto(cls: type, msg: pb.PipelineSpec) -> Any:
+    """`cls`: `PipelineSpec`, which validates what it is given."""
 
     def pick(present: bool, value: Any, default: Any) -> Any:
         return value if present else default

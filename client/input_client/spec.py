@@ -14,15 +14,25 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from input_client import _spec_proto
 from input_client._spec_checks import (  # noqa: F401  (the constants are this module's API)
     FORMATS,
     MAX_THREADS,
     MAX_TUNE_SECONDS,
     MAX_WORKERS,
+    MIX_PERIOD,
     PACKINGS,
     RECORD_FORMATS,
     SpecError,
     validate,
+)
+from input_client._spec_tables import (
+    BatchSpec,
+    OrderSpec,
+    ShardSpec,
+    SourceSpec,
+    TokenizerSpec,
+    WorkersSpec,
 )
 from input_client.proto import pb
 
@@ -30,132 +40,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from its backport
     import tomli as tomllib
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SourceSpec:
-    """Where documents come from: one source, or one component of a mixture.
-
-    Attributes:
-      paths: files or glob patterns.
-      format: "jsonl" (plain, .gz or .zst), "arrayrecord", "parquet" or "tfrecord" (records
-        are tf.train.Example).
-      text_field: JSON key, Parquet column or Example feature holding the text (MaxText's
-        default "text").
-      token_field: pre-tokenized documents: the key, column or int64 feature holding each
-        document's token ids; "" = the documents are text.
-      record_format: ArrayRecord only: "json", "text" or "tf_example".
-      weight: in a mixture, the component's share of documents relative to the others'
-        (weights count documents, as Grain's `mix` and MaxText's mixtures do).
-      name: in a mixture, optional and unique; with every component named, a resume state
-        survives a change of weights (each component continues where it was).
-    """
-
-    paths: tuple[str, ...]
-    format: str = "jsonl"
-    text_field: str = "text"
-    token_field: str = ""
-    record_format: str = "json"
-    weight: float = 1.0
-    name: str = ""
-
-    def __post_init__(self):
-        if isinstance(self.paths, str):
-            object.__setattr__(self, "paths", (self.paths,))
-        elif isinstance(self.paths, (list, tuple)):
-            object.__setattr__(self, "paths", tuple(self.paths))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML keys; the keys added with mixtures only where they are set, so a spec
-        written before them keeps its fingerprint (and its resume states)."""
-        out = dataclasses.asdict(self)
-        out["paths"] = list(self.paths)
-        for key, default in (("token_field", ""), ("weight", 1.0), ("name", "")):
-            if out[key] == default:
-                del out[key]
-        return out
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TokenizerSpec:
-    """The sentencepiece model and the special ids added around each document.
-
-    Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
-    `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with
-    (MaxText's convention: -1 for none). With a model they come from it and stay unset.
-    """
-
-    model: str = ""
-    add_bos: bool = True
-    add_eos: bool = True
-    vocab_size: int | None = None
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        return {k: v for k, v in out.items() if v is not None}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BatchSpec:
-    """Batch shape and packing. Defaults follow MaxText's small configs (1024 x 16, first_fit)."""
-
-    seq_len: int = 1024
-    size: int = 16
-    packing: str = "first_fit"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OrderSpec:
-    """Document order; `epochs = 0` repeats forever."""
-
-    seed: int = 0
-    shuffle: bool = True
-    epochs: int = 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ShardSpec:
-    """This stream reads documents `index, index + count, ...` (one shard per data host)."""
-
-    index: int = 0
-    count: int = 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkersSpec:
-    """Parallelism of the per-document work. Never changes the data.
-
-    A "worker" is one document group being read and tokenized at a time: a fixed `count`
-    runs `count` processes (0 = inside the server process) with the default threads each;
-    "auto" measures the pipeline and picks both, processes and threads per process
-    (workers = max(1, processes) x threads).
-
-    Attributes:
-      count: "auto" or worker processes (0 = inside the server process).
-      ram_budget_mb: memory the workers may use (Grain's `pick_performance_config` default is
-        per call; 1 GiB keeps a sidecar well inside a TPU host's memory). "auto" checks it
-        against the measured RSS of each candidate.
-      max_workers: "auto" only: at most this many workers; 0 = no cap beyond what the
-        measurement supports.
-      target_batches_per_s: "auto" only: the consumer's demand; the fewest workers that meet it
-        are chosen, leaving the rest of the host's CPUs to training. 0 = unknown: the
-        throughput plateau is chosen.
-      tune_seconds: "auto" only: the most time the live search may take (the stream serves
-        from its first moment meanwhile; a plateau usually ends it in a few seconds).
-      threads: with a fixed `count`, threads per process (0 = the default: the cores shared
-        among the processes, at most 8); what `input-server tune` suggests, to fix its whole
-        choice. Must be 0 with "auto".
-    """
-
-    count: int | str = "auto"
-    ram_budget_mb: int = 1024
-    max_workers: int = 0
-    target_batches_per_s: float = 0.0
-    tune_seconds: float = 20.0
-    threads: int = 0
 
 
 _TABLES: dict[str, type] = {
@@ -338,13 +222,9 @@ class PipelineSpec:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_proto(self) -> pb.PipelineSpec:
-        from input_client._spec_proto import to_proto
-
-        return to_proto(self)
+        return _spec_proto.to_proto(self)
 
     @classmethod
     def from_proto(cls, msg: pb.PipelineSpec) -> PipelineSpec:
         """Reads the proto form. An empty string or an absent table means the default."""
-        from input_client._spec_proto import from_proto
-
-        return from_proto(cls, msg)
+        return _spec_proto.from_proto(cls, msg)

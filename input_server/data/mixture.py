@@ -29,7 +29,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from input_client._spec_checks import MIX_PERIOD
+from input_client.spec import MIX_PERIOD
 from input_server.data.order import DocumentOrder
 from input_server.errors import InvalidSpecError
 

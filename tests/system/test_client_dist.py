@@ -28,6 +28,7 @@ SERVER_PACKAGES = (
     "orjson",
     "zstandard",
     "psutil",
+    "google-crc32c",
     "input-server",
 )
 

@@ -228,6 +228,44 @@ def test_trains_without_packing(maxtext_python, server, specs):
     )
 
 
+def test_trains_on_a_mixture_with_a_pre_tokenized_arrayrecord_component(
+    maxtext_python, server, specs, docs
+):
+    import sentencepiece as spm
+    from array_record.python import array_record_module
+
+    from input_server.data.tf_example import make_example
+
+    d, train, _, model = specs
+    ids = spm.SentencePieceProcessor(model_file=model).encode(docs[:400])
+    records = str(d / "ids.array_record")
+    writer = array_record_module.ArrayRecordWriter(records, "group_size:1")
+    for x in ids:
+        writer.write(make_example(ids=x))
+    writer.close()
+    mixture = train.replace(
+        source=[
+            {**train.source.to_dict(), "name": "text", "weight": 0.6},
+            {
+                "paths": [records],
+                "format": "arrayrecord",
+                "record_format": "tf_example",
+                "token_field": "ids",
+                "name": "ids",
+                "weight": 0.4,
+            },
+        ]
+    )
+    (d / "mixture.toml").write_text(mixture.to_toml())
+    out = _launch(
+        maxtext_python, server, d, model, "mixture", *ONE_HOST, spec="mixture", steps=4,
+        evaluate=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    steps = _steps(out.stderr)
+    assert [steps[s][0] for s in range(4)] == _weights(mixture, server, 4)
+
+
 def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
     d, _, _, model = specs
     _one_line(

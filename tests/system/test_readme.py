@@ -110,3 +110,19 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_the_spec_sections_toml_examples_are_valid_specs():
+    import tomllib
+
+    from input_client import PipelineSpec
+
+    blocks = [code for lang, code in code_blocks(section("The pipeline spec")) if lang == "toml"]
+    assert len(blocks) >= 3  # the whole spec, a mixture, a spec without a model
+    for code in blocks:
+        tables = tomllib.loads(code)
+        tables.setdefault("tokenizer", {"model": "spm.model"})  # the mixture's example
+        spec = PipelineSpec.from_dict(tables)
+        assert spec.sources[0].paths
+    mixture = PipelineSpec.from_dict({**tomllib.loads(blocks[1]), "tokenizer": {"model": "m"}})
+    assert [s.weight for s in mixture.sources] == [0.7, 0.3] and mixture.all_named
