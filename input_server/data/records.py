@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from input_server.errors import InvalidSpecError, RecordError
@@ -32,7 +33,7 @@ class Reader(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> str: ...
+    def __getitem__(self, index: int) -> str | np.ndarray: ...  # ids with `token_field`
 
     def where(self, index: int) -> str:
         """Names the record for error messages, e.g. `data.jsonl line 12`."""
