@@ -70,6 +70,7 @@ FORMATS = (
     "jsonl-gz-text_field-body",
     "parquet-row-groups",
     "arrayrecord-text",
+    "tfrecord-text_field-body",
 )
 RSS_TOLERANCE_PCT, SETTLE_S, IDLE_CORES = 10.0, 10.0, 0.2
 # Its own server's bound on what compressed files may expand to: the bomb is 4 x that, so the
@@ -165,6 +166,8 @@ def build_data(root: str) -> dict:
         "json",
         "text",
         "tf_example",
+        "tfrecord",
+        "ids",
         "first_fit",
         "concat_then_split",
         "none",
@@ -179,8 +182,23 @@ def build_data(root: str) -> dict:
 def valid_request(
     rng: random.Random, data: dict, source: dict | None = None
 ) -> pb.StreamBatchesRequest:
+    # A third are mixtures of one to three weighted (sometimes named) sources.
+    tables = (
+        {"source": pb.Source(**(source or rng.choice(data["sources"])))}
+        if source is not None or rng.random() < 0.7
+        else {
+            "mixture": [
+                pb.Source(
+                    **rng.choice(data["sources"]),
+                    weight=rng.choice([0.0, 0.5, 1.0, 3.0]),
+                    name=rng.choice(["", f"c{c}"]),
+                )
+                for c in range(rng.randint(1, 3))
+            ]
+        }
+    )
     spec = pb.PipelineSpec(
-        source=pb.Source(**(source or rng.choice(data["sources"]))),
+        **tables,
         tokenizer=pb.Tokenizer(model=data["model"], add_bos=True),
         batch=pb.BatchShape(
             seq_len=rng.choice([16, 64, 128]),
@@ -257,8 +275,13 @@ def random_proto(rng: random.Random, data: dict) -> tuple[str, bytes]:
         req.pipeline_name = random_string(rng, data, False)
         return f"pipeline_name={req.pipeline_name:.80}", req.SerializeToString()
     fields = [
-        (getattr(req.spec, t.name), f)
+        (table, f)
         for t in req.spec.DESCRIPTOR.fields
+        for table in (
+            list(getattr(req.spec, t.name))  # a mixture's sources, each
+            if t.label == t.LABEL_REPEATED
+            else [getattr(req.spec, t.name)]
+        )
         for f in t.message_type.fields
     ]
     # Mostly one or two fields, so that the rest passes validation and the value goes deep;

@@ -378,6 +378,13 @@ def zst_multiframe(data: bytes) -> bytes:
     return b"".join(c.compress(data[a:b]) for a, b in zip(cut, cut[1:], strict=False))
 
 
+def _tfrecord(path, records) -> str:
+    from input_server.data.tfrecord import write_tfrecord
+
+    write_tfrecord(path, records)
+    return str(path)
+
+
 def _gzip(data: bytes) -> bytes:
     import gzip
 
@@ -423,6 +430,11 @@ FORMATS = {
         "d.arrayrecord",
         lambda docs, p: write_arrayrecord(p, [example_bytes(d, "body", True) for d in docs]),
         {"format": "arrayrecord", "record_format": "tf_example", "text_field": "body"},
+    ),
+    "tfrecord-text_field-body": (
+        "d.tfrecord",
+        lambda docs, p: _tfrecord(p, [example_bytes(d, "body", True) for d in docs]),
+        {"format": "tfrecord", "text_field": "body"},
     ),
     "parquet-row-groups": (
         "d.parquet",

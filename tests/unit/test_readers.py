@@ -17,6 +17,7 @@ from input_server.data.columnar import ArrayRecordReader, ParquetReader
 from input_server.data.jsonl import JsonlReader
 from input_server.data.records import DECOMPRESSED
 from input_server.data.sources import DocumentSource, open_reader
+from input_server.data.tfrecord import TFRecordReader
 from input_server.errors import OverBudgetError, RecordError
 from tests.support import FORMATS, jsonl_bytes, split3, write_bytes, write_format
 
@@ -43,9 +44,12 @@ def test_document_source_random_access_over_three_files(kind, some_docs, tmp_pat
     assert src.where(first_of_last).startswith(paths[2] + " ")
     assert src.where(first_of_last - 1).startswith(paths[1] + " ")
     last = len(parts[2]) - 1
-    unit = {"jsonl": f"line {last + 1}", "arrayrecord": f"record {last}", "parquet": f"row {last}"}[
-        keys.get("format", "jsonl")
-    ]
+    unit = {
+        "jsonl": f"line {last + 1}",
+        "arrayrecord": f"record {last}",
+        "tfrecord": f"record {last}",
+        "parquet": f"row {last}",
+    }[keys.get("format", "jsonl")]
     assert src.where(len(src) - 1) == f"{paths[2]} {unit}"
 
 
@@ -59,7 +63,7 @@ def test_used_reader_pickles_and_reads_every_record(kind, some_docs, tmp_path):
     path, source = write_format(kind, some_docs, tmp_path)
     spec = SourceSpec(**{**source, "paths": (path,)})
     reader = open_reader(path, spec)
-    assert isinstance(reader, (JsonlReader, ArrayRecordReader, ParquetReader))
+    assert isinstance(reader, (JsonlReader, ArrayRecordReader, ParquetReader, TFRecordReader))
     assert reader[len(reader) - 1] == some_docs[-1]  # opens the file / fills the buffers
     copy = pickle.loads(pickle.dumps(reader))
     assert len(copy) == len(some_docs)
