@@ -279,7 +279,7 @@ def random_proto(rng: random.Random, data: dict) -> tuple[str, bytes]:
         for t in req.spec.DESCRIPTOR.fields
         for table in (
             list(getattr(req.spec, t.name))  # a mixture's sources, each
-            if t.label == t.LABEL_REPEATED
+            if t.is_repeated
             else [getattr(req.spec, t.name)]
         )
         for f in t.message_type.fields

@@ -162,6 +162,7 @@ def many_globs(
     ]:
         req = pb.StreamBatchesRequest()
         req.CopyFrom(request)
+        del req.spec.mixture[:]  # one source: the globs'
         del req.spec.source.paths[:]
         req.spec.source.paths.extend(paths)
         start = time.monotonic()
@@ -202,6 +203,7 @@ def bomb(
         os.replace(path + ".part", path)
     req = pb.StreamBatchesRequest()
     req.CopyFrom(request)
+    del req.spec.mixture[:]  # one source: the bomb
     del req.spec.source.paths[:]
     req.spec.source.paths.append(path)
     label = f"a {os.path.getsize(path) >> 10} KB zstd file expanding to {bomb_mb} MB"

@@ -24,6 +24,8 @@ MAX_THREADS = 256
 # component's share is kept to 1/2^16 of the whole, and one below that could not be kept.
 MIX_PERIOD = 1 << 16
 MAX_COMPONENTS = 4096
+# Weights are relative; a bound keeps their sum a float (1e308 twice overflows it).
+MAX_WEIGHT = 1e12
 
 
 class SpecError(ValueError):
@@ -92,10 +94,10 @@ def _source(s: SourceSpec, key: str) -> None:
         'holds text, not token ids: use "json" or "tf_example" with `token_field`',
     )
     _check(
-        _is_number(s.weight) and 0 < s.weight < math.inf,
+        _is_number(s.weight) and 0 < s.weight <= MAX_WEIGHT,
         f"{key}.weight",
         s.weight,
-        "must be a finite number above 0 (weights count documents)",
+        f"must be a number above 0 and at most {MAX_WEIGHT:g} (weights count documents)",
     )
     _check(
         isinstance(s.name, str) and "\x00" not in s.name and len(s.name) <= 256,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from input_client.spec import MIX_PERIOD
 from input_client.wire import decode_state
 from input_server.data.mixture import MixPosition, MixtureOrder
 from input_server.errors import InvalidSpecError
@@ -170,6 +171,24 @@ def _ints(v: Any, key: str, n: int | None = None) -> list[int]:
     return v
 
 
+def _bounded(
+    quotas: list[int], origin: int, bases: list[int], pos: Position, order: MixtureOrder
+) -> None:
+    """What a state this server wrote satisfies, checked before its interleave is built (a
+    forged one could ask for a schedule of 2^40 places, or ordinals past int64): a period of
+    at most MIX_PERIOD, an origin inside it, and bases from -quota (a rebase's least) to the
+    component's documents."""
+    period = sum(quotas)
+    if min(quotas) < 1 or period > MIX_PERIOD:
+        raise ValueError(f"mixture quotas {quotas} must be positive, at most {MIX_PERIOD} in all")
+    if not 0 <= origin < period:
+        raise ValueError(f"mixture origin {origin} must lie in the period of {period}")
+    for c, (b, q) in enumerate(zip(bases, quotas, strict=True)):
+        top = min(len(order.components[c]), MAX_DOC - pos.doc)
+        if not -q <= b <= top:
+            raise ValueError(f"mixture base {b} of component {c} must be from {-q} to {top}")
+
+
 def _in_mixture(d: dict[str, Any], pos: Position, order: MixtureOrder) -> tuple[Position, int]:
     """The position in this spec's mixture (rebased when the quotas changed), and how many
     documents its interleave holds from there."""
@@ -179,8 +198,7 @@ def _in_mixture(d: dict[str, Any], pos: Position, order: MixtureOrder) -> tuple[
         quotas = _ints(mix["quotas"], "quotas", n)
         origin = _ints([mix["origin"]], "origin")[0]
         bases = _ints(mix["bases"], "bases", n)
-        if min(quotas) < 1 or origin < 0:
-            raise ValueError(f"mixture quotas {quotas} and origin {origin} must be positive")
+        _bounded(quotas, origin, bases, pos, order)
         then = order.moved(MixPosition(tuple(quotas), origin, tuple(bases)))
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidSpecError(f"`resume_state` is not a mixture state this server wrote: {e}.")
@@ -188,6 +206,11 @@ def _in_mixture(d: dict[str, Any], pos: Position, order: MixtureOrder) -> tuple[
         raise InvalidSpecError(
             f"`resume_state` position {pos.doc} is out of range: `doc` is past the mixture's "
             f"{len(then)} documents."
+        )
+    if pos.offset and pos.doc == len(then):
+        raise InvalidSpecError(
+            f"`resume_state` position {pos.doc} with `offset` {pos.offset} is out of range: "
+            f"the mixture's {len(then)} documents end there."
         )
     if tuple(quotas) != order.at.quotas:  # the weights changed: each component goes on
         at = then.rebased(order.at.quotas, pos.doc, pos.offset)

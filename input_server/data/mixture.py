@@ -69,9 +69,15 @@ class Schedule:
         self.period = int(q.sum())
         comp = np.repeat(np.arange(len(q)), q)
         rank = np.arange(self.period) - np.repeat(np.cumsum(q) - q, q)
-        # The k-th occurrence of a component at (2k + 1) / 2q: exact fractions of numbers
-        # below 2^17 compare correctly as float64 quotients, equal ones tie to the component.
-        at = np.lexsort((comp, (2 * rank + 1) / (2 * q[comp])))
+        # The k-th occurrence of a component at (k + phase) / q. Components of one quota would
+        # all fall on the same places (one dominant weight and 39 equal ones came in bursts of
+        # 39, 15 documents off in a window), so the j-th of m sharing a quota takes phase
+        # (j + 1/2) / m: they take turns, evenly spread. A pure function of the quotas.
+        phase = np.empty(len(q))
+        for quota in np.unique(q):
+            same = np.flatnonzero(q == quota)
+            phase[same] = (np.arange(len(same)) + 0.5) / len(same)
+        at = np.lexsort((comp, (rank + phase[comp]) / q[comp]))
         self.comp = comp[at]
         self.rank = rank[at]
         where = np.empty(self.period, np.int64)
@@ -156,7 +162,7 @@ class MixtureOrder:
             sched.position_of(c, len(order) - self.at.bases[c]) - origin
             for c, order in enumerate(self.components)
         ]
-        return max(0, min(ends))
+        return min(_FOREVER, max(0, min(ends)))
 
     def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """For stream documents `[start, stop)`: each one's component and its ordinal there."""

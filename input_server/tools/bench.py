@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from input_client.spec import PipelineSpec
+from input_client.spec import PipelineSpec, SpecError
 from input_client.wire import shift_left
 from input_server.batching.pipeline import Pipeline, Workers, default_threads
 from input_server.data.sources import DocumentSource
@@ -227,7 +227,19 @@ def run(
     `rounds` rounds. A ratio is the median of the rounds' own ratios, so a burst of other
     load on a shared machine skews one round, not the result; each rate reported is its best
     round. The slow reference runs once per worker count, on a quarter of the tokens.
+
+    Raises:
+      SpecError: a mixture, pre-tokenized data or no model: this compares one text source
+        with its tokenizer (scripts/bench_mixture.py measures the others).
     """
+    if spec.is_mixture or spec.source.token_field or not spec.tokenizer.model:
+        raise SpecError(
+            "source",
+            "a mixture" if spec.is_mixture else spec.source.to_dict(),
+            "must be one text source with a `tokenizer.model` for `input-server bench`, which "
+            "compares it with its tokenizer; scripts/bench_mixture.py measures mixtures and "
+            "pre-tokenized data",
+        )
 
     def say(msg: str) -> None:
         if progress:

@@ -70,10 +70,11 @@ def format_table(info, address: str) -> str:
     if not info.pipelines:
         lines.append("pipelines  none named (clients send their specs)")
     for i, (name, spec) in enumerate(sorted(info.pipelines.items())):
-        all_paths = [p for s in spec.sources for p in s.paths]
+        sources = list(spec.mixture) or [spec.source]  # the proto's form
+        all_paths = [p for s in sources for p in s.paths]
         paths = ", ".join(all_paths[:3]) + (" ..." if len(all_paths) > 3 else "")
-        if spec.is_mixture:
-            paths = f"a mixture of {len(spec.sources)} sources ({paths})"
+        if spec.mixture:
+            paths = f"a mixture of {len(sources)} sources ({paths})"
         model = spec.tokenizer.model or f"none (ids below {spec.tokenizer.vocab_size})"
         lines.append(
             f"{'pipelines' if i == 0 else '':<10} {name}: {paths}; batch {spec.batch.size} x "

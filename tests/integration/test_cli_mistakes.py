@@ -79,6 +79,23 @@ def test_a_bad_spec(capsys, spec_file, verb, extra, key):
     assert_one_line(code, err, key)
 
 
+@pytest.mark.parametrize("kind", ["mixture", "pre-tokenized"])
+def test_bench_of_what_it_does_not_compare_points_to_bench_mixture(
+    capsys, tmp_path, corpus, spm_model, kind
+):
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"ids": [5, 6, 7]}\n' * 10)
+    source = (
+        f'[[source]]\npaths = ["{corpus}"]\n[[source]]\npaths = ["{corpus}"]\n'
+        if kind == "mixture"
+        else f'[source]\npaths = ["{ids}"]\ntoken_field = "ids"\n'
+    )
+    path = tmp_path / "spec.toml"
+    path.write_text(f'{source}[tokenizer]\nmodel = "{spm_model}"\n')
+    code, err = run_main(capsys, "bench", str(path))
+    assert_one_line(code, err, "`source`", "scripts/bench_mixture.py")
+
+
 @pytest.mark.parametrize(
     "content",
     [b"[source\n", b"\xff\xfe\x00", b"x = " + b"9" * 5000],

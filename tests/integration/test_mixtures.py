@@ -224,3 +224,101 @@ def test_text_without_a_model_names_the_model_key():
             tokenizer={"vocab_size": 100, "add_bos": False, "add_eos": False},
         )
     assert e.value.key == "tokenizer.model" and "source[1]" in str(e.value)
+
+
+def _tokens(batches) -> list[int]:
+    """Every real token, row after row (ids are never 0; padding is)."""
+    return [int(t) for b in batches for row in b.batch.inputs for t in row if t]
+
+
+def _parse(tokens: list[int]) -> list[tuple[int, int]]:
+    """The documents a token stream holds, checking each one whole (see `parts`); a last one
+    the stream cut is left out."""
+    docs, i = [], 0
+    while i + 1 < len(tokens):
+        c, j = tokens[i] - 1, tokens[i + 1] - 1
+        n = 5 + j % 40
+        if i + 2 + n > len(tokens):
+            break
+        assert tokens[i + 2 : i + 2 + n] == [9] * n, f"document {c, j} is not whole at {i}"
+        docs.append((c, j))
+        i += 2 + n
+    return docs
+
+
+def test_a_document_begun_before_new_weights_is_finished_first(parts):
+    def spec(weights):
+        s = _spec(parts, weights, shuffle=False)
+        return s.replace(batch={"packing": "concat_then_split", "seq_len": 32, "size": 2})
+
+    before = run_pipeline(spec((0.5, 0.3, 0.2)), limit=60)
+    k = next(i for i, b in enumerate(before) if b.state["offset"] > 0 and i > 20)
+    after = run_pipeline(spec((0.2, 0.2, 0.6)), json.dumps(before[k].state).encode(), limit=100)
+    # The begun document's component comes first in the new interleave.
+    assert after[0].state["mixture"]["origin"] > 0
+    docs = _parse(_tokens(before[: k + 1]) + _tokens(after))
+    assert len(docs) > 100
+    for c, n in enumerate(SIZES):  # each component's documents once each, in file order
+        mine = [j for k_, j in docs if k_ == c]
+        assert mine == [i % n for i in range(len(mine))], c
+
+
+def test_the_last_batchs_state_resumes_to_the_end(parts):
+    spec = _spec(parts, (0.5, 0.3, 0.2), epochs=1)
+    whole = run_pipeline(spec)
+    assert run_pipeline(spec, json.dumps(whole[-1].state).encode()) == []
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda m: m.update(quotas=[10**8, 10**8, 1]),
+        lambda m: m.update(quotas=[2**40, 3, 3]),
+        lambda m: m.update(quotas=[0, 3, 2]),
+        lambda m: m.update(bases=[-(2**62), 0, 0]),
+        lambda m: m.update(bases=[10**30, 0, 0]),
+        lambda m: m.update(origin=10),
+        lambda m: m.update(origin=-1),
+        lambda m: m.update(bases=[0, 0]),
+        lambda m: m.update(quotas="5,3,2"),
+        lambda m: m.pop("bases"),
+    ],
+    ids=[
+        "huge-quotas", "2^40-quota", "zero-quota", "base-far-below", "base-past-int64",
+        "origin-past-period", "negative-origin", "too-few-bases", "quotas-not-a-list",
+        "no-bases",
+    ],
+)  # fmt: skip
+def test_a_forged_mixture_state_is_invalid_argument(parts, forge):
+    from input_server.errors import InvalidSpecError
+
+    spec = _spec(parts, (0.5, 0.3, 0.2))
+    state = run_pipeline(spec, limit=3)[-1].state
+    forge(state["mixture"])
+    for weights in ((0.5, 0.3, 0.2), (0.1, 0.1, 0.8)):  # as it is, and to be rebased
+        with pytest.raises(InvalidSpecError, match="resume_state"):
+            run_pipeline(_spec(parts, weights), json.dumps(state).encode(), limit=1)
+
+
+def test_an_offset_at_a_finished_mixtures_end_is_refused(parts):
+    from input_server.errors import InvalidSpecError
+
+    concat = {"packing": "concat_then_split"}
+    spec = _spec(parts, (0.5, 0.3, 0.2), epochs=1).replace(batch=concat)
+    state = run_pipeline(spec)[-1].state
+    state["offset"] = 5
+    other = _spec(parts, (0.1, 0.1, 0.8), epochs=1).replace(batch=concat)
+    with pytest.raises(InvalidSpecError, match="documents end there"):
+        run_pipeline(other, json.dumps(state).encode())
+
+
+def test_huge_weights_are_refused_naming_the_key():
+    from input_client import SpecError
+
+    for weight in (1e308, 10**400):
+        with pytest.raises(SpecError) as e:
+            PipelineSpec(
+                source=[{"paths": ["a"], "weight": weight}, {"paths": ["b"], "weight": weight}],
+                tokenizer={"model": "m"},
+            )
+        assert e.value.key == "source[0].weight"

@@ -69,6 +69,18 @@ def test_every_window_of_1000_documents_holds_each_share_within_one_point(weight
     assert _worst_window(comp, weights) <= 10  # 1 percentage point of 1,000 documents
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [[0.6] + [0.4 / 39] * 39, [1] * 40, [1, 1, 2, 2, 4, 4, 8, 8], [0.5] + [0.5 / 200] * 200],
+    ids=["one-dominant-39-equal", "40-equal", "pairs", "half-and-200-equal"],
+)
+def test_components_sharing_a_weight_take_turns(weights):
+    # Equal quotas once fell on the same places: 39 small components in bursts of 39.
+    order = _order([50] * len(weights), weights)
+    comp, _ = order.locate(0, 30_000)
+    assert _worst_window(comp, weights) <= 2
+
+
 def test_each_component_reads_its_own_documents_once_each_in_its_order():
     order = _order([7, 30, 101], (0.5, 0.3, 0.2), epochs=0)
     comp, ordinal = order.locate(0, 5000)
