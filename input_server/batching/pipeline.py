@@ -54,6 +54,7 @@ cpu_count = os.cpu_count
 # How long a closed stream waits for the groups its threads began before closing its files
 # (a group of slow, remote records may take seconds; past this they close regardless).
 CLOSE_WAIT_S = 5.0
+MAX_NAMED_COMPONENTS = 64
 log = logging.getLogger(__name__)
 
 
@@ -117,7 +118,10 @@ class Pipeline:
         # A named mixture's states are matched without its weights: under new weights each
         # component continues where it was (`resume.parse_state`).
         self.fingerprint = spec.data_fingerprint(weights=not spec.all_named)
-        self.components = component_fingerprints(spec) if spec.is_mixture else None
+        # Each component's name and fingerprint ride in every state, for a refusal that names
+        # what changed; past MAX_NAMED_COMPONENTS the states stay small and the refusal does not.
+        named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
+        self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
             model = access.file(spec.tokenizer.model, "tokenizer.model")
             self.tokenizer = Tokenizer(

@@ -42,7 +42,9 @@ class Position:
             "offset": self.offset,
         }
         if self.mix is not None:
-            out["mixture"] = {**self.mix.to_json(), "components": components}
+            out["mixture"] = self.mix.to_json()
+            if components is not None:
+                out["mixture"]["components"] = components
         return out
 
 

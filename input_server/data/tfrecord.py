@@ -123,37 +123,45 @@ class TFRecordReader:
         if size < _HEADER.size or _masked_crc(buf[:8]) != unpack(buf, 0)[1]:
             why = f"it is {size} bytes long" if size < _HEADER.size else ""
             raise self._not_tfrecord(buf[:16], why or "its first length header fails its CRC")
-        heads: list[int] = []
+        # Record starts kept as int64 arrays a chunk at a time (a list of ints is ~36 bytes a
+        # record: 2 million 1-byte records held 145 MB).
+        starts: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
-        add = heads.append
-        at = 0
+        done, at = 0, 0  # records in the chunks before this one
         while at < size:
             cancel.check()  # a large file takes a while; the client may have left
-            first, bytes_end = len(heads), at + _CHECK_BYTES
+            heads: list[int] = []
+            add, bytes_end = heads.append, at + _CHECK_BYTES
             for _ in range(_CHECK_RECORDS):
                 if at >= size or at >= bytes_end or size - at < _HEADER.size:
                     break
                 add(at)
                 at += _FRAMING + unpack(buf, at)[0]
-            lengths.append(self._check_heads(buf, heads, first))
+            chunk = np.array(heads, np.int64)
+            lengths.append(self._check_heads(buf, chunk, done))
+            starts.append(chunk)
+            done += len(chunk)
             if at > size:
                 length = int(lengths[-1][-1])
                 raise CorruptFileError(
-                    f"{self.name} record {len(heads) - 1} (byte {heads[-1]:,}): the record's "
+                    f"{self.name} record {done - 1} (byte {int(chunk[-1]):,}): the record's "
                     f"{length:,} bytes run past the end of the file ({size:,} bytes): it is "
                     f"truncated; rewrite it."
                 )
             if at < size and size - at < _HEADER.size:
                 raise CorruptFileError(
-                    f"{self.name} record {len(heads)} (byte {at:,}): the file ends inside the "
+                    f"{self.name} record {done} (byte {at:,}): the file ends inside the "
                     f"record's header ({size - at} of {_HEADER.size} bytes): it is truncated; "
                     f"rewrite it."
                 )
-        return np.array(heads, np.int64) + _HEADER.size, np.concatenate(lengths).astype(np.int64)
+        return (
+            np.concatenate(starts) + _HEADER.size,
+            np.concatenate(lengths).astype(np.int64),
+        )
 
-    def _check_heads(self, buf: mmap.mmap, heads: list[int], first: int) -> np.ndarray:
-        """The lengths in the headers of records `first` on, each header's CRC checked."""
-        at = np.array(heads[first:], np.int64)
+    def _check_heads(self, buf: mmap.mmap, at: np.ndarray, first: int) -> np.ndarray:
+        """The lengths in the headers at `at` (records `first` on), each header's CRC
+        checked."""
         view = np.frombuffer(buf, np.uint8)
         try:  # the map cannot close while numpy holds its buffer
             raw = view[at[:, None] + np.arange(_HEADER.size)]
@@ -162,10 +170,11 @@ class TFRecordReader:
         lengths = raw[:, :8].copy().view("<u8").ravel()
         bad = np.flatnonzero(_length_crcs(lengths) != raw[:, 8:].copy().view("<u4").ravel())
         if bad.size:
-            n = first + int(bad[0])
+            n = int(bad[0])
             raise CorruptFileError(
-                f"{self.name} record {n} (byte {heads[n]:,}): the record's length header fails "
-                f"its CRC: the file is damaged (or was written partly over); rewrite it."
+                f"{self.name} record {first + n} (byte {int(at[n]):,}): the record's length "
+                f"header fails its CRC: the file is damaged (or was written partly over); "
+                f"rewrite it."
             )
         return lengths
 

@@ -122,14 +122,17 @@ def test_a_corrupt_tfrecord_record_is_data_loss_naming_file_and_record(
 ):
     src = files["tfrecord"]["paths"][0]
     data = bytearray(open(src, "rb").read())
-    data[len(data) // 2] ^= 0xFF  # a byte inside some record's data: its CRC fails
+    at = 0
+    for _ in range(7):  # past records 0-6: record 7's header (8 + 4 bytes), then its data
+        at += 16 + int.from_bytes(data[at : at + 8], "little")
+    data[at + 12 + 3] ^= 0xFF  # a byte of record 7's data: its CRC fails
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(bytes(data))
     spec = _spec({**files["tfrecord"], "paths": [str(bad)]}, spm_model)
     with pytest.raises(StreamError) as e:
         list(client.batches(spec))
     assert e.value.code == grpc.StatusCode.DATA_LOSS
-    assert "bad.tfrecord" in str(e.value) and "record" in str(e.value)
+    assert "bad.tfrecord record 7" in str(e.value)
 
 
 def test_ids_outside_the_models_vocabulary_name_file_record_and_id(spm_model, tmp_path, client):
