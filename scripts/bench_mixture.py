@@ -24,6 +24,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--min-tokens", type=int, default=8_000_000, help="text streams' tokens (ids: 4x)"
+    )
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     jsonl, model = corpus.corpus_from_arguments(parser, args)
@@ -34,6 +37,7 @@ def main() -> int:
         rounds=args.rounds,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
+        min_tokens=args.min_tokens,
         say=lambda m: print(m, file=sys.stderr),
     )
     print(bench_mixture.format_table(result))

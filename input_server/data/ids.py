@@ -69,14 +69,17 @@ def model_specials(tokenizer) -> Specials:
     )
 
 
-def _check_range(flat: np.ndarray, lengths: np.ndarray, specials: Specials, where) -> None:
+def _check_range(
+    flat: np.ndarray, lengths: np.ndarray, specials: Specials, where, *, around: bool = False
+) -> None:
     """Refuses the first id outside the vocabulary (of all documents' ids end to end), naming
-    its document's record: one vectorized pass over the group."""
+    its document's record: one vectorized pass over the group. `around`: the documents' BOS
+    and EOS are among them (valid ids, which shift the position named)."""
     if not len(flat) or (0 <= int(flat.min()) and int(flat.max()) < specials.vocab_size):
         return
     at = int(np.flatnonzero((flat < 0) | (flat >= specials.vocab_size))[0])
     doc = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
-    within = at - int(lengths[:doc].sum())
+    within = at - int(lengths[:doc].sum()) - (around and specials.bos is not None)
     raise RecordError(
         f"{where(doc)}: token id {int(flat[at])} (position {within}) is outside the vocabulary "
         f"of {specials.written}: ids run from 0 to {specials.vocab_size - 1}."
@@ -94,7 +97,9 @@ def id_parts(
     BOS, the ids, EOS, of which the first `trim_to`; with each document's token count. Ids
     outside the vocabulary are DATA_LOSS naming file, record and id."""
     lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
-    if docs:
+    if docs and not all(d.dtype == np.int32 for d in docs):
+        # Wider ids are checked before the cast to int32 could wrap them; int32 ones are
+        # checked once joined (`encode_documents`), saving a copy of the group.
         _check_range(np.concatenate(docs), lengths, specials, where)
     bos = np.array([specials.bos], np.int32) if specials.bos is not None else None
     eos = np.array([specials.eos], np.int32) if specials.eos is not None else None
@@ -134,7 +139,10 @@ def encode_documents(
         return tokenizer.encode(list(items), first_doc=first_doc, num_threads=1, trim_to=trim_to)
     if not text_at:  # all pre-tokenized: no per-document work but appending views
         parts, lengths = id_parts(items, specials, trim_to=trim_to, where=where)
-        return TokenGroup(first_doc=first_doc, tokens=_joined(parts), lengths=lengths)
+        tokens = _joined(parts)
+        if all(d.dtype == np.int32 for d in items):
+            _check_range(tokens, lengths, specials, lambda i: where(i), around=True)
+        return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
     pieces: list[list[np.ndarray]] = [[] for _ in items]
     texts = tokenizer.encode(
         [items[i] for i in text_at], first_doc=0, num_threads=1, trim_to=trim_to

@@ -71,6 +71,8 @@ class DocumentOrder:
     def indices_of(self, ordinals: np.ndarray) -> np.ndarray:
         """Source record indices of the stream documents `ordinals` (each below `len`)."""
         epochs, within = np.divmod(ordinals, self.per_epoch)
+        if self.shuffle and len(epochs) and epochs.min() == epochs.max():  # one epoch: most groups
+            return self.shard_index + self.shard_count * self._permutation(int(epochs[0]))[within]
         if self.shuffle:
             shuffled = np.empty_like(within)
             for epoch in np.unique(epochs):

@@ -115,7 +115,15 @@ def run(
             }
         )
         ids = write_ids(texts, model, tmp)
-        specs = {"one_source": one, "mixture": mixture}
+        # With worker processes too: what each process holds for a mixture is its index of
+        # every component's files, not a reader set per component and worker.
+        two = {"count": 2}
+        specs = {
+            "one_source": one,
+            "mixture": mixture,
+            "one_source_2_processes": one.replace(workers=two),
+            "mixture_2_processes": mixture.replace(workers=two),
+        }
         more = {"epochs": 4 * epochs}
         specs.update({f"ids_{k}": base.replace(source=v, order=more) for k, v in ids.items()})
         samples: dict[str, list[dict]] = {k: [] for k in (*specs, "limit")}
@@ -129,6 +137,12 @@ def run(
     ratio = {
         "mixture_over_one_source": [
             m / o for m, o in zip(rate["mixture"], rate["one_source"], strict=True)
+        ],
+        "mixture_over_one_source_2_processes": [
+            m / o
+            for m, o in zip(
+                rate["mixture_2_processes"], rate["one_source_2_processes"], strict=True
+            )
         ],
         **{
             f"{k}_over_tokenizer_limit": [
@@ -154,11 +168,11 @@ def run(
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'stream':<16} {'tokens/s':>12} {'server ns/tok':>14} {'client ns/tok':>14} "
+    lines = [f"{'stream':<24} {'tokens/s':>12} {'server ns/tok':>14} {'client ns/tok':>14} "
              f"{'server RSS MB':>14} {'threads':>8}"]  # fmt: skip
     for name, r in result["results"].items():
         lines.append(
-            f"{name:<16} {r['tokens_per_s']:>12,.0f} "
+            f"{name:<24} {r['tokens_per_s']:>12,.0f} "
             f"{r.get('server_cpu_ns_per_token', r.get('cpu_ns_per_token', 0)):>14.0f} "
             f"{r.get('client_cpu_ns_per_token', 0):>14.0f} "
             f"{r.get('server_rss_mb', 0):>14.0f} {r.get('server_threads', r.get('threads', 0)):>8}"

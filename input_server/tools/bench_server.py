@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -54,16 +55,47 @@ def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
     return result
 
 
-def _held(process):
-    """What the server process (and its worker processes) hold at the stream's last batch."""
+class _Held:
+    """The most the server process and its worker processes hold while it streams, sampled
+    every 0.1 s on a thread of this process: RSS (all of them), threads (the server's) and
+    worker processes."""
 
-    def measure(result: dict) -> None:
-        procs = [process, *process.children(recursive=True)]
-        result["server_rss_mb"] = sum(p.memory_info().rss for p in procs) / (1 << 20)
-        result["server_threads"] = process.num_threads()
-        result["server_worker_processes"] = len(procs) - 1
+    def __init__(self, process):
+        self.process = process
+        self.peak = {"server_rss_mb": 0.0, "server_threads": 0, "server_worker_processes": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-held", daemon=True)
+        self._thread.start()
 
-    return measure
+    def _run(self) -> None:
+        while self._sample():  # at once, then every 0.1 s: a short stream is sampled too
+            if self._stop.wait(0.1):
+                return
+
+    def _sample(self) -> bool:
+        import psutil
+
+        try:
+            children = self.process.children(recursive=True)
+            rss = self.process.memory_info().rss
+            for c in children:
+                with contextlib.suppress(psutil.Error):
+                    rss += c.memory_info().rss
+            now = {
+                "server_rss_mb": rss / (1 << 20),
+                "server_threads": self.process.num_threads(),
+                "server_worker_processes": len(children),
+            }
+        except psutil.Error:
+            return False
+        self.peak = {k: max(v, now[k]) for k, v in self.peak.items()}
+        return True
+
+    def __call__(self, result: dict) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()  # and at the stream's last batch
+        result.update(self.peak)
 
 
 def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
@@ -116,7 +148,7 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         )
         it = stack.enter_context(client.batches(spec, prefetch=2))
         process = psutil.Process(server.pid)
-        result = _consume(it, lambda b: b["inputs_segmentation"], process, on_last=_held(process))
+        result = _consume(it, lambda b: b["inputs_segmentation"], process, on_last=_Held(process))
         # This process is the client; the server's CPU is the other process's.
         result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
         result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")

@@ -184,3 +184,31 @@ def test_bench_hostile_reports_each_attack_held(tmp_path):
     assert result["silent"]["health_max_s"] < 2.5 and result["silent"]["info_max_s"] < 2.5
     assert result["files"]["status"] == "OK"
     assert set(result["globs"]) == {"200_distinct_globs_cpu_s", "10000_copies_of_one_cpu_s"}
+
+
+def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_model, tmp_path):
+    out_json = tmp_path / "mixture.json"
+    out = subprocess.run(
+        [
+            sys.executable, script("bench_mixture.py"), "--corpus", corpus, "--model", spm_model,
+            "--components", "4", "--rounds", "1", "--min-tokens", "50000", "--seq-len", "256",
+            "--batch-size", "8", "--json", str(out_json),
+        ],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out_json.read_text())
+    r = result["results"]
+    for name in ("one_source", "mixture", "ids_parquet", "ids_jsonl", "ids_arrayrecord", "limit"):
+        assert r[name]["tokens_per_s"] > 0, name
+    for name in ("one_source", "mixture", "mixture_2_processes", "ids_parquet"):
+        assert r[name]["server_rss_mb"] > 0 and r[name]["server_threads"] > 0, name
+    assert r["mixture"]["server_worker_processes"] == 0
+    assert r["mixture_2_processes"]["server_worker_processes"] >= 1
+    # The mixture's components share the stream's threads: none of its own per component.
+    assert r["mixture"]["server_threads"] <= r["one_source"]["server_threads"] + 2
+    assert set(result["median_ratios"]) >= {
+        "mixture_over_one_source",
+        "ids_parquet_over_tokenizer_limit",
+    }
+    assert "mixture_over_one_source" in out.stdout
