@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 
+_FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
+
+
 class DocumentOrder:
     """Maps stream ordinals to source indices: shard `index::count`, shuffled per epoch.
 
@@ -50,7 +53,7 @@ class DocumentOrder:
 
     def __len__(self) -> int:
         """Documents in the stream; a very large number when it repeats forever."""
-        return self.per_epoch * self.epochs if self.epochs else np.iinfo(np.int64).max
+        return self.per_epoch * self.epochs if self.epochs else _FOREVER
 
     def _permutation(self, epoch: int) -> np.ndarray:
         perm = self._cache.get(epoch)
@@ -66,6 +69,15 @@ class DocumentOrder:
     def source_indices(self, start: int, stop: int) -> np.ndarray:
         """Source record indices of stream documents `[start, stop)`."""
         stop = min(stop, len(self))
+        if start < stop and start // self.per_epoch == (stop - 1) // self.per_epoch:
+            # One epoch (most groups): a slice of its permutation, no index arrays.
+            epoch, first = divmod(start, self.per_epoch)
+            within = (
+                self._permutation(epoch)[first : first + stop - start]
+                if self.shuffle
+                else np.arange(first, first + stop - start, dtype=np.int64)
+            )
+            return self.shard_index + self.shard_count * within
         return self.indices_of(np.arange(start, stop, dtype=np.int64))
 
     def indices_of(self, ordinals: np.ndarray) -> np.ndarray:
