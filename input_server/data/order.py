@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 _FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
 
 
