@@ -11,17 +11,25 @@ which reads what the server process can.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import functools
 import glob
+import itertools
 import os
 import re
 import stat
 import time
 
 from input_server import cancel
-from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
+from input_server.errors import (
+    DataNotFoundError,
+    InputServerError,
+    InvalidSpecError,
+    UnreadableError,
+    shorten,
+)
 
 _GLOB_CHARS = frozenset("*?[")
 # Bounds on a request's globs: a glob's parts (each `**` multiplies the paths a walk can take)
@@ -163,11 +171,25 @@ class DataAccess:
                 ends.append(len(files))
         return files
 
-    def expand_each(self, groups: list[tuple[str, ...]]) -> list[list[tuple[str, str]]]:
+    def expand_each(
+        self, groups: list[tuple[str, ...]], keys: list[str] | None = None
+    ) -> list[list[tuple[str, str]]]:
         """`expand_named` of several components' patterns under one request's budget (glob
-        work, file count): each component's files."""
+        work, file count): each component's files. A refusal names the component's key
+        (`keys[i]`, e.g. `source[2]`) where it says `source`."""
         ends: list[int] = []
-        files = self.expand_named([p for g in groups for p in g], ends=ends)
+        flat = [p for g in groups for p in g]
+        try:
+            files = self.expand_named(flat, ends=ends)
+        except InputServerError:
+            if keys is None or len(ends) >= len(flat):  # after every pattern: the count
+                raise
+            failed = len(ends)  # the pattern being expanded
+            group = next(
+                i for i, end in enumerate(itertools.accumulate(map(len, groups))) if failed < end
+            )
+            with keyed(keys[group]):
+                raise
         out, first, i = [], 0, 0
         for g in groups:
             i += len(g)
@@ -344,3 +366,20 @@ def _matcher(pattern: str):
 
 
 OPERATOR = DataAccess()
+
+
+@contextlib.contextmanager
+def keyed(key: str):
+    """Within: an error whose message names a key of `source` names it under `key` instead
+    (`source[2].paths` for a mixture's third component)."""
+    try:
+        yield
+    except InputServerError as e:
+        said = str(e)
+        if key == "source" or "`source." not in said:
+            raise
+        try:
+            renamed = type(e)(said.replace("`source.", f"`{key}."))
+        except TypeError:  # an error made of more than its message (`RefusedError`)
+            raise e from None
+        raise renamed from e

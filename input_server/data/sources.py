@@ -15,7 +15,7 @@ from input_server import cancel
 from input_server.data.columnar import ArrayRecordReader, ParquetReader
 from input_server.data.jsonl import JsonlReader
 from input_server.data.records import Reader
-from input_server.data.roots import OPERATOR, DataAccess
+from input_server.data.roots import OPERATOR, DataAccess, keyed
 from input_server.errors import (
     CorruptFileError,
     InvalidSpecError,
@@ -102,9 +102,10 @@ class DocumentSource:
         opened: dict[tuple, Reader] = {}
         try:
             readers, components = [], []
-            each = access.expand_each([spec.paths for spec in specs])
+            each = access.expand_each([spec.paths for spec in specs], keys)
             for spec, key, files in zip(specs, keys, each, strict=True):
-                part = cls._open_into(opened, spec, key, files, access)
+                with keyed(key):
+                    part = cls._open_into(opened, spec, key, files, access)
                 start = sum(len(r) for r in readers)
                 components.append((start, sum(len(r) for r in part)))
                 readers.extend(part)

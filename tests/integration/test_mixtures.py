@@ -322,3 +322,22 @@ def test_huge_weights_are_refused_naming_the_key():
                 tokenizer={"model": "m"},
             )
         assert e.value.key == "source[0].weight"
+
+
+def test_a_components_mistake_names_its_key(parts, tmp_path, spm_model):
+    from input_server.errors import DataNotFoundError, InvalidSpecError
+    from tests.support import write_parquet
+
+    text = write_parquet(tmp_path / "t.parquet", ["some text"] * 5)
+
+    def spec(second):
+        return PipelineSpec(
+            source=[{"paths": [text], "format": "parquet"}, second],
+            tokenizer={"model": spm_model},
+            workers={"count": 0},
+        )
+
+    with pytest.raises(DataNotFoundError, match=r"`source\[1\]\.paths`: the glob"):
+        run_pipeline(spec({"paths": [str(tmp_path / "none*.jsonl")]}), limit=1)
+    with pytest.raises(InvalidSpecError, match=r"`source\[1\]\.text_field` 'body'"):
+        run_pipeline(spec({"paths": [text], "format": "parquet", "text_field": "body"}), limit=1)
