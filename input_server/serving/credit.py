@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from input_client.proto import pb
-from input_server.errors import InvalidSpecError
+from input_server.errors import InvalidSpecError, RefusedError
 
 
 class Credit:
@@ -134,3 +135,45 @@ class Credit:
             self.end()
 
         threading.Thread(target=read, name="stream-credit", daemon=True).start()
+
+
+# How often a stream waiting for the client's credit checks for cancellation and draining.
+CREDIT_WAIT_S = 0.1
+
+
+def _draining_refusal() -> RefusedError:
+    return RefusedError(
+        grpc.StatusCode.UNAVAILABLE, "the server is shutting down; resume from the last state."
+    )
+
+
+def send_with_credit(
+    session, context: grpc.ServicerContext, credit: Credit, draining: threading.Event
+) -> Iterator:
+    """A session's messages as the client's credit allows them (`Credit`), ending when the
+    client leaves, refusing with UNAVAILABLE once the server drains; counts what was sent on
+    `session`."""
+    for msg, error in session:
+        if draining.is_set():
+            raise _draining_refusal()
+        if error is not None:
+            if not isinstance(error, Exception):  # e.g. SystemExit from a library
+                raise RuntimeError(f"{type(error).__name__}: {error}") from error
+            raise error
+        if msg is None:
+            if not context.is_active():
+                return
+            credit.check()
+            continue
+        while not credit.allows(session.batches_sent, CREDIT_WAIT_S):
+            if draining.is_set():
+                raise _draining_refusal()
+            if not context.is_active():
+                return
+        credit.check()  # a report that broke the contract ends the stream here
+        credit.offer(session.batches_sent + 1 + len(msg.following))
+        yield msg
+        session.batches_sent += 1 + len(msg.following)
+        if session.first_sent_s is None:
+            session.first_sent_s = time.monotonic()
+            session.first_message_batches = session.batches_sent

@@ -1,7 +1,7 @@
 """The gRPC servicer: glue that validates requests, starts stream sessions, reports status.
 
-Every exception a request meets becomes a status in one place (`_guard_stream` and
-`_guard_unary`, with `errors.status_of`): nothing escapes to gRPC, which would send UNKNOWN.
+Every exception a request meets becomes a status in one place (`guards.guard_stream` and
+`guard_unary`, with `errors.status_of`): nothing escapes to gRPC, which would send UNKNOWN.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import functools
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
@@ -31,15 +29,14 @@ from input_server.data.roots import DataAccess
 from input_server.errors import (
     CancelledError,
     DataNotFoundError,
-    InputServerError,
     InvalidSpecError,
     RefusedError,
     shorten,
-    status_of,
 )
 from input_server.serving.coalesce import MESSAGE_TOKENS
-from input_server.serving.credit import Credit
+from input_server.serving.credit import Credit, send_with_credit
 from input_server.serving.describe import describe_tokenizer
+from input_server.serving.guards import guard_stream, guard_unary, parsed
 from input_server.serving.info import stream_info
 from input_server.serving.limits import (
     GROUP_MIB,
@@ -53,62 +50,6 @@ from input_server.serving.session import UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool, Slot
 
 log = logging.getLogger(__name__)
-
-# How often a stream waiting for the client's credit checks for cancellation and draining.
-_CREDIT_WAIT_S = 0.1
-
-
-def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
-    code, message = status_of(e)
-    unexpected = code == grpc.StatusCode.INTERNAL and not isinstance(e, InputServerError)
-    # A call the client already left fails wherever it was (its request iterator raises):
-    # nobody reads that status, and it is no server error worth a traceback.
-    if unexpected and context.is_active():
-        log.warning("request failed: %s", message, exc_info=e)
-    context.abort(code, message)
-
-
-def _parsed(kind: type, request: Any) -> Any:
-    """The request message; it arrives as bytes (`add_to_server`), parsed here so that one
-    that does not parse gets its status from the guard."""
-    if not isinstance(request, bytes):
-        return request
-    try:
-        return kind.FromString(request)
-    except DecodeError as e:
-        raise InvalidSpecError(
-            f"the request is not a valid {kind.DESCRIPTOR.name} message ({e})."
-        ) from None
-
-
-def _guard_stream(method: Callable) -> Callable:
-    """The choke point of a streaming method: any exception becomes its status."""
-
-    @functools.wraps(method)
-    def guarded(self, requests, context):
-        try:
-            yield from method(self, requests, context)
-        except Exception as e:  # noqa: BLE001 - every exception gets its status here
-            _abort(context, e)
-
-    return guarded
-
-
-def _guard_unary(kind: type) -> Callable[[Callable], Callable]:
-    """The choke point of a unary method taking a `kind` message: any exception becomes its
-    status."""
-
-    def wrap(method: Callable) -> Callable:
-        @functools.wraps(method)
-        def guarded(self, request, context):
-            try:
-                return method(self, _parsed(kind, request), context)
-            except Exception as e:  # noqa: BLE001 - every exception gets its status here
-                _abort(context, e)
-
-        return guarded
-
-    return wrap
 
 
 class InputServicer(pb_grpc.InputServiceServicer):
@@ -259,13 +200,13 @@ class InputServicer(pb_grpc.InputServiceServicer):
             remember=functools.partial(self._tuner.remember, pipeline),
         )
 
-    @_guard_stream
+    @guard_stream
     def StreamBatches(
         self, requests: Iterator[Any], context: grpc.ServicerContext
     ) -> Iterator[pb.Batch]:
         # The first request names the pipeline; the later ones are the client's credit.
         try:
-            request = _parsed(pb.StreamBatchesRequest, next(requests))
+            request = parsed(pb.StreamBatchesRequest, next(requests))
         except StopIteration:
             raise InvalidSpecError("the stream carried no request.") from None
         # Batches laid out another way would be misread (or raise out of sequence).
@@ -373,7 +314,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 workers.threads,
                 workers.reason,
             )
-            yield from self._send(session, context, credit)
+            yield from send_with_credit(session, context, credit, self._draining)
         finally:
             slot.give()
             with self._lock:
@@ -400,47 +341,13 @@ class InputServicer(pb_grpc.InputServiceServicer):
         with self._lock:
             return self._handlers
 
-    def _send(
-        self, session: StreamSession, context: grpc.ServicerContext, credit: Credit
-    ) -> Iterator[pb.Batch]:
-        for msg, error in session:
-            if self._draining.is_set():
-                raise RefusedError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the server is shutting down; resume from the last state.",
-                )
-            if error is not None:
-                if not isinstance(error, Exception):  # e.g. SystemExit from a library
-                    raise RuntimeError(f"{type(error).__name__}: {error}") from error
-                raise error
-            if msg is None:
-                if not context.is_active():
-                    return
-                credit.check()
-                continue
-            while not credit.allows(session.batches_sent, _CREDIT_WAIT_S):
-                if self._draining.is_set():
-                    raise RefusedError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "the server is shutting down; resume from the last state.",
-                    )
-                if not context.is_active():
-                    return
-            credit.check()  # a report that broke the contract ends the stream here
-            credit.offer(session.batches_sent + 1 + len(msg.following))
-            yield msg
-            session.batches_sent += 1 + len(msg.following)
-            if session.first_sent_s is None:
-                session.first_sent_s = time.monotonic()
-                session.first_message_batches = session.batches_sent
-
-    @_guard_unary(pb.Tokenizer)
+    @guard_unary(pb.Tokenizer)
     def DescribeTokenizer(
         self, request: pb.Tokenizer, context: grpc.ServicerContext
     ) -> pb.TokenizerInfo:
         return describe_tokenizer(request, self._limits.access)
 
-    @_guard_unary(pb.GetInfoRequest)
+    @guard_unary(pb.GetInfoRequest)
     def GetInfo(
         self, request: pb.GetInfoRequest, context: grpc.ServicerContext
     ) -> pb.GetInfoResponse:
