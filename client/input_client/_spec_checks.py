@@ -15,6 +15,8 @@ PipelineSpec = SourceSpec = TokenizerSpec = Any
 FORMATS = ("jsonl", "arrayrecord", "parquet", "tfrecord")
 RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
+LONG_DOCUMENTS = ("trim", "chunk", "split")
+TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken")
 MAX_WORKERS = 1024
 # A stream serves while it tunes (online), but a search that long would leave the loop
 # underfed for as long: ten minutes is already far too long.
@@ -140,10 +142,16 @@ def _mixture(spec: PipelineSpec) -> None:
 def _tokenizer(spec: PipelineSpec) -> None:
     t: TokenizerSpec = spec.tokenizer
     _check(
+        t.kind in TOKENIZER_KINDS,
+        "tokenizer.kind",
+        t.kind,
+        f"must be one of {', '.join(TOKENIZER_KINDS)}",
+    )
+    _check(
         isinstance(t.model, str) and "\x00" not in t.model,
         "tokenizer.model",
         t.model,
-        "must name a sentencepiece model file",
+        f"must name a {t.kind} model file",
     )
     _check(isinstance(t.add_bos, bool), "tokenizer.add_bos", t.add_bos, "must be true or false")
     _check(isinstance(t.add_eos, bool), "tokenizer.add_eos", t.add_eos, "must be true or false")
@@ -169,7 +177,7 @@ def _tokenizer(spec: PipelineSpec) -> None:
             bool(s.token_field),
             "tokenizer.model",
             t.model,
-            f"must name a sentencepiece model file: `{source_key(spec, i)}` is text (no "
+            f"must name a {t.kind} model file: `{source_key(spec, i)}` is text (no "
             f"`token_field`)",
         )
     _check(
@@ -218,6 +226,19 @@ def validate(spec: PipelineSpec) -> None:
     )
     _check(
         b.packing in PACKINGS, "batch.packing", b.packing, f"must be one of {', '.join(PACKINGS)}"
+    )
+    _check(
+        b.long_documents in ("", *LONG_DOCUMENTS),
+        "batch.long_documents",
+        b.long_documents,
+        f"must be one of {', '.join(LONG_DOCUMENTS)}",
+    )
+    _check(
+        b.long_documents != "split" or b.packing == "concat_then_split",
+        "batch.long_documents",
+        b.long_documents,
+        "may be split only with `batch.packing` concat_then_split (a document runs on "
+        "from row to row); use trim or chunk",
     )
     _check(
         _is_int(o.seed) and 0 <= o.seed < 1 << 63,

@@ -42,12 +42,15 @@ def to_proto(spec: Any) -> pb.PipelineSpec:
         **tables,
         tokenizer=pb.Tokenizer(
             model=t.model,
+            kind="" if t.kind == "sentencepiece" else t.kind,
             add_bos=t.add_bos,
             add_eos=t.add_eos,
             vocab_size=t.vocab_size or 0,
             **ids,
         ),
-        batch=pb.BatchShape(seq_len=b.seq_len, size=b.size, packing=b.packing),
+        batch=pb.BatchShape(
+            seq_len=b.seq_len, size=b.size, packing=b.packing, long_documents=b.long_documents
+        ),
         order=pb.Order(seed=o.seed, shuffle=o.shuffle, epochs=o.epochs),
         shard=pb.Shard(index=sh.index, count=sh.count),
         workers=pb.Workers(
@@ -95,6 +98,7 @@ def from_proto(cls: type, msg: pb.PipelineSpec) -> Any:
         source=source,
         tokenizer=TokenizerSpec(
             model=t.model,
+            kind=t.kind or "sentencepiece",
             add_bos=t.add_bos,
             add_eos=t.add_eos,
             vocab_size=t.vocab_size or None,
@@ -104,6 +108,7 @@ def from_proto(cls: type, msg: pb.PipelineSpec) -> Any:
             seq_len=pick(msg.HasField("batch"), b.seq_len, d_batch.seq_len),
             size=pick(msg.HasField("batch"), b.size, d_batch.size),
             packing=b.packing or d_batch.packing,
+            long_documents=b.long_documents,
         ),
         order=OrderSpec(
             **(

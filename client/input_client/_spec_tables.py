@@ -52,7 +52,12 @@ class SourceSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
-    """The sentencepiece model and the special ids added around each document.
+    """The tokenizer and the special ids added around each document.
+
+    `kind` says what `model` is, as MaxText's `tokenizer_type`: "sentencepiece" (a `.model`
+    file), "huggingface" (a `tokenizer.json`, or a folder holding it and, as Hugging Face
+    saves one, its `tokenizer_config.json`) or "tiktoken" (a tiktoken BPE file, read with
+    MaxText's Llama 3 pattern and special tokens).
 
     Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
     `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with
@@ -60,6 +65,7 @@ class TokenizerSpec:
     """
 
     model: str = ""
+    kind: str = "sentencepiece"
     add_bos: bool = True
     add_eos: bool = True
     vocab_size: int | None = None
@@ -68,17 +74,47 @@ class TokenizerSpec:
     eos_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The TOML keys; `kind` only when not sentencepiece, so a spec written before it keeps
+        its fingerprint."""
         out = dataclasses.asdict(self)
+        if out["kind"] == "sentencepiece":
+            del out["kind"]
         return {k: v for k, v in out.items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchSpec:
-    """Batch shape and packing. Defaults follow MaxText's small configs (1024 x 16, first_fit)."""
+    """Batch shape and packing. Defaults follow MaxText's small configs (1024 x 16, first_fit).
+
+    `long_documents` says what becomes of a document longer than `seq_len`:
+      "trim": only its first `seq_len` tokens are kept (MaxText's `use_truncation=true`,
+        `TokenizeAndTrim`); the default of first_fit and none.
+      "chunk": it is cut into pieces of `seq_len` tokens (the last one shorter), each packed
+        as a document of its own (MaxText's `use_truncation=false`, `TokenizeAndChunk`).
+      "split": concat_then_split only, its default: the document runs on from row to row,
+        a new segment in each.
+    "" = the packing's default.
+    """
 
     seq_len: int = 1024
     size: int = 16
     packing: str = "first_fit"
+    long_documents: str = ""
+
+    @property
+    def long_documents_policy(self) -> str:
+        """`long_documents` with the packing's default filled in."""
+        if self.long_documents:
+            return self.long_documents
+        return "split" if self.packing == "concat_then_split" else "trim"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML keys; `long_documents` only where set, so a spec written before it keeps
+        its fingerprint."""
+        out = dataclasses.asdict(self)
+        if not out["long_documents"]:
+            del out["long_documents"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

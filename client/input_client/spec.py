@@ -182,8 +182,9 @@ class PipelineSpec:
         out: dict[str, Any] = {
             name: dataclasses.asdict(getattr(self, name))
             for name in _TABLES
-            if name not in ("source", "tokenizer")
+            if name not in ("source", "tokenizer", "batch")
         }
+        out["batch"] = self.batch.to_dict()
         sources = [s.to_dict() for s in self.sources]
         if not weights:
             for s in sources:

@@ -24,7 +24,7 @@ class Source(_message.Message):
     def __init__(self, paths: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., text_field: _Optional[str] = ..., record_format: _Optional[str] = ..., token_field: _Optional[str] = ..., weight: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Tokenizer(_message.Message):
-    __slots__ = ("model", "add_bos", "add_eos", "vocab_size", "pad_id", "bos_id", "eos_id")
+    __slots__ = ("model", "add_bos", "add_eos", "vocab_size", "pad_id", "bos_id", "eos_id", "kind")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADD_BOS_FIELD_NUMBER: _ClassVar[int]
     ADD_EOS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class Tokenizer(_message.Message):
     PAD_ID_FIELD_NUMBER: _ClassVar[int]
     BOS_ID_FIELD_NUMBER: _ClassVar[int]
     EOS_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     model: str
     add_bos: bool
     add_eos: bool
@@ -39,7 +40,8 @@ class Tokenizer(_message.Message):
     pad_id: int
     bos_id: int
     eos_id: int
-    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("vocab_size", "bos_id", "eos_id", "pad_id", "unk_id", "sha256")
@@ -58,14 +60,16 @@ class TokenizerInfo(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., unk_id: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class BatchShape(_message.Message):
-    __slots__ = ("seq_len", "size", "packing")
+    __slots__ = ("seq_len", "size", "packing", "long_documents")
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PACKING_FIELD_NUMBER: _ClassVar[int]
+    LONG_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     seq_len: int
     size: int
     packing: str
-    def __init__(self, seq_len: _Optional[int] = ..., size: _Optional[int] = ..., packing: _Optional[str] = ...) -> None: ...
+    long_documents: str
+    def __init__(self, seq_len: _Optional[int] = ..., size: _Optional[int] = ..., packing: _Optional[str] = ..., long_documents: _Optional[str] = ...) -> None: ...
 
 class Order(_message.Message):
     __slots__ = ("seed", "shuffle", "epochs")
