@@ -177,8 +177,7 @@ def _tokenizer(spec: PipelineSpec) -> None:
             bool(s.token_field),
             "tokenizer.model",
             t.model,
-            f"must name a {t.kind} model file: `{source_key(spec, i)}` is text (no "
-            f"`token_field`)",
+            f"must name a {t.kind} model file: `{source_key(spec, i)}` is text (no `token_field`)",
         )
     _check(
         t.vocab_size is not None and t.vocab_size >= 1,

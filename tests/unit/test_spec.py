@@ -132,7 +132,7 @@ def test_invalid_value_names_key_and_value(tables, key, value):
 
 
 def test_unknown_key_and_table_are_refused(tmp_path):
-    with pytest.raises(SpecError, match=r"`batch.sizee`.*known: long_documents, packing, seq_len, size"):
+    with pytest.raises(SpecError, match=r"`batch.sizee`.*known: long_documents, packing, seq_len"):
         PipelineSpec.from_dict(
             {"source": {"paths": ["a"]}, "tokenizer": {"model": "m"}, "batch": {"sizee": 3}}
         )
