@@ -57,15 +57,17 @@ class IdsOnly:
 
 
 def model_specials(tokenizer) -> Specials:
-    """The specials of a sentencepiece `Tokenizer` (an id the model lacks, -1, adds nothing,
-    as sentencepiece's own `add_bos` does)."""
-    sp, t = tokenizer.processor(), tokenizer.spec
-    bos, eos = sp.bos_id(), sp.eos_id()
+    """The specials of a model's tokenizer, of any kind (an id the model lacks, -1, adds
+    nothing, as sentencepiece's own `add_bos` does and transformers' does for an unset
+    `bos_token`)."""
+    from input_server.data.tokenizer_kinds import info_of
+
+    info, t = info_of(tokenizer), tokenizer.spec
     return Specials(
-        vocab_size=sp.vocab_size(),
-        bos=bos if t.add_bos and bos >= 0 else None,
-        eos=eos if t.add_eos and eos >= 0 else None,
-        written=f"`tokenizer.model` {tokenizer.written!r} ({sp.vocab_size()} ids)",
+        vocab_size=info.vocab_size,
+        bos=info.bos_id if t.add_bos and info.bos_id >= 0 else None,
+        eos=info.eos_id if t.add_eos and info.eos_id >= 0 else None,
+        written=f"`tokenizer.model` {tokenizer.written!r} ({info.vocab_size} ids)",
     )
 
 

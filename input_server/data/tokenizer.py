@@ -46,6 +46,17 @@ class TokenGroup:
         )
 
 
+def group_of(ids: list[np.ndarray], first_doc: int, trim_to: int | None) -> TokenGroup:
+    """The group of documents whose int32 ids are `ids`, each trimmed to `trim_to` tokens."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if trim_to is not None:
+        for i in np.flatnonzero(lengths > trim_to).tolist():
+            ids[i] = ids[i][:trim_to]
+        np.minimum(lengths, trim_to, out=lengths)
+    tokens = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, np.int32)
+    return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
+
+
 # A document that will be trimmed to `n` tokens is cut (at a space) before tokenizing:
 # sentencepiece's time is per character, and a long document's tail would be thrown away. The
 # cut keeps a margin times the characters that `n` tokens took on average (learned from a
@@ -193,13 +204,7 @@ class Tokenizer:
             ids = encode(texts)
         else:
             ids = self._encode_cut(encode, texts, trim_to)
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        if trim_to is not None:
-            for i in np.flatnonzero(lengths > trim_to).tolist():
-                ids[i] = ids[i][:trim_to]
-            np.minimum(lengths, trim_to, out=lengths)
-        tokens = np.concatenate(ids) if ids else np.zeros(0, np.int32)
-        return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
+        return group_of(ids, first_doc, trim_to)
 
     def _learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
         """Folds this group's characters per token into the running estimate."""

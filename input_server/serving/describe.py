@@ -1,4 +1,4 @@
-"""DescribeTokenizer: a spec's sentencepiece model as the server reads it.
+"""DescribeTokenizer: a spec's model, of any kind, as the server reads it.
 
 A trainer checks its own settings against it (input_client.maxtext: MaxText's pad id, and that
 `tokenizer_path` is the same model); the path is checked against the data roots like a stream's.
@@ -8,27 +8,39 @@ from __future__ import annotations
 
 import hashlib
 
+from input_client._spec_checks import TOKENIZER_KINDS
 from input_client.proto import pb
-from input_client.spec import TokenizerSpec
+from input_client.spec import SpecError, TokenizerSpec
 from input_server.data.roots import DataAccess
-from input_server.data.tokenizer import Tokenizer
+from input_server.data.tokenizer_kinds import info_of, open_tokenizer, resolve_model
 from input_server.errors import InvalidSpecError
+
+KINDS_REASON = f"must be one of {', '.join(TOKENIZER_KINDS)}"
 
 
 def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.TokenizerInfo:
+    """The model's vocabulary size, special ids (-1 where it has none) and the SHA-256 of the
+    file its tokens come from: the `.model`, the `tokenizer.json` or the tiktoken ranks."""
+    kind = request.kind or "sentencepiece"
     if not request.model:
-        raise InvalidSpecError("`tokenizer.model` is required: the path of a sentencepiece model.")
+        raise InvalidSpecError(f"`tokenizer.model` is required: the path of a {kind} model.")
+    if kind not in TOKENIZER_KINDS:
+        raise InvalidSpecError(str(SpecError("tokenizer.kind", kind, KINDS_REASON)))
+    spec = TokenizerSpec(model=request.model, kind=kind)
     if "\0" in request.model:
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
-    model = access.file(request.model, "tokenizer.model")
-    sp = Tokenizer(TokenizerSpec(model=model), written=request.model).processor()
+    model, config = resolve_model(access, spec)
+    tokenizer = open_tokenizer(
+        TokenizerSpec(model=model, kind=kind), written=request.model, config=config
+    )
+    info = info_of(tokenizer)
     with open(model, "rb") as f:
         digest = hashlib.file_digest(f, "sha256")
     return pb.TokenizerInfo(
-        vocab_size=sp.vocab_size(),
-        bos_id=sp.bos_id(),
-        eos_id=sp.eos_id(),
-        pad_id=sp.pad_id(),
-        unk_id=sp.unk_id(),
+        vocab_size=info.vocab_size,
+        bos_id=info.bos_id,
+        eos_id=info.eos_id,
+        pad_id=info.pad_id,
+        unk_id=info.unk_id,
         sha256=digest.hexdigest(),
     )

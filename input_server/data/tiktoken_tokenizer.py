@@ -1,0 +1,143 @@
+"""tiktoken BPE models (Llama 3's `tokenizer.model`), tokenized as MaxText 0.2.5's
+`TikTokenTokenizer` (maxtext/input_pipeline/tokenizer.py) tokenizes them.
+
+MaxText builds a `tiktoken.Encoding` from the ranks file with Llama 3's split pattern and 256
+special tokens numbered after the ranks (BOS `<|begin_of_text|>` first, EOS
+`<|end_of_text|>` second), pad id -1; it encodes special-token text in a document as plain
+text, and feeds tiktoken at most 400,000 characters and runs of at most 25,000 spaces or
+non-spaces at a time (tiktoken's Rust can overflow its stack beyond, openai/tiktoken#195). All of
+that is reproduced here, so the ids are MaxText's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+
+import numpy as np
+
+from input_server.data.tokenizer_kinds import IdsInfo, WholeDocumentTokenizer
+from input_server.errors import InvalidSpecError, shorten
+
+# MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.
+PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+RESERVED = 256
+SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|reserved_special_token_2|>",
+    "<|reserved_special_token_3|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|reserved_special_token_4|>",
+    "<|eot_id|>",
+] + [f"<|reserved_special_token_{i}|>" for i in range(5, RESERVED - 5)]
+MAX_ENCODE_CHARS = 400_000
+MAX_RUN = 25_000
+# Python's `str.isspace()` and `re`'s `\s` agree on str patterns (both Py_UNICODE_ISSPACE).
+_LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
+
+
+def split_runs(s: str, max_run: int = MAX_RUN):
+    """MaxText's `_split_whitespaces_or_nonwhitespaces`: pieces of `s` with no run of more
+    than `max_run` spaces or non-spaces."""
+    run, is_space, start = 0, s[0].isspace() if s else False, 0
+    for i, c in enumerate(s):
+        now = c.isspace()
+        if is_space ^ now:
+            run, is_space = 1, now
+        else:
+            run += 1
+            if run > max_run:
+                yield s[start:i]
+                start, run = i, 1
+    yield s[start:]
+
+
+def pieces(s: str) -> list[str]:
+    """What MaxText hands tiktoken for `s`, in order: `s` itself unless it is long or has a
+    long run (found in one regex pass, not MaxText's per-character loop)."""
+    if len(s) <= MAX_ENCODE_CHARS and not _LONG_RUN.search(s):
+        return [s]
+    step = MAX_ENCODE_CHARS
+    return [p for i in range(0, len(s), step) for p in split_runs(s[i : i + step])]
+
+
+def read_ranks(path: str, written: str) -> dict[bytes, int]:
+    """The ranks file: `base64(token) rank` lines (tiktoken's `load_tiktoken_bpe` format, read
+    here without its cache, which keys local files by path and would serve a stale copy)."""
+    ranks: dict[bytes, int] = {}
+    with open(path, "rb") as f:
+        for n, line in enumerate(f.read().splitlines(), 1):
+            if not line:
+                continue
+            try:
+                token, rank = line.split()
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+            except (ValueError, binascii.Error):
+                shown = line[:60].decode("ascii", "replace")
+                raise InvalidSpecError(
+                    f"`tokenizer.model` {shorten(written)!r} is not a tiktoken BPE file: line "
+                    f"{n} is {shown!r}, not `base64-token rank`."
+                ) from None
+    if not ranks:
+        raise InvalidSpecError(f"`tokenizer.model` {shorten(written)!r} holds no tiktoken ranks.")
+    return ranks
+
+
+class TiktokenTokenizer(WholeDocumentTokenizer):
+    """A tiktoken BPE model with MaxText's Llama 3 pattern and special tokens."""
+
+    def _load(self):
+        import tiktoken
+
+        self._open_check(self.spec.model)
+        ranks = read_ranks(self.spec.model, self.written)
+        if len(set(ranks.values())) != len(ranks):
+            raise InvalidSpecError(
+                f"`tokenizer.model` {shorten(self.written)!r} gives one rank to several tokens."
+            )
+        base = len(ranks)
+        try:
+            return tiktoken.Encoding(
+                name=os.path.basename(self.spec.model),
+                pat_str=PATTERN,
+                mergeable_ranks=ranks,
+                special_tokens={t: base + i for i, t in enumerate(SPECIALS)},
+            )
+        except ValueError as e:  # e.g. ranks that leave gaps below the special tokens
+            raise InvalidSpecError(
+                f"`tokenizer.model` {shorten(self.written)!r} is not a usable tiktoken model ({e})."
+            ) from None
+
+    def info(self) -> IdsInfo:
+        enc = self.model()
+        base = enc.n_vocab - RESERVED
+        return IdsInfo(enc.n_vocab, base, base + 1, -1, -1)
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+        enc = self.model()
+        core = enc._core_bpe  # encode_to_numpy without its per-call special-token checks
+        info = self.info()
+        head = [info.bos_id] if self.spec.add_bos else []
+        tail = [info.eos_id] if self.spec.add_eos else []
+        out = []
+        for text in texts:
+            parts = [np.asarray(head, np.int32)]
+            for piece in pieces(text):
+                try:
+                    buf = core.encode_to_tiktoken_buffer(piece, set())
+                except UnicodeEncodeError:  # lone surrogates: tiktoken's own repair
+                    piece = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+                    buf = core.encode_to_tiktoken_buffer(piece, set())
+                parts.append(np.frombuffer(buf, dtype=np.uint32).astype(np.int32))
+            parts.append(np.asarray(tail, np.int32))
+            out.append(np.concatenate(parts))
+        return out
