@@ -30,6 +30,8 @@ SERVER_REQUIRES = [
     # newest Grain for Python 3.10 (0.2.13) lays them out otherwise, hence Python 3.11 at least.
     "grain>=0.2.18",
     "sentencepiece>=0.2.3",  # encode(return_type="numpy"), GIL released in encode
+    "tokenizers>=0.20",  # tokenizer.kind "huggingface": encode_batch_fast releases the GIL
+    "tiktoken>=0.8",  # tokenizer.kind "tiktoken": encode_to_tiktoken_buffer (numpy, no lists)
     "grpcio-health-checking>=1.66",
     "absl-py>=2.1",
     "zstandard>=0.22",
