@@ -118,6 +118,15 @@ def open_tokenizer(spec: TokenizerSpec, *, written: str | None = None, config: s
     return Tokenizer(spec, written=written)
 
 
+def load_tokenizer(spec: TokenizerSpec):
+    """The tokenizer for `spec` as the operator's tools open it (no data roots): a Hugging
+    Face folder's files found as `resolve_model` finds them."""
+    from input_server.data.roots import OPERATOR
+
+    model, config = resolve_model(OPERATOR, spec)
+    return open_tokenizer(dataclasses.replace(spec, model=model), written=spec.model, config=config)
+
+
 def info_of(tokenizer) -> IdsInfo:
     """`IdsInfo` of any kind's tokenizer (sentencepiece's from its processor)."""
     if isinstance(tokenizer, Tokenizer):

@@ -17,8 +17,7 @@ import textwrap
 import pytest
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer_kinds import info_of, open_tokenizer, resolve_model
-from input_server.data.roots import OPERATOR
+from input_server.data.tokenizer_kinds import info_of, load_tokenizer
 from input_server.tools.corpus import train_sentencepiece
 from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 from tests.support import ROOT, python_or_skip
@@ -104,15 +103,12 @@ def test_ids_equal_maxtexts_own_tokenizer(maxtext_python, docs, tmp_path, kind):
     want = json.loads((tmp_path / "ids.json").read_text())
     for flags, theirs in want.items():
         bos, eos = (f == "True" for f in flags.split())
-        spec = TokenizerSpec(model=path, kind=kind, add_bos=bos, add_eos=eos)
-        model, config = resolve_model(OPERATOR, spec)
-        ours = open_tokenizer(
-            TokenizerSpec(model=model, kind=kind, add_bos=bos, add_eos=eos),
-            written=path,
-            config=config,
-        )
+        ours = load_tokenizer(TokenizerSpec(model=path, kind=kind, add_bos=bos, add_eos=eos))
         group = ours.encode(texts)
-        got = [group.tokens[s : s + n].tolist() for s, n in zip(group.starts, group.lengths)]
+        got = [
+            group.tokens[s : s + n].tolist()
+            for s, n in zip(group.starts, group.lengths, strict=True)
+        ]
         for i, (a, b) in enumerate(zip(got, theirs["ids"], strict=True)):
             assert a == b, (flags, i, texts[i][:80], a[:20], b[:20])
         info = info_of(ours)

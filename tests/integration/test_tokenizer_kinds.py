@@ -1,0 +1,149 @@
+"""Hugging Face and tiktoken tokenizers through the real server: their batches hold the ids the
+tokenizer gives (BOS/EOS as asked), equal in process, through threads, worker processes and the
+server; DescribeTokenizer reports each kind; their mistakes have statuses naming the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import grpc
+import numpy as np
+import pytest
+
+from input_client import InputClient, PipelineSpec, StreamError
+from input_client.spec import TokenizerSpec
+from input_server.data.tokenizer_kinds import load_tokenizer
+from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from tests.support import assert_same_batches, run_pipeline
+
+SEQ, ROWS = 128, 4
+
+
+@pytest.fixture(scope="module")
+def models(docs, tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("kinds")
+    return {
+        "huggingface": train_hf_tokenizer(docs[:600], d / "hf", vocab_size=800),
+        "tiktoken": write_tiktoken_model(docs[:600], d / "m.tiktoken", vocab_size=800),
+    }
+
+
+@pytest.fixture(params=["huggingface", "tiktoken"])
+def kind(request) -> str:
+    return request.param
+
+
+def _spec(corpus, models, kind, **batch) -> PipelineSpec:
+    return PipelineSpec(
+        source={"paths": [corpus]},
+        tokenizer={"model": models[kind], "kind": kind},
+        batch={"seq_len": SEQ, "size": ROWS, "packing": "none", **batch},
+        order={"shuffle": False, "epochs": 1},
+        workers={"count": 0},
+    )
+
+
+def test_rows_hold_the_tokenizers_ids(corpus, docs, models, kind):
+    """With one document per row, row i is document i's ids with BOS and EOS, trimmed."""
+    spec = _spec(corpus, models, kind)
+    tok = load_tokenizer(spec.tokenizer)
+    info = tok.info()
+    rows = [r for p in run_pipeline(spec, limit=10) for r in p.batch.arrays()["inputs"]]
+    for i, row in enumerate(rows[:40]):
+        want = tok.encode([docs[i]]).tokens[:SEQ]
+        assert want[0] == info.bos_id
+        assert np.array_equal(row[: len(want)], want), i
+        assert not row[len(want) :].any()
+    long = next(i for i in range(40) if len(tok.encode([docs[i]]).tokens) <= SEQ)
+    assert rows[long][len(tok.encode([docs[long]]).tokens) - 1] == info.eos_id
+
+
+def test_threads_processes_and_the_server_give_the_same_batches(corpus, models, kind, server):
+    spec = _spec(corpus, models, kind, packing="first_fit")
+    want = [p.batch.arrays() for p in run_pipeline(spec, threads=1, limit=12)]
+    assert_same_batches([p.batch.arrays() for p in run_pipeline(spec, threads=3, limit=12)], want)
+    two = run_pipeline(spec, processes=2, limit=12)  # the tokenizer pickled into workers
+    assert_same_batches([p.batch.arrays() for p in two], want)
+    with InputClient(server.targets[0]) as c, c.batches(spec) as it:
+        got = [b for _, b in zip(range(12), it, strict=False)]
+    assert_same_batches(got, want)
+
+
+def test_pickled_tokenizer_reloads_its_model(models, kind):
+    tok = load_tokenizer(TokenizerSpec(model=models[kind], kind=kind))
+    again = pickle.loads(pickle.dumps(tok))
+    assert again._model is None
+    text = ["Return the number of items in a container."]
+    assert again.encode(text).tokens.tolist() == tok.encode(text).tokens.tolist()
+
+
+def test_describe_reports_each_kind(models, kind, server):
+    spec = PipelineSpec(
+        source={"paths": ["x.jsonl"]}, tokenizer={"model": models[kind], "kind": kind}
+    )
+    with InputClient(server.targets[0]) as c:
+        info = c.describe_tokenizer(spec)
+    if kind == "huggingface":  # BOS, EOS, pad are the trainer's first three tokens
+        assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.unk_id) == (
+            800,
+            0,
+            1,
+            2,
+            -1,
+        )
+        hashed = os.path.join(models[kind], "tokenizer.json")
+    else:  # Llama 3's 256 specials after the ranks, no pad
+        assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id) == (1056, 800, 801, -1)
+        hashed = models[kind]
+    import hashlib
+
+    assert info.sha256 == hashlib.sha256(open(hashed, "rb").read()).hexdigest()
+
+
+def _refusal(server, spec) -> StreamError:
+    with InputClient(server.targets[0]) as c, pytest.raises(StreamError) as e:
+        with c.batches(spec) as it:
+            next(it)
+    return e.value
+
+
+def test_mistakes_name_the_model(corpus, models, server, tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad-kinds")
+    (d / "empty").mkdir()
+    (d / "broken").mkdir()
+    (d / "broken" / "tokenizer.json").write_text("{not json")
+    padded = json.loads(open(os.path.join(models["huggingface"], "tokenizer.json")).read())
+    padded["padding"] = {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 2,
+        "pad_type_id": 0,
+        "pad_token": "<|pad|>",
+    }
+    (d / "padded").mkdir()
+    (d / "padded" / "tokenizer.json").write_text(json.dumps(padded))
+    (d / "bad.tiktoken").write_text("IQ== 0\nnot-a-rank-line\n")
+    cases = [
+        ("huggingface", str(d / "empty"), grpc.StatusCode.NOT_FOUND, "tokenizer.model"),
+        ("huggingface", str(d / "broken"), grpc.StatusCode.INVALID_ARGUMENT, "tokenizer.json"),
+        ("huggingface", str(d / "padded"), grpc.StatusCode.INVALID_ARGUMENT, "sets padding"),
+        ("tiktoken", str(d / "bad.tiktoken"), grpc.StatusCode.INVALID_ARGUMENT, "line 2"),
+        ("tiktoken", models["huggingface"], grpc.StatusCode.PERMISSION_DENIED, "regular file"),
+        ("huggingface", "/etc", grpc.StatusCode.PERMISSION_DENIED, "tokenizer.model"),
+    ]
+    for kind, model, code, needle in cases:
+        spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model, "kind": kind})
+        err = _refusal(server, spec)
+        assert err.code == code and needle in err.details, (kind, model, err)
+
+
+def test_an_unknown_kind_is_refused_by_name(corpus, models):
+    from input_client.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"`tokenizer.kind` must be one of sentencepiece, "):
+        PipelineSpec(
+            source={"paths": [corpus]}, tokenizer={"model": models["tiktoken"], "kind": "bpe"}
+        )
