@@ -84,9 +84,15 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131
 def build_data(root: str) -> dict:
     """A corpus in every format, its model, hostile files, and the strings to draw from."""
     from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece
+    from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
     docs = stdlib_docstrings(300)
     model = train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)
+    models = [
+        ("sentencepiece", model),
+        ("huggingface", train_hf_tokenizer(docs, os.path.join(root, "hf"), vocab_size=600)),
+        ("tiktoken", write_tiktoken_model(docs, os.path.join(root, "m.tiktoken"), vocab_size=600)),
+    ]
     sources = [write_format(kind, docs, os.path.join(root, kind))[1] for kind in FORMATS]
     bad = os.path.join(root, "hostile")
     os.makedirs(os.path.join(bad, "dir.jsonl"))
@@ -104,12 +110,15 @@ def build_data(root: str) -> dict:
         ("noise.jsonl", rng.randbytes(4096)),
         ("noise.model", rng.randbytes(4096)),
         ("half.model", good[: len(good) // 2]),
+        ("noise.tiktoken", rng.randbytes(4096)),
+        ("tokenizer.json", b'{"model": {"type": "BPE", "vocab": 7}}'),
         ("nul.jsonl", b'{"text": "a\\u0000b"}\n\x00\n'),
     ]:
         pathlib.Path(bad, name).write_bytes(blob)
     paths = (
         [os.path.join(bad, n) for n in sorted(os.listdir(bad))]
         + [s["paths"][0] for s in sources]
+        + [m for _, m in models]
         + [
             model,
             root,
@@ -173,7 +182,14 @@ def build_data(root: str) -> dict:
         "none",
         "body",
     ]
-    return {"model": model, "sources": sources, "paths": paths, "words": words, "root": root}
+    return {
+        "model": model,
+        "models": models,
+        "sources": sources,
+        "paths": paths,
+        "words": words,
+        "root": root,
+    }
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -197,13 +213,17 @@ def valid_request(
             ]
         }
     )
+    kind, model = rng.choice(data["models"])
+    packing = rng.choice(["first_fit", "concat_then_split", "none"])
+    split = packing == "concat_then_split"
     spec = pb.PipelineSpec(
         **tables,
-        tokenizer=pb.Tokenizer(model=data["model"], add_bos=True),
+        tokenizer=pb.Tokenizer(model=model, kind=kind, add_bos=True),
         batch=pb.BatchShape(
             seq_len=rng.choice([16, 64, 128]),
             size=rng.choice([1, 2, 4]),
-            packing=rng.choice(["first_fit", "concat_then_split", "none"]),
+            packing=packing,
+            long_documents=rng.choice(["", "trim", "chunk", *(["split"] if split else [])]),
         ),
         order=pb.Order(seed=rng.randrange(100), shuffle=rng.random() < 0.5, epochs=1),
         shard=pb.Shard(index=0, count=1),

@@ -139,8 +139,9 @@ class InputClient:
             raise StreamError(e.code(), e.details()) from None
 
     def describe_tokenizer(self, spec: PipelineSpec) -> pb.TokenizerInfo:
-        """The server's view of `spec`'s sentencepiece model: vocabulary size, special ids
-        (-1 where the model has none) and the file's SHA-256.
+        """The server's view of `spec`'s model, of any `tokenizer.kind`: vocabulary size,
+        special ids (-1 where the model has none) and the SHA-256 of the file its tokens come
+        from (the `.model`, the `tokenizer.json`, or the tiktoken ranks file).
 
         Raises:
           StreamError: the model is outside the server's data roots (PERMISSION_DENIED),
