@@ -76,6 +76,8 @@ def format_table(info, address: str) -> str:
         if spec.mixture:
             paths = f"a mixture of {len(sources)} sources ({paths})"
         model = spec.tokenizer.model or f"none (ids below {spec.tokenizer.vocab_size})"
+        if spec.tokenizer.model and spec.tokenizer.kind:
+            model += f" ({spec.tokenizer.kind})"
         lines.append(
             f"{'pipelines' if i == 0 else '':<10} {name}: {paths}; batch {spec.batch.size} x "
             f"{spec.batch.seq_len}, model {model}"
