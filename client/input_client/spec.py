@@ -23,6 +23,7 @@ from input_client._spec_checks import (  # noqa: F401  (the constants are this m
     MIX_PERIOD,
     PACKINGS,
     RECORD_FORMATS,
+    TOKENIZER_KINDS,
     SpecError,
     validate,
 )

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from input_server.data.tokenizer_kinds import IdsInfo, WholeDocumentTokenizer
+from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
 from input_server.errors import InvalidSpecError, shorten
 
 NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")

@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from input_server.data.tokenizer_kinds import IdsInfo, WholeDocumentTokenizer
+from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
 from input_server.errors import InvalidSpecError, shorten
 
 # MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.

@@ -12,76 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
-
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer import CUT_CHARS_PER_TOKEN, TokenGroup, Tokenizer, group_of
-from input_server.errors import DataNotFoundError, UnreadableError, shorten
+from input_server.data.hf_tokenizer import HuggingFaceTokenizer
+from input_server.data.tiktoken_tokenizer import TiktokenTokenizer
+from input_server.data.tokenizer import Tokenizer
+from input_server.data.tokenizer_base import IdsInfo
+from input_server.errors import DataNotFoundError
 
-
-@dataclasses.dataclass(frozen=True)
-class IdsInfo:
-    """A model's vocabulary and special ids; -1 where the model has no such token."""
-
-    vocab_size: int
-    bos_id: int
-    eos_id: int
-    pad_id: int
-    unk_id: int
-
-
-class WholeDocumentTokenizer:
-    """What the kinds other than sentencepiece share: documents are tokenized whole (no cut
-    before tokenizing: their pieces may span spaces), then trimmed; subclasses give
-    `_load()`, `_encode(texts)` (arrays with BOS/EOS) and `info()`.
-
-    Picklable: the model is loaded lazily in each process that encodes.
-    """
-
-    word_local = False
-    extendable = False
-    cut_margin = 1.0
-
-    def __init__(self, spec: TokenizerSpec, *, written: str | None = None):
-        self.spec = spec
-        self.written = spec.model if written is None else written
-        self._model = None
-        self.vocab_size = self.info().vocab_size
-
-    def model(self):
-        if self._model is None:
-            self._model = self._load()
-        return self._model
-
-    def _open_check(self, path: str, key: str = "tokenizer.model") -> None:
-        """Missing and unreadable files named as sentencepiece's are."""
-        shown = shorten(self.written)
-        if not os.path.isfile(path):
-            raise DataNotFoundError(f"`{key}`: no such file {shown!r}.")
-        try:
-            open(path, "rb").close()
-        except PermissionError as e:
-            raise UnreadableError(
-                f"`{key}`: the server may not read {shown!r} (permission denied)."
-            ) from e
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_model"] = None
-        return state
-
-    def learn_chars_per_token(self, texts: list[str]) -> float:
-        return CUT_CHARS_PER_TOKEN
-
-    def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
-        return text_chars
-
-    def encode(
-        self, texts: list[str], first_doc: int = 0, num_threads: int = 1, trim_to: int | None = None
-    ) -> TokenGroup:
-        """Tokenizes `texts` whole (`num_threads` is sentencepiece's; the others parallelize
-        across Grain's threads); documents longer than `trim_to` keep their first tokens."""
-        return group_of(self._encode(texts), first_doc, trim_to)
+__all__ = ["IdsInfo", "info_of", "load_tokenizer", "open_tokenizer", "resolve_model"]
 
 
 def resolve_model(access, spec: TokenizerSpec) -> tuple[str, str | None]:
@@ -108,12 +46,8 @@ def open_tokenizer(spec: TokenizerSpec, *, written: str | None = None, config: s
     """The tokenizer for `spec`, its `model` already resolved (`resolve_model`); `written` is
     the model as the client wrote it, for messages."""
     if spec.kind == "huggingface":
-        from input_server.data.hf_tokenizer import HuggingFaceTokenizer
-
         return HuggingFaceTokenizer(spec, written=written, config=config)
     if spec.kind == "tiktoken":
-        from input_server.data.tiktoken_tokenizer import TiktokenTokenizer
-
         return TiktokenTokenizer(spec, written=written)
     return Tokenizer(spec, written=written)
 
@@ -133,7 +67,3 @@ def info_of(tokenizer) -> IdsInfo:
         sp = tokenizer.processor()
         return IdsInfo(sp.vocab_size(), sp.bos_id(), sp.eos_id(), sp.pad_id(), sp.unk_id())
     return tokenizer.info()
-
-
-def as_int32(ids) -> np.ndarray:
-    return np.asarray(ids, dtype=np.int32)

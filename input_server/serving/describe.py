@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
-from input_client._spec_checks import TOKENIZER_KINDS
 from input_client.proto import pb
-from input_client.spec import SpecError, TokenizerSpec
+from input_client.spec import TOKENIZER_KINDS, SpecError, TokenizerSpec
 from input_server.data.roots import DataAccess
 from input_server.data.tokenizer_kinds import info_of, open_tokenizer, resolve_model
 from input_server.errors import InvalidSpecError

@@ -23,7 +23,7 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
 from input_server.tools.corpus import train_sentencepiece, write_jsonl
-from tests.support import ROOT, TINY_MAXTEXT, python_or_skip
+from tests.support import TINY_MAXTEXT
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -40,19 +40,6 @@ MODEL = [*TINY_MAXTEXT, f"max_target_length={SEQ}", f"per_device_batch_size={ROW
 ONE_HOST = ["skip_jax_distributed_system=true"]
 EVAL_PASS = {"shuffle": False, "epochs": 1}  # what the adapter makes of any eval spec
 PROG = "python -m input_client.maxtext.train: "
-
-
-@pytest.fixture(scope="module")
-def maxtext_python() -> str:
-    python_or_skip("3.12", "the MaxText venv")
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")

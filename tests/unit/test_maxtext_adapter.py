@@ -101,10 +101,10 @@ def _tokenizer(model_file, **over):
     return types.SimpleNamespace(**{"vocab_size": 1000, "sha256": sha, **over})
 
 
-def _spec(model_file, **batch):
+def _spec(model_file, kind="sentencepiece", **batch):
     return PipelineSpec(
         source={"paths": ["x.jsonl"]},
-        tokenizer={"model": model_file},
+        tokenizer={"model": model_file, "kind": kind},
         batch={"seq_len": 256, "size": 8, **batch},
     )
 
@@ -132,20 +132,51 @@ def test_a_spec_that_agrees_passes(model_file):
         ({"add_eos": False}, {}, {}, ("`tokenizer.add_eos` is True", "`add_eos` is False")),
         ({"vocab_size": 512}, {}, {}, ("1000 pieces", "`vocab_size` is 512")),
         ({}, {}, {"sha256": "0" * 64}, ("`tokenizer.model`", "its SHA-256 differs")),
-        ({"tokenizer_type": "tiktoken"}, {}, {}, ("`tokenizer_type` is 'tiktoken'",)),
+        (
+            {"tokenizer_type": "tiktoken"},
+            {},
+            {},
+            ("`tokenizer.kind` is 'sentencepiece'", "`tokenizer_type` is 'tiktoken'"),
+        ),
         ({"expansion_factor_real_data": 2}, {}, {}, ("`expansion_factor_real_data` 2",)),
         ({"colocated_python_data_input": True}, {}, {}, ("`colocated_python_data_input`",)),
         ({"packing": False}, {}, {}, ("`batch.packing` is 'first_fit'", "`packing` is False")),
         ({}, {"packing": "none"}, {}, ("`batch.packing` is 'none'", "`packing` is True")),
-        ({"grain_packing_type": "best_fit"}, {}, {}, ("`grain_packing_type` is 'best_fit'",)),
+        ({"grain_packing_type": "best_fit"}, {}, {}, ("`grain_packing_type` 'best_fit' is not",)),
         (
+            {"grain_packing_type": "concat_then_split"},
+            {},
+            {},
+            ("`batch.packing` is 'first_fit'", "`grain_packing_type` is 'concat_then_split'"),
+        ),
+        (  # concat_then_split's own default runs a long document on; MaxText trims it first
             {"grain_packing_type": "concat_then_split"},
             {"packing": "concat_then_split"},
             {},
-            ("`grain_packing_type` 'concat_then_split' is not supported", "use first_fit"),
+            ("`batch.long_documents` is 'split'", "`use_truncation` is True", "trimmed"),
         ),
         ({"max_segments_per_seq": 8}, {}, {}, ("`max_segments_per_seq` 8 is not supported",)),
-        ({"use_truncation": False}, {}, {}, ("`use_truncation` False is not supported",)),
+        (
+            {"use_truncation": False},
+            {},
+            {},
+            ("`batch.long_documents` is 'trim'", "`use_truncation` is False", "chunked"),
+        ),
+        (
+            {"use_truncation": False},
+            {"long_documents": "chunk", "packing": "none"},
+            {},
+            ("`batch.packing` is 'none'", "`packing` is True"),
+        ),
+        ({}, {"long_documents": "chunk"}, {}, ("`batch.long_documents` is 'chunk'", "trimmed")),
+        (
+            {"tokenize_train_data": False},
+            {},
+            {},
+            ("`tokenizer.add_bos` is True", "adds no BOS/EOS", "`tokenize_train_data` is False"),
+        ),
+        ({"use_sft": True}, {}, {}, ("`use_sft` True is not supported",)),
+        ({"elastic_enabled": True}, {}, {}, ("`elastic_enabled` True is not supported",)),
     ],
 )
 def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, names):
@@ -159,6 +190,96 @@ def test_each_mismatch_names_both_values(model_file, config, batch, tokenizer, n
         )
     for name in names:
         assert name in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "batch"),
+    [
+        ({"use_truncation": False}, {"long_documents": "chunk"}),
+        (
+            {"use_truncation": False, "packing": False},
+            {"long_documents": "chunk", "packing": "none"},
+        ),
+        (
+            {"grain_packing_type": "concat_then_split"},
+            {"packing": "concat_then_split", "long_documents": "trim"},
+        ),
+        (
+            {"grain_packing_type": "concat_then_split", "use_truncation": False},
+            {"packing": "concat_then_split", "long_documents": "chunk"},
+        ),
+        (  # MaxText's FirstFit would raise on a long pre-tokenized document; the server trims
+            {"tokenize_train_data": False, "add_bos": True},
+            {},
+        ),
+        (
+            {"tokenize_train_data": False, "grain_packing_type": "concat_then_split"},
+            {"packing": "concat_then_split"},
+        ),
+    ],
+)
+def test_packings_that_do_what_maxtext_does_pass(model_file, config, batch):
+    spec = _spec(model_file, **batch)
+    if config.get("tokenize_train_data") is False:
+        spec = spec.replace(tokenizer={"add_bos": False, "add_eos": False})
+    check.check_shape(spec, _config(**config), process_count=2, which="train")
+
+
+def test_a_long_pre_tokenized_document_runs_on_with_maxtexts_concat_then_split(model_file):
+    # No TokenizeAndTrim/Chunk for pre-tokenized data, whatever use_truncation says.
+    spec = _spec(model_file, packing="concat_then_split", long_documents="trim").replace(
+        tokenizer={"add_bos": False, "add_eos": False}
+    )
+    config = _config(tokenize_train_data=False, grain_packing_type="concat_then_split")
+    with pytest.raises(MaxTextConfigError) as e:
+        check.check_shape(spec, config, process_count=2, which="train")
+    for name in ("`batch.long_documents` is 'trim'", "`tokenize_train_data` is False", "split"):
+        assert name in str(e.value)
+
+
+def test_the_tokenizer_kind_follows_tokenizer_type(model_file):
+    for kind in ("huggingface", "tiktoken"):
+        spec = _spec(model_file, kind=kind)
+        check.check_shape(spec, _config(tokenizer_type=kind), process_count=2, which="eval")
+    with pytest.raises(MaxTextConfigError, match="`tokenizer.kind` is 'huggingface'"):
+        check.check_shape(
+            _spec(model_file, kind="huggingface"), _config(), process_count=2, which="eval"
+        )
+
+
+def test_a_tokenizer_folder_is_checked_by_its_tokenizer_json(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"model": {}}')
+    (folder / "tokenizer_config.json").write_text("{}")
+    spec = _spec(str(folder), kind="huggingface")
+    config = _config(tokenizer_path=str(folder), tokenizer_type="huggingface")
+    check.check_tokenizer(spec, config, _tokenizer(str(folder / "tokenizer.json")), which="train")
+    with pytest.raises(MaxTextConfigError, match="tokenizer.json \\(another file"):
+        check.check_tokenizer(
+            spec, config, _tokenizer(str(folder / "tokenizer.json"), sha256="0" * 64), which="train"
+        )
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(MaxTextConfigError, match="is a folder without a tokenizer.json here"):
+        check.check_tokenizer(
+            spec, config, _tokenizer(str(folder / "tokenizer_config.json")), which="train"
+        )
+
+
+@pytest.mark.parametrize(
+    ("kind", "pad", "unk", "want"),
+    [
+        ("sentencepiece", -1, 0, -1),  # pad_id() is -1, not None: MaxText pads with -1
+        ("sentencepiece", 3, 0, 3),
+        ("tiktoken", -1, -1, -1),  # MaxText's tiktoken pad_id is -1
+        ("huggingface", 5, 0, 5),
+        ("huggingface", -1, 2, 2),  # pad_token_id None: unk_token_id
+        ("huggingface", -1, -1, 0),  # both None: 0
+    ],
+)
+def test_the_pad_id_is_the_one_maxtext_takes(kind, pad, unk, want):
+    info = types.SimpleNamespace(pad_id=pad, unk_id=unk)
+    assert check.maxtext_pad_id(info, kind) == want
 
 
 def test_a_tokenizer_path_that_is_not_here_is_refused_by_name(model_file):
@@ -186,20 +307,48 @@ def test_each_host_reads_its_place_among_the_loading_processes(model_file):
 
 
 def test_the_launcher_adds_what_maxtext_needs_and_refuses_another_dataset():
-    assert maxtext_argv(["steps=5"]) == [
+    specs = {"train_spec": True, "eval_spec": True}
+    assert maxtext_argv(["steps=5"], **specs) == [
         "steps=5",
         "dataset_type=grain",
         f"grain_train_files={PLACEHOLDER}",
         f"grain_eval_files={PLACEHOLDER}",
     ]
-    assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"]) == [
+    assert maxtext_argv(["base.yml", "dataset_type=grain", "grain_train_files=x"], **specs) == [
         "base.yml",
         "dataset_type=grain",
         "grain_train_files=x",
         f"grain_eval_files={PLACEHOLDER}",
     ]
     with pytest.raises(ValueError, match="dataset_type=hf would bypass the server"):
-        maxtext_argv(["dataset_type=hf"])
+        maxtext_argv(["dataset_type=hf"], **specs)
+
+
+def test_without_spec_files_maxtexts_arguments_go_through_unchanged():
+    args = ["grain_train_files=/d/*.ar", "grain_eval_files=/d/e*", "eval_interval=5"]
+    assert maxtext_argv(args, train_spec=False, eval_spec=False) == [*args, "dataset_type=grain"]
+    mixture = ["grain_train_mixture_config_path=mix.json"]  # enough for MaxText's config check
+    assert maxtext_argv(mixture, train_spec=False, eval_spec=False)[:1] == mixture
+    # A train spec file alone: the eval set still comes from MaxText's keys.
+    assert maxtext_argv(args, train_spec=True, eval_spec=False) == [*args, "dataset_type=grain"]
+    assert maxtext_argv(["my.yml"], train_spec=False, eval_spec=False) == [
+        "my.yml",
+        "dataset_type=grain",
+    ]  # the file's keys are MaxText's to read
+
+
+@pytest.mark.parametrize(
+    ("args", "train_spec", "needle"),
+    [
+        (["steps=5"], False, "no training data named"),
+        (["grain_train_files="], False, "no training data named"),
+        (["grain_train_files=/d/*", "eval_interval=10"], False, "no eval spec was given"),
+        (["eval_interval=10"], True, "eval_interval=10 asks for eval batches"),
+    ],
+)
+def test_the_launcher_says_in_one_line_what_data_is_missing(args, train_spec, needle):
+    with pytest.raises(ValueError, match=needle):
+        maxtext_argv(args, train_spec=train_spec, eval_spec=False)
 
 
 def _launcher(capsys, *args):

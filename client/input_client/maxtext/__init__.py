@@ -2,16 +2,19 @@
 
 ```
 from input_client import maxtext as input_maxtext
-input_maxtext.install("unix:///run/input.sock", "train.toml", eval_spec="eval.toml")
+input_maxtext.install("unix:///run/input.sock")  # the specs derived from MaxText's config
 # then MaxText's own trainer, e.g. maxtext.trainers.pre_train.train.main(argv)
 ```
 
-or the launcher, `python -m input_client.maxtext.train --server ADDRESS --spec SPEC.toml
+or the launcher, `python -m input_client.maxtext.train --server ADDRESS [--spec SPEC.toml]
 [--eval-spec SPEC.toml] <base.yml> key=value ...`.
 
 `make_train_iterator` / `make_eval_iterator` have the signature of MaxText's
-`make_grain_train_iterator(config, global_mesh, process_indices)`. Each checks the spec against
-the config first (`check.check_against_config`), reads this host's shard, and returns MaxText's
+`make_grain_train_iterator(config, global_mesh, process_indices)`. Each takes its spec as given
+to `install` (a `PipelineSpec` or a TOML path) or, without one, derives it from the `config`
+MaxText passes (`derive`: `grain_train_files`, `max_target_length`, `tokenizer_path`, ...,
+refusing by name what the server cannot honour); checks it against the config
+(`check.check_shape`, `check.check_tokenizer`), reads this host's shard, and returns MaxText's
 own `MultiHostDataLoadIterator` over the server's stream, with batches in MaxText's conventions
 (`conventions.to_maxtext`). With `dataset_type=grain`, MaxText's checkpoints then save and
 restore the data position (`source.ServerIterator.get_state`). Eval is a finite, unshuffled
@@ -21,6 +24,8 @@ pass from the start at every eval.
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 import weakref
 from typing import Any
 
@@ -29,12 +34,14 @@ import grpc
 from input_client.auth import read_token_file
 from input_client.client import InputClient
 from input_client.errors import StreamError
+from input_client.maxtext import derive
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
 from input_client.maxtext.check import (
     MaxTextConfigError,
     check_shape,
     check_tokenizer,
     check_vocab_size,
+    maxtext_pad_id,
     shard_for,
 )
 from input_client.maxtext.conventions import to_maxtext
@@ -55,7 +62,7 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class _Settings:
     server: str
-    spec: PipelineSpec
+    spec: PipelineSpec | None  # None: derived from MaxText's config
     eval_spec: PipelineSpec | None
     token: str | None
     prefetch: int
@@ -72,14 +79,15 @@ def _spec(spec: PipelineSpec | str) -> PipelineSpec:
 
 def configure(
     server: str,
-    spec: PipelineSpec | str,
+    spec: PipelineSpec | str | None = None,
     eval_spec: PipelineSpec | str | None = None,
     *,
     token_file: str | None = None,
     prefetch: int = 2,
     connect_timeout_s: float = 30.0,
 ) -> None:
-    """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths).
+    """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths;
+    a spec left out is derived from MaxText's config when its factory is called).
 
     `connect_timeout_s`: how long a factory waits for the server before raising
     `ConnectionError`."""
@@ -87,7 +95,7 @@ def configure(
     token = None if token_file is None else read_token_file(token_file)  # its mistakes now
     _settings = _Settings(
         server,
-        _spec(spec),
+        None if spec is None else _spec(spec),
         None if eval_spec is None else _spec(eval_spec),
         token,
         prefetch,
@@ -97,14 +105,16 @@ def configure(
 
 def install(
     server: str,
-    spec: PipelineSpec | str,
+    spec: PipelineSpec | str | None = None,
     eval_spec: PipelineSpec | str | None = None,
     **options: Any,
 ) -> None:
     """`configure`, then sets MaxText's Grain factories to this module's. Run MaxText with
-    `dataset_type=grain` (its iterator checkpointing needs it) and any non-empty
-    `grain_train_files` (and `grain_eval_files` with eval): its config check asks for them,
-    and nothing reads them once the factories are replaced."""
+    `dataset_type=grain` (its iterator checkpointing needs it). Without `spec`, the train spec
+    is derived from MaxText's `grain_train_files` (or `grain_train_mixture_config_path`) and
+    the rest of its config; without `eval_spec`, the eval spec from `grain_eval_files`. With a
+    spec, MaxText's config check still asks for its files: any non-empty value does, as
+    nothing reads it."""
     configure(server, spec, eval_spec, **options)
     interface = interface_module()
     interface.make_grain_train_iterator = make_train_iterator
@@ -126,22 +136,27 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
 
     if _settings is None:
         raise MaxTextConfigError(
-            "input_client.maxtext has no server and spec: call "
-            "input_client.maxtext.install(...) (or configure) first, or use "
-            "python -m input_client.maxtext.train."
+            "input_client.maxtext has no server: call input_client.maxtext.install(...) (or "
+            "configure) first, or use python -m input_client.maxtext.train."
         )
+    which = "train" if train else "eval"
     spec = _settings.spec if train else _settings.eval_spec
-    if spec is None:
-        raise MaxTextConfigError(
-            "MaxText asks for an eval iterator (eval_interval > 0) but no "
-            "eval spec was given (--eval-spec, or eval_spec=)."
+    if spec is None:  # from the config MaxText runs with, base.yml's defaults included
+        derived = derive.train_spec if train else derive.eval_spec
+        spec = derived(config, process_count=jax.process_count())
+        # What the run streams, said once in its log as JSON (a spec file's tables), so that
+        # it can be read back, kept, or given as --spec.
+        print(
+            f"input_client.maxtext: the {which} spec derived from MaxText's config: "
+            f"{json.dumps(spec.to_dict())}",
+            file=sys.stderr,
+            flush=True,
         )
     if not train:  # one repeatable pass: the same batches at every eval
         spec = dataclasses.replace(
             spec, order=OrderSpec(seed=spec.order.seed, shuffle=False, epochs=1)
         )
     spec = shard_for(spec, list(process_indices), jax.process_index())
-    which = "train" if train else "eval"
     check_shape(spec, config, process_count=jax.process_count(), which=which)
     client = InputClient(
         _settings.server, token=_settings.token, connect_timeout_s=_settings.connect_timeout_s
@@ -150,7 +165,7 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     if spec.tokenizer.model:
         tokenizer = _describe(client, spec)
         check_tokenizer(spec, config, tokenizer, which=which)
-        pad_id = tokenizer.pad_id
+        pad_id = maxtext_pad_id(tokenizer, spec.tokenizer.kind)
     else:  # pre-tokenized, no model: the spec says the vocabulary and the pad id
         check_vocab_size(spec, config, which=which)
         pad_id = -1 if spec.tokenizer.pad_id is None else spec.tokenizer.pad_id

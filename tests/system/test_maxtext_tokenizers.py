@@ -20,7 +20,6 @@ from input_client.spec import TokenizerSpec
 from input_server.data.tokenizer_kinds import info_of, load_tokenizer
 from input_server.tools.corpus import train_sentencepiece
 from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
-from tests.support import ROOT, python_or_skip
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -49,19 +48,6 @@ MAXTEXT = textwrap.dedent("""
                 "bos_id": tok.bos_id, "eos_id": tok.eos_id}
     json.dump(result, open(out, "w"))
 """)
-
-
-@pytest.fixture(scope="module")
-def maxtext_python() -> str:
-    python_or_skip("3.12", "the MaxText venv")
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
 
 
 def _models(docs, d) -> dict[str, str]:
