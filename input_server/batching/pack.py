@@ -9,6 +9,11 @@ work), each document is a slice (a view) of its group's token array, and the bat
 `np.concatenate` of those views and the padding. Segment ids, positions and targets are not
 built here: they follow from the segment lengths (`PackedBatch.arrays()`; the client derives
 them from the wire the same way).
+
+Long documents (`batch.long_documents`) are cut by the cursor, not the packers: a packer places
+pieces, and a piece of a chunked document is a document like any other to it. So the hot loops
+are the same for every policy, and a chunked document cut at a batch's end leaves the cursor
+at `(doc, offset)` inside it with every packing.
 """
 
 from __future__ import annotations
@@ -22,29 +27,76 @@ from input_client.wire import compact_arrays, expand_packed
 from input_server.data.tokenizer import TokenGroup
 from input_server.errors import InvalidSpecError
 
+LONG_DOCUMENTS = ("trim", "chunk", "split")
+
 
 class DocCursor:
-    """Walks the documents of a stream of `TokenGroup`s.
+    """Walks the pieces of the documents of a stream of `TokenGroup`s.
 
-    `doc` is the ordinal of the current document in the stream and `offset` how many of its
-    tokens were already used (only `concat_then_split` splits a document across rows).
+    A piece is what the packers place as one document: with `long_documents="trim"` a document's
+    first `seq_len` tokens, with "chunk" each `seq_len` tokens of it (the last piece shorter; an
+    empty document has none, as MaxText's `TokenizeAndChunk` gives none), with "split" (or None)
+    the whole document, which first_fit and none trim and concat_then_split runs on from row to
+    row. `index` is the current piece of `group` (`starts`, `lengths`: its pieces) and
+    `offset` how many of its tokens were already used (only `concat_then_split` cuts a piece
+    across rows); `at()` gives the position in documents, which resume states carry.
     """
 
-    def __init__(self, groups: Iterator[TokenGroup], doc: int = 0, offset: int = 0):
+    def __init__(
+        self,
+        groups: Iterator[TokenGroup],
+        doc: int = 0,
+        offset: int = 0,
+        *,
+        long_documents: str | None = None,
+        seq_len: int = 0,
+    ):
+        if long_documents not in (None, *LONG_DOCUMENTS):
+            raise ValueError(
+                f"`batch.long_documents` must be trim, chunk or split, got {long_documents!r}."
+            )
+        if long_documents in ("trim", "chunk") and seq_len < 1:
+            raise ValueError(
+                f"`batch.seq_len` must be positive to {long_documents}, got {seq_len}."
+            )
         self._groups = groups
-        self.offset = offset
+        self._cut = seq_len if long_documents in ("trim", "chunk") else 0
+        self._chunk = long_documents == "chunk"
         self._doc = doc
+        self._pending = offset  # the resume state's offset, placed when its group arrives
+        self.offset = 0
         self.group: TokenGroup | None = None
         self.starts: list[int] = []
         self.lengths: list[int] = []
-        self.index = 0  # of the current document within `group`
+        self.index = 0  # of the current piece within `group`
+        # Chunked groups only (else a piece is its document): each piece's document (within
+        # the group) and its first token's offset in it.
+        self._piece_doc: list[int] | None = None
+        self._piece_offset: list[int] | None = None
 
     @property
     def doc(self) -> int:
-        return self.group.first_doc + self.index if self.group is not None else self._doc
+        """The ordinal of the current document in the stream."""
+        g = self.group
+        if g is None:
+            return self._doc
+        if self._piece_doc is None:
+            return g.first_doc + self.index
+        i = self.index
+        return g.first_doc + (self._piece_doc[i] if i < len(self._piece_doc) else len(g.lengths))
+
+    def at(self) -> tuple[int, int]:
+        """`(doc, offset)`: the current document and how many of its tokens were used; a
+        cursor made at this position walks the same pieces from here."""
+        if self.group is None:
+            return self._doc, self._pending
+        i, offset = self.index, self.offset
+        if self._piece_offset is not None and i < len(self._piece_offset):
+            offset += self._piece_offset[i]
+        return self.doc, offset
 
     def load(self) -> bool:
-        """Makes `group` hold the current document; False once the stream has ended."""
+        """Makes `group` hold the current piece; False once the stream has ended."""
         while self.group is None or self.index >= len(self.lengths):
             doc = self.doc
             g = next(self._groups, None)
@@ -56,19 +108,53 @@ class DocCursor:
                 raise ValueError(
                     f"token group starting at document {g.first_doc} does not hold document {doc}."
                 )
-            self.group, self.index = g, doc - g.first_doc
-            self.lengths = g.lengths.tolist()
-            self.starts = g.starts.tolist()
-            i = self.index
-            if self.offset and i < len(self.lengths) and self.offset >= self.lengths[i]:
-                # Only a resume state gives an offset at a group's start (the packers move
-                # on at a document's end): one past its document would make other batches
-                # under the same sequence numbers.
-                raise InvalidSpecError(
-                    f"`resume_state` offset {self.offset} is past the {self.lengths[i]} tokens of "
-                    f"document {doc}."
-                )
+            self.group = g
+            self._pieces(g, doc - g.first_doc)
         return True
+
+    def _pieces(self, g: TokenGroup, i: int) -> None:
+        """Cuts group `g` into pieces; the current one is that of document `i` at the pending
+        offset. Per group, in numpy: no per-document Python work unless a document is cut."""
+        lengths, cut = g.lengths, self._cut
+        self._piece_doc = self._piece_offset = None
+        if (
+            not cut
+            or not len(lengths)
+            or (int(lengths.max()) <= cut and (not self._chunk or int(lengths.min()) > 0))
+        ):
+            self.lengths, self.starts = lengths.tolist(), g.starts.tolist()
+            self._place(i, lengths, i)
+        elif not self._chunk:  # trim: a view of each long document's first `cut` tokens
+            trimmed = np.minimum(lengths, cut)
+            self.lengths, self.starts = trimmed.tolist(), g.starts.tolist()
+            self._place(i, trimmed, i)
+        else:
+            counts = -(-lengths // cut)  # pieces per document: 0 for an empty one
+            first = np.cumsum(counts) - counts
+            doc_of = np.repeat(np.arange(len(lengths)), counts)
+            piece_offset = (np.arange(len(doc_of)) - first[doc_of]) * cut
+            self.starts = (g.starts[doc_of] + piece_offset).tolist()
+            self.lengths = np.minimum(lengths[doc_of] - piece_offset, cut).tolist()
+            self._piece_doc, self._piece_offset = doc_of.tolist(), piece_offset.tolist()
+            piece = int(first[i]) + self._pending // cut if i < len(lengths) else len(doc_of)
+            self._place(i, lengths, piece)
+
+    def _place(self, i: int, lengths: np.ndarray, piece: int) -> None:
+        """Makes `piece` current: the one of document `i` that holds the pending offset, which
+        must lie inside the document (`lengths`: the documents' tokens, trimmed under trim)."""
+        self.index, pending = piece, self._pending
+        if not pending or i >= len(lengths):
+            return  # a state at a group's end: its offset is for the next group's first document
+        if pending >= lengths[i]:
+            # Only a resume state gives an offset at a group's start (the packers move on at
+            # a piece's end): one past its document would make other batches under the same
+            # sequence numbers.
+            raise InvalidSpecError(
+                f"`resume_state` offset {pending} is past the {int(lengths[i])} tokens of "
+                f"document {self.group.first_doc + i}."
+            )
+        self._pending = 0
+        self.offset = pending % self._cut if self._chunk else pending
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,13 +292,15 @@ _PACKERS = {"first_fit": _first_fit, "concat_then_split": _concat_then_split, "n
 
 
 def pack_batch(cursor: DocCursor, *, size: int, seq_len: int, packing: str) -> PackedBatch | None:
-    """Builds the next batch from the cursor's documents; None once no document is left.
+    """Builds the next batch from the cursor's pieces; None once no piece is left.
 
-    first_fit: documents (trimmed to `seq_len`) go, in order, into the first row with room; the
-      batch is done when a document fits no row, and that document opens the next batch.
-    concat_then_split: documents fill rows end to end; a document cut at a row's end continues
-      in the next row as a new segment (positions restart there).
-    none: one document per row, trimmed or padded.
+    A piece is a document as the cursor's `long_documents` cuts it (`DocCursor`): trimmed, one
+    `seq_len` chunk of it, or whole.
+    first_fit: pieces (trimmed to `seq_len`) go, in order, into the first row with room; the
+      batch is done when a piece fits no row, and that piece opens the next batch.
+    concat_then_split: pieces fill rows end to end; a piece cut at a row's end continues in
+      the next row as a new segment (positions restart there).
+    none: one piece per row, trimmed or padded.
     The last batch of a finite stream may have empty (all-padding) rows.
     """
     packer = _PACKERS.get(packing)

@@ -34,7 +34,8 @@ from input_server.data.mixture import MixtureOrder, component_fingerprints, orde
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
-from input_server.data.tokenizer import TokenGroup, Tokenizer
+from input_server.data.tokenizer import TokenGroup
+from input_server.data.tokenizer_kinds import open_tokenizer, resolve_model
 
 # Text to tokenize per group (after long documents are cut, see tokenizer.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -123,9 +124,11 @@ class Pipeline:
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
         self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
-            model = access.file(spec.tokenizer.model, "tokenizer.model")
-            self.tokenizer = Tokenizer(
-                dataclasses.replace(spec.tokenizer, model=model), written=spec.tokenizer.model
+            model, config = resolve_model(access, spec.tokenizer)
+            self.tokenizer = open_tokenizer(
+                dataclasses.replace(spec.tokenizer, model=model),
+                written=spec.tokenizer.model,
+                config=config,
             )
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)
@@ -145,7 +148,7 @@ class Pipeline:
         self.docs_per_epoch = self.order.per_epoch
         self.specials = None
         if any(s.token_field for s in spec.sources):
-            is_model = isinstance(self.tokenizer, Tokenizer)
+            is_model = not isinstance(self.tokenizer, IdsOnly)
             self.specials = (
                 model_specials(self.tokenizer) if is_model else self.tokenizer.specials()
             )
@@ -185,9 +188,10 @@ class Pipeline:
         return DocumentSource.from_spec(spec.source, self.access)  # a mixture's: each
 
     def _trim_to(self) -> int | None:
-        """Tokens the packer keeps of a document, if it keeps only a document's first ones."""
+        """Tokens the packer keeps of a document, if it keeps only a document's first ones
+        (`batch.long_documents` trim, with every packing; chunk and split keep them all)."""
         b = self.spec.batch
-        return None if b.packing == "concat_then_split" else b.seq_len
+        return b.seq_len if b.long_documents_policy == "trim" else None
 
     def _group_size(self) -> int:
         """Documents per group, so that a group is about GROUP_CHARS of text to tokenize,
@@ -251,11 +255,13 @@ class Pipeline:
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """The position of a resume state sent back by a client (`resume.parse_state`)."""
+        b = self.spec.batch
         return parse_state(
             state,
             fingerprint=self.fingerprint,
             num_docs=len(self.order),
-            splits_documents=self.spec.batch.packing == "concat_then_split",
+            splits_documents=b.packing == "concat_then_split",
+            chunk_len=b.seq_len if b.long_documents_policy == "chunk" else 0,
             mixture=self.order if isinstance(self.order, MixtureOrder) else None,
             components=self.components,
         )
@@ -292,7 +298,14 @@ class BatchStream:
                 threads=workers.threads,
             )
         )
-        self._cursor = DocCursor(self._groups(meter), pos.doc, pos.offset)
+        b = pipeline.spec.batch
+        self._cursor = DocCursor(
+            self._groups(meter),
+            pos.doc,
+            pos.offset,
+            long_documents=b.long_documents_policy,
+            seq_len=b.seq_len,
+        )
         self._closed = False
         pipeline._stream_opened()
 
@@ -320,7 +333,7 @@ class BatchStream:
 
     def position(self) -> Position:
         """Where the next batch starts: a stream opened here yields the same batches."""
-        return Position(self._seq, self._cursor.doc, self._cursor.offset, self._mix)
+        return Position(self._seq, *self._cursor.at(), self._mix)
 
     def __iter__(self) -> Iterator[Produced]:
         return self
@@ -335,7 +348,7 @@ class BatchStream:
             raise StopIteration
         seq = self._seq
         self._seq += 1
-        state = Position(self._seq, self._cursor.doc, self._cursor.offset, self._mix).state(
+        state = Position(self._seq, *self._cursor.at(), self._mix).state(
             self.pipeline.fingerprint, self.pipeline.components
         )
         return Produced(seq=seq, batch=batch, state=state)

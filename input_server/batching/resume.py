@@ -74,6 +74,7 @@ def parse_state(
     fingerprint: str,
     num_docs: int,
     splits_documents: bool = True,
+    chunk_len: int = 0,
     mixture: MixtureOrder | None = None,
     components: list[list[str]] | None = None,
 ) -> Position:
@@ -84,9 +85,12 @@ def parse_state(
       fingerprint: the data fingerprint of the stream's spec.
       num_docs: documents in the ordered stream (a position past them is refused).
       splits_documents: whether the packing continues a document in the next batch; if not,
-        a position inside a document (an `offset`) is refused. An offset past its document's
-        tokens is refused when the stream reaches it (`pack.DocCursor`): that takes the
-        document's tokens.
+        a position inside a document (an `offset`) is refused, unless `chunk_len`. An offset
+        past its document's tokens is refused when the stream reaches it (`pack.DocCursor`):
+        that takes the document's tokens.
+      chunk_len: a chunked document's pieces start every `chunk_len` tokens
+        (`batch.long_documents` chunk; 0: not chunked), so a packing that never splits a piece
+        stops inside a document only there: another offset is refused.
       mixture: the stream's mixture order, fresh (then `num_docs` is ignored: the state's own
         interleave decides it); `components` its [name, fingerprint] pairs. A state made
         under other weights of the same named components continues each component where
@@ -122,13 +126,20 @@ def parse_state(
             f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `doc` is past "
             f"the stream's {num_docs} documents."
         )
-    if pos.offset and (not splits_documents or pos.doc == num_docs):
+    if pos.offset and pos.doc == num_docs:
+        raise InvalidSpecError(
+            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `offset` "
+            f"inside a document past the stream's end."
+        )
+    if pos.offset and not splits_documents and (not chunk_len or pos.offset % chunk_len):
         raise InvalidSpecError(
             f"`resume_state` position {dataclasses.asdict(pos)} is out of range: this stream's "
-            f"packing never stops inside a document, so its `offset` is 0."
-            if not splits_documents
-            else f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `offset` "
-            f"inside a document past the stream's end."
+            + (
+                f"packing stops inside a document only where a chunk of it ends, so its "
+                f"`offset` is a multiple of `batch.seq_len` {chunk_len}."
+                if chunk_len
+                else "packing never stops inside a document, so its `offset` is 0."
+            )
         )
     return pos
 

@@ -1,4 +1,5 @@
-"""Packing: MaxText's batch layout and each packing mode's promises, on generated documents."""
+"""Packing: MaxText's batch layout and each packing mode's promises, on generated documents;
+long documents trimmed or chunked under each packing, and resuming from any position."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from hypothesis import strategies as st
 
 from input_client.wire import FIELDS
 from input_server.batching.pack import DocCursor, pack_batch
+from input_server.batching.resume import parse_state
 from input_server.data.tokenizer import TokenGroup
+from input_server.errors import InvalidSpecError
 
 docs_strategy = st.lists(
     st.lists(st.integers(1, 999), min_size=0, max_size=40), min_size=1, max_size=40
@@ -26,8 +29,8 @@ def groups_of(docs: list[list[int]], group_size: int = 4):
         )
 
 
-def pack_all(docs, *, size, seq_len, packing):
-    cursor = DocCursor(groups_of(docs))
+def pack_all(docs, *, size, seq_len, packing, long_documents=None, group_size=4):
+    cursor = DocCursor(groups_of(docs, group_size), long_documents=long_documents, seq_len=seq_len)
     batches = []
     while (b := pack_batch(cursor, size=size, seq_len=seq_len, packing=packing)) is not None:
         batches.append(b.arrays())
@@ -133,8 +136,9 @@ def test_resuming_from_any_cursor_position_continues_exactly(packing):
     for i in range(len(full)):
         pack_batch(cursor, size=3, seq_len=16, packing=packing)
         # A fresh cursor started at the saved position, on groups from the one holding it.
-        g = (cursor.doc // 4) * 4
-        resumed = DocCursor(groups_of(docs[g:], 4), cursor.doc - g, cursor.offset)
+        doc, offset = cursor.at()
+        g = (doc // 4) * 4
+        resumed = DocCursor(groups_of(docs[g:], 4), doc - g, offset)
         rest = []
         while (b := pack_batch(resumed, size=3, seq_len=16, packing=packing)) is not None:
             rest.append(b.arrays())
@@ -203,3 +207,171 @@ def test_first_fit_places_each_document_where_its_definition_says(lengths, size,
 def _segment_starts(batch, row: int) -> list[int]:
     seg = batch["inputs_segmentation"][row]
     return [i for i in range(len(seg)) if seg[i] and (i == 0 or seg[i] != seg[i - 1])]
+
+
+# Long documents: the pieces MaxText's TokenizeAndTrim / TokenizeAndChunk make of the token
+# ids (BOS/EOS included), each then packed as a document of its own.
+LONG = [(p, d) for p in ("first_fit", "concat_then_split", "none") for d in ("trim", "chunk")]
+
+
+def pieces_of(docs, long_documents, seq_len):
+    if long_documents == "trim":
+        return [d[:seq_len] for d in docs]
+    if long_documents == "chunk":  # an empty document has no chunk (TokenizeAndChunk: [])
+        return [d[k : k + seq_len] for d in docs for k in range(0, len(d), seq_len)]
+    return docs
+
+
+@pytest.mark.parametrize("packing, long_documents", LONG)
+@settings(max_examples=40, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.integers(1, 999), max_size=60), min_size=1, max_size=30),
+    size=st.integers(1, 4),
+    seq_len=st.integers(2, 12),
+    group_size=st.integers(1, 5),
+)
+def test_long_documents_pack_as_their_pieces_would(
+    packing, long_documents, docs, size, seq_len, group_size
+):
+    got = pack_all(
+        docs,
+        size=size,
+        seq_len=seq_len,
+        packing=packing,
+        long_documents=long_documents,
+        group_size=group_size,
+    )
+    pieces = pieces_of(docs, long_documents, seq_len)
+    want = pack_all(pieces, size=size, seq_len=seq_len, packing=packing, group_size=group_size)
+    assert len(got) == len(want)
+    for x, y in zip(got, want, strict=True):
+        check_layout(x, size, seq_len)
+        for k in FIELDS:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+def _tokens(d: int, n: int) -> list[int]:
+    """Document d's n tokens name it and their place: 100 * (d + 1) + j."""
+    return [100 * (d + 1) + j for j in range(n)]
+
+
+def _rows(batches) -> list[list[list[tuple[int, int, int]]]]:
+    """Per batch, per row, each segment as (document, first token, end) of its tokens."""
+    out = []
+    for b in batches:
+        rows = []
+        for r in range(b["inputs"].shape[0]):
+            seg, inp, pos = b["inputs_segmentation"][r], b["inputs"][r], b["inputs_position"][r]
+            row = []
+            for s in range(1, int(seg.max(initial=0)) + 1):
+                t, p = inp[seg == s].tolist(), pos[seg == s].tolist()
+                assert p == list(range(len(t)))  # positions restart at every segment
+                assert t == list(range(t[0], t[0] + len(t)))  # consecutive tokens of one doc
+                row.append((t[0] // 100 - 1, t[0] % 100, t[-1] % 100 + 1))
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+# An empty document, one of exactly seq_len (4), of 2 * seq_len, of 10 (a last chunk of 2),
+# a short one.
+EDGES = [_tokens(d, n) for d, n in enumerate([0, 4, 8, 10, 3])]
+EDGE_ROWS = {
+    ("first_fit", "chunk"): [
+        [[(1, 0, 4)], [(2, 0, 4)]],  # 2's second chunk fits no row: it opens the next batch
+        [[(2, 4, 8)], [(3, 0, 4)]],
+        [[(3, 4, 8)], [(3, 8, 10)]],
+        [[(4, 0, 3)], []],
+    ],
+    ("first_fit", "trim"): [[[(1, 0, 4)], [(2, 0, 4)]], [[(3, 0, 4)], [(4, 0, 3)]]],
+    ("concat_then_split", "chunk"): [
+        [[(1, 0, 4)], [(2, 0, 4)]],
+        [[(2, 4, 8)], [(3, 0, 4)]],
+        [[(3, 4, 8)], [(3, 8, 10), (4, 0, 2)]],
+        [[(4, 2, 3)], []],
+    ],
+    ("concat_then_split", "trim"): [
+        [[(1, 0, 4)], [(2, 0, 4)]],
+        [[(3, 0, 4)], [(4, 0, 3)]],
+    ],
+    ("none", "chunk"): [  # the empty document has no chunk, so no row
+        [[(1, 0, 4)], [(2, 0, 4)]],
+        [[(2, 4, 8)], [(3, 0, 4)]],
+        [[(3, 4, 8)], [(3, 8, 10)]],
+        [[(4, 0, 3)], []],
+    ],
+    ("none", "trim"): [[[], [(1, 0, 4)]], [[(2, 0, 4)], [(3, 0, 4)]], [[(4, 0, 3)], []]],
+}
+
+
+@pytest.mark.parametrize("packing, long_documents", LONG)
+def test_chunks_and_trims_of_edge_lengths(packing, long_documents):
+    got = pack_all(
+        EDGES, size=2, seq_len=4, packing=packing, long_documents=long_documents, group_size=2
+    )
+    assert _rows(got) == EDGE_ROWS[packing, long_documents]
+
+
+def test_concat_then_split_starts_a_segment_at_a_chunk_boundary_not_at_a_split():
+    docs = [_tokens(0, 3), _tokens(1, 8)]
+    rows = {
+        d: _rows(pack_all(docs, size=3, seq_len=4, packing="concat_then_split", long_documents=d))
+        for d in ("split", "chunk", "trim")
+    }
+    assert rows["split"] == [[[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(1, 5, 8)]]]
+    assert rows["chunk"] == [[[(0, 0, 3), (1, 0, 1)], [(1, 1, 4), (1, 4, 5)], [(1, 5, 8)]]]
+    assert rows["trim"] == [[[(0, 0, 3), (1, 0, 1)], [(1, 1, 4)], []]]
+
+
+@pytest.mark.parametrize("packing, long_documents", [*LONG, ("concat_then_split", "split")])
+def test_resuming_long_documents_from_any_position_continues_exactly(packing, long_documents):
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(1, 50, rng.integers(0, 50)).tolist() for _ in range(60)]
+    kw = dict(size=3, seq_len=16, packing=packing)
+    full = pack_all(docs, **kw, long_documents=long_documents)
+    cursor = DocCursor(groups_of(docs), long_documents=long_documents, seq_len=16)
+    offsets = []
+    for i in range(len(full)):
+        pack_batch(cursor, **kw)
+        doc, offset = cursor.at()
+        offsets.append(offset)
+        g = (doc // 4) * 4  # a fresh cursor at the position, on groups from the one holding it
+        resumed = DocCursor(
+            groups_of(docs[g:]), doc - g, offset, long_documents=long_documents, seq_len=16
+        )
+        rest = []
+        while (b := pack_batch(resumed, **kw)) is not None:
+            rest.append(b.arrays())
+        assert len(rest) == len(full) - i - 1
+        for x, y in zip(rest, full[i + 1 :], strict=True):
+            for k in FIELDS:
+                np.testing.assert_array_equal(x[k], y[k])
+    if long_documents == "chunk" or packing == "concat_then_split":
+        assert any(offsets)  # some batch ended inside a document
+    if packing != "concat_then_split":  # only at a piece's start
+        assert all(o % 16 == 0 for o in offsets) and (any(offsets) == (long_documents == "chunk"))
+
+
+def test_an_offset_past_a_chunked_document_is_refused():
+    docs = [_tokens(0, 10), _tokens(1, 3)]
+    cursor = DocCursor(groups_of(docs), 0, 8, long_documents="chunk", seq_len=4)
+    assert _rows([pack_batch(cursor, size=1, seq_len=4, packing="first_fit").arrays()]) == [
+        [[(0, 8, 10)]]
+    ]
+    for offset in (10, 12):
+        cursor = DocCursor(groups_of(docs), 0, offset, long_documents="chunk", seq_len=4)
+        with pytest.raises(InvalidSpecError, match=f"offset {offset} is past the 10 tokens"):
+            pack_batch(cursor, size=1, seq_len=4, packing="first_fit")
+
+
+def test_a_resume_offset_inside_a_chunk_is_refused_where_no_piece_is_split():
+    def parse(offset, **kw):
+        state = {"version": 1, "fingerprint": "f", "seq": 3, "doc": 2, "offset": offset}
+        return parse_state(state, fingerprint="f", num_docs=9, **kw)
+
+    assert parse(32, splits_documents=False, chunk_len=16).offset == 32
+    with pytest.raises(InvalidSpecError, match="a multiple of `batch.seq_len` 16"):
+        parse(20, splits_documents=False, chunk_len=16)
+    with pytest.raises(InvalidSpecError, match="its `offset` is 0"):
+        parse(32, splits_documents=False)
+    assert parse(20, splits_documents=True, chunk_len=16).offset == 20  # concat_then_split
