@@ -30,6 +30,7 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_server.tools.corpus import train_sentencepiece, write_jsonl
+from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -108,8 +109,9 @@ COMPARE = textwrap.dedent("""
         return None
 
     def rows_not_at_bos(batches, bos_id):
-        # Rows holding a document whose first token is not BOS: rows that continue one.
-        return sum(int(((b["inputs_segmentation"][:, 0] > 0)
+        # Rows holding a document whose first token is not BOS: rows that continue one. (A
+        # real row's first segment is 1; rows of padding hold the pad id everywhere.)
+        return sum(int(((b["inputs_segmentation"][:, 0] == 1)
                         & (b["inputs"][:, 0] != bos_id)).sum()) for b in batches)
 
     report = {}
@@ -152,12 +154,18 @@ class Kind:
     pad_id: int  # the pad id MaxText takes for it (`get_tokenizer_and_pad_id`)
 
 
-@pytest.fixture(scope="module", params=["sentencepiece"])
+@pytest.fixture(scope="module", params=["sentencepiece", "huggingface", "tiktoken"])
 def kind(request, tmp_path_factory, docs) -> Kind:
-    """The tokenizer kinds compared (Hugging Face and tiktoken: more params here). A model
-    without a pad piece (pad id -1, as Llama 2's), so Grain's 0 padding inside packed rows and
-    MaxText's pad-id rows stay apart."""
+    """The tokenizer kinds compared, each a model made here. Pad ids kept apart from Grain's 0
+    padding inside packed rows: sentencepiece without a pad piece (-1, as Llama 2's), Hugging
+    Face with a pad token (id 2), tiktoken's -1 (MaxText's for every tiktoken model)."""
     d = tmp_path_factory.mktemp(f"maxtext-packing-{request.param}")
+    if request.param == "huggingface":
+        folder = train_hf_tokenizer(docs, d / "hf", vocab_size=1000)
+        return Kind({"model": folder, "kind": "huggingface"}, "huggingface", folder, pad_id=2)
+    if request.param == "tiktoken":
+        path = write_tiktoken_model(docs, d / "bpe.tiktoken", vocab_size=1000)
+        return Kind({"model": path, "kind": "tiktoken"}, "tiktoken", path, pad_id=-1)
     model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
     return Kind({"model": model}, "sentencepiece", model, pad_id=-1)
 
