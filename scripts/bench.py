@@ -2,9 +2,11 @@
 
   python scripts/bench.py --corpus FILE.jsonl --model SPM.model [--json OUT]
   python scripts/bench.py --builtin stdlib-docstrings [--json OUT]   # corpus + model built here
+  python scripts/bench.py --builtin pydoc-topics --kinds all   # a row per tokenizer kind
 
 Builtin corpora ship with Python, so the run is offline and repeatable: `stdlib-docstrings`
-(many short documents) and `pydoc-topics` (few long ones).
+(many short documents) and `pydoc-topics` (few long ones). `--kinds` measures each tokenizer
+kind on the corpus (models trained here with the sentencepiece model's vocabulary size).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ def main() -> int:
 
     flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     from input_client import PipelineSpec
-    from input_server.tools import bench, corpus
+    from input_server.tools import bench, bench_kinds, corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     corpus.add_corpus_arguments(parser)
@@ -29,7 +31,15 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--min-tokens", type=int, default=8_000_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, help="default 5; 3 with --kinds")
+    parser.add_argument(
+        "--kinds", type=bench_kinds.parse_kinds, help="all, or kinds separated by commas"
+    )
+    parser.add_argument(
+        "--reference-processes",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        help="worker processes of the MaxText-style reference runs (default 0,1,CORES)",
+    )
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     jsonl, model = corpus.corpus_from_arguments(parser, args)
@@ -39,8 +49,13 @@ def main() -> int:
         batch={"seq_len": args.seq_len, "size": args.batch_size},
         workers={"count": 0},
     )
-    result = bench.run(spec, min_tokens=args.min_tokens, rounds=args.rounds)
-    print(bench.format_table(result))
+    options = dict(min_tokens=args.min_tokens, reference_processes=args.reference_processes)
+    if args.kinds:
+        result = bench.run_kinds(spec, args.kinds, rounds=args.rounds or 3, **options)
+        print(bench_kinds.format_kinds_table(result))
+    else:
+        result = bench.run(spec, rounds=args.rounds or 5, **options)
+        print(bench.format_table(result))
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

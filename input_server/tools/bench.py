@@ -2,24 +2,37 @@
 Grain reference, in one run on the same corpus and cores (ratios, since machines are noisy).
 
 Counts real (non-padding) tokens per second. `input-server bench SPEC.toml` and
-`scripts/bench.py --corpus FILE --model SPM` both land here.
+`scripts/bench.py --corpus FILE --model SPM` both land here; any tokenizer kind (its limit and
+the reference's per-document encode: bench_kinds.py); `--kinds` gives a row per kind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import time
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
 
 from input_client.spec import PipelineSpec, SpecError
-from input_client.wire import shift_left
 from input_server.batching.pipeline import Pipeline, Workers, default_threads
 from input_server.data.sources import DocumentSource
-from input_server.tools.bench_server import _consume, _rate, bench_server
-from input_server.tools.bench_time import estimate_s, minutes
+from input_server.data.tokenizer_kinds import info_of, load_tokenizer
+from input_server.tools.bench_kinds import (
+    KINDS,
+    REFERENCE_ENCODE,
+    bench_limit,
+    bench_reference,
+    epoch_token_counts,
+    make_models,
+    pick_limit_call,
+    reference_dataset,
+    row_of,
+)
+from input_server.tools.bench_server import _consume, bench_server
+from input_server.tools.bench_time import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
 from input_server.tools.report import plural
 
 
@@ -29,124 +42,7 @@ def corpus_texts(spec: PipelineSpec) -> list[str]:
     return source.read_many(range(len(source)))
 
 
-def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
-    """Tokens in one epoch of `texts`, and those the batches keep (a document trimmed to
-    `seq_len` counts only what is kept), to size runs by the tokens they deliver."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
-    lengths = [
-        len(x)
-        for x in sp.encode(
-            texts,
-            add_bos=spec.tokenizer.add_bos,
-            add_eos=spec.tokenizer.add_eos,
-            num_threads=os.cpu_count() or 1,
-        )
-    ]
-    if spec.batch.packing == "concat_then_split":
-        return sum(lengths), sum(lengths)
-    return sum(lengths), sum(min(n, spec.batch.seq_len) for n in lengths)
-
-
-def bench_sentencepiece(texts: list[str], spec: PipelineSpec, *, min_seconds: float) -> dict:
-    """The limit: sentencepiece's own batch encode over the corpus on all cores, in its
-    fastest output form (numpy arrays; see scripts/bench_tokenize.py)."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
-    threads = os.cpu_count() or 1
-    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
-    while True:
-        ids = sp.encode(
-            texts,
-            add_bos=spec.tokenizer.add_bos,
-            add_eos=spec.tokenizer.add_eos,
-            num_threads=threads,
-            return_type="numpy",
-        )
-        tokens += sum(map(len, ids))
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return {
-                "tokens": tokens,
-                "seconds": elapsed,
-                "tokens_per_s": _rate(tokens, elapsed),
-                "threads": threads,
-                "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens,
-            }
-
-
-class _TokenizeAndTrim:
-    """MaxText's per-document map: tokenize one text and trim it to the sequence length."""
-
-    def __init__(self, model: str, seq_len: int, add_bos: bool, add_eos: bool):
-        self.model, self.seq_len, self.add_bos, self.add_eos = model, seq_len, add_bos, add_eos
-        self._sp = None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_sp": None}
-
-    def __call__(self, text: str) -> dict[str, np.ndarray]:
-        if self._sp is None:
-            import sentencepiece as spm
-
-            self._sp = spm.SentencePieceProcessor(model_file=self.model)
-        ids = self._sp.encode(text, add_bos=self.add_bos, add_eos=self.add_eos)
-        ids = np.asarray(ids[: self.seq_len], dtype=np.int32)
-        return {"inputs": ids, "targets": ids}
-
-
-def _shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """MaxText's ShiftData, so the reference does the same per-batch work as ours."""
-    return {
-        **batch,
-        **{
-            k: shift_left(batch[k]) for k in ("targets", "targets_segment_ids", "targets_positions")
-        },
-    }
-
-
-def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
-    """A MaxText-style Grain pipeline: per-document tokenize-and-trim map, first-fit packing
-    (`FirstFitPackIterDataset`, bins = batch size), batch, shift, multiprocess prefetch."""
-    import grain
-
-    b = spec.batch
-    ds = grain.MapDataset.source(texts_source)
-    if spec.order.shuffle:
-        ds = ds.shuffle(seed=spec.order.seed)
-    ds = ds.repeat(spec.order.epochs or None)
-    ds = ds.map(
-        _TokenizeAndTrim(
-            spec.tokenizer.model, b.seq_len, spec.tokenizer.add_bos, spec.tokenizer.add_eos
-        )
-    )
-    ds = ds.to_iter_dataset()
-    ds = grain.experimental.FirstFitPackIterDataset(
-        ds,
-        length_struct={"inputs": b.seq_len, "targets": b.seq_len},
-        num_packing_bins=b.size,
-        shuffle_bins=False,
-    )
-    ds = ds.batch(b.size, drop_remainder=True).map(_shift_data)
-    if processes > 0:
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))
-    return ds
-
-
-def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dict:
-    ds = reference_dataset(spec, texts, processes)
-    it = iter(ds)
-    try:
-        result = _consume(it, lambda b: b["inputs_segment_ids"])
-        if processes:  # the work ran in worker processes this process's CPU time misses
-            del result["cpu_ns_per_token"]
-    finally:
-        close = getattr(it, "close", None)
-        if close:
-            close()
-    return {**result, "processes": processes}
+bench_sentencepiece = bench_limit  # the name bench_mixture.py (sentencepiece specs) calls
 
 
 def bench_pipeline(spec: PipelineSpec, workers: Workers) -> dict:
@@ -197,41 +93,24 @@ def _best(samples: list[dict]) -> dict:
     return {**best, "rounds_tokens_per_s": [r["tokens_per_s"] for r in samples]}
 
 
-def _round_ratios(samples: dict[str, list[dict]]) -> dict[str, list[float]]:
+def _round_ratios(
+    samples: dict[str, list[dict]], transports: tuple[str, ...]
+) -> dict[str, list[float]]:
     """Each round's ratios, from measurements taken back to back in that round."""
     rate = {k: [r["tokens_per_s"] for r in v] for k, v in samples.items()}
+
+    def over(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(rate[a], rate[b], strict=True)]
+
     return {
-        "in_process_over_limit": [
-            o / li for o, li in zip(rate["ours"], rate["limit"], strict=True)
-        ],
-        **{
-            f"server_{t}_over_in_process": [
-                s / o for s, o in zip(rate[t], rate["ours"], strict=True)
-            ]
-            for t in ("unix", "tcp")
-        },
+        "in_process_over_limit": over("ours", "limit"),
+        **{f"server_{t}_over_in_process": over(t, "ours") for t in transports},
+        **{f"server_{t}_over_limit": over(t, "limit") for t in transports},
     }
 
 
-def run(
-    spec: PipelineSpec,
-    *,
-    min_tokens: int = 8_000_000,
-    min_seconds: float = 2.0,
-    rounds: int = 5,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Runs every measurement on `spec`'s corpus and returns figures and ratios.
-
-    The limit, this pipeline and the served pipeline are measured back to back in each of
-    `rounds` rounds. A ratio is the median of the rounds' own ratios, so a burst of other
-    load on a shared machine skews one round, not the result; each rate reported is its best
-    round. The slow reference runs once per worker count, on a quarter of the tokens.
-
-    Raises:
-      SpecError: a mixture, pre-tokenized data or no model: this compares one text source
-        with its tokenizer (scripts/bench_mixture.py measures the others).
-    """
+def check_benchable(spec: PipelineSpec) -> None:
+    """Raises SpecError unless `spec` is one text source with a tokenizer model."""
     if spec.is_mixture or spec.source.token_field or not spec.tokenizer.model:
         raise SpecError(
             "source",
@@ -241,53 +120,98 @@ def run(
             "pre-tokenized data",
         )
 
+
+def run(
+    spec: PipelineSpec,
+    *,
+    min_tokens: int = 8_000_000,
+    min_seconds: float = 2.0,
+    rounds: int = 5,
+    progress: bool = True,
+    transports: tuple[str, ...] = ("unix", "tcp"),
+    packing: bool = True,
+    texts: list[str] | None = None,
+    reference_processes: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
+    """Runs every measurement on `spec`'s corpus and returns figures and ratios.
+
+    The limit (the fastest of the kind's batch calls, picked by a short run of each), this
+    pipeline and the pipeline served over each of `transports` are measured back to back in
+    each of `rounds` rounds. A ratio is the median of the rounds' own ratios, so a burst of
+    other load on a shared machine skews one round, not the result; each rate reported is its
+    best round. The slow reference runs once per worker count (`reference_processes`, default
+    0, 1 and the core count), on a quarter of the tokens. `packing=False` leaves out the
+    packing comparison; `texts` is the corpus, if read already.
+
+    Raises:
+      SpecError: a mixture, pre-tokenized data or no model: this compares one text source
+        with its tokenizer (scripts/bench_mixture.py measures the others).
+    """
+    check_benchable(spec)
+
     def say(msg: str) -> None:
         if progress:
             print(f"[bench] {msg}", flush=True)
 
-    import sentencepiece as spm
-
-    texts = corpus_texts(spec)
-    sp = spm.SentencePieceProcessor(model_file=spec.tokenizer.model)
+    kind = spec.tokenizer.kind
+    texts = corpus_texts(spec) if texts is None else texts
     epoch_tokens, kept = epoch_token_counts(spec, texts)
     epochs = max(1, -(-min_tokens // max(1, kept)))
     spec = spec.replace(order={"epochs": epochs})
     say(
-        f"{len(texts)} documents, {epoch_tokens} tokens per epoch ({kept} kept), "
+        f"{len(texts)} documents, {epoch_tokens} {kind} tokens per epoch ({kept} kept), "
         f"{epochs} epochs per run"
     )
 
     cores = os.cpu_count() or 1
-    quick = bench_sentencepiece(texts, spec, min_seconds=min(0.5, min_seconds))
+    processes_tried = sorted(set(reference_processes or (0, 1, cores)))
+    call, tried = pick_limit_call(
+        load_tokenizer(spec.tokenizer), texts, cores, min(0.5, min_seconds)
+    )
+    if len(tried) > 1:
+        say(
+            "limit: "
+            + ", ".join(f"{n} {r['tokens_per_s'] / 1e6:.2f}" for n, r in tried.items())
+            + f" M tokens/s: {call}"
+        )
+    rate = tried[call]["tokens_per_s"]
     t = estimate_s(
-        limit_tokens_per_s=quick["tokens_per_s"],
+        limit_tokens_per_s=rate,
         kept=kept,
         epochs=epochs,
         rounds=rounds,
         min_seconds=min_seconds,
         cores=cores,
     )
+    # (estimate_s counts two served runs a round and the packing comparison.)
+    t["round"] -= (2 - len(transports)) * (
+        SERVER_START_S + kept * epochs / (PIPELINE_SHARE * max(rate, 1.0))
+    )
+    t["reference"] *= len(processes_tried) / len({0, 1, cores})
+    t["packing"] = t["packing"] if packing else 0.0
+    t["total"] = t["reference"] + rounds * t["round"] + t["packing"]
     say(
         f"this takes about {minutes(t['total'])}: the MaxText-style reference "
-        f"~{minutes(t['reference'])}, {plural(rounds, 'round')} of ~{minutes(t['round'])}, "
-        f"the packing comparison ~{minutes(t['packing'])} (from sentencepiece's "
-        f"{quick['tokens_per_s'] / 1e6:.1f} M tokens/s here; --min-tokens and --rounds change it)"
+        f"~{minutes(t['reference'])}, {plural(rounds, 'round')} of ~{minutes(t['round'])}"
+        + (f", the packing comparison ~{minutes(t['packing'])}" if packing else "")
+        + f" (from the {kind} limit's {rate / 1e6:.1f} M tokens/s here and shares of it "
+        "measured with sentencepiece; --min-tokens and --rounds change it)"
     )
     reference = {}
     ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
-    for processes in sorted({0, 1, cores}):
+    for processes in processes_tried:
         reference[processes] = bench_reference(ref_spec, texts, processes)
         say(
             f"MaxText-style reference, {plural(processes, 'process', 'processes')}: "
             f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
         )
 
-    samples: dict[str, list[dict]] = {"limit": [], "ours": [], "unix": [], "tcp": []}
+    samples: dict[str, list[dict]] = {"limit": [], "ours": [], **{t: [] for t in transports}}
     served_spec = spec.replace(workers={"count": 0})
     for r in range(rounds):
-        samples["limit"].append(bench_sentencepiece(texts, spec, min_seconds=min_seconds))
+        samples["limit"].append(bench_limit(texts, spec, min_seconds=min_seconds, call=call))
         samples["ours"].append(bench_pipeline(spec, Workers(0, default_threads(0), "bench")))
-        for t in ("unix", "tcp"):
+        for t in transports:
             samples[t].append(bench_server(served_spec, t))
         say(
             f"round {r + 1}/{rounds}: "
@@ -295,16 +219,16 @@ def run(
             + " M tokens/s"
         )
     limit, ours = _best(samples["limit"]), _best(samples["ours"])
-    served = {t: _best(samples[t]) for t in ("unix", "tcp")}
+    served = {t: _best(samples[t]) for t in transports}
 
-    packing = compare_packing(spec, texts)
-    say(
-        f"first_fit packing efficiency, same order: ours {packing['ours']:.4f}, "
-        f"reference {packing['reference']:.4f}"
-    )
     best_ref = max(reference.values(), key=lambda r: r["tokens_per_s"])
-    per_round = _round_ratios(samples)
-    return {
+    per_round = _round_ratios(samples, transports)
+    ratios = {
+        **{k: float(np.median(v)) for k, v in per_round.items()},
+        "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
+        "best_reference_processes": best_ref["processes"],
+    }
+    result = {
         "corpus": {
             "paths": list(spec.source.paths),
             "documents": len(texts),
@@ -313,27 +237,85 @@ def run(
             "epochs": epochs,
         },
         "spec": dataclasses.asdict(spec.batch),
-        "vocab_size": sp.vocab_size(),
+        "kind": kind,
+        "vocab_size": info_of(load_tokenizer(spec.tokenizer)).vocab_size,
         "cores": cores,
         "rounds": rounds,
-        "sentencepiece_limit": limit,
+        "limit": limit,
+        "limit_calls_tried": {n: r["tokens_per_s"] for n, r in tried.items()},
         "reference": {str(k): v for k, v in reference.items()},
+        "reference_encode": REFERENCE_ENCODE[kind],
         "pipeline_in_process": ours,
         "server": served,
-        "ratios": {
-            **{k: float(np.median(v)) for k, v in per_round.items()},
-            "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
-            "best_reference_processes": best_ref["processes"],
-            "packing_efficiency_same_order": packing["ours"],
-            "reference_packing_efficiency_same_order": packing["reference"],
-        },
-        "packing_same_order": packing,
+        "ratios": ratios,
         "ratios_per_round": per_round,
+    }
+    if packing:
+        same = compare_packing(spec, texts)
+        say(
+            f"first_fit packing efficiency, same order: ours {same['ours']:.4f}, "
+            f"reference {same['reference']:.4f}"
+        )
+        ratios["packing_efficiency_same_order"] = same["ours"]
+        ratios["reference_packing_efficiency_same_order"] = same["reference"]
+        result["packing_same_order"] = same
+    return result
+
+
+def run_kinds(
+    spec: PipelineSpec,
+    kinds: tuple[str, ...] = KINDS,
+    *,
+    min_tokens: int = 8_000_000,
+    min_seconds: float = 2.0,
+    rounds: int = 3,
+    progress: bool = True,
+    reference_processes: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
+    """`bench.run` for each of `kinds` on `spec`'s corpus (a model of each from `make_models`),
+    through the server over a Unix socket only and without the packing comparison (the same
+    for every kind); returns a row per kind and each kind's whole result.
+
+    Raises:
+      SpecError: as `bench.run`, before any model is trained.
+    """
+    check_benchable(spec)
+    texts = corpus_texts(spec)
+    folder = tempfile.mkdtemp(prefix="bench-kinds-")
+    try:
+        models = make_models(spec, texts, kinds, folder)
+        results = {}
+        for kind in kinds:
+            if progress:
+                print(f"[bench] --- {kind}: {models[kind]}", flush=True)
+            results[kind] = run(
+                spec.replace(tokenizer={"kind": kind, "model": models[kind]}),
+                min_tokens=min_tokens,
+                min_seconds=min_seconds,
+                rounds=rounds,
+                progress=progress,
+                transports=("unix",),
+                packing=False,
+                texts=texts,
+                reference_processes=reference_processes,
+            )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    first = results[kinds[0]]
+    return {
+        "corpus": {k: v for k, v in first["corpus"].items() if k != "epochs"},
+        "spec": first["spec"],
+        "cores": first["cores"],
+        "rounds": rounds,
+        "models": {k: "the spec's" if k == spec.tokenizer.kind else "trained here" for k in kinds},
+        "kinds": [row_of(k, results[k]) for k in kinds],
+        "results": results,
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
-    rows = [("sentencepiece batch encode (limit)", result["sentencepiece_limit"])]
+    kind = result.get("kind", "sentencepiece")
+    rows = [(f"{kind} batch encode (limit)", result["limit"])]
     rows += [
         (f"MaxText-style reference, {plural(int(k), 'process', 'processes')}", v)
         for k, v in result["reference"].items()
@@ -363,4 +345,6 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(line)
     for t, r in result["server"].items():
         lines.append(f"{'wire bytes per token, ' + t:<42} {r['wire_bytes_per_token']:>10.2f}")
+    lines.append(f"limit: {result['limit']['call']}")
+    lines.append(f"reference encode: {result['reference_encode']}")
     return "\n".join(lines)

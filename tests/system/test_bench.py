@@ -5,11 +5,13 @@ side, not by unit tests)."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 
 import pytest
 
+from input_client.spec import TokenizerSpec
 from tests.support import cli_argv, script
 
 
@@ -31,9 +33,10 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out_json.read_text())
+    assert result["kind"] == "sentencepiece"
     assert set(result["reference"]) >= {"0", "1"}
     for figure in (
-        result["sentencepiece_limit"],
+        result["limit"],
         result["pipeline_in_process"],
         result["server"]["unix"],
         result["server"]["tcp"],
@@ -51,6 +54,125 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     # per segment.
     assert 2.0 <= result["server"]["unix"]["wire_bytes_per_token"] < 3.0
     assert "in_process_over_limit" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def kind_models(docs, tmp_path_factory) -> dict[str, str]:
+    """A model of each kind other than sentencepiece, trained on the corpus's documents."""
+    from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+
+    d = tmp_path_factory.mktemp("kinds")
+    return {
+        "huggingface": train_hf_tokenizer(docs, d / "hf", vocab_size=1000),
+        "tiktoken": write_tiktoken_model(docs, d / "bpe.tiktoken", vocab_size=1000),
+    }
+
+
+def _spec_file(path, corpus, model, kind="sentencepiece"):
+    path.write_text(
+        f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nkind = "{kind}"\nmodel = "{model}"\n'
+        f"[batch]\nseq_len = 256\nsize = 8\n"
+    )
+    return str(path)
+
+
+def _bench(tmp_path, *args):
+    """`input-server bench ARGS --json OUT` at small sizes; (stdout, the JSON)."""
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run(
+        cli_argv("bench", *args, "--json", str(out_json), "--min-tokens", "30000", "--rounds", "1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout, json.loads(out_json.read_text())
+
+
+def test_bench_kinds_reports_a_row_per_kind(tmp_path, corpus, spm_model):
+    """`--kinds all`: the spec's sentencepiece model and a Hugging Face and a tiktoken model
+    trained on its corpus, each against its own limit and reference, in one table."""
+    spec = _spec_file(tmp_path / "spec.toml", corpus, spm_model)
+    stdout, result = _bench(tmp_path, spec, "--kinds", "all", "--reference-processes", "0")
+    rows = {r["kind"]: r for r in result["kinds"]}
+    assert list(rows) == ["sentencepiece", "huggingface", "tiktoken"]
+    assert result["models"] == {
+        "sentencepiece": "the spec's",
+        "huggingface": "trained here",
+        "tiktoken": "trained here",
+    }
+    for kind, r in rows.items():
+        for k in (
+            "limit_tokens_per_s",
+            "in_process_tokens_per_s",
+            "server_unix_tokens_per_s",
+            "best_reference_tokens_per_s",
+            "in_process_over_limit",
+            "in_process_over_best_reference",
+        ):
+            assert r[k] > 0, (kind, k)
+        # The same vocabulary size (tiktoken's file holds it, the 256 special tokens follow).
+        assert r["vocab_size"] - (256 if kind == "tiktoken" else 0) <= 1000
+        assert any(line.startswith(kind) for line in stdout.splitlines()), kind
+        assert set(result["results"][kind]["server"]) == {"unix"}
+    assert "transformers" in rows["huggingface"]["reference_encode"]
+    assert "ours/limit" in stdout
+
+
+@pytest.mark.parametrize("kind", ["huggingface", "tiktoken"])
+def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models):
+    spec = _spec_file(tmp_path / "spec.toml", corpus, kind_models[kind], kind)
+    stdout, result = _bench(tmp_path, spec, "--reference-processes", "0")
+    assert result["kind"] == kind
+    for figure in (
+        result["limit"],
+        result["pipeline_in_process"],
+        result["server"]["unix"],
+        result["server"]["tcp"],
+        result["reference"]["0"],
+    ):
+        assert figure["tokens_per_s"] > 0
+    # The limit is the fastest of the kind's batch calls (tiktoken has two), and says which.
+    tried = result["limit_calls_tried"]
+    assert result["limit"]["call"] in tried and len(tried) == (2 if kind == "tiktoken" else 1)
+    ratios = result["ratios"]
+    # The reference tokenizes as MaxText's class of the kind, the pipeline gives the same ids:
+    # the same packing on the same order.
+    assert (
+        ratios["packing_efficiency_same_order"] == ratios["reference_packing_efficiency_same_order"]
+    )
+    assert f"{kind} batch encode (limit)" in stdout and result["limit"]["call"] in stdout
+
+
+def test_bench_kinds_names_the_kinds_it_knows(tmp_path):
+    out = subprocess.run(
+        cli_argv("bench", "x.toml", "--kinds", "sentencepiece,bpe"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "--kinds" in out.stderr and "sentencepiece, huggingface, tiktoken" in out.stderr
+
+
+def test_the_reference_encodes_each_document_as_the_pipeline(docs, spm_model, kind_models):
+    """The reference's per-document encode (MaxText's, picklable for Grain's workers) and the
+    pipeline's tokenizer give the same ids, long runs and special-token text included."""
+    from input_server.data.tokenizer_kinds import load_tokenizer
+    from input_server.tools.bench_kinds import DocumentEncoder
+
+    texts = [*docs[:200], "a" * 30_000 + " b", " " * 26_000 + "x", "<|begin_of_text|> <|bos|>"]
+    for kind, model in {"sentencepiece": spm_model, **kind_models}.items():
+        spec = TokenizerSpec(kind=kind, model=model)
+        encode = pickle.loads(pickle.dumps(DocumentEncoder(spec)))
+        group = load_tokenizer(spec).encode(texts)
+        ours = [
+            group.tokens[s : s + n].tolist()
+            for s, n in zip(group.starts, group.lengths, strict=True)
+        ]
+        assert [encode(t) for t in texts] == ours, kind
 
 
 @pytest.mark.parametrize("pace_ms", [0, 5])

@@ -1,0 +1,347 @@
+"""What `input-server bench` compares the pipeline with, for each tokenizer kind: the kind's
+limit (its own fastest batch call on all cores) and the MaxText-style Grain reference, which
+tokenizes per document as MaxText's tokenizer class of the kind does; and for `--kinds` (a row
+per kind on one corpus), a model of each kind and the table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from input_client.spec import PipelineSpec, TokenizerSpec
+from input_client.wire import shift_left
+from input_server.data.tokenizer_kinds import info_of, load_tokenizer
+from input_server.tools.bench_server import _consume, _rate
+
+KINDS = ("sentencepiece", "huggingface", "tiktoken")
+
+# What the reference runs per document for each kind, said in each result: for Hugging Face,
+# also what it leaves out of MaxText's.
+REFERENCE_ENCODE = {
+    "sentencepiece": "SentencePieceProcessor.encode(text) per document, as MaxText's "
+    "SentencePieceTokenizer",
+    "huggingface": "tokenizers.Tokenizer.encode(text).ids per document with the same "
+    "post-processor; MaxText calls transformers' AutoTokenizer.encode, whose Python overhead "
+    "(not installed here) this leaves out, so it flatters the reference",
+    "tiktoken": "MaxText's split_runs loop over each document's characters, then "
+    "tiktoken.Encoding.encode per piece, as MaxText's TikTokenTokenizer",
+}
+# Training text for the models `--kinds` makes: enough for a 1000s-piece vocabulary, bounded
+# so a large corpus does not spend minutes training.
+TRAIN_CHARS = 20_000_000
+
+
+def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list[int]]]:
+    """The kind's own batch calls over a list of texts on `threads` threads, named, each
+    returning the tokens of each text (BOS/EOS included as the spec adds them), in the output
+    form that costs least. `tokenizer` is `load_tokenizer(spec)`'s."""
+    spec = tokenizer.spec
+    if spec.kind == "huggingface":
+        tok = tokenizer.model()  # with the post-processor that adds BOS/EOS as MaxText's
+
+        # Rayon's threads: all cores (RAYON_RS_NUM_THREADS changes that, not `threads`).
+        def hf(texts):
+            return [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
+
+        return {"Tokenizer.encode_batch_fast": hf}
+    if spec.kind == "tiktoken":
+        enc = tokenizer.model()
+        core = enc._core_bpe  # what Encoding's own calls run, without their per-call checks
+        extra = int(spec.add_bos) + int(spec.add_eos)
+
+        def batch(texts):
+            return [len(x) + extra for x in enc.encode_ordinary_batch(texts, num_threads=threads)]
+
+        def buffer(text):
+            try:
+                return core.encode_to_tiktoken_buffer(text, set())
+            except UnicodeEncodeError:  # lone surrogates: tiktoken's own repair
+                text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+                return core.encode_to_tiktoken_buffer(text, set())
+
+        def part(texts):
+            return [memoryview(buffer(t)).nbytes // 4 + extra for t in texts]
+
+        def slices(texts):
+            # One contiguous slice a thread: no future per document, no Python ints.
+            step = -(-len(texts) // threads) or 1
+            with ThreadPoolExecutor(threads) as pool:
+                done = pool.map(part, [texts[i : i + step] for i in range(0, len(texts), step)])
+                return [n for lengths in done for n in lengths]
+
+        return {
+            f"Encoding.encode_ordinary_batch(num_threads={threads})": batch,
+            f"{threads} threads x Encoding._core_bpe.encode_to_tiktoken_buffer": slices,
+        }
+    sp = tokenizer.processor()
+
+    def spm(texts):
+        ids = sp.encode(
+            texts,
+            add_bos=spec.add_bos,
+            add_eos=spec.add_eos,
+            num_threads=threads,
+            return_type="numpy",
+        )
+        return [len(x) for x in ids]
+
+    return {"SentencePieceProcessor.encode(batch, numpy)": spm}
+
+
+def time_call(call: Callable, texts: list[str], min_seconds: float) -> dict:
+    """`call` over `texts` again and again for at least `min_seconds`."""
+    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
+    while True:
+        tokens += sum(call(texts))
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return {
+                "tokens": tokens,
+                "seconds": elapsed,
+                "tokens_per_s": _rate(tokens, elapsed),
+                "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens,
+            }
+
+
+def pick_limit_call(tokenizer, texts: list[str], threads: int, seconds: float) -> tuple[str, dict]:
+    """The fastest of the kind's batch calls here, by a short run of each; (its name, every
+    call's short run)."""
+    calls = limit_calls(tokenizer, threads)
+    tried = {name: time_call(call, texts, seconds) for name, call in calls.items()}
+    return max(tried, key=lambda n: tried[n]["tokens_per_s"]), tried
+
+
+class DocumentEncoder:
+    """One document's ids as MaxText 0.2.5's tokenizer class of the kind gives them (a list of
+    ints, as its `encode` returns); see `REFERENCE_ENCODE`. Picklable (for Grain's worker
+    processes): the model is opened lazily in each."""
+
+    def __init__(self, spec: TokenizerSpec):
+        self.spec = spec
+        self._encode = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_encode": None}
+
+    def __call__(self, text: str) -> list[int]:
+        if self._encode is None:
+            self._encode = self._open()
+        return self._encode(text)
+
+    def _open(self) -> Callable[[str], list[int]]:
+        spec, tokenizer = self.spec, load_tokenizer(self.spec)
+        if spec.kind == "huggingface":
+            tok = tokenizer.model()
+            return lambda text: tok.encode(text).ids
+        if spec.kind == "tiktoken":
+            from input_server.data.tiktoken_tokenizer import MAX_ENCODE_CHARS, MAX_RUN, split_runs
+
+            enc, info = tokenizer.model(), tokenizer.info()
+
+            def tiktoken_encode(s: str) -> list[int]:  # TikTokenTokenizer.encode, as written
+                substrs = (
+                    substr
+                    for i in range(0, len(s), MAX_ENCODE_CHARS)
+                    for substr in split_runs(s[i : i + MAX_ENCODE_CHARS], MAX_RUN)
+                )
+                t: list[int] = []
+                for substr in substrs:
+                    t.extend(enc.encode(substr, allowed_special=set(), disallowed_special=()))
+                if spec.add_bos:
+                    t.insert(0, info.bos_id)
+                if spec.add_eos:
+                    t.append(info.eos_id)
+                return t
+
+            return tiktoken_encode
+        sp = tokenizer.processor()
+        return lambda text: sp.encode(text, add_bos=spec.add_bos, add_eos=spec.add_eos)
+
+
+def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
+    """Tokens in one epoch of `texts`, and those the batches keep (a document trimmed to
+    `seq_len` counts only what is kept), to size runs by the tokens they deliver."""
+    call = next(iter(limit_calls(load_tokenizer(spec.tokenizer), os.cpu_count() or 1).values()))
+    lengths = call(texts)
+    if spec.batch.packing == "concat_then_split":
+        return sum(lengths), sum(lengths)
+    return sum(lengths), sum(min(n, spec.batch.seq_len) for n in lengths)
+
+
+def bench_limit(
+    texts: list[str], spec: PipelineSpec, *, min_seconds: float, call: str | None = None
+) -> dict:
+    """The limit: the tokenizer kind's own batch call over the corpus on all cores, in its
+    fastest output form (sentencepiece's: numpy arrays, see scripts/bench_tokenize.py);
+    `call` names one of `bench_kinds.limit_calls` (default its first)."""
+    threads = os.cpu_count() or 1
+    calls = limit_calls(load_tokenizer(spec.tokenizer), threads)
+    call = call or next(iter(calls))
+    return {**time_call(calls[call], texts, min_seconds), "threads": threads, "call": call}
+
+
+class _TokenizeAndTrim:
+    """MaxText's per-document map: tokenize one text as MaxText's tokenizer class of the kind
+    does, and trim it to the sequence length."""
+
+    def __init__(self, tokenizer: TokenizerSpec, seq_len: int):
+        self.encode, self.seq_len = DocumentEncoder(tokenizer), seq_len
+
+    def __call__(self, text: str) -> dict[str, np.ndarray]:
+        ids = np.asarray(self.encode(text)[: self.seq_len], dtype=np.int32)
+        return {"inputs": ids, "targets": ids}
+
+
+def _shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """MaxText's ShiftData, so the reference does the same per-batch work as ours."""
+    return {
+        **batch,
+        **{
+            k: shift_left(batch[k]) for k in ("targets", "targets_segment_ids", "targets_positions")
+        },
+    }
+
+
+def reference_dataset(spec: PipelineSpec, texts_source: Any, processes: int):
+    """A MaxText-style Grain pipeline: per-document tokenize-and-trim map, first-fit packing
+    (`FirstFitPackIterDataset`, bins = batch size), batch, shift, multiprocess prefetch."""
+    import grain
+
+    b = spec.batch
+    ds = grain.MapDataset.source(texts_source)
+    if spec.order.shuffle:
+        ds = ds.shuffle(seed=spec.order.seed)
+    ds = ds.repeat(spec.order.epochs or None)
+    ds = ds.map(_TokenizeAndTrim(spec.tokenizer, b.seq_len))
+    ds = ds.to_iter_dataset()
+    ds = grain.experimental.FirstFitPackIterDataset(
+        ds,
+        length_struct={"inputs": b.seq_len, "targets": b.seq_len},
+        num_packing_bins=b.size,
+        shuffle_bins=False,
+    )
+    ds = ds.batch(b.size, drop_remainder=True).map(_shift_data)
+    if processes > 0:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))
+    return ds
+
+
+def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dict:
+    ds = reference_dataset(spec, texts, processes)
+    it = iter(ds)
+    try:
+        result = _consume(it, lambda b: b["inputs_segment_ids"])
+        if processes:  # the work ran in worker processes this process's CPU time misses
+            del result["cpu_ns_per_token"]
+    finally:
+        close = getattr(it, "close", None)
+        if close:
+            close()
+    return {**result, "processes": processes}
+
+
+def parse_kinds(value: str) -> tuple[str, ...]:
+    """`--kinds`: "all" or a comma-separated list of kinds, in `KINDS` order."""
+    asked = set(KINDS) if value.strip() == "all" else {k.strip() for k in value.split(",")}
+    unknown = sorted(asked - set(KINDS) - {""})
+    if unknown or not asked - {""}:
+        raise ValueError(
+            f"`--kinds` must be `all` or a comma-separated list of {', '.join(KINDS)}; got "
+            f"{value!r}."
+        )
+    return tuple(k for k in KINDS if k in asked)
+
+
+def base_vocab_size(spec: TokenizerSpec) -> int:
+    """The spec's model's vocabulary, less tiktoken's 256 special tokens (not in its file)."""
+    from input_server.data.tiktoken_tokenizer import RESERVED
+
+    size = info_of(load_tokenizer(spec)).vocab_size
+    return size - RESERVED if spec.kind == "tiktoken" else size
+
+
+def make_models(
+    spec: PipelineSpec, texts: list[str], kinds: tuple[str, ...], folder: str
+) -> dict[str, str]:
+    """A model of each kind for the corpus, in `folder`: the spec's own for its kind, the
+    others trained on the corpus's first `TRAIN_CHARS` characters with the spec's model's
+    vocabulary size."""
+    from input_server.tools.corpus import train_sentencepiece
+    from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+
+    vocab, used, sample = base_vocab_size(spec.tokenizer), 0, []
+    for t in texts:
+        if used >= TRAIN_CHARS:
+            break
+        sample.append(t)
+        used += len(t)
+    make = {
+        "sentencepiece": lambda: train_sentencepiece(
+            sample, os.path.join(folder, "spm"), vocab_size=vocab
+        ),
+        "huggingface": lambda: train_hf_tokenizer(
+            sample, os.path.join(folder, "hf"), vocab_size=vocab
+        ),
+        "tiktoken": lambda: write_tiktoken_model(
+            sample, os.path.join(folder, "bpe.tiktoken"), vocab_size=vocab
+        ),
+    }
+    return {k: spec.tokenizer.model if k == spec.tokenizer.kind else make[k]() for k in kinds}
+
+
+def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The `--kinds` table's row from one kind's `bench.run` result."""
+    best_ref = max(result["reference"].values(), key=lambda r: r["tokens_per_s"])
+    ratios = result["ratios"]
+    return {
+        "kind": kind,
+        "vocab_size": result["vocab_size"],
+        "limit_call": result["limit"]["call"],
+        "limit_tokens_per_s": result["limit"]["tokens_per_s"],
+        "in_process_tokens_per_s": result["pipeline_in_process"]["tokens_per_s"],
+        "server_unix_tokens_per_s": result["server"]["unix"]["tokens_per_s"],
+        "best_reference_tokens_per_s": best_ref["tokens_per_s"],
+        "best_reference_processes": best_ref["processes"],
+        "in_process_over_limit": ratios["in_process_over_limit"],
+        "server_unix_over_limit": ratios["server_unix_over_limit"],
+        "in_process_over_best_reference": ratios["in_process_over_best_reference"],
+        "server_unix_over_best_reference": (
+            result["server"]["unix"]["tokens_per_s"] / best_ref["tokens_per_s"]
+        ),
+        "reference_encode": result["reference_encode"],
+    }
+
+
+def format_kinds_table(result: dict[str, Any]) -> str:
+    """A row per kind: M real tokens/s and ratios (medians of the rounds' own, but the
+    reference's, which runs once)."""
+    head = (
+        f"{'kind':<14} {'vocab':>6} {'limit':>7} {'ours':>7} {'unix':>7} {'ref':>7} "
+        f"{'ours/limit':>10} {'unix/limit':>10} {'ours/ref':>9} {'unix/ref':>9}"
+    )
+    lines = [head]
+    for r in result["kinds"]:
+        lines.append(
+            f"{r['kind']:<14} {r['vocab_size']:>6} {r['limit_tokens_per_s'] / 1e6:>7.2f} "
+            f"{r['in_process_tokens_per_s'] / 1e6:>7.2f} "
+            f"{r['server_unix_tokens_per_s'] / 1e6:>7.2f} "
+            f"{r['best_reference_tokens_per_s'] / 1e6:>7.2f} "
+            f"{r['in_process_over_limit']:>10.2f} {r['server_unix_over_limit']:>10.2f} "
+            f"{r['in_process_over_best_reference']:>8.1f}x "
+            f"{r['server_unix_over_best_reference']:>8.1f}x"
+        )
+    lines.append("")
+    lines.append("M real tokens/s; ref = the best MaxText-style reference; limits and references:")
+    for r in result["kinds"]:
+        lines.append(f"  {r['kind']}: limit {r['limit_call']}")
+        lines.append(
+            f"  {' ' * len(r['kind'])}  reference ({r['best_reference_processes']} processes "
+            f"best) {r['reference_encode']}"
+        )
+    return "\n".join(lines)
