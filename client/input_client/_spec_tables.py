@@ -109,10 +109,12 @@ class BatchSpec:
         return "split" if self.packing == "concat_then_split" else "trim"
 
     def to_dict(self) -> dict[str, Any]:
-        """The TOML keys; `long_documents` only where set, so a spec written before it keeps
-        its fingerprint."""
+        """The TOML keys; `long_documents` only where it is not the packing's default, so a
+        spec written before it keeps its fingerprint, and "trim" written out or left out
+        give the same fingerprint (and so accept the same resume states)."""
         out = dataclasses.asdict(self)
-        if not out["long_documents"]:
+        default = "split" if self.packing == "concat_then_split" else "trim"
+        if out["long_documents"] in ("", default):
             del out["long_documents"]
         return out
 

@@ -124,11 +124,11 @@ class Pipeline:
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
         self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
-            model, config = resolve_model(access, spec.tokenizer)
+            model, sidecars = resolve_model(access, spec.tokenizer)
             self.tokenizer = open_tokenizer(
                 dataclasses.replace(spec.tokenizer, model=model),
                 written=spec.tokenizer.model,
-                config=config,
+                sidecars=sidecars,
             )
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)

@@ -45,7 +45,7 @@ def _identity(path: str | None) -> tuple | None:
         st = os.stat(path)
     except OSError:  # gone since it was resolved: loading it names the file
         return (path,)
-    return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _content(token) -> str | None:
@@ -55,33 +55,81 @@ def _content(token) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
-class HuggingFaceTokenizer(WholeDocumentTokenizer):
-    """A `tokenizer.json` with the named tokens of the `tokenizer_config.json` beside it."""
+# The classes whose tokenizer is the file's own pipeline (transformers' `TokenizersBackend`);
+# model-specific classes (Qwen2Tokenizer, GPT2Tokenizer, LlamaTokenizer, ...) rebuild it their
+# own way in transformers 5, with their own defaults, which are not reproduced here.
+PLAIN_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
-    def __init__(self, spec, *, written: str | None = None, config: str | None = None):
-        self.config = config
+
+class HuggingFaceTokenizer(WholeDocumentTokenizer):
+    """A `tokenizer.json` with the named tokens of the `tokenizer_config.json` beside it.
+
+    `sidecars`: the files beside it that exist and may be read (`tokenizer_config.json`,
+    `special_tokens_map.json`; `tokenizer_kinds.resolve_model` finds them)."""
+
+    def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
+        self.sidecars = dict(sidecars or {})
         super().__init__(spec, written=written)
 
-    def _named(self) -> dict[str, str | None]:
-        if self.config is None:
-            return dict.fromkeys(NAMED)
-        shown = shorten(os.path.join(os.path.dirname(self.written), "tokenizer_config.json"))
+    def _json(self, name: str) -> dict:
+        if name not in self.sidecars:
+            return {}
+        folder = (
+            self.written if not self.written.endswith(".json") else os.path.dirname(self.written)
+        )
+        shown = shorten(os.path.join(folder, name))
         try:
-            with open(self.config, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:
+            with open(self.sidecars[name], encoding="utf-8") as f:
+                value = json.load(f)
+        except (OSError, ValueError, RecursionError) as e:
             raise InvalidSpecError(
                 f"`tokenizer.model`: {shown!r} is not a readable JSON file ({e})."
             ) from None
-        if not isinstance(config, dict):
+        if not isinstance(value, dict):
             raise InvalidSpecError(f"`tokenizer.model`: {shown!r} is not a JSON object.")
-        return {k: _content(config.get(k)) for k in NAMED}
+        return value
+
+    def _refuse(self, why: str) -> InvalidSpecError:
+        return InvalidSpecError(f"`tokenizer.model` {shorten(self.written)!r}: {why}.")
+
+    def _named(self) -> tuple[dict[str, str | None], list[str], dict]:
+        """The named tokens, the extra special tokens, and the config's added tokens, refusing
+        what transformers would read otherwise than this class does."""
+        config, mapped = self._json("tokenizer_config.json"), self._json("special_tokens_map.json")
+        cls = config.get("tokenizer_class")
+        if cls not in PLAIN_CLASSES:
+            plain = " or ".join(map(str, PLAIN_CLASSES[1:]))
+            raise self._refuse(
+                f"its tokenizer_config.json says tokenizer_class {cls!r}, which transformers "
+                f"builds its own way; the server reproduces {plain} (the file's own pipeline)"
+            )
+        named = {k: _content(config.get(k)) for k in NAMED}
+        for k in NAMED:
+            other = _content(mapped.get(k))
+            if other is not None and other != named[k]:
+                raise self._refuse(
+                    f"its special_tokens_map.json names {k} {other!r} but tokenizer_config.json "
+                    f"{named[k]!r}; the server reads tokenizer_config.json's: make them agree"
+                )
+        extra = []
+        for source in (config, mapped):
+            for key in ("additional_special_tokens", "extra_special_tokens"):
+                tokens = source.get(key) or []
+                if isinstance(tokens, dict):  # {name: token}
+                    tokens = list(tokens.values())
+                if not isinstance(tokens, list):
+                    raise self._refuse(f"its {key} is not a list")
+                extra += [t for t in map(_content, tokens) if t is not None and t not in extra]
+        added = config.get("added_tokens_decoder") or {}
+        if not isinstance(added, dict):
+            raise self._refuse("its tokenizer_config.json's added_tokens_decoder is not a table")
+        return named, extra, added
 
     def _load(self):
         self._open_check(self.spec.model)
         key = (
             _identity(self.spec.model),
-            _identity(self.config),
+            *sorted((n, _identity(p)) for n, p in self.sidecars.items()),
             self.spec.add_bos,
             self.spec.add_eos,
         )
@@ -90,7 +138,12 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
                 _LOADED.move_to_end(key)
                 tok, self._ids = _LOADED[key]
                 return tok
-        tok = self._build()
+        try:
+            tok = self._build()
+        except InvalidSpecError:
+            raise
+        except Exception as e:  # the Rust side raises plain Exception (e.g. a bad template)
+            raise self._refuse(f"not a usable Hugging Face tokenizer ({e})") from None
         with _LOADED_LOCK:
             _LOADED[key] = (tok, self._ids)
             while len(_LOADED) > MAX_LOADED:
@@ -98,25 +151,35 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         return tok
 
     def _build(self):
+        # One core per call: parallelism is Grain's threads and processes, which the tuner
+        # counts; tokenizers' own Rayon pool would spread every call over all the host's
+        # cores (CPU time 1.47 x wall measured on 2 cores) behind the tuner's back. An
+        # operator's own setting stands.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from tokenizers import AddedToken, Tokenizer, processors
 
-        shown = shorten(self.written)
         try:
             tok = Tokenizer.from_file(self.spec.model)
         except Exception as e:  # the Rust side raises plain Exception for a bad file
-            raise InvalidSpecError(
-                f"`tokenizer.model` {shown!r} is not a Hugging Face tokenizer.json ({e})."
-            ) from None
+            raise self._refuse(f"not a Hugging Face tokenizer.json ({e})") from None
         for what, on in (("padding", tok.padding), ("truncation", tok.truncation)):
             if on:
-                raise InvalidSpecError(
-                    f"`tokenizer.model` {shown!r}: its tokenizer.json sets {what} ({on}); the "
-                    f"server packs whole documents: save it with {what} off."
+                raise self._refuse(
+                    f"its tokenizer.json sets {what} ({on}); the server packs whole documents: "
+                    f"save it with {what} off"
                 )
-        named = self._named()
-        have = {t.content for t in tok.get_added_tokens_decoder().values()}
-        missing = [t for t in named.values() if t is not None and t not in have]
+        named, extra, added = self._named()
+        have = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+        for i, t in added.items():
+            content = _content(t)
+            if content is not None and str(have.get(content)) != str(i):
+                raise self._refuse(
+                    f"its tokenizer_config.json adds token {content!r} as id {i}, which its "
+                    f"tokenizer.json does not hold; save both from one tokenizer"
+                )
+        missing = [t for t in [*named.values(), *extra] if t is not None and t not in have]
         if missing:  # as transformers adds them
+            missing = list(dict.fromkeys(missing))
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
         bos = named["bos_token"] if self.spec.add_bos else None
         eos = named["eos_token"] if self.spec.add_eos else None

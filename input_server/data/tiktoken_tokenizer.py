@@ -40,6 +40,8 @@ SPECIALS = [
     "<|eot_id|>",
 ] + [f"<|reserved_special_token_{i}|>" for i in range(5, RESERVED - 5)]
 MAX_ENCODE_CHARS = 400_000
+# Ids are int32 on their way to the batches, and the specials come after the ranks.
+MAX_RANK = (1 << 31) - RESERVED
 MAX_RUN = 25_000
 # Python's `str.isspace()` and `re`'s `\s` agree on str patterns (both Py_UNICODE_ISSPACE).
 _LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
@@ -72,23 +74,31 @@ def pieces(s: str) -> list[str]:
 
 def read_ranks(path: str, written: str) -> dict[bytes, int]:
     """The ranks file: `base64(token) rank` lines (tiktoken's `load_tiktoken_bpe` format, read
-    here without its cache, which keys local files by path and would serve a stale copy)."""
+    here without its cache, which keys local files by path and would serve a stale copy), a
+    line at a time: a file that is not one stops at its first bad line."""
     ranks: dict[bytes, int] = {}
+    shown = shorten(written)
     with open(path, "rb") as f:
-        for n, line in enumerate(f.read().splitlines(), 1):
+        for n, line in enumerate(f, 1):
+            line = line.strip()
             if not line:
                 continue
             try:
                 token, rank = line.split()
-                ranks[base64.b64decode(token, validate=True)] = int(rank)
+                raw, rank = base64.b64decode(token, validate=True), int(rank)
             except (ValueError, binascii.Error):
-                shown = line[:60].decode("ascii", "replace")
                 raise InvalidSpecError(
-                    f"`tokenizer.model` {shorten(written)!r} is not a tiktoken BPE file: line "
-                    f"{n} is {shown!r}, not `base64-token rank`."
+                    f"`tokenizer.model` {shown!r} is not a tiktoken BPE file: line {n} is "
+                    f"{line[:60].decode('ascii', 'replace')!r}, not `base64-token rank`."
                 ) from None
+            if not 0 <= rank < MAX_RANK:
+                raise InvalidSpecError(
+                    f"`tokenizer.model` {shown!r}: line {n} gives rank {rank}, outside 0 to "
+                    f"{MAX_RANK - 1}."
+                )
+            ranks[raw] = rank
     if not ranks:
-        raise InvalidSpecError(f"`tokenizer.model` {shorten(written)!r} holds no tiktoken ranks.")
+        raise InvalidSpecError(f"`tokenizer.model` {shown!r} holds no tiktoken ranks.")
     return ranks
 
 
@@ -104,23 +114,24 @@ class TiktokenTokenizer(WholeDocumentTokenizer):
             raise InvalidSpecError(
                 f"`tokenizer.model` {shorten(self.written)!r} gives one rank to several tokens."
             )
-        base = len(ranks)
+        base = len(ranks)  # where MaxText numbers the specials from, gaps in the ranks or not
         try:
+            self._ids = (base, base + 1)
             return tiktoken.Encoding(
                 name=os.path.basename(self.spec.model),
                 pat_str=PATTERN,
                 mergeable_ranks=ranks,
                 special_tokens={t: base + i for i, t in enumerate(SPECIALS)},
             )
-        except ValueError as e:  # e.g. ranks that leave gaps below the special tokens
+        except (ValueError, OverflowError) as e:
             raise InvalidSpecError(
                 f"`tokenizer.model` {shorten(self.written)!r} is not a usable tiktoken model ({e})."
             ) from None
 
     def info(self) -> IdsInfo:
         enc = self.model()
-        base = enc.n_vocab - RESERVED
-        return IdsInfo(enc.n_vocab, base, base + 1, -1, -1)
+        bos, eos = self._ids
+        return IdsInfo(enc.n_vocab, bos, eos, -1, -1)
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         enc = self.model()

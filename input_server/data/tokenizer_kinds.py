@@ -12,41 +12,64 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from input_client.model_files import HF_FILES
 from input_client.spec import TokenizerSpec
 from input_server.data.hf_tokenizer import HuggingFaceTokenizer
 from input_server.data.tiktoken_tokenizer import TiktokenTokenizer
 from input_server.data.tokenizer import Tokenizer
 from input_server.data.tokenizer_base import IdsInfo
-from input_server.errors import DataNotFoundError
+from input_server.errors import DataNotFoundError, InvalidSpecError, shorten
 
 __all__ = ["IdsInfo", "info_of", "load_tokenizer", "open_tokenizer", "resolve_model"]
 
+# The most a model file may hold: each kind reads it whole into memory (a named 5 GB jsonl would
+# otherwise be read as a model). Real ones are far smaller: Llama 3's tiktoken ranks 2.2 MB,
+# large Hugging Face tokenizer.json files tens of MB, sentencepiece models a few MB.
+MAX_MODEL_BYTES = 1 << 30
+MAX_CONFIG_BYTES = 16 << 20
 
-def resolve_model(access, spec: TokenizerSpec) -> tuple[str, str | None]:
+
+def _bounded(path: str | None, limit: int, written: str) -> str | None:
+    try:
+        size = os.stat(path).st_size if path is not None else 0
+    except OSError:  # missing: opening it names it
+        return path
+    if size > limit:
+        raise InvalidSpecError(
+            f"`tokenizer.model` {shorten(written)!r} holds {size} bytes, more than the "
+            f"{limit >> 20} MB a model file may."
+        )
+    return path
+
+
+def resolve_model(access, spec: TokenizerSpec) -> tuple[str, dict[str, str]]:
     """The files a spec's model is read from, checked against the data roots: the model file
-    and, for Hugging Face, the `tokenizer_config.json` beside its `tokenizer.json` (None if
-    there is none). A Hugging Face `model` that does not end in `.json` is a folder, as
-    MaxText's `tokenizer_path` is."""
+    and, for Hugging Face, the files beside its `tokenizer.json` that name its tokens
+    (`input_client.model_files.HF_FILES`), those that exist. A Hugging Face `model` that does
+    not end in `.json` is a folder, as MaxText's `tokenizer_path` is."""
     model = spec.model
     if spec.kind != "huggingface":
-        return access.file(model, "tokenizer.model"), None
+        return _bounded(access.file(model, "tokenizer.model"), MAX_MODEL_BYTES, model), {}
     if not model.endswith(".json"):
         model = os.path.join(model, "tokenizer.json")
-    path = access.file(model, "tokenizer.model")
-    try:
-        config = access.file(
-            os.path.join(os.path.dirname(model), "tokenizer_config.json"), "tokenizer.model"
-        )
-    except DataNotFoundError:
-        config = None
-    return path, config if config is None or os.path.isfile(config) else None
+    path = _bounded(access.file(model, "tokenizer.model"), MAX_MODEL_BYTES, model)
+    sidecars = {}
+    for name in HF_FILES[1:]:
+        written = os.path.join(os.path.dirname(model), name)
+        try:
+            found = access.file(written, "tokenizer.model")
+        except DataNotFoundError:
+            continue
+        if os.path.isfile(found):  # the operator's own tools see every path
+            sidecars[name] = _bounded(found, MAX_CONFIG_BYTES, written)
+    return path, sidecars
 
 
-def open_tokenizer(spec: TokenizerSpec, *, written: str | None = None, config: str | None = None):
+def open_tokenizer(spec: TokenizerSpec, *, written: str | None = None, sidecars=None):
     """The tokenizer for `spec`, its `model` already resolved (`resolve_model`); `written` is
     the model as the client wrote it, for messages."""
     if spec.kind == "huggingface":
-        return HuggingFaceTokenizer(spec, written=written, config=config)
+        return HuggingFaceTokenizer(spec, written=written, sidecars=sidecars)
     if spec.kind == "tiktoken":
         return TiktokenTokenizer(spec, written=written)
     return Tokenizer(spec, written=written)
@@ -57,8 +80,10 @@ def load_tokenizer(spec: TokenizerSpec):
     Face folder's files found as `resolve_model` finds them."""
     from input_server.data.roots import OPERATOR
 
-    model, config = resolve_model(OPERATOR, spec)
-    return open_tokenizer(dataclasses.replace(spec, model=model), written=spec.model, config=config)
+    model, sidecars = resolve_model(OPERATOR, spec)
+    return open_tokenizer(
+        dataclasses.replace(spec, model=model), written=spec.model, sidecars=sidecars
+    )
 
 
 def info_of(tokenizer) -> IdsInfo:

@@ -6,8 +6,7 @@ A trainer checks its own settings against it (input_client.maxtext: MaxText's pa
 
 from __future__ import annotations
 
-import hashlib
-
+from input_client import model_files
 from input_client.proto import pb
 from input_client.spec import TOKENIZER_KINDS, SpecError, TokenizerSpec
 from input_server.data.roots import DataAccess
@@ -19,7 +18,8 @@ KINDS_REASON = f"must be one of {', '.join(TOKENIZER_KINDS)}"
 
 def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.TokenizerInfo:
     """The model's vocabulary size, special ids (-1 where it has none) and the SHA-256 of the
-    file its tokens come from: the `.model`, the `tokenizer.json` or the tiktoken ranks."""
+    files its tokens come from (`input_client.model_files.digest`): the `.model`, the tiktoken
+    ranks, or a Hugging Face `tokenizer.json` with the config files beside it."""
     kind = request.kind or "sentencepiece"
     if not request.model:
         raise InvalidSpecError(f"`tokenizer.model` is required: the path of a {kind} model.")
@@ -28,18 +28,17 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     spec = TokenizerSpec(model=request.model, kind=kind)
     if "\0" in request.model:
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
-    model, config = resolve_model(access, spec)
+    model, sidecars = resolve_model(access, spec)
     tokenizer = open_tokenizer(
-        TokenizerSpec(model=model, kind=kind), written=request.model, config=config
+        TokenizerSpec(model=model, kind=kind), written=request.model, sidecars=sidecars
     )
     info = info_of(tokenizer)
-    with open(model, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256")
+    files = {"tokenizer.json": model, **sidecars} if kind == "huggingface" else {"": model}
     return pb.TokenizerInfo(
         vocab_size=info.vocab_size,
         bos_id=info.bos_id,
         eos_id=info.eos_id,
         pad_id=info.pad_id,
         unk_id=info.unk_id,
-        sha256=digest.hexdigest(),
+        sha256=model_files.digest(files),
     )

@@ -45,11 +45,21 @@ def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list
     if spec.kind == "huggingface":
         tok = tokenizer.model()  # with the post-processor that adds BOS/EOS as MaxText's
 
-        # Rayon's threads: all cores (RAYON_RS_NUM_THREADS changes that, not `threads`).
+        # Rayon's threads: all cores, unless TOKENIZERS_PARALLELISM=false, which the server's
+        # loader sets (its parallelism is Grain's threads); then threads over slices.
         def hf(texts):
             return [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
 
-        return {"Tokenizer.encode_batch_fast": hf}
+        def hf_slices(texts):
+            step = -(-len(texts) // threads) or 1
+            with ThreadPoolExecutor(threads) as pool:
+                done = pool.map(hf, [texts[i : i + step] for i in range(0, len(texts), step)])
+                return [n for lengths in done for n in lengths]
+
+        return {
+            "Tokenizer.encode_batch_fast": hf,
+            f"{threads} threads x Tokenizer.encode_batch_fast": hf_slices,
+        }
     if spec.kind == "tiktoken":
         enc = tokenizer.model()
         core = enc._core_bpe  # what Encoding's own calls run, without their per-call checks

@@ -79,27 +79,35 @@ def test_pickled_tokenizer_reloads_its_model(models, kind):
     assert again.encode(text).tokens.tolist() == tok.encode(text).tokens.tolist()
 
 
-def test_describe_reports_each_kind(models, kind, server):
-    spec = PipelineSpec(
-        source={"paths": ["x.jsonl"]}, tokenizer={"model": models[kind], "kind": kind}
-    )
+def test_describe_reports_each_kind(models, kind, server, tmp_path):
+    import hashlib
+    import shutil
+
+    from input_client import model_files
+
+    model = models[kind]
+    if kind == "huggingface":  # a copy, whose config is changed below
+        model = str(shutil.copytree(model, tmp_path / "hf"))
+    spec = PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model, "kind": kind})
     with InputClient(server.targets[0]) as c:
         info = c.describe_tokenizer(spec)
-    if kind == "huggingface":  # BOS, EOS, pad are the trainer's first three tokens
-        assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.unk_id) == (
-            800,
-            0,
-            1,
-            2,
-            -1,
-        )
-        hashed = os.path.join(models[kind], "tokenizer.json")
-    else:  # Llama 3's 256 specials after the ranks, no pad
-        assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id) == (1056, 800, 801, -1)
-        hashed = models[kind]
-    import hashlib
-
-    assert info.sha256 == hashlib.sha256(open(hashed, "rb").read()).hexdigest()
+        if kind == "huggingface":  # BOS, EOS, pad are the trainer's first three tokens
+            assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.unk_id) == (
+                800,
+                0,
+                1,
+                2,
+                -1,
+            )
+            # The digest covers the config that names the tokens: another config, another one.
+            assert info.sha256 == model_files.digest(model_files.hf_files(model))
+            config = tmp_path / "hf" / "tokenizer_config.json"
+            config.write_text(config.read_text().replace('"<|pad|>"', '"<|eos|>"'))
+            again = c.describe_tokenizer(spec)
+            assert again.sha256 != info.sha256 and again.pad_id == 1
+        else:  # Llama 3's 256 specials after the ranks, no pad; the file's own SHA-256
+            assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id) == (1056, 800, 801, -1)
+            assert info.sha256 == hashlib.sha256(open(model, "rb").read()).hexdigest()
 
 
 def _refusal(server, spec) -> StreamError:
@@ -110,6 +118,8 @@ def _refusal(server, spec) -> StreamError:
 
 
 def test_mistakes_name_the_model(corpus, models, server, tmp_path_factory):
+    import shutil
+
     d = tmp_path_factory.mktemp("bad-kinds")
     (d / "empty").mkdir()
     (d / "broken").mkdir()
@@ -126,12 +136,29 @@ def test_mistakes_name_the_model(corpus, models, server, tmp_path_factory):
     (d / "padded").mkdir()
     (d / "padded" / "tokenizer.json").write_text(json.dumps(padded))
     (d / "bad.tiktoken").write_text("IQ== 0\nnot-a-rank-line\n")
+    (d / "negative.tiktoken").write_text("IQ== 0\nIg== -5\n")
+    with open(d / "huge.tiktoken", "wb") as f:  # sparse: no disk is used
+        f.truncate((1 << 30) + 1)
+    for name, config, side in [
+        ("qwen", {"tokenizer_class": "Qwen2Tokenizer"}, None),
+        ("map", {"bos_token": "<|bos|>"}, {"bos_token": "<|eos|>"}),
+        ("added", {"added_tokens_decoder": {"900": {"content": "<|new|>"}}}, None),
+    ]:
+        shutil.copytree(models["huggingface"], d / name)
+        (d / name / "tokenizer_config.json").write_text(json.dumps(config))
+        if side is not None:
+            (d / name / "special_tokens_map.json").write_text(json.dumps(side))
     cases = [
         ("huggingface", str(d / "empty"), grpc.StatusCode.NOT_FOUND, "tokenizer.model"),
         ("huggingface", str(d / "broken"), grpc.StatusCode.INVALID_ARGUMENT, "tokenizer.json"),
         ("huggingface", str(d / "padded"), grpc.StatusCode.INVALID_ARGUMENT, "sets padding"),
         ("tiktoken", str(d / "bad.tiktoken"), grpc.StatusCode.INVALID_ARGUMENT, "line 2"),
         ("tiktoken", models["huggingface"], grpc.StatusCode.PERMISSION_DENIED, "regular file"),
+        ("tiktoken", str(d / "negative.tiktoken"), grpc.StatusCode.INVALID_ARGUMENT, "rank -5"),
+        ("tiktoken", str(d / "huge.tiktoken"), grpc.StatusCode.INVALID_ARGUMENT, "1024 MB"),
+        ("huggingface", str(d / "qwen"), grpc.StatusCode.INVALID_ARGUMENT, "Qwen2Tokenizer"),
+        ("huggingface", str(d / "map"), grpc.StatusCode.INVALID_ARGUMENT, "make them agree"),
+        ("huggingface", str(d / "added"), grpc.StatusCode.INVALID_ARGUMENT, "'<|new|>' as id"),
         ("huggingface", "/etc", grpc.StatusCode.PERMISSION_DENIED, "tokenizer.model"),
     ]
     for kind, model, code, needle in cases:
@@ -171,3 +198,31 @@ def test_a_hugging_face_model_loaded_again_is_shared_until_its_file_changes(mode
     changed = load_tokenizer(spec)
     assert changed.model() is not first.model()
     assert changed.info().eos_id == changed.info().pad_id == 2
+
+
+def test_tiktoken_specials_follow_the_count_of_ranks_as_maxtext_numbers_them(tmp_path):
+    """MaxText numbers the specials from len(ranks), gaps in the ranks or not."""
+    import base64
+
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    lines.append(f"{base64.b64encode(b'th').decode()} 1000")
+    (tmp_path / "gap.tiktoken").write_text("\n".join(lines) + "\n")
+    tok = load_tokenizer(TokenizerSpec(model=str(tmp_path / "gap.tiktoken"), kind="tiktoken"))
+    info = tok.info()
+    assert (info.bos_id, info.eos_id) == (257, 258)
+    assert tok.encode(["the"]).tokens.tolist() == [257, 1000, ord("e"), 258]
+
+
+def test_extra_special_tokens_are_tokens_in_the_text(models, tmp_path):
+    """As transformers adds a config's additional special tokens: written in a document, each
+    is one id, not its characters."""
+    import shutil
+
+    folder = shutil.copytree(models["huggingface"], tmp_path / "hf")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["additional_special_tokens"] = ["<|tool|>"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(TokenizerSpec(model=str(folder), kind="huggingface", add_eos=False))
+    ids = tok.encode(["a <|tool|> b"]).tokens.tolist()
+    tool = tok.model().token_to_id("<|tool|>")
+    assert tool == 800 and tool in ids and len(ids) <= 5

@@ -247,17 +247,27 @@ def test_the_tokenizer_kind_follows_tokenizer_type(model_file):
         )
 
 
-def test_a_tokenizer_folder_is_checked_by_its_tokenizer_json(tmp_path):
+def test_a_tokenizer_folder_is_checked_by_its_files(tmp_path):
+    """A Hugging Face folder: its tokenizer.json and the config naming its tokens, hashed as the
+    server's DescribeTokenizer hashes them; another config is another model."""
+    from input_client import model_files
+
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "tokenizer.json").write_text('{"model": {}}')
-    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
     spec = _spec(str(folder), kind="huggingface")
     config = _config(tokenizer_path=str(folder), tokenizer_type="huggingface")
-    check.check_tokenizer(spec, config, _tokenizer(str(folder / "tokenizer.json")), which="train")
-    with pytest.raises(MaxTextConfigError, match="tokenizer.json \\(another file"):
+    served = model_files.digest(
+        {"tokenizer.json": str(folder / "tokenizer.json"),
+         "tokenizer_config.json": str(folder / "tokenizer_config.json")}
+    )  # fmt: skip
+    check.check_tokenizer(spec, config, _tokenizer(str(folder / "tokenizer.json"), sha256=served),
+                          which="train")  # fmt: skip
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<|bos|>"}')
+    with pytest.raises(MaxTextConfigError, match="another model: its tokenizer.json"):
         check.check_tokenizer(
-            spec, config, _tokenizer(str(folder / "tokenizer.json"), sha256="0" * 64), which="train"
+            spec, config, _tokenizer(str(folder / "tokenizer.json"), sha256=served), which="train"
         )
     (folder / "tokenizer.json").unlink()
     with pytest.raises(MaxTextConfigError, match="is a folder without a tokenizer.json here"):

@@ -337,3 +337,18 @@ def test_a_derived_spec_round_trips_through_toml(model, tmp_path):
     spec = _train(model, grain_train_files="/a*,0.4;/b*,0.6", use_truncation=False)
     (tmp_path / "s.toml").write_text(spec.to_toml())
     assert PipelineSpec.from_toml(tmp_path / "s.toml") == spec
+
+
+def test_double_star_is_one_folder_level_as_maxtexts_glob_has_it(model, tmp_path):
+    """MaxText globs without recursive=True: `**` is one level there, any depth in the server's
+    walk; the derived pattern says `*`, and both then read the same files."""
+    import glob
+
+    for rel in ("a.ar", "sub/b.ar", "sub/deep/c.ar"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    pattern = f"{tmp_path}/**/*.ar"
+    spec = _train(model, grain_train_files=pattern)
+    assert spec.source.paths == (f"{tmp_path}/*/*.ar",)
+    assert sorted(glob.glob(spec.source.paths[0])) == sorted(glob.glob(pattern))
+    assert glob.glob(pattern) == [f"{tmp_path}/sub/b.ar"]

@@ -227,3 +227,19 @@ def test_workers_threads_fix_the_tuners_whole_choice(tmp_path):
     assert (spec.workers.count, spec.workers.threads) == (2, 3)
     assert PipelineSpec.from_proto(spec.to_proto()) == spec
     assert spec.data_fingerprint() == spec.replace(workers={"threads": 0}).data_fingerprint()
+
+
+def test_long_documents_at_the_packings_default_keeps_the_fingerprint():
+    base = PipelineSpec(source={"paths": ["a.jsonl"]}, tokenizer={"model": "m.model"})
+    trim = base.replace(batch={"long_documents": "trim"})
+    assert trim.data_fingerprint() == base.data_fingerprint()
+    assert base.replace(batch={"long_documents": "chunk"}).data_fingerprint() != (
+        base.data_fingerprint()
+    )
+    cts = base.replace(batch={"packing": "concat_then_split"})
+    assert cts.replace(batch={"long_documents": "split"}).data_fingerprint() == (
+        cts.data_fingerprint()
+    )
+    assert cts.replace(batch={"long_documents": "trim"}).data_fingerprint() != (
+        cts.data_fingerprint()
+    )

@@ -11,10 +11,10 @@ one derived from the config (`derive`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from typing import Any
 
+from input_client import model_files
 from input_client.spec import PipelineSpec, ShardSpec
 
 
@@ -62,14 +62,6 @@ def shard_for(spec: PipelineSpec, process_indices: list[int], process_index: int
         return spec
     shard = ShardSpec(index=process_indices.index(process_index), count=len(process_indices))
     return dataclasses.replace(spec, shard=shard)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _differ(
@@ -205,9 +197,17 @@ def check_vocab_size(spec: PipelineSpec, config: Any, *, which: str) -> None:
 
 
 def tokenizer_file(path: str) -> str:
-    """The file of `tokenizer_path` whose SHA-256 the server reports: the path itself, or for
-    a folder (a Hugging Face tokenizer) the `tokenizer.json` inside it."""
+    """The file of `tokenizer_path` the tokens come from: the path itself, or for a folder (a
+    Hugging Face tokenizer) the `tokenizer.json` inside it."""
     return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+
+
+def tokenizer_digest(path: str, kind: str) -> str:
+    """What the server's DescribeTokenizer reports as `sha256` for the same model here
+    (`input_client.model_files`: a Hugging Face model's config files count too)."""
+    if kind == "huggingface":
+        return model_files.digest(model_files.hf_files(path))
+    return model_files.digest({"": path})
 
 
 def check_tokenizer(spec: PipelineSpec, config: Any, tokenizer: Any, *, which: str) -> None:
@@ -231,13 +231,15 @@ def check_tokenizer(spec: PipelineSpec, config: Any, tokenizer: Any, *, which: s
             f"against the {which} spec's `tokenizer.model` {spec.tokenizer.model!r}; set it to a "
             f"local copy of that model."
         )
-    if _sha256(local) != tokenizer.sha256:
+    if tokenizer_digest(path, spec.tokenizer.kind) != tokenizer.sha256:
+        what = (
+            "another model: its tokenizer.json, tokenizer_config.json or special_tokens_map.json"
+            " differs"
+            if spec.tokenizer.kind == "huggingface"
+            else "another file: its SHA-256 differs"
+        )
         raise _differ(
-            which,
-            "tokenizer.model",
-            spec.tokenizer.model,
-            "tokenizer_path",
-            f"{local} (another file: its SHA-256 differs)",
+            which, "tokenizer.model", spec.tokenizer.model, "tokenizer_path", f"{path} ({what})"
         )
 
 

@@ -289,7 +289,10 @@ def _constructed(config: Any, *, which: str, file_type: str) -> tuple[str, str]:
 
 def _local(pattern: str, key: str) -> str:
     """A pattern as MaxText's `find_data_files` globs it (`Path(p).expanduser().resolve()`):
-    absolute, since the server would resolve a relative one against its own data root."""
+    absolute, since the server would resolve a relative one against its own data root. MaxText
+    globs without `recursive=True`, where `**` is one folder level, as `*` is; the server's
+    `**` is any depth, so each `**` part becomes `*`."""
     if "://" in pattern:  # gs:// and hf:// are remote in MaxText; nothing else is a URL there
         raise unsupported(key, pattern, LOCAL_ONLY)
-    return str(Path(pattern).expanduser().resolve())
+    resolved = Path(pattern).expanduser().resolve()
+    return str(Path(*("*" if part == "**" else part for part in resolved.parts)))
