@@ -37,6 +37,19 @@ REFERENCE_ENCODE = {
 TRAIN_CHARS = 20_000_000
 
 
+def _over_slices(call: Callable[[list[str]], list[int]], threads: int):
+    """`call` on `threads` threads, one contiguous slice of the texts each: no future per
+    document, no Python ints."""
+
+    def run(texts: list[str]) -> list[int]:
+        step = -(-len(texts) // threads) or 1
+        with ThreadPoolExecutor(threads) as pool:
+            done = pool.map(call, [texts[i : i + step] for i in range(0, len(texts), step)])
+            return [n for lengths in done for n in lengths]
+
+    return run
+
+
 def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list[int]]]:
     """The kind's own batch calls over a list of texts on `threads` threads, named, each
     returning the tokens of each text (BOS/EOS included as the spec adds them), in the output
@@ -50,15 +63,9 @@ def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list
         def hf(texts):
             return [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
 
-        def hf_slices(texts):
-            step = -(-len(texts) // threads) or 1
-            with ThreadPoolExecutor(threads) as pool:
-                done = pool.map(hf, [texts[i : i + step] for i in range(0, len(texts), step)])
-                return [n for lengths in done for n in lengths]
-
         return {
             "Tokenizer.encode_batch_fast": hf,
-            f"{threads} threads x Tokenizer.encode_batch_fast": hf_slices,
+            f"{threads} threads x Tokenizer.encode_batch_fast": _over_slices(hf, threads),
         }
     if spec.kind == "tiktoken":
         enc = tokenizer.model()
@@ -78,16 +85,11 @@ def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list
         def part(texts):
             return [memoryview(buffer(t)).nbytes // 4 + extra for t in texts]
 
-        def slices(texts):
-            # One contiguous slice a thread: no future per document, no Python ints.
-            step = -(-len(texts) // threads) or 1
-            with ThreadPoolExecutor(threads) as pool:
-                done = pool.map(part, [texts[i : i + step] for i in range(0, len(texts), step)])
-                return [n for lengths in done for n in lengths]
-
         return {
             f"Encoding.encode_ordinary_batch(num_threads={threads})": batch,
-            f"{threads} threads x Encoding._core_bpe.encode_to_tiktoken_buffer": slices,
+            f"{threads} threads x Encoding._core_bpe.encode_to_tiktoken_buffer": _over_slices(
+                part, threads
+            ),
         }
     sp = tokenizer.processor()
 
