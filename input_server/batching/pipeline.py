@@ -35,7 +35,7 @@ from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer import TokenGroup
-from input_server.data.tokenizer_kinds import open_tokenizer, resolve_model
+from input_server.data.tokenizer_kinds import load_tokenizer
 
 # Text to tokenize per group (after long documents are cut, see tokenizer.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -124,12 +124,7 @@ class Pipeline:
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
         self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
-            model, sidecars = resolve_model(access, spec.tokenizer)
-            self.tokenizer = open_tokenizer(
-                dataclasses.replace(spec.tokenizer, model=model),
-                written=spec.tokenizer.model,
-                sidecars=sidecars,
-            )
+            self.tokenizer = load_tokenizer(spec.tokenizer, access)
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)
         self.source = self._open_source(spec)

@@ -14,6 +14,7 @@ import numpy as np
 
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizer import TokenGroup
+from input_server.data.tokenizer_kinds import info_of
 from input_server.errors import RecordError
 
 
@@ -60,8 +61,6 @@ def model_specials(tokenizer) -> Specials:
     """The specials of a model's tokenizer, of any kind (an id the model lacks, -1, adds
     nothing, as sentencepiece's own `add_bos` does and transformers' does for an unset
     `bos_token`)."""
-    from input_server.data.tokenizer_kinds import info_of
-
     info, t = info_of(tokenizer), tokenizer.spec
     return Specials(
         vocab_size=info.vocab_size,

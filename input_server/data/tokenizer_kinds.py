@@ -15,12 +15,20 @@ import os
 from input_client.model_files import HF_FILES
 from input_client.spec import TokenizerSpec
 from input_server.data.hf_tokenizer import HuggingFaceTokenizer
+from input_server.data.roots import OPERATOR
 from input_server.data.tiktoken_tokenizer import TiktokenTokenizer
 from input_server.data.tokenizer import Tokenizer
 from input_server.data.tokenizer_base import IdsInfo
 from input_server.errors import DataNotFoundError, InvalidSpecError, shorten
 
-__all__ = ["IdsInfo", "info_of", "load_tokenizer", "open_tokenizer", "resolve_model"]
+__all__ = [
+    "IdsInfo",
+    "files_of",
+    "info_of",
+    "load_tokenizer",
+    "open_tokenizer",
+    "resolve_model",
+]
 
 # The most a model file may hold: each kind reads it whole into memory (a named 5 GB jsonl would
 # otherwise be read as a model). Real ones are far smaller: Llama 3's tiktoken ranks 2.2 MB,
@@ -75,15 +83,20 @@ def open_tokenizer(spec: TokenizerSpec, *, written: str | None = None, sidecars=
     return Tokenizer(spec, written=written)
 
 
-def load_tokenizer(spec: TokenizerSpec):
-    """The tokenizer for `spec` as the operator's tools open it (no data roots): a Hugging
-    Face folder's files found as `resolve_model` finds them."""
-    from input_server.data.roots import OPERATOR
-
-    model, sidecars = resolve_model(OPERATOR, spec)
+def load_tokenizer(spec: TokenizerSpec, access=None):
+    """The tokenizer for `spec`, its files found (`resolve_model`) inside `access`'s data roots
+    (default: the operator's tools, which see every path); messages name the model as written."""
+    model, sidecars = resolve_model(access or OPERATOR, spec)
     return open_tokenizer(
         dataclasses.replace(spec, model=model), written=spec.model, sidecars=sidecars
     )
+
+
+def files_of(tokenizer) -> dict[str, str]:
+    """The files its tokens come from, as `input_client.model_files.digest` takes them."""
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        return {"tokenizer.json": tokenizer.spec.model, **tokenizer.sidecars}
+    return {"": tokenizer.spec.model}
 
 
 def info_of(tokenizer) -> IdsInfo:

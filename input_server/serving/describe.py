@@ -10,7 +10,7 @@ from input_client import model_files
 from input_client.proto import pb
 from input_client.spec import TOKENIZER_KINDS, SpecError, TokenizerSpec
 from input_server.data.roots import DataAccess
-from input_server.data.tokenizer_kinds import info_of, open_tokenizer, resolve_model
+from input_server.data.tokenizer_kinds import files_of, info_of, load_tokenizer
 from input_server.errors import InvalidSpecError
 
 KINDS_REASON = f"must be one of {', '.join(TOKENIZER_KINDS)}"
@@ -28,17 +28,13 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     spec = TokenizerSpec(model=request.model, kind=kind)
     if "\0" in request.model:
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
-    model, sidecars = resolve_model(access, spec)
-    tokenizer = open_tokenizer(
-        TokenizerSpec(model=model, kind=kind), written=request.model, sidecars=sidecars
-    )
+    tokenizer = load_tokenizer(spec, access)
     info = info_of(tokenizer)
-    files = {"tokenizer.json": model, **sidecars} if kind == "huggingface" else {"": model}
     return pb.TokenizerInfo(
         vocab_size=info.vocab_size,
         bos_id=info.bos_id,
         eos_id=info.eos_id,
         pad_id=info.pad_id,
         unk_id=info.unk_id,
-        sha256=model_files.digest(files),
+        sha256=model_files.digest(files_of(tokenizer)),
     )
