@@ -137,11 +137,12 @@ class TiktokenTokenizer(WholeDocumentTokenizer):
         enc = self.model()
         core = enc._core_bpe  # encode_to_numpy without its per-call special-token checks
         info = self.info()
-        head = [info.bos_id] if self.spec.add_bos else []
-        tail = [info.eos_id] if self.spec.add_eos else []
+        # Made once a group: each document's parts are its own arrays, not copies of these.
+        head = np.asarray([info.bos_id] if self.spec.add_bos else [], np.int32)
+        tail = np.asarray([info.eos_id] if self.spec.add_eos else [], np.int32)
         out = []
         for text in texts:
-            parts = [np.asarray(head, np.int32)]
+            parts = [head]
             for piece in pieces(text):
                 try:
                     buf = core.encode_to_tiktoken_buffer(piece, set())
@@ -149,6 +150,6 @@ class TiktokenTokenizer(WholeDocumentTokenizer):
                     piece = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
                     buf = core.encode_to_tiktoken_buffer(piece, set())
                 parts.append(np.frombuffer(buf, dtype=np.uint32).astype(np.int32))
-            parts.append(np.asarray(tail, np.int32))
+            parts.append(tail)
             out.append(np.concatenate(parts))
         return out

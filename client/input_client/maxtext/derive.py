@@ -24,7 +24,7 @@ from input_client.maxtext.check import (
     unsupported,
     value,
 )
-from input_client.spec import BatchSpec, PipelineSpec, SpecError
+from input_client.spec import TOKENIZER_KINDS, BatchSpec, PipelineSpec, SpecError
 
 # MaxText's `grain_file_type` -> the server's source format. MaxText's ArrayRecord records are
 # serialized tf.train.Example protos (`input_pipeline_utils.ParseFeatures`).
@@ -33,7 +33,6 @@ FILE_TYPES = {
     "parquet": {"format": "parquet"},
     "tfrecord": {"format": "tfrecord"},
 }
-TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken")
 LOCAL_ONLY = (
     "is not a local path: the server reads files inside its data roots; mount the storage "
     "(e.g. gcsfuse) and name the local path"
