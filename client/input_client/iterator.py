@@ -60,6 +60,7 @@ class BatchIterator:
         prefetch: int,
         sharding: Any,
         reconnect_deadline_s: float = 0.0,
+        on_item: Callable[[], None] | None = None,
     ):
         self._stub = stub  # the InputClient's InputServiceStub
         self._address = address
@@ -84,7 +85,7 @@ class BatchIterator:
         self._noticed = False  # the slow-first-batch line was logged
         self.tokens_yielded = 0
         self._fetcher = Prefetcher(
-            self._fetch, depth=prefetch, name="input-client-fetch", poll_s=_POLL_S
+            self._fetch, depth=prefetch, name="input-client-fetch", poll_s=_POLL_S, on_put=on_item
         )
 
     def _open(self) -> Any:
@@ -269,6 +270,11 @@ class BatchIterator:
                 what_the_server_does(self._stub),
             )
             return self._fetcher.get()
+
+    def ready(self) -> bool:
+        """Whether `next()` would return (or raise) without waiting: a batch, the end or the
+        stream's failure has arrived. `on_item` is called whenever this may have become true."""
+        return self._done or self._fetcher.ready()
 
     def get_state(self) -> dict[str, Any] | None:
         """The state after the last batch yielded (not received): pass it as `state=` to resume.

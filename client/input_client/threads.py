@@ -48,6 +48,8 @@ class Prefetcher(Generic[T]):
       depth: the most items queued (the backpressure that bounds memory).
       name: the thread's name (shown by py-spy, faulthandler and thread dumps).
       poll_s: how often a waiting `put` looks at the stop event.
+      on_put: called after each item, the end or the error is queued (e.g. to wake a consumer
+        that watches several prefetchers: `ready()`).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class Prefetcher(Generic[T]):
         depth: int,
         name: str,
         poll_s: float = 0.1,
+        on_put: Callable[[], None] | None = None,
     ):
         if depth < 1:
             raise ValueError(f"`depth` must be at least 1, got {depth}.")
@@ -64,21 +67,33 @@ class Prefetcher(Generic[T]):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._poll_s = poll_s
+        self._on_put = on_put
         self._finished = False  # the end or the error was taken
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def put(self, item: T) -> bool:
         """Queues `item` (waiting for room); False, and not queued, once stopped."""
-        return put_unless_stopped(self._queue, (_ITEM, item), self._stop, self._poll_s)
+        return self._put((_ITEM, item))
+
+    def _put(self, entry: tuple) -> bool:
+        queued = put_unless_stopped(self._queue, entry, self._stop, self._poll_s)
+        if queued and self._on_put is not None:
+            self._on_put()
+        return queued
 
     def _run(self) -> None:
         try:
             self._produce(self.put)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
-            put_unless_stopped(self._queue, (_ERROR, e), self._stop, self._poll_s)
+            self._put((_ERROR, e))
         else:
-            put_unless_stopped(self._queue, (_END, None), self._stop, self._poll_s)
+            self._put((_END, None))
+
+    def ready(self) -> bool:
+        """Whether `get()` would return (or raise) at once: an item, the end or the error is
+        queued, or the producer is gone."""
+        return not self._queue.empty() or self._finished or not self._thread.is_alive()
 
     def get(self, timeout: float | None = None) -> T:
         """The next item.

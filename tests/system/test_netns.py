@@ -1,0 +1,175 @@
+"""Several hosts on one machine: two TLS servers, each in its own network namespace, and a
+trainer in a third that fans in from both. One server is SIGKILLed mid-stream and restarted;
+the batches must equal an uninterrupted run's, byte for byte. A trainer without the token, or
+trusting another CA, is refused with one line. Skipped, with the kernel's reason, where
+network namespaces cannot be made (not root; a container without CAP_SYS_ADMIN)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import time
+
+import pytest
+
+from tests.netns import Hosts, Unavailable
+from tests.support import ROOT, ChildProcess, cli_argv, write_token_file
+
+PORT = 50051
+CLIENT = str(ROOT / "tests" / "fanin_client.py")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    try:
+        h = Hosts.make(3)
+    except Unavailable as e:
+        if os.environ.get("CI") == "true" and os.geteuid() == 0:
+            raise  # CI runs as root on a kernel that has them: a failure, not a skip
+        pytest.skip(f"network namespaces cannot be made here: {e}")
+    with h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def pki(hosts, tmp_path_factory):
+    """A CA, a certificate for each server host's address, the token, and a CA nobody uses."""
+    import trustme
+
+    folder = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    other.cert_pem.write_to_path(str(folder / "other-ca.pem"))
+    for i, address in enumerate(hosts.addresses[:2]):
+        cert = ca.issue_cert(address)
+        cert.private_key_pem.write_to_path(str(folder / f"s{i}.key"))
+        cert.cert_chain_pems[0].write_to_path(str(folder / f"s{i}.pem"))
+    token_file, _ = write_token_file(folder)
+    return folder, token_file
+
+
+class _Servers:
+    """Server i in namespace i, listening on its namespace's address with TLS and the token."""
+
+    def __init__(self, hosts: Hosts, pki, data_root: str, log: str):
+        self.hosts, (self.pki, self.token_file) = hosts, pki
+        self.data_root, self.log = data_root, log
+        self.children: dict[int, ChildProcess] = {}
+
+    def start(self, i: int) -> None:
+        argv = cli_argv(
+            "serve",
+            "--listen", f"{self.hosts.addresses[i]}:{PORT}",
+            "--tls-cert", str(self.pki / f"s{i}.pem"),
+            "--tls-key", str(self.pki / f"s{i}.key"),
+            "--token-file", self.token_file,
+            "--data-root", self.data_root,
+        )  # fmt: skip
+        child = ChildProcess(self.hosts.argv(i, argv), log=self.log, read_lines=True)
+        try:
+            line = child.lines.get(timeout=60)
+        except queue.Empty:
+            line = None
+        if not line or "serving on" not in line:
+            child.kill()
+            with open(self.log) as f:
+                raise AssertionError(f"server {i} did not start: {f.read()[-2000:]}")
+        self.children[i] = child
+
+    def kill(self, i: int) -> None:
+        self.children.pop(i).kill()
+
+    def addresses(self) -> str:
+        return ",".join(f"{a}:{PORT}" for a in self.hosts.addresses[:2])
+
+    def close(self) -> None:
+        for i in list(self.children):
+            self.kill(i)
+
+
+@pytest.fixture(scope="module")
+def servers(hosts, pki, data_dir, tmp_path_factory):
+    s = _Servers(hosts, pki, data_dir, str(tmp_path_factory.mktemp("logs") / "servers.log"))
+    try:
+        s.start(0)
+        s.start(1)
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def spec_file(make_spec, tmp_path_factory) -> str:
+    spec = make_spec(batch={"seq_len": 128, "size": 4}, order={"epochs": 0})
+    path = tmp_path_factory.mktemp("spec") / "spec.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    return str(path)
+
+
+def _trainer(hosts: Hosts, servers: _Servers, spec_file: str, log: str, *extra: str):
+    """The fan-in client in namespace 2, printing a JSON line per batch."""
+    argv = [sys.executable, CLIENT, "--servers", servers.addresses(), "--spec", spec_file, *extra]
+    return ChildProcess(hosts.argv(2, argv), log=log, read_lines=True)
+
+
+def _lines(child: ChildProcess, timeout_s: float = 120) -> list[dict]:
+    out, deadline = [], time.monotonic() + timeout_s
+    while True:
+        line = child.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        if line is None:
+            return out
+        out.append(json.loads(line))
+
+
+def test_fan_in_across_hosts_survives_a_server_killed_mid_stream(
+    hosts, pki, servers, spec_file, tmp_path
+):
+    folder, token_file = pki
+    common = ("--tls-ca", str(folder / "ca.pem"), "--token-file", token_file, "--batches", "40")
+    log = str(tmp_path / "trainer.log")
+    whole = _trainer(hosts, servers, spec_file, log, *common)
+    want = _lines(whole)
+    whole.kill()
+    assert len(want) == 41, open(log).read()[-2000:]
+
+    broken = _trainer(hosts, servers, spec_file, log, *common)
+    got = []
+    try:
+        while len(got) < 12:
+            line = broken.lines.get(timeout=120)
+            assert line is not None, open(log).read()[-2000:]
+            got.append(json.loads(line))
+        servers.kill(1)  # SIGKILL, mid-stream, worker processes too
+        servers.start(1)  # the same address and certificate, as a restarted pod
+        got += _lines(broken)
+    finally:
+        broken.kill()
+    assert [g.get("sha256") for g in got[:40]] == [w["sha256"] for w in want[:40]]
+    assert got[40]["reconnects"] >= 1
+    assert got[40]["state"] == want[40]["state"]
+
+
+def test_a_trainer_without_the_token_or_trusting_another_ca_is_refused(
+    hosts, pki, servers, spec_file, tmp_path
+):
+    folder, token_file = pki
+    log = str(tmp_path / "trainer.log")
+    cases = {
+        "no token": ("--tls-ca", str(folder / "ca.pem")),
+        "another CA": ("--tls-ca", str(folder / "other-ca.pem"), "--token-file", token_file),
+    }
+    answers = {}
+    for name, extra in cases.items():
+        start = time.monotonic()
+        child = _trainer(hosts, servers, spec_file, log, *extra, "--batches", "2")
+        lines = _lines(child, 60)
+        child.kill()
+        assert child.p.returncode == 1, (name, lines)
+        assert time.monotonic() - start < 15, name  # an answer, not the 20 s connect timeout
+        answers[name] = lines[-1]
+    assert answers["no token"]["code"] == "UNAUTHENTICATED"
+    assert "token" in answers["no token"]["error"]
+    assert "certificate" in answers["another CA"]["error"]
+    assert "tls_ca" in answers["another CA"]["error"]
