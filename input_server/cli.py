@@ -99,6 +99,14 @@ def _tune_cache(value: str | None) -> str | None:
     return os.path.abspath(value) if value else default_folder()
 
 
+# `serve` flags that ServerConfig takes as they are, under the same names.
+SERVE_FLAGS = (
+    "max_streams queue_depth grace_s token_file insecure_tcp insecure_abstract tls_cert tls_key "
+    "tls_client_ca health_port socket_group stream_memory_mb max_document_mb max_files "
+    "max_decompressed_mb max_open_files"
+).split()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
     from input_server.serving.server import Server, ServerConfig
@@ -116,20 +124,9 @@ def _serve(args: argparse.Namespace) -> int:
             ServerConfig(
                 listen=args.listen or (),
                 pipelines=pipelines,
-                max_streams=args.max_streams,
-                queue_depth=args.queue_depth,
-                grace_s=args.grace_s,
                 data_roots=args.data_root or (),
-                token_file=args.token_file,
-                insecure_tcp=args.insecure_tcp,
-                insecure_abstract=args.insecure_abstract,
-                socket_group=args.socket_group,
-                stream_memory_mb=args.stream_memory_mb,
-                max_document_mb=args.max_document_mb,
-                max_files=args.max_files,
-                max_decompressed_mb=args.max_decompressed_mb,
-                max_open_files=args.max_open_files,
                 tune_cache=_tune_cache(args.tune_cache),
+                **{name: getattr(args, name) for name in SERVE_FLAGS},
                 **optional,
             )
         )
@@ -156,6 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"input-server: serving on {' '.join(server.targets)}", flush=True)
+    if server.health_port is not None:
+        print(f"input-server: health (plaintext, health only) on port {server.health_port}")
     while not server.wait(timeout=1.0):
         pass
     if ending:  # as "serving on", on stdout; a drain cut short, on stderr
@@ -222,11 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         "--listen",
         action="append",
         metavar="ADDRESS",
-        help="unix:///path/to.sock, unix-abstract:NAME or a loopback HOST:PORT "
+        help="unix:///path/to.sock, unix-abstract:NAME or HOST:PORT "
         "(repeatable; default a Unix socket in $XDG_RUNTIME_DIR, else in "
         "a private $TMPDIR/input-server-UID/ folder); abstract sockets and "
-        "TCP need "
-        "--token-file or --insecure-*",
+        "loopback TCP need --token-file or --insecure-*; any other TCP address "
+        "(0.0.0.0, [::], a host's IP or name) needs --tls-cert, --tls-key and --token-file",
     )
     serve.add_argument(
         "--pipelines",
@@ -245,18 +244,31 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--token-file",
         metavar="FILE",
-        help="a file only its owner can read, holding the token clients must "
-        "send on abstract sockets and TCP",
+        help="the token clients must send on abstract sockets and TCP (a file only you can read)",
     )
+    for kind, what in (("tcp", "loopback TCP"), ("abstract", "unix-abstract: sockets")):
+        serve.add_argument(
+            f"--insecure-{kind}",
+            action="store_true",
+            help=f"serve {what} without a token (open to every local user)",
+        )
+    for flag, what in (
+        (
+            "--tls-cert",
+            "PEM certificate chain (with --tls-key): TCP listeners serve TLS (Unix sockets stay "
+            "plaintext); re-read on change for new connections, open streams go on",
+        ),
+        ("--tls-key", "the unencrypted PEM private key of --tls-cert"),
+        ("--tls-client-ca", "PEM CAs that TLS clients' certificates must chain to (mutual TLS)"),
+    ):
+        serve.add_argument(flag, metavar="FILE", help=what)
     serve.add_argument(
-        "--insecure-tcp",
-        action="store_true",
-        help="serve loopback TCP without a token (open to every local user)",
-    )
-    serve.add_argument(
-        "--insecure-abstract",
-        action="store_true",
-        help="serve unix-abstract: sockets without a token (open to every local user)",
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="serve gRPC health alone, plaintext, no token, on PORT of every interface, for "
+        "probes that cannot use TLS or a token (Kubernetes' grpc: probe dials the pod IP) and a "
+        "Unix-socket sidecar's; other methods are UNIMPLEMENTED there; NOT_SERVING in a drain",
     )
     serve.add_argument(
         "--socket-group",

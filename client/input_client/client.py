@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -12,9 +13,17 @@ from input_client import addresses
 from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
 from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.errors import StreamError
+from input_client.fanin import ORDERS, STATE_KEY, FanInIterator, fan_in
 from input_client.iterator import BatchIterator
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
+from input_client.tls import (
+    DIAGNOSIS_TIMEOUT_S,
+    TlsSettings,
+    diagnose,
+    open_channel,
+    wait_diagnosing,
+)
 from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION, is_resume_state
 
 
@@ -25,6 +34,9 @@ class InputClient:
       address: a gRPC target: `unix:///path/to.sock` (sidecar) or `host:port`; default the
         address a plain `input-server serve` listens on (`input_client.addresses.
         default_socket()`: a socket in $XDG_RUNTIME_DIR, else in `$TMPDIR/input-server-UID/`).
+        A list of N targets fans in from N servers (`input_client.fanin`; a StatefulSet's
+        names: `fanin.pool_addresses`), every other option applying to each; `members` are
+        the clients of each. A list of one is that one server.
       connect_timeout_s: how long `batches()` and `info()` wait for the server to be reachable
         before raising, so a missing server is an error, not a hang. A `unix:` socket file
         that does not exist yet is waited for (a server starting); an address that can never
@@ -34,22 +46,72 @@ class InputClient:
         socket files do not (their file mode admits only the server's user), unless it also
         serves an abstract socket that needs the token.
       token_file: a file holding the token instead (read once, whitespace stripped).
+      tls: connect with TLS, the server's certificate verified by gRPC's default roots (a
+        public CA). For a server started with `--tls-cert`.
+      tls_ca: a PEM file of the CA certificates that verify the server's certificate (a
+        private CA); implies `tls`.
+      tls_cert, tls_key: a PEM client certificate chain and its unencrypted key, for a server
+        started with `--tls-client-ca` (mutual TLS); both or neither.
+      tls_server_name: the name the server's certificate must hold when it is not the host
+        dialed (e.g. dialing an IP).
+
+    A TLS mistake (a plaintext client and a TLS server or the reverse, an untrusted or expired
+    certificate, a wrong name, a missing or refused client certificate) raises
+    `ConnectionError` saying which, within about a second rather than after
+    `connect_timeout_s` (`tls.diagnose`).
 
     Raises:
-      ValueError: both `token` and `token_file`, or an empty or non-ASCII token.
-      OSError: `token_file` cannot be read.
+      ValueError: both `token` and `token_file`, or an empty or non-ASCII token; `tls_cert`
+        without `tls_key` or the reverse; TLS options for a `unix:` address; a TLS file that
+        is not PEM of its kind.
+      OSError: `token_file` or a TLS file cannot be read.
       PermissionError: no `address`, and the default socket's folder is not ours alone
         (another user could have put a server there).
     """
 
     def __init__(
         self,
-        address: str | None = None,
+        address: str | Sequence[str] | None = None,
         *,
         connect_timeout_s: float = 30.0,
         token: str | None = None,
         token_file: str | None = None,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ):
+        self.members: list[InputClient] = []  # one client per server, when fanning in
+        if address is not None and not isinstance(address, str):
+            targets = list(address)
+            if not targets or not all(isinstance(a, str) and a for a in targets):
+                raise ValueError(
+                    f"`address` must be an address or a list of them, got {address!r}."
+                )
+            if len(set(targets)) != len(targets):
+                raise ValueError(f"`address` names a server twice: {targets}.")
+            if len(targets) > 1:
+                options = dict(
+                    connect_timeout_s=connect_timeout_s,
+                    token=token,
+                    token_file=token_file,
+                    tls=tls,
+                    tls_ca=tls_ca,
+                    tls_cert=tls_cert,
+                    tls_key=tls_key,
+                    tls_server_name=tls_server_name,
+                )
+                try:
+                    for a in targets:
+                        self.members.append(InputClient(a, **options))
+                except BaseException:
+                    self.close()
+                    raise
+                self.address = ",".join(targets)
+                self.connect_timeout_s = connect_timeout_s
+                return
+            address = targets[0]
         if token is not None and token_file is not None:
             raise ValueError("pass `token` or `token_file`, not both.")
         if token_file is not None:
@@ -61,7 +123,15 @@ class InputClient:
             address = addresses.default_socket()
         self.address = address
         self.connect_timeout_s = connect_timeout_s
-        self._channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+        self._tls = TlsSettings.of(
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=tls_server_name,
+        )
+        # One channel per server address, TLS or not, made in one place.
+        self._channel = open_channel(address, self._tls, MESSAGE_OPTIONS + RECONNECT_OPTIONS)
         if token is not None:
             self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
         self._stub = pb_grpc.InputServiceStub(self._channel)
@@ -73,15 +143,17 @@ class InputClient:
         Raises:
           ConnectionError: no server reachable within the timeout; at once for an address
             that cannot work (a socket path without `unix://`, a `unix:` path that is no
-            socket).
+            socket) or a TLS mistake (`tls.diagnose`).
           StreamError: FAILED_PRECONDITION, the server speaks another wire protocol.
         """
         timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
-        remaining = self._socket_file_ready(timeout_s)
-        # A cheap call that waits for the connection (channel_ready_future leaves a polling
-        # thread behind that fails once the channel closes).
+        if self.members:  # every server, within one timeout
+            deadline = time.monotonic() + timeout_s
+            for m in self.members:
+                m.wait_ready(max(0.0, deadline - time.monotonic()))
+            return
         try:
-            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True)
+            info = self._get_info(timeout_s)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 path = addresses.socket_path(self.address)
@@ -97,6 +169,27 @@ class InputClient:
                 ) from None
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)
+
+    def _get_info(self, timeout_s: float) -> pb.GetInfoResponse:
+        """GetInfo once the server is reachable, within `timeout_s`: a cheap call that waits
+        for the connection (channel_ready_future leaves a polling thread behind that fails
+        once the channel closes), and says at once what no waiting can fix.
+
+        Raises:
+          ConnectionError: see `_socket_file_ready`; or a TLS mistake (`tls.diagnose`).
+          grpc.RpcError: the call's failure (DEADLINE_EXCEEDED: nobody answered in time).
+        """
+        remaining = self._socket_file_ready(timeout_s)
+        call = self._stub.GetInfo.future(
+            pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True
+        )
+        return wait_diagnosing(call, self._diagnose, remaining)
+
+    def _diagnose(self, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> str | None:
+        """Why this client cannot connect, when a TLS handshake of its own tells (a plaintext
+        client and a TLS server or the reverse, an untrusted, expired or misnamed certificate,
+        a missing or refused client certificate); None otherwise (`tls.diagnose`)."""
+        return diagnose(self.address, self._tls, timeout_s=timeout_s)
 
     def _socket_file_ready(self, timeout_s: float) -> float:
         """Says at once what no waiting can fix, waits for a `unix:` socket file to appear (a
@@ -131,10 +224,20 @@ class InputClient:
         return max(0.0, deadline - time.monotonic())
 
     def info(self) -> pb.GetInfoResponse:
-        """Server version, configured pipelines and the streams running now."""
-        remaining = self._socket_file_ready(self.connect_timeout_s)
+        """Server version, configured pipelines and the streams running now.
+
+        Raises:
+          ConnectionError: a TLS mistake, or an address that cannot work (see `wait_ready`).
+          StreamError: the call failed (DEADLINE_EXCEEDED: no server within the timeout).
+          ValueError: a client of several servers: ask one of `members`.
+        """
+        if self.members:
+            raise ValueError(
+                f"info() asks one server; this client fans in from {len(self.members)}: "
+                f"ask each of `client.members`."
+            )
         try:
-            return self._stub.GetInfo(pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True)
+            return self._get_info(self.connect_timeout_s)
         except grpc.RpcError as e:
             raise StreamError(e.code(), e.details()) from None
 
@@ -145,8 +248,21 @@ class InputClient:
 
         Raises:
           StreamError: the model is outside the server's data roots (PERMISSION_DENIED),
-            missing (NOT_FOUND) or not a model (INVALID_ARGUMENT).
+            missing (NOT_FOUND) or not a model (INVALID_ARGUMENT); FAILED_PRECONDITION, the
+            servers of a fan-in describe the model differently (another file at its path).
         """
+        if self.members:
+            infos = [m.describe_tokenizer(spec) for m in self.members]
+            for m, info in zip(self.members[1:], infos[1:], strict=True):
+                if info != infos[0]:
+                    raise StreamError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"the servers at {self.members[0].address!r} and {m.address!r} read "
+                        f"different models at {spec.tokenizer.model!r} ({infos[0].sha256[:12]} "
+                        f"and {info.sha256[:12]}...): every server of a fan-in must have "
+                        f"the same files.",
+                    )
+            return infos[0]
         try:
             return self._stub.DescribeTokenizer(
                 spec.to_proto().tokenizer, timeout=self.connect_timeout_s, wait_for_ready=True
@@ -162,8 +278,13 @@ class InputClient:
         prefetch: int = 2,
         sharding: Any = None,
         reconnect_deadline_s: float = 300.0,
-    ) -> BatchIterator:
+        order: str = "round_robin",
+    ) -> BatchIterator | FanInIterator:
         """Streams the batches of `spec` (or of the pipeline the server knows by that name).
+
+        A client of several servers fans in: server j streams sub-shard j of the spec's shard,
+        and the batches are interleaved in `order` (`input_client.fanin`); its `get_state()`
+        holds every sub-stream's position.
 
         Args:
           spec: a `PipelineSpec`, or the name of a pipeline the server was started with.
@@ -176,9 +297,14 @@ class InputClient:
             after the last batch it received, for at most this long per outage; then `next()`
             raises `ReconnectError`. 0 = never reconnect: the failure raises at once. Five
             minutes covers a rescheduled server process, not a lost host.
+          order: with several servers, "round_robin" (batch k from server k mod N: the stream
+            is a pure function of the spec and N) or "arrival" (whichever server's batch is
+            ready first: their throughputs add up, the order is not reproducible). One server
+            ignores it.
 
         Raises:
           ConnectionError: no server reachable within `connect_timeout_s`.
+          ValueError: a bad argument, or a `state` of another number of servers.
         """
         if state is not None and not is_resume_state(state):
             raise ValueError(
@@ -191,12 +317,39 @@ class InputClient:
             raise ValueError(
                 f"`reconnect_deadline_s` must be 0 (off) or positive, got {reconnect_deadline_s}."
             )
+        if order not in ORDERS:
+            raise ValueError(f"`order` must be one of {', '.join(ORDERS)}; got {order!r}.")
+        options = dict(
+            prefetch=prefetch, sharding=sharding, reconnect_deadline_s=reconnect_deadline_s
+        )
+        if self.members:
+            return fan_in(self.members, spec, state=state, order=order, **options)
+        if state is not None and STATE_KEY in state:
+            servers = state[STATE_KEY].get("servers") if isinstance(state[STATE_KEY], dict) else "?"
+            raise ValueError(
+                f"`state` was fanned in from {servers} servers; this client has one "
+                f"({self.address}): resuming with another number of servers is refused, since "
+                f"server j of N reads sub-shard j of N. Resume with all {servers} servers."
+            )
+        self.wait_ready()
+        return self._stream(spec, state=state, **options)
+
+    def _stream(
+        self,
+        spec: PipelineSpec | str,
+        *,
+        state: dict[str, Any] | None,
+        prefetch: int,
+        sharding: Any,
+        reconnect_deadline_s: float,
+        on_item: Any = None,
+    ) -> BatchIterator:
+        """The stream of `spec` from this one server (arguments checked, server ready)."""
         request = pb.StreamBatchesRequest(protocol_version=PROTOCOL_VERSION)
         if isinstance(spec, str):
             request.pipeline_name = spec
         else:
             request.spec.CopyFrom(spec.to_proto())
-        self.wait_ready()
         return BatchIterator(
             self._stub,
             self.address,
@@ -205,10 +358,16 @@ class InputClient:
             prefetch=prefetch,
             sharding=sharding,
             reconnect_deadline_s=reconnect_deadline_s,
+            diagnose=self._diagnose,
+            on_item=on_item,
         )
 
     def close(self) -> None:
-        self._channel.close()
+        for m in self.members:
+            m.close()
+        channel = getattr(self, "_channel", None)  # none when fanning in
+        if channel is not None:
+            channel.close()
 
     def __enter__(self) -> InputClient:
         return self

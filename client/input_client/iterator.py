@@ -17,6 +17,7 @@ from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb
 from input_client.threads import Prefetcher
+from input_client.tls import wait_diagnosing
 from input_client.wire import (
     batches_of,
     decode_batch,
@@ -61,8 +62,12 @@ class BatchIterator:
         sharding: Any,
         reconnect_deadline_s: float = 0.0,
         on_item: Callable[[], None] | None = None,
+        diagnose: Callable[[float], str | None] | None = None,
     ):
         self._stub = stub  # the InputClient's InputServiceStub
+        # Why the server cannot be reached when a TLS handshake tells (`tls.diagnose`): a
+        # server restarted with another certificate would otherwise look merely gone.
+        self._diagnose = diagnose or (lambda timeout_s: None)
         self._address = address
         self._request = request
         self._sharding = sharding
@@ -199,14 +204,20 @@ class BatchIterator:
             outage.attempts += 1
             # Wait for the server to be reachable again, up to the deadline (gRPC redials it
             # within RECONNECT_OPTIONS' backoff); the future lets close() cancel the wait.
+            wait_s = max(outage.remaining_s(), 0.001)
             probe = self._stub.GetInfo.future(
-                pb.GetInfoRequest(), timeout=max(outage.remaining_s(), 0.001), wait_for_ready=True
+                pb.GetInfoRequest(), timeout=wait_s, wait_for_ready=True
             )
             if not self._track(probe):
                 return None
             try:
                 # A server replaced during the outage may be of another release.
-                check_protocol(probe.result(), self._address)
+                check_protocol(wait_diagnosing(probe, self._diagnose, wait_s), self._address)
+            except ConnectionError as e:  # a TLS mistake: the outage's error, said once
+                if str(e) != outage.error.details:
+                    log.warning("input stream to %s: %s", self._address, e)
+                error = StreamError(grpc.StatusCode.UNAVAILABLE, str(e))
+                continue
             except grpc.FutureCancelledError:
                 return None
             except grpc.RpcError as e:

@@ -142,7 +142,7 @@ class TokenPolicy:
       unix: Unix-socket peers (`unix:`, socket files and abstract sockets alike) must.
     """
 
-    token: bytes | None = None
+    token: bytes | None = dataclasses.field(default=None, repr=False)  # never in a log line
     tcp: bool = False
     unix: bool = False
 

@@ -1,13 +1,11 @@
-"""Server lifecycle: listen addresses, the gRPC server with health checking, draining stop."""
+"""Server lifecycle: the gRPC server on its listen addresses (TLS on TCP where configured),
+health checking (and its plaintext probe port), draining stop."""
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
-import socket
-import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,11 +23,12 @@ from input_server.batching.pipeline import Pipeline
 from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError
-from input_server.serving import auth
+from input_server.serving import auth, probes, tls
 from input_server.serving.auth import default_socket
 from input_server.serving.call_limits import CallLimits
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.limits import Limits, check_workers
+from input_server.serving.listen import Address, claim_socket_path, parse_address  # noqa: F401
 from input_server.serving.service import InputServicer, add_to_server
 
 log = logging.getLogger(__name__)
@@ -38,95 +37,6 @@ MAX_REQUEST_BYTES = 4 << 20
 # Threads beyond every cap: a call refused for a cap still needs one to hear why.
 SPARE_THREADS = 2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
-
-
-@dataclasses.dataclass(frozen=True)
-class Address:
-    """A listen address: what gRPC binds and how clients reach it.
-
-    `kind` decides who may connect (`auth`): "file" (a socket file: its mode), "abstract" or
-    "tcp" (anyone on the host: the token).
-    """
-
-    bind: str
-    is_unix: bool
-    host: str = ""
-    port: int = 0
-    kind: str = "tcp"
-
-
-def parse_address(address: str) -> Address:
-    """Accepts `unix:PATH`, `unix:///ABS/PATH`, `unix-abstract:NAME` or a loopback `HOST:PORT`.
-
-    Raises:
-      ValueError: the address is malformed, or not loopback (TLS, needed for that, comes later).
-    """
-    if address.startswith(("unix:", "unix-abstract:")):
-        if address.rstrip("/") in ("unix:", "unix-abstract:"):
-            raise ValueError(f"--listen {address!r}: the Unix socket needs a path.")
-        if address.startswith("unix://") and not address.startswith("unix:///"):
-            raise ValueError(
-                f"--listen {address!r}: unix:// takes an absolute path "
-                f"(unix:///abs/path.sock); a relative one is unix:path.sock."
-            )
-        kind = "abstract" if address.startswith("unix-abstract:") else "file"
-        return Address(bind=address, is_unix=True, kind=kind)
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or not host:
-        raise ValueError(
-            f"--listen {address!r}: expected unix:PATH or HOST:PORT "
-            f"(e.g. 127.0.0.1:50051; port 0 picks a free port)."
-        )
-    if len(port) > 5 or int(port) > 65535:
-        raise ValueError(
-            f"--listen {address!r}: port {port} is out of range (0 to 65535; 0 picks a free port)."
-        )
-    bare = host.strip("[]")
-    loopback = bare == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(bare).is_loopback
-        except ValueError:
-            loopback = False
-    if not loopback:
-        raise ValueError(
-            f"--listen {address!r}: only loopback addresses (127.0.0.1, [::1], "
-            f"localhost) or Unix sockets are allowed until TLS is supported; "
-            f"a non-loopback listener would serve data to anyone on the network."
-        )
-    return Address(bind=address, is_unix=False, host=host, port=int(port))
-
-
-def _claim_socket_path(path: str, address: str) -> None:
-    """Makes way for a new Unix socket at `path`: a stale socket file (nobody answers) is
-    removed; a live server's socket, or a file that is not a socket, is refused.
-
-    Raises:
-      OSError: the path is in use by a running server, or is not a socket.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise OSError(
-            f"--listen {address}: the path exists and is not a socket; "
-            f"choose another path or remove the file."
-        )
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(2.0)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)  # stale: left by a server that died
-        return
-    except OSError as e:
-        raise OSError(f"--listen {address}: cannot check the existing socket ({e}).") from e
-    finally:
-        probe.close()
-    raise OSError(
-        f"--listen {address}: in use by a running server; stop it first or listen on another path."
-    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,6 +60,13 @@ class ServerConfig:
         `insecure_abstract`.
       insecure_tcp, insecure_abstract: the operator's explicit choice to serve loopback TCP or
         abstract sockets, open to every local user, without a token.
+      tls_cert, tls_key: PEM certificate chain and unencrypted key; given, every TCP listener
+        serves TLS (Unix sockets stay plaintext) and may be off loopback (with `token_file`).
+        Re-read when they change, for new connections (`tls.CertificateFiles`).
+      tls_client_ca: PEM CA certificates; given, TLS clients must present a certificate that
+        chains to one of them (mutual TLS).
+      health_port: a plaintext port on every interface serving only gRPC health, for probes
+        that cannot use TLS or a token (`probes.py`); 0 picks a free one; None: none.
       socket_group: a group that may use the Unix socket files too (mode 0660, else 0600).
       stream_memory_mb: the most memory one stream may hold (queue, messages, groups in
         flight); a spec that cannot fit is refused with RESOURCE_EXHAUSTED.
@@ -178,6 +95,10 @@ class ServerConfig:
     token_file: str | None = None
     insecure_tcp: bool = False
     insecure_abstract: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    health_port: int | None = None
     socket_group: str | None = None
     stream_memory_mb: float = 2048.0
     max_document_mb: float = 64.0
@@ -206,8 +127,23 @@ class ServerConfig:
             if not os.path.isdir(r):
                 raise ValueError(f"--data-root {r!r}: not a folder.")
         object.__setattr__(self, "data_roots", roots)
-        if self.token_file == "":
-            raise ValueError("--token-file: empty path.")
+        for flag in ("token_file", "tls_cert", "tls_key", "tls_client_ca"):
+            if getattr(self, flag) == "":
+                raise ValueError(f"--{flag.replace('_', '-')}: empty path.")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("cert", "key") if self.tls_key is None else ("key", "cert")
+            raise ValueError(
+                f"--tls-{given} needs --tls-{missing} FILE too (a certificate and its key)."
+            )
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError(
+                "--tls-client-ca: mutual TLS needs the server's own certificate too: "
+                "pass --tls-cert FILE and --tls-key FILE."
+            )
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(
+                f"--health-port {self.health_port}: out of range (0 to 65535; 0 picks a free port)."
+            )
         if self.socket_group is not None and not any(a.startswith("unix:") for a in self.listen):
             # The default socket's folder is 0700: the group could not reach the socket.
             raise ValueError(
@@ -218,7 +154,9 @@ class ServerConfig:
 
 
 class Server:
-    """The input server: `Server(config)` starts it; `.targets` are what clients dial.
+    """The input server: `Server(config)` starts it; `.targets` are what clients dial,
+    `.health_port` the plaintext health port (when configured), `.certificates` the TLS files
+    served (`tls.CertificateFiles`, None without TLS).
 
     Usable as a context manager; `stop()` drains (health NOT_SERVING, streams told to end
     with UNAVAILABLE so clients can resume elsewhere) and then stops.
@@ -227,6 +165,15 @@ class Server:
     def __init__(self, config: ServerConfig | None = None, *, start: bool = True):
         self.config = config or ServerConfig()
         addresses = [parse_address(a) for a in (self.config.listen or [default_socket()])]
+        c = self.config
+        tls.check_exposure(
+            addresses,
+            tls=c.tls_cert is not None,
+            token_file=c.token_file,
+            insecure_tcp=c.insecure_tcp,
+        )
+        if c.tls_cert and all(a.is_unix for a in addresses):
+            log.warning("--tls-cert: no TCP listener to use it on; Unix sockets stay plaintext")
         # Descriptors: the soft limit raised to the hard one, and the share readers keep.
         configure_open_files(self.config.max_open_files)
         if not self.config.listen:  # other users must not reach the folder of the default
@@ -238,6 +185,10 @@ class Server:
             token_file=self.config.token_file,
             insecure_tcp=self.config.insecure_tcp,
             insecure_abstract=self.config.insecure_abstract,
+        )
+        # The certificate files' mistakes now, in one line naming the file (`tls.load`).
+        self.certificates = (
+            tls.CertificateFiles(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
         )
         # Build named pipelines now: a bad spec file fails the start, not a client's stream.
         # The operator's pipelines read any path, within the document limit.
@@ -257,7 +208,6 @@ class Server:
         self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()
         self._stopped = threading.Event()
-        c = self.config
         access = DataAccess(
             roots=c.data_roots,
             max_files=c.max_files,
@@ -297,6 +247,9 @@ class Server:
         add_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        credentials = self.certificates and self.certificates.credentials()
+        self._probes: grpc.Server | None = None
+        self.health_port: int | None = None  # bound, on every interface, when configured
         self.targets: list[str] = []
         self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         for a in addresses:
@@ -304,10 +257,12 @@ class Server:
                 a.bind.removeprefix("unix://").removeprefix("unix:") if a.kind == "file" else None
             )
             try:
-                if path is None:
+                if path is None and credentials is not None and not a.is_unix:
+                    port = self._server.add_secure_port(a.bind, credentials)
+                elif path is None:
                     port = self._server.add_insecure_port(a.bind)
                 else:
-                    _claim_socket_path(path, a.bind)
+                    claim_socket_path(path, a.bind)
                     with auth.owner_only_umask():  # born 0600: no moment open to others
                         port = self._server.add_insecure_port(a.bind)
                     st = os.stat(path)
@@ -327,6 +282,13 @@ class Server:
                     self._remove_own_sockets()
                     raise OSError(f"--listen {a.bind!r}: cannot bind (address in use?).")
                 self.targets.append(f"{a.host}:{port}")
+        if c.health_port is not None:
+            try:
+                self._probes, self.health_port = probes.health_server(self._health, c.health_port)
+            except OSError:
+                self._server.stop(None)
+                self._remove_own_sockets()
+                raise
         if start:
             self.start()
 
@@ -334,7 +296,14 @@ class Server:
         self._server.start()
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving on %s", ", ".join(self.targets))
+        if self._probes is not None:
+            self._probes.start()
+        log.info(
+            "serving on %s%s%s",
+            ", ".join(self.targets),
+            " (TCP with TLS)" if self.certificates else "",
+            f"; health alone, plaintext, on port {self.health_port}" if self._probes else "",
+        )
 
     def active_streams(self) -> int:
         """Streams being set up, running or closing now (what a drain would end)."""
@@ -354,6 +323,8 @@ class Server:
             time.sleep(0.05)
         self.drained = not self._servicer.active_requests()
         self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
+        if self._probes is not None:
+            self._probes.stop(None).wait()
         self._remove_own_sockets()
         self._stopped.set()
 

@@ -1,5 +1,6 @@
-"""The addresses a server may listen on (loopback and Unix sockets only), the default one both
-sides share, and what the client tells from an address before dialing it."""
+"""The addresses a server may listen on (off loopback only with TLS and a token:
+tests/integration/test_tls.py), the default one both sides share, and what the client tells
+from an address before dialing it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from input_server.serving.server import parse_address
 @pytest.mark.parametrize(
     "address", ["0.0.0.0:5000", "10.1.2.3:5000", "[::]:5000", "example.com:80"]
 )
-def test_non_loopback_addresses_are_refused(address):
-    with pytest.raises(ValueError, match="loopback"):
-        parse_address(address)
+def test_non_loopback_addresses_parse_as_such(address):
+    # Served only with TLS and a token (`tls.check_exposure`), refused otherwise.
+    parsed = parse_address(address)
+    assert parsed.bind == address and not parsed.is_unix and not parsed.loopback
 
 
 @pytest.mark.parametrize(
@@ -23,6 +25,7 @@ def test_non_loopback_addresses_are_refused(address):
 )
 def test_loopback_and_unix_addresses_are_accepted(address):
     assert parse_address(address).bind == address
+    assert parse_address(address).loopback
 
 
 # --- The client's side: the default address, and what an address says before dialing ----------

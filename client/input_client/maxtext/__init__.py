@@ -47,6 +47,7 @@ from input_client.maxtext.check import (
 from input_client.maxtext.conventions import to_maxtext
 from input_client.maxtext.source import ServerSource
 from input_client.spec import OrderSpec, PipelineSpec
+from input_client.tls import TlsSettings, open_channel
 
 __all__ = [
     "MaxTextConfigError",
@@ -67,6 +68,7 @@ class _Settings:
     token: str | None
     prefetch: int
     connect_timeout_s: float
+    tls: TlsSettings = TlsSettings()
 
 
 _settings: _Settings | None = None
@@ -85,14 +87,30 @@ def configure(
     token_file: str | None = None,
     prefetch: int = 2,
     connect_timeout_s: float = 30.0,
+    tls: bool = False,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_server_name: str | None = None,
 ) -> None:
     """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths;
     a spec left out is derived from MaxText's config when its factory is called).
 
     `connect_timeout_s`: how long a factory waits for the server before raising
-    `ConnectionError`."""
+    `ConnectionError`. `tls`, `tls_ca`, `tls_cert`, `tls_key`, `tls_server_name`: as
+    `InputClient`'s, for a server started with `--tls-cert` (TLS options on a `unix:` server
+    are refused here, at once)."""
     global _settings
     token = None if token_file is None else read_token_file(token_file)  # its mistakes now
+    tls_settings = TlsSettings.of(
+        tls=tls,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_server_name=tls_server_name,
+    )
+    if tls_settings.enabled:  # its files' and the address's mistakes now, not at MaxText's step 0
+        open_channel(server, tls_settings, ()).close()
     _settings = _Settings(
         server,
         None if spec is None else _spec(spec),
@@ -100,7 +118,19 @@ def configure(
         token,
         prefetch,
         connect_timeout_s,
+        tls_settings,
     )
+
+
+def _client_tls(tls: TlsSettings) -> dict[str, Any]:
+    """`InputClient`'s keyword arguments for `tls`."""
+    return {
+        "tls": tls.enabled,
+        "tls_ca": tls.ca,
+        "tls_cert": tls.cert,
+        "tls_key": tls.key,
+        "tls_server_name": tls.server_name,
+    }
 
 
 def install(
@@ -159,7 +189,10 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     spec = shard_for(spec, list(process_indices), jax.process_index())
     check_shape(spec, config, process_count=jax.process_count(), which=which)
     client = InputClient(
-        _settings.server, token=_settings.token, connect_timeout_s=_settings.connect_timeout_s
+        _settings.server,
+        token=_settings.token,
+        connect_timeout_s=_settings.connect_timeout_s,
+        **_client_tls(_settings.tls),
     )
     client.wait_ready()  # a missing server or another wire protocol, said before anything else
     if spec.tokenizer.model:

@@ -1,7 +1,8 @@
 """MaxText's own trainer with the input server as its input pipeline.
 
 python -m input_client.maxtext.train --server ADDRESS [--spec SPEC.toml] [--eval-spec SPEC.toml]
-    [--token-file FILE] [<base.yml>] key=value ...
+    [--token-file FILE] [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
+    [--tls-server-name NAME] [<base.yml>] key=value ...
 
 Everything after the adapter's own flags goes to `maxtext.trainers.pre_train.train`. Without
 `--spec`, MaxText's own data keys (`grain_train_files`, `grain_file_type`, `tokenizer_path`,
@@ -96,6 +97,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--token-file", help="the server's token, for TCP or abstract sockets")
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="connect with TLS, the server verified by the default roots (a public CA)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="PEM CA certificates that verify the server (implies --tls)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM client certificate, for a server with --tls-client-ca (with --tls-key)",
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the unencrypted PEM key of --tls-cert")
+    parser.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="the name the server's certificate holds, when not the host dialed",
+    )
+    parser.add_argument(
         "--connect-timeout-s",
         type=float,
         default=30.0,
@@ -120,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
             eval_spec,
             token_file=args.token_file,
             connect_timeout_s=args.connect_timeout_s,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_server_name=args.tls_server_name,
         )
         trainer = trainer_module()
     except (SpecError, OSError, ValueError, MaxTextHookError) as e:

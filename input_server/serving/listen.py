@@ -1,0 +1,98 @@
+"""Listen addresses: what `--listen` accepts, and making way for a Unix socket file."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import socket
+import stat
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+    """A listen address: what gRPC binds and how clients reach it.
+
+    `kind` decides who may connect (`auth`): "file" (a socket file: its mode), "abstract" or
+    "tcp" (anyone on the host: the token). A TCP address that is not `loopback` (a host IP, a
+    wildcard, a name other than localhost) is reachable off the host: it needs TLS too
+    (`tls.check_exposure`).
+    """
+
+    bind: str
+    is_unix: bool
+    host: str = ""
+    port: int = 0
+    kind: str = "tcp"
+    loopback: bool = True
+
+
+def parse_address(address: str) -> Address:
+    """Accepts `unix:PATH`, `unix:///ABS/PATH`, `unix-abstract:NAME` or `HOST:PORT`; whether a
+    TCP address may be served (TLS and a token off loopback) is decided with the server's
+    flags, `tls.check_exposure`.
+
+    Raises:
+      ValueError: the address is malformed.
+    """
+    if address.startswith(("unix:", "unix-abstract:")):
+        if address.rstrip("/") in ("unix:", "unix-abstract:"):
+            raise ValueError(f"--listen {address!r}: the Unix socket needs a path.")
+        if address.startswith("unix://") and not address.startswith("unix:///"):
+            raise ValueError(
+                f"--listen {address!r}: unix:// takes an absolute path "
+                f"(unix:///abs/path.sock); a relative one is unix:path.sock."
+            )
+        kind = "abstract" if address.startswith("unix-abstract:") else "file"
+        return Address(bind=address, is_unix=True, kind=kind)
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not host:
+        raise ValueError(
+            f"--listen {address!r}: expected unix:PATH or HOST:PORT "
+            f"(e.g. 127.0.0.1:50051; port 0 picks a free port)."
+        )
+    if len(port) > 5 or int(port) > 65535:
+        raise ValueError(
+            f"--listen {address!r}: port {port} is out of range (0 to 65535; 0 picks a free port)."
+        )
+    bare = host.strip("[]")
+    loopback = bare == "localhost"
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(bare).is_loopback
+        except ValueError:
+            loopback = False
+    # A name other than localhost counts as reachable off the host whatever it resolves to.
+    return Address(bind=address, is_unix=False, host=host, port=int(port), loopback=loopback)
+
+
+def claim_socket_path(path: str, address: str) -> None:
+    """Makes way for a new Unix socket at `path`: a stale socket file (nobody answers) is
+    removed; a live server's socket, or a file that is not a socket, is refused.
+
+    Raises:
+      OSError: the path is in use by a running server, or is not a socket.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(
+            f"--listen {address}: the path exists and is not a socket; "
+            f"choose another path or remove the file."
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)  # stale: left by a server that died
+        return
+    except OSError as e:
+        raise OSError(f"--listen {address}: cannot check the existing socket ({e}).") from e
+    finally:
+        probe.close()
+    raise OSError(
+        f"--listen {address}: in use by a running server; stop it first or listen on another path."
+    )

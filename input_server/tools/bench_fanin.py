@@ -1,0 +1,165 @@
+"""Fan-in and TLS, side by side in one run: one server against two servers each pinned to its
+own core (`taskset`), the same spec fanned in by one client, and one server over loopback TCP
+with TLS against the same without. Each server process runs the pipeline in its own process
+(`workers.count = 0`), so its core is the limit; rounds interleave the cases so that the
+host's drift falls on all of them alike."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from input_client.spec import PipelineSpec
+
+CASES = ("one_server", "two_servers", "tcp_plaintext", "tcp_tls")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Serve:
+    """`input-server serve ARGS` pinned to `core`, started and serving."""
+
+    def __init__(self, core: int, args: list[str], log):
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise RuntimeError("bench_fanin needs `taskset` (util-linux) to pin the servers")
+        argv = [taskset, "-c", str(core), sys.executable, "-m", "input_server.cli", "serve"]
+        self.p = subprocess.Popen(
+            [*argv, *args], stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        )
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in self.p.stdout], daemon=True).start()
+        try:
+            line = lines.get(timeout=120)
+        except queue.Empty:
+            line = ""
+        if "serving on" not in line:
+            self.close()
+            raise RuntimeError(f"serve {' '.join(args)} did not start")
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.p.pid, 15)
+        self.p.wait(30)
+
+
+def _stream(open_batches: Callable[[], object], min_tokens: int) -> dict:
+    """Tokens per second after the first batch, until `min_tokens` real tokens."""
+    with open_batches() as it:
+        next(it)  # start-up is not throughput
+        tokens, start = 0, time.perf_counter()
+        while tokens < min_tokens:
+            tokens += int(np.count_nonzero(next(it)["inputs_segmentation"]))
+        seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def run(
+    jsonl: str,
+    model: str,
+    *,
+    rounds: int = 3,
+    seq_len: int = 2048,
+    batch_size: int = 8,
+    min_tokens: int = 2_000_000,
+    say: Callable[[str], None] = lambda m: None,
+) -> dict:
+    """Every case `rounds` times, interleaved; the median of each and the two ratios."""
+    import trustme
+
+    from input_client import InputClient
+
+    if (os.cpu_count() or 1) < 2:
+        raise RuntimeError("bench_fanin needs two cores: one per server")
+    spec = PipelineSpec(
+        source={"paths": [jsonl]},
+        tokenizer={"model": model},
+        batch={"seq_len": seq_len, "size": batch_size},
+        order={"epochs": 0},
+        workers={"count": 0},
+    )
+    roots = sorted({os.path.dirname(os.path.abspath(p)) for p in (jsonl, model)})
+    data = [a for r in roots for a in ("--data-root", r)]
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-fanin-"))
+        log = stack.enter_context(open(os.path.join(tmp, "servers.log"), "w"))  # noqa: SIM115
+        token_file = os.path.join(tmp, "token")
+        with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(16))
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        ca_file, cert_file, key_file = (os.path.join(tmp, n) for n in ("ca", "crt", "key"))
+        ca.cert_pem.write_to_path(ca_file)
+        cert.cert_chain_pems[0].write_to_path(cert_file)
+        cert.private_key_pem.write_to_path(key_file)
+        plain_port, tls_port = _free_port(), _free_port()
+        socks = [f"unix://{tmp}/s{j}.sock" for j in (0, 1)]
+        say("starting the servers: core 0 (Unix socket and plaintext TCP), core 1, core 0 (TLS)")
+        for server in (
+            _Serve(0, ["--listen", socks[0], "--listen", f"127.0.0.1:{plain_port}",
+                       "--token-file", token_file, *data], log),
+            _Serve(1, ["--listen", socks[1], *data], log),
+            _Serve(0, ["--listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert_file,
+                       "--tls-key", key_file, "--token-file", token_file, *data], log),
+        ):  # fmt: skip
+            stack.callback(server.close)
+        clients = {
+            "one_server": InputClient(socks[0], connect_timeout_s=60),
+            "two_servers": InputClient(socks, connect_timeout_s=60),
+            "tcp_plaintext": InputClient(
+                f"127.0.0.1:{plain_port}", connect_timeout_s=60, token_file=token_file
+            ),
+            "tcp_tls": InputClient(
+                f"127.0.0.1:{tls_port}", connect_timeout_s=60, token_file=token_file,
+                tls_ca=ca_file,
+            ),
+        }  # fmt: skip
+        for c in clients.values():
+            stack.callback(c.close)
+        runs: dict[str, list[dict]] = {case: [] for case in CASES}
+        for r in range(rounds):
+            for case in CASES:
+                result = _stream(lambda c=clients[case]: c.batches(spec), min_tokens)
+                runs[case].append(result)
+                say(f"round {r + 1}/{rounds} {case}: {result['tokens_per_s']:,.0f} tokens/s")
+
+    def median(case: str) -> float:
+        return float(np.median([x["tokens_per_s"] for x in runs[case]]))
+
+    return {
+        "spec": spec.to_dict(),
+        "rounds": rounds,
+        "host_cpus": os.cpu_count(),
+        "tokens_per_s": {case: median(case) for case in CASES},
+        "two_over_one": median("two_servers") / median("one_server"),
+        "tls_over_plaintext": median("tcp_tls") / median("tcp_plaintext"),
+        "runs": runs,
+    }
+
+
+def format_table(result: dict) -> str:
+    t = result["tokens_per_s"]
+    return "\n".join(
+        [
+            f"{'case':<16}{'tokens/s (median)':>20}",
+            *(f"{case:<16}{t[case]:>20,.0f}" for case in CASES),
+            f"two servers / one: {result['two_over_one']:.2f}",
+            f"TLS / plaintext (one server, TCP): {result['tls_over_plaintext']:.2f}",
+        ]
+    )
