@@ -24,6 +24,13 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--min-tokens", type=int, default=2_000_000)
+    parser.add_argument(
+        "--kind",
+        default="sentencepiece",
+        choices=("sentencepiece", "huggingface", "tiktoken"),
+        help="the tokenizer (another than sentencepiece is trained on the corpus)",
+    )
+    parser.add_argument("--prefetch", type=int, default=2, help="the client's, per server")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     jsonl, model = corpus.corpus_from_arguments(parser, args)
@@ -35,6 +42,8 @@ def main() -> int:
             seq_len=args.seq_len,
             batch_size=args.batch_size,
             min_tokens=args.min_tokens,
+            prefetch=args.prefetch,
+            kind=args.kind,
             say=lambda m: print(m, file=sys.stderr),
         )
     except RuntimeError as e:

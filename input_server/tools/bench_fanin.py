@@ -23,7 +23,7 @@ import numpy as np
 
 from input_client.spec import PipelineSpec
 
-CASES = ("one_server", "two_servers", "tcp_plaintext", "tcp_tls")
+CASES = ("one_server", "two_servers", "two_servers_arrival", "tcp_plaintext", "tcp_tls")
 
 
 def _free_port() -> int:
@@ -63,11 +63,17 @@ def _stream(open_batches: Callable[[], object], min_tokens: int) -> dict:
     """Tokens per second after the first batch, until `min_tokens` real tokens."""
     with open_batches() as it:
         next(it)  # start-up is not throughput
-        tokens, start = 0, time.perf_counter()
+        tokens, start, cpu = 0, time.perf_counter(), time.process_time()
         while tokens < min_tokens:
             tokens += int(np.count_nonzero(next(it)["inputs_segmentation"]))
-        seconds = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        # The trainer's side: what the client (fetch threads, decoding) takes of its host.
+        "client_cpu_ns_per_token": 1e9 * cpu / tokens,
+    }
 
 
 def run(
@@ -78,18 +84,30 @@ def run(
     seq_len: int = 2048,
     batch_size: int = 8,
     min_tokens: int = 2_000_000,
+    prefetch: int = 2,
+    kind: str = "sentencepiece",
     say: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """Every case `rounds` times, interleaved; the median of each and the two ratios."""
+    """Every case `rounds` times, interleaved; the median of each and the two ratios. `kind`:
+    the tokenizer; another than sentencepiece is trained on the corpus (as `bench --kinds`)
+    next to it."""
     import trustme
 
     from input_client import InputClient
 
     if (os.cpu_count() or 1) < 2:
         raise RuntimeError("bench_fanin needs two cores: one per server")
+    spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model})
+    if kind != spec.tokenizer.kind:
+        from input_server.tools.bench import corpus_texts
+        from input_server.tools.bench_kinds import make_models
+
+        folder = os.path.join(os.path.dirname(os.path.abspath(jsonl)), "bench-fanin-models")
+        os.makedirs(folder, exist_ok=True)
+        model = make_models(spec, corpus_texts(spec), (kind,), folder)[kind]
     spec = PipelineSpec(
         source={"paths": [jsonl]},
-        tokenizer={"model": model},
+        tokenizer={"model": model, "kind": kind},
         batch={"seq_len": seq_len, "size": batch_size},
         order={"epochs": 0},
         workers={"count": 0},
@@ -122,6 +140,7 @@ def run(
         clients = {
             "one_server": InputClient(socks[0], connect_timeout_s=60),
             "two_servers": InputClient(socks, connect_timeout_s=60),
+            "two_servers_arrival": InputClient(socks, connect_timeout_s=60),
             "tcp_plaintext": InputClient(
                 f"127.0.0.1:{plain_port}", connect_timeout_s=60, token_file=token_file
             ),
@@ -135,7 +154,11 @@ def run(
         runs: dict[str, list[dict]] = {case: [] for case in CASES}
         for r in range(rounds):
             for case in CASES:
-                result = _stream(lambda c=clients[case]: c.batches(spec), min_tokens)
+                order = "arrival" if case.endswith("arrival") else "round_robin"
+                result = _stream(
+                    lambda c=clients[case], o=order: c.batches(spec, order=o, prefetch=prefetch),
+                    min_tokens,
+                )
                 runs[case].append(result)
                 say(f"round {r + 1}/{rounds} {case}: {result['tokens_per_s']:,.0f} tokens/s")
 
@@ -146,6 +169,7 @@ def run(
         "spec": spec.to_dict(),
         "rounds": rounds,
         "host_cpus": os.cpu_count(),
+        "kind": kind,
         "tokens_per_s": {case: median(case) for case in CASES},
         "two_over_one": median("two_servers") / median("one_server"),
         "tls_over_plaintext": median("tcp_tls") / median("tcp_plaintext"),

@@ -517,3 +517,42 @@ def test_a_moved_hook_point_is_refused_naming_the_version(maxtext_python):
     message = out.stdout.strip().splitlines()[-1]
     assert "MaxText 0.2.5" in message and "make_grain_eval_iterator" in message
     assert "tested with MaxText 0.2.5" in message
+
+
+def test_fans_in_from_two_servers_and_resumes_both_from_its_checkpoint(
+    maxtext_python, server, specs, tmp_path
+):
+    from input_server.serving.server import Server, ServerConfig
+
+    d, train, _, model = specs
+    second = Server(ServerConfig(listen=[f"unix://{tmp_path}/second.sock"]))
+    pool = [server.targets[0], second.targets[0]]
+    try:
+        with InputClient(pool) as c, c.batches(train) as it:  # the fanned-in stream itself
+            want = []
+            for b in it:
+                seg = to_maxtext(b, -1, train.batch.packing)["targets_segmentation"]
+                want.append(int((seg != 0).sum()))
+                if len(want) == 15:
+                    break
+        a = _launch(
+            maxtext_python, server, d, model, "fanin", *ONE_HOST, steps=10,
+            evaluate=False, sync_checkpoints=True, address=",".join(pool),
+        )  # fmt: skip
+        assert a.returncode == 0, a.stderr[-4000:]
+        first = _steps(a.stderr)
+        assert [first[s][0] for s in range(10)] == want[:10]
+        saved = d / "out" / "fanin" / "checkpoints" / "5" / "iter" / "process_0-of-1.json"
+        state = json.loads(saved.read_text())
+        assert state["seq"] == 6 and state["fan_in"]["servers"] == 2
+        # The same run to step 15: it restores step 9's checkpoint, both servers' positions.
+        b = _launch(
+            maxtext_python, server, d, model, "fanin", *ONE_HOST, steps=15,
+            evaluate=False, sync_checkpoints=True, address=",".join(pool),
+        )  # fmt: skip
+        assert b.returncode == 0, b.stderr[-4000:]
+        resumed = _steps(b.stderr)
+        assert sorted(resumed) == list(range(10, 15))
+        assert [resumed[s][0] for s in range(10, 15)] == want[10:]
+    finally:
+        second.stop(0)

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import sys
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -34,6 +35,7 @@ import grpc
 from input_client.auth import read_token_file
 from input_client.client import InputClient
 from input_client.errors import StreamError
+from input_client.fanin import ORDERS
 from input_client.maxtext import derive
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
 from input_client.maxtext.check import (
@@ -62,13 +64,14 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class _Settings:
-    server: str
+    server: str | tuple[str, ...]  # several: a fan-in
     spec: PipelineSpec | None  # None: derived from MaxText's config
     eval_spec: PipelineSpec | None
     token: str | None
     prefetch: int
     connect_timeout_s: float
     tls: TlsSettings = TlsSettings()
+    order: str = "round_robin"
 
 
 _settings: _Settings | None = None
@@ -80,7 +83,7 @@ def _spec(spec: PipelineSpec | str) -> PipelineSpec:
 
 
 def configure(
-    server: str,
+    server: str | Sequence[str],
     spec: PipelineSpec | str | None = None,
     eval_spec: PipelineSpec | str | None = None,
     *,
@@ -92,6 +95,7 @@ def configure(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_server_name: str | None = None,
+    order: str = "round_robin",
 ) -> None:
     """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths;
     a spec left out is derived from MaxText's config when its factory is called).
@@ -99,8 +103,19 @@ def configure(
     `connect_timeout_s`: how long a factory waits for the server before raising
     `ConnectionError`. `tls`, `tls_ca`, `tls_cert`, `tls_key`, `tls_server_name`: as
     `InputClient`'s, for a server started with `--tls-cert` (TLS options on a `unix:` server
-    are refused here, at once)."""
+    are refused here, at once). Several servers (a list, or one string of comma-separated
+    addresses) fan in (`input_client.fanin`), interleaved in `order`; the checkpoint then
+    holds every server's position."""
     global _settings
+    if isinstance(server, str):
+        server = [a.strip() for a in server.split(",")]
+    servers = tuple(server)
+    if not servers or not all(servers):
+        raise ValueError(f"the server address {','.join(servers)!r} names no server.")
+    if len(set(servers)) != len(servers):
+        raise ValueError(f"the server addresses {','.join(servers)!r} name a server twice.")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}; got {order!r}.")
     token = None if token_file is None else read_token_file(token_file)  # its mistakes now
     tls_settings = TlsSettings.of(
         tls=tls,
@@ -110,15 +125,17 @@ def configure(
         tls_server_name=tls_server_name,
     )
     if tls_settings.enabled:  # its files' and the address's mistakes now, not at MaxText's step 0
-        open_channel(server, tls_settings, ()).close()
+        for address in servers:
+            open_channel(address, tls_settings, ()).close()
     _settings = _Settings(
-        server,
+        servers[0] if len(servers) == 1 else servers,
         None if spec is None else _spec(spec),
         None if eval_spec is None else _spec(eval_spec),
         token,
         prefetch,
         connect_timeout_s,
         tls_settings,
+        order,
     )
 
 
@@ -212,6 +229,7 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
             state=state,
             prefetch=_settings.prefetch,
             reconnect_deadline_s=RECONNECT_DEADLINE_S,
+            order=_settings.order,
         )
 
     source = ServerSource(open_stream, pad_id=pad_id, packing=spec.batch.packing)

@@ -1,8 +1,8 @@
 """MaxText's own trainer with the input server as its input pipeline.
 
-python -m input_client.maxtext.train --server ADDRESS [--spec SPEC.toml] [--eval-spec SPEC.toml]
-    [--token-file FILE] [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
-    [--tls-server-name NAME] [<base.yml>] key=value ...
+python -m input_client.maxtext.train --server ADDRESS[,ADDRESS...] [--order arrival]
+    [--spec SPEC.toml] [--eval-spec SPEC.toml] [--token-file FILE] [--tls] [--tls-ca FILE]
+    [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME] [<base.yml>] key=value ...
 
 Everything after the adapter's own flags goes to `maxtext.trainers.pre_train.train`. Without
 `--spec`, MaxText's own data keys (`grain_train_files`, `grain_file_type`, `tokenizer_path`,
@@ -84,7 +84,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--server",
         required=True,
-        help="the server: unix:///path.sock, unix-abstract:NAME or host:port",
+        help="the server: unix:///path.sock, unix-abstract:NAME or host:port; several "
+        "host:port, comma-separated, fan in from a pool (server j streams sub-shard j)",
+    )
+    parser.add_argument(
+        "--order",
+        choices=("round_robin", "arrival"),
+        default="round_robin",
+        help="with several servers: batch k from server k mod N (reproducible; the default), "
+        "or whichever server's batch is ready first (arrival)",
     )
     parser.add_argument(
         "--spec",
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_server_name=args.tls_server_name,
+            order=args.order,
         )
         trainer = trainer_module()
     except (SpecError, OSError, ValueError, MaxTextHookError) as e:
