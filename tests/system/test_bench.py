@@ -335,3 +335,22 @@ def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_
         "ids_parquet_over_tokenizer_limit",
     }
     assert "mixture_over_one_source" in out.stdout
+
+
+def test_bench_fanin_compares_one_server_two_servers_and_tls(corpus, spm_model, tmp_path):
+    out_json = tmp_path / "fanin.json"
+    out = subprocess.run(
+        [
+            sys.executable, script("bench_fanin.py"), "--corpus", corpus, "--model", spm_model,
+            "--rounds", "1", "--min-tokens", "20000", "--seq-len", "256", "--batch-size", "4",
+            "--json", str(out_json),
+        ],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out_json.read_text())
+    for case in ("one_server", "two_servers", "two_servers_arrival", "tcp_plaintext", "tcp_tls"):
+        assert result["tokens_per_s"][case] > 0, case
+        assert result["runs"][case][0]["client_cpu_ns_per_token"] > 0, case
+    assert result["two_over_one"] > 0 and result["tls_over_plaintext"] > 0
+    assert "two servers / one" in out.stdout
