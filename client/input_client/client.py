@@ -22,6 +22,7 @@ from input_client.tls import (
     TlsSettings,
     diagnose,
     open_channel,
+    refuse_token_in_the_clear,
     wait_diagnosing,
 )
 from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION, is_resume_state
@@ -130,11 +131,24 @@ class InputClient:
             tls_key=tls_key,
             tls_server_name=tls_server_name,
         )
+        if token is not None and not self._tls.enabled:
+            refuse_token_in_the_clear(address)
         # One channel per server address, TLS or not, made in one place.
         self._channel = open_channel(address, self._tls, MESSAGE_OPTIONS + RECONNECT_OPTIONS)
         if token is not None:
             self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
         self._stub = pb_grpc.InputServiceStub(self._channel)
+
+    @property
+    def connect_timeout_s(self) -> float:
+        return self._connect_timeout_s
+
+    @connect_timeout_s.setter
+    def connect_timeout_s(self, value: float) -> None:
+        """Set for every server of a fan-in too (each waits for its own)."""
+        self._connect_timeout_s = value
+        for m in self.members:
+            m.connect_timeout_s = value
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Blocks until the server is reachable and checks that it speaks this client's wire

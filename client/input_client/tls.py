@@ -10,7 +10,10 @@ line. grpcio and the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
+import os
 import re
 import socket
 import ssl
@@ -121,7 +124,7 @@ def _context(settings: TlsSettings) -> ssl.SSLContext:
                 f"`tls_ca` {settings.ca}: not a PEM file of CA certificates ({_reason(e)})."
             ) from None
     else:
-        ctx.load_default_certs()
+        _load_grpc_roots(ctx)
     if settings.cert is not None:
         for option, path in (("tls_cert", settings.cert), ("tls_key", settings.key)):
             _read(path, option)
@@ -137,6 +140,19 @@ def _context(settings: TlsSettings) -> ssl.SSLContext:
             ) from None
     ctx.set_alpn_protocols(["h2"])
     return ctx
+
+
+def _load_grpc_roots(ctx: ssl.SSLContext) -> None:
+    """The roots gRPC verifies `tls=True` with, so that the diagnosis judges a certificate as
+    the channel will: $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the bundle grpcio ships (not
+    the system's list, which may trust more or fewer CAs). The system's, if neither is there."""
+    bundled = os.path.join(os.path.dirname(grpc.__file__), "_cython", "_credentials", "roots.pem")
+    for path in (os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"), bundled):
+        if path and os.path.isfile(path):
+            with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+                ctx.load_verify_locations(cafile=path)
+                return
+    ctx.load_default_certs()
 
 
 def _no_password() -> bytes:
@@ -193,6 +209,25 @@ def host_port(address: str) -> tuple[str, int] | None:
     return (host, int(port)) if host else None
 
 
+def refuse_token_in_the_clear(address: str) -> None:
+    """Raises ValueError for a token about to be sent without TLS to a TCP address that is
+    not loopback: a server never serves plaintext there (`serve` refuses it), so whatever
+    answers would read the token.
+    """
+    where = host_port(address)
+    if where is None or where[0] == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(where[0].split("%")[0]).is_loopback:
+            return
+    except ValueError:
+        pass  # a host name: it may resolve anywhere
+    raise ValueError(
+        f"a token over plaintext to {address!r} would cross the network in the clear (the "
+        f"server serves TCP off loopback only with TLS); pass tls_ca=FILE or tls=True."
+    )
+
+
 def diagnose(
     address: str, settings: TlsSettings, *, timeout_s: float = DIAGNOSIS_TIMEOUT_S
 ) -> str | None:
@@ -210,20 +245,27 @@ def diagnose(
     except (OSError, ValueError) as e:
         return str(e)
     name = settings.server_name or host
+    # One deadline for the whole diagnosis: each step gets what is left of it.
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        return max(0.05, deadline - time.monotonic())
+
     try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock = socket.create_connection((host, port), timeout=left())
     except OSError:
         return None
     try:
         try:
+            sock.settimeout(left())
             tls = ctx.wrap_socket(sock, server_hostname=name)
         except ssl.SSLCertVerificationError as e:
-            return _untrusted(e, server, settings, address, name, timeout_s)
+            return _untrusted(e, server, settings, address, name, left())
         except ssl.SSLError as e:
+            if not settings.enabled:
+                return None  # a plaintext client of a server that does not speak TLS: fine
             if e.reason in _NOT_TLS:
                 return _plaintext(server, settings)  # an HTTP/2 answer to a TLS greeting
-            if not settings.enabled:
-                return None
             if isinstance(e, ssl.SSLEOFError):
                 return _plaintext(server, settings, closed=True)
             return f"{server}: the TLS handshake failed ({_reason(e)}); check {settings.options()}."
@@ -234,6 +276,9 @@ def diagnose(
                 f"{server} speaks TLS and this client does not; pass tls_ca=FILE (the CA of its "
                 f"certificate) or tls=True (a certificate from a public CA)."
             )
+        if time.monotonic() >= deadline:
+            return None
+        tls.settimeout(left())
         return _after_handshake(tls, server, settings)
     finally:
         sock.close()

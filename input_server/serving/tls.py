@@ -20,6 +20,7 @@ import ssl
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # A PEM certificate chain, key or CA bundle is a few KiB; a bigger file is a wrong path.
 MAX_PEM_BYTES = 1 << 20
+# How often a rotated state of the files that failed to load is tried again.
+RETRY_BAD_S = 1.0
 
 
 def check_exposure(
@@ -191,6 +194,8 @@ class CertificateFiles:
         self.paths = (cert, key, client_ca)
         self._lock = threading.Lock()
         self._seen = self._signature()
+        self._bad: tuple | None = None  # the last state that failed to load
+        self._retry_at = 0.0
         self.loaded = load(cert, key, client_ca)
         self.reloads = 0  # how many times a changed state of the files was taken up
 
@@ -213,16 +218,22 @@ class CertificateFiles:
                 signature = self._signature()  # before reading: a change meanwhile is seen next
                 if signature == self._seen:
                     return None
-                self._seen = signature
+                # A state that failed is read again at most once a second, not only at its
+                # next change: a file written in place may look the same when complete.
+                if signature == self._bad and time.monotonic() < self._retry_at:
+                    return None
                 try:
                     loaded = load(*self.paths)
                 except (OSError, ValueError) as e:
-                    log.warning(
-                        "TLS files changed, but %s Still serving the previous certificate; "
-                        "checked again when they change.",
-                        e,
-                    )
+                    if signature != self._bad:  # one warning per broken state
+                        log.warning(
+                            "TLS files changed, but %s Still serving the previous "
+                            "certificate; checked again at new connections.",
+                            e,
+                        )
+                    self._bad, self._retry_at = signature, time.monotonic() + RETRY_BAD_S
                     return None
+                self._seen, self._bad = signature, None
                 if loaded == self.loaded:
                     return None
                 self.loaded = loaded

@@ -253,6 +253,35 @@ def test_nothing_listening_yet_is_still_waited_for(pki):
     assert time.monotonic() - start >= 1.4
 
 
+def test_a_plaintext_client_that_dials_before_a_plaintext_server_starts_waits_for_it(
+    tmp_path, make_spec
+):
+    # Its diagnosis must not take the plaintext server's refusal of a TLS probe for a mistake.
+    address = f"127.0.0.1:{free_port()}"
+    servers = []
+    late = threading.Timer(
+        1.5,
+        lambda: servers.append(Server(ServerConfig(listen=[address], insecure_tcp=True))),
+    )
+    try:
+        with InputClient(address, connect_timeout_s=20) as c:
+            late.start()
+            c.wait_ready()
+            assert next(c.batches(make_spec()))["inputs"].size
+    finally:
+        late.join()
+        for srv in servers:
+            srv.stop(0)
+
+
+def test_a_token_is_never_sent_in_the_clear_off_loopback():
+    for address in ("10.1.2.3:50051", "pool-0.pool.ns.svc:50051", "dns:///example.com:443"):
+        with pytest.raises(ValueError, match="in the clear"):
+            InputClient(address, token="secret-token")
+    for address in ("127.0.0.1:1", "localhost:1", "[::1]:1", "unix:///tmp/x.sock"):
+        InputClient(address, token="secret-token").close()
+
+
 def test_info_takes_the_tls_options_and_says_a_mistake_in_one_line(capsys, pki, mtls_server):
     target = mtls_server.targets[0]
     base = ["info", target, "--token-file", pki.token_file, "--timeout-s", "20"]
@@ -460,6 +489,33 @@ def test_rotated_certificates_reach_new_handshakes_while_open_streams_go_on(
             got += list(itertools.islice(it, BATCHES))
             assert it.reconnects == 0
     assert_same_batches(got, want)
+
+
+def test_a_file_rewritten_in_place_that_looks_unchanged_is_taken_up_once_complete(pki, tmp_path):
+    # A writer that fills a file in place (same inode, same length) may leave the same stat
+    # signature for the broken and the complete state: the broken one is retried, not kept.
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(open(pki.server.cert, "rb").read())
+    key.write_bytes(open(pki.server.key, "rb").read())
+    with Server(tls_config(pki, pair=Pair(str(cert), str(key)))) as srv:
+        target = srv.targets[0]
+        options = {"token": pki.token, "tls_ca": pki.other_ca, "tls_server_name": "rotated.test"}
+        new_cert, new_key = (
+            open(p, "rb").read() for p in (pki.other_server.cert, pki.other_server.key)
+        )
+        cert.write_bytes(new_cert)
+        with open(key, "wb") as f:  # the new key cut short, padded to its length
+            f.write(new_key[: len(new_key) // 2].ljust(len(new_key), b"\0"))
+        assert "not trusted" in connect_mistake(target, token=pki.token, tls_ca=pki.other_ca)
+        st = os.stat(key)
+        with open(key, "r+b") as f:  # now complete, in place: same inode, size and mtime
+            f.write(new_key)
+        os.utime(key, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(key).st_mtime_ns == st.st_mtime_ns and os.stat(key).st_size == st.st_size
+        time.sleep(1.2)  # the broken state's retry interval
+        with InputClient(target, connect_timeout_s=10, **options) as c:
+            assert c.info().server_version
+        assert srv.certificates.reloads == 1
 
 
 def test_a_server_restarted_with_an_untrusted_certificate_ends_the_outage_with_why(pki, make_spec):

@@ -134,18 +134,26 @@ def test_fan_in_across_hosts_survives_a_server_killed_mid_stream(
     whole.kill()
     assert len(want) == 41, open(log).read()[-2000:]
 
-    broken = _trainer(hosts, servers, spec_file, log, *common)
+    # The trainer stops taking batches at batch 12 (its streams open, its prefetch and the
+    # servers' windows full) until the pause file goes, so the kill lands mid-stream for sure.
+    pause = tmp_path / "pause"
+    pause.touch()
+    broken = _trainer(
+        hosts, servers, spec_file, log, *common, "--pause-after", "12", "--pause-file", str(pause)
+    )
     got = []
     try:
-        while len(got) < 12:
+        while not got or "paused" not in got[-1]:
             line = broken.lines.get(timeout=120)
             assert line is not None, open(log).read()[-2000:]
             got.append(json.loads(line))
         servers.kill(1)  # SIGKILL, mid-stream, worker processes too
         servers.start(1)  # the same address and certificate, as a restarted pod
+        pause.unlink()
         got += _lines(broken)
     finally:
         broken.kill()
+    got = [g for g in got if "paused" not in g]
     assert [g.get("sha256") for g in got[:40]] == [w["sha256"] for w in want[:40]]
     assert got[40]["reconnects"] >= 1
     assert got[40]["state"] == want[40]["state"]

@@ -108,7 +108,9 @@ def configure(
     holds every server's position."""
     global _settings
     if isinstance(server, str):
-        server = [a.strip() for a in server.split(",")]
+        # gRPC's own lists (`ipv4:a:p,b:p`) and socket paths keep their commas.
+        one = server.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:"))
+        server = [server] if one else [a.strip() for a in server.split(",")]
     servers = tuple(server)
     if not servers or not all(servers):
         raise ValueError(f"the server address {','.join(servers)!r} names no server.")
