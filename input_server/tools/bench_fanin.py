@@ -181,8 +181,8 @@ def format_table(result: dict) -> str:
     t = result["tokens_per_s"]
     return "\n".join(
         [
-            f"{'case':<16}{'tokens/s (median)':>20}",
-            *(f"{case:<16}{t[case]:>20,.0f}" for case in CASES),
+            f"{'case':<22}{'tokens/s (median)':>20}",
+            *(f"{case:<22}{t[case]:>20,.0f}" for case in CASES),
             f"two servers / one: {result['two_over_one']:.2f}",
             f"TLS / plaintext (one server, TCP): {result['tls_over_plaintext']:.2f}",
         ]

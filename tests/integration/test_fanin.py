@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import time
 
 import grpc
@@ -196,16 +197,17 @@ def test_arrival_order_does_not_wait_for_a_slow_server(tmp_path, make_spec):
         with InputClient([p.address for p in procs]) as client:
             with client.batches(spec, order="arrival", prefetch=1) as it:
                 next(it)
-                os.kill(procs[1].child.p.pid, 19)  # SIGSTOP
+                os.kill(procs[1].child.p.pid, signal.SIGSTOP)
                 start = time.monotonic()
-                for _ in range(20):
+                for _ in range(300):
                     next(it)
-                assert time.monotonic() - start < 20
-                os.kill(procs[1].child.p.pid, 18)  # SIGCONT
+                assert time.monotonic() - start < 30
+                os.kill(procs[1].child.p.pid, signal.SIGCONT)
                 streams = it.get_state()["fan_in"]["streams"]
-                # Nearly all from the running server: the stopped one gave only what it had
-                # sent before it stopped (its window); round robin would have waited on it.
-                assert streams[0]["seq"] >= 14, streams
+                # Nearly all from the running server: the stopped one gave only what had
+                # reached the client before it stopped (small batches share messages, so that
+                # can be a few dozen); round robin would have waited on it.
+                assert streams[0]["seq"] >= 240, streams
     finally:
         for p in procs:
             p.kill()
@@ -277,6 +279,21 @@ def test_maxtexts_checkpoint_carries_the_fanned_in_state(pool, make_spec):
         sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
         for a, b in zip(head + tail, want, strict=True)
     )
+
+
+def test_each_server_sees_its_share_of_the_trainers_pace(pool, make_spec):
+    # The trainer takes 20 batches/s; each of two servers' flow control (and an "auto"
+    # stream's demand) sees its half.
+    spec = make_spec(order={"epochs": 0})
+    with InputClient(pool[:2]) as client, client.batches(spec, prefetch=1) as it:
+        for _ in range(60):
+            next(it)
+            time.sleep(0.05)
+        streams = [m.info().streams for m in client.members]
+    assert [len(s) for s in streams] == [1, 1]
+    for (s,) in streams:
+        assert abs(s.batches_taken - 30) <= 1, s
+        assert 6 < s.consumed_batches_per_s < 12, s
 
 
 def test_a_new_connect_timeout_reaches_every_server(pool):
