@@ -143,9 +143,8 @@ def _context(settings: TlsSettings) -> ssl.SSLContext:
 
 
 def _load_grpc_roots(ctx: ssl.SSLContext) -> None:
-    """The roots gRPC verifies `tls=True` with, so that the diagnosis judges a certificate as
-    the channel will: $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the bundle grpcio ships (not
-    the system's list, which may trust more or fewer CAs). The system's, if neither is there."""
+    """The roots gRPC verifies `tls=True` with, so the diagnosis judges as the channel will:
+    $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else grpcio's bundle (not the system's list)."""
     bundled = os.path.join(os.path.dirname(grpc.__file__), "_cython", "_credentials", "roots.pem")
     for path in (os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"), bundled):
         if path and os.path.isfile(path):
@@ -210,10 +209,8 @@ def host_port(address: str) -> tuple[str, int] | None:
 
 
 def refuse_token_in_the_clear(address: str) -> None:
-    """Raises ValueError for a token about to be sent without TLS to a TCP address that is
-    not loopback: a server never serves plaintext there (`serve` refuses it), so whatever
-    answers would read the token.
-    """
+    """Raises ValueError for a token about to go without TLS to a TCP address off loopback: a
+    server never serves plaintext there (`serve` refuses it), so whoever answers is not one."""
     where = host_port(address)
     if where is None or where[0] == "localhost":
         return

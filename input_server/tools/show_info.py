@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from input_client.tls_flags import add_tls_arguments, tls_options
+
 # Integer kinds that proto3's JSON mapping quotes ("16"); `--json` writes them as numbers.
 _QUOTED_INTS = ("TYPE_INT64", "TYPE_UINT64", "TYPE_SINT64", "TYPE_FIXED64", "TYPE_SFIXED64")
 
@@ -125,27 +127,7 @@ def add_parser(sub, *, positive) -> None:
         metavar="FILE",
         help="a file holding the server's token (its abstract sockets and TCP need it)",
     )
-    info.add_argument(
-        "--tls",
-        action="store_true",
-        help="connect with TLS, the certificate verified by the default roots (a public CA)",
-    )
-    info.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        help="PEM CA certificates that verify the server (implies --tls)",
-    )
-    info.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        help="PEM client certificate, for a server with --tls-client-ca (with --tls-key)",
-    )
-    info.add_argument("--tls-key", metavar="FILE", help="the unencrypted PEM key of --tls-cert")
-    info.add_argument(
-        "--tls-server-name",
-        metavar="NAME",
-        help="the name the server's certificate holds, when not the host dialed",
-    )
+    add_tls_arguments(info)
     info.set_defaults(run=run)
 
 
@@ -161,11 +143,7 @@ def run(args: argparse.Namespace) -> int:
             address,
             connect_timeout_s=args.timeout_s,
             token_file=args.token_file,
-            tls=args.tls,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_server_name=args.tls_server_name,
+            **tls_options(args),
         ) as client:
             client.wait_ready()
             info = client.info()

@@ -23,6 +23,7 @@ from input_client.maxtext import MaxTextConfigError, MaxTextHookError, install
 from input_client.maxtext._hook import trainer_module
 from input_client.maxtext.source import failures
 from input_client.spec import PipelineSpec, SpecError
+from input_client.tls_flags import add_tls_arguments, tls_options
 
 PLACEHOLDER = "input-server"  # what grain_*_files say when a spec file supplies the data
 # Keys that name MaxText's training data (its config check wants one of them with grain).
@@ -104,27 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the eval pipeline spec (TOML); default: derived from MaxText's grain_eval_files",
     )
     parser.add_argument("--token-file", help="the server's token, for TCP or abstract sockets")
-    parser.add_argument(
-        "--tls",
-        action="store_true",
-        help="connect with TLS, the server verified by the default roots (a public CA)",
-    )
-    parser.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        help="PEM CA certificates that verify the server (implies --tls)",
-    )
-    parser.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        help="PEM client certificate, for a server with --tls-client-ca (with --tls-key)",
-    )
-    parser.add_argument("--tls-key", metavar="FILE", help="the unencrypted PEM key of --tls-cert")
-    parser.add_argument(
-        "--tls-server-name",
-        metavar="NAME",
-        help="the name the server's certificate holds, when not the host dialed",
-    )
+    add_tls_arguments(parser)
     parser.add_argument(
         "--connect-timeout-s",
         type=float,
@@ -150,11 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             eval_spec,
             token_file=args.token_file,
             connect_timeout_s=args.connect_timeout_s,
-            tls=args.tls,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_server_name=args.tls_server_name,
+            **tls_options(args),
             order=args.order,
         )
         trainer = trainer_module()
