@@ -17,14 +17,8 @@ from input_client.fanin import ORDERS, STATE_KEY, FanInIterator, fan_in
 from input_client.iterator import BatchIterator
 from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
-from input_client.tls import (
-    DIAGNOSIS_TIMEOUT_S,
-    TlsSettings,
-    diagnose,
-    open_channel,
-    refuse_token_in_the_clear,
-    wait_diagnosing,
-)
+from input_client.tls import TlsSettings, open_channel, refuse_token_in_the_clear
+from input_client.tls_diagnosis import DIAGNOSIS_TIMEOUT_S, diagnose, wait_diagnosing
 from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION, is_resume_state
 
 
@@ -59,7 +53,7 @@ class InputClient:
     A TLS mistake (a plaintext client and a TLS server or the reverse, an untrusted or expired
     certificate, a wrong name, a missing or refused client certificate) raises
     `ConnectionError` saying which, within about a second rather than after
-    `connect_timeout_s` (`tls.diagnose`).
+    `connect_timeout_s` (`tls_diagnosis.diagnose`).
 
     Raises:
       ValueError: both `token` and `token_file`, or an empty or non-ASCII token; `tls_cert`
@@ -157,14 +151,14 @@ class InputClient:
         Raises:
           ConnectionError: no server reachable within the timeout; at once for an address
             that cannot work (a socket path without `unix://`, a `unix:` path that is no
-            socket) or a TLS mistake (`tls.diagnose`).
+            socket) or a TLS mistake (`tls_diagnosis.diagnose`).
           StreamError: FAILED_PRECONDITION, the server speaks another wire protocol.
         """
         timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
         if self.members:  # every server, within one timeout
             deadline = time.monotonic() + timeout_s
-            for m in self.members:
-                m.wait_ready(max(0.0, deadline - time.monotonic()))
+            for m in self.members:  # each at least a second: a late one is named fairly
+                m.wait_ready(max(1.0, deadline - time.monotonic()))
             return
         try:
             info = self._get_info(timeout_s)
@@ -190,7 +184,7 @@ class InputClient:
         once the channel closes), and says at once what no waiting can fix.
 
         Raises:
-          ConnectionError: see `_socket_file_ready`; or a TLS mistake (`tls.diagnose`).
+          ConnectionError: see `_socket_file_ready`; or a TLS mistake (`tls_diagnosis.diagnose`).
           grpc.RpcError: the call's failure (DEADLINE_EXCEEDED: nobody answered in time).
         """
         remaining = self._socket_file_ready(timeout_s)
@@ -202,7 +196,7 @@ class InputClient:
     def _diagnose(self, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> str | None:
         """Why this client cannot connect, when a TLS handshake of its own tells (a plaintext
         client and a TLS server or the reverse, an untrusted, expired or misnamed certificate,
-        a missing or refused client certificate); None otherwise (`tls.diagnose`)."""
+        a missing or refused client certificate); None otherwise (`tls_diagnosis.diagnose`)."""
         return diagnose(self.address, self._tls, timeout_s=timeout_s)
 
     def _socket_file_ready(self, timeout_s: float) -> float:

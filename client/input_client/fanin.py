@@ -181,8 +181,10 @@ def fan_in(
     if order not in ORDERS:
         raise ValueError(f"`order` must be one of {', '.join(ORDERS)}; got {order!r}.")
     position_of(state, addresses)  # its mistakes before any server is dialed
+    # One deadline for all: N servers starting together take about as long as one.
+    deadline = time.monotonic() + max(c.connect_timeout_s for c in clients)
     for c in clients:
-        c.wait_ready()
+        c.wait_ready(max(1.0, deadline - time.monotonic()))
     n = len(clients)
 
     def open_stream(j: int, sub_state: dict[str, Any] | None, on_item: Callable[[], None]):

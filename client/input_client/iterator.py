@@ -17,7 +17,7 @@ from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb
 from input_client.threads import Prefetcher
-from input_client.tls import wait_diagnosing
+from input_client.tls_diagnosis import wait_diagnosing
 from input_client.wire import (
     batches_of,
     decode_batch,
@@ -65,7 +65,7 @@ class BatchIterator:
         diagnose: Callable[[float], str | None] | None = None,
     ):
         self._stub = stub  # the InputClient's InputServiceStub
-        # Why the server cannot be reached when a TLS handshake tells (`tls.diagnose`): a
+        # Why the server cannot be reached when a TLS handshake tells (`tls_diagnosis.diagnose`): a
         # server restarted with another certificate would otherwise look merely gone.
         self._diagnose = diagnose or (lambda timeout_s: None)
         self._address = address

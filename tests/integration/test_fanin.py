@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import signal
+import threading
 import time
 
 import grpc
@@ -198,10 +199,15 @@ def test_arrival_order_does_not_wait_for_a_slow_server(tmp_path, make_spec):
             with client.batches(spec, order="arrival", prefetch=1) as it:
                 next(it)
                 os.kill(procs[1].child.p.pid, signal.SIGSTOP)
+                # Should arrival wait on the stopped server after all, it resumes it after
+                # 30 s, and the time below fails the test instead of a hang.
+                watchdog = threading.Timer(30, os.kill, (procs[1].child.p.pid, signal.SIGCONT))
+                watchdog.start()
                 start = time.monotonic()
                 for _ in range(300):
                     next(it)
                 assert time.monotonic() - start < 30
+                watchdog.cancel()
                 os.kill(procs[1].child.p.pid, signal.SIGCONT)
                 streams = it.get_state()["fan_in"]["streams"]
                 # Nearly all from the running server: the stopped one gave only what had

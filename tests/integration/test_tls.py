@@ -274,11 +274,27 @@ def test_a_plaintext_client_that_dials_before_a_plaintext_server_starts_waits_fo
             srv.stop(0)
 
 
+def test_a_live_plaintext_server_is_no_mistake_for_a_plaintext_client(pki):
+    from input_client.tls import TlsSettings
+    from input_client.tls_diagnosis import diagnose
+
+    with Server(ServerConfig(listen=["127.0.0.1:0"], insecure_tcp=True)) as srv:
+        target = srv.targets[0]
+        assert diagnose(target, TlsSettings()) is None
+        said = diagnose(target, TlsSettings.of(tls_ca=pki.ca))
+        assert said is not None and "does not speak TLS" in said
+
+
 def test_a_token_is_never_sent_in_the_clear_off_loopback():
-    for address in ("10.1.2.3:50051", "pool-0.pool.ns.svc:50051", "dns:///example.com:443"):
+    for address in (
+        "10.1.2.3:50051",
+        "pool-0.pool.ns.svc:50051",
+        "dns:///example.com:443",
+        "ipv4:127.0.0.1:1,10.0.0.9:1",  # every address of gRPC's list counts
+    ):
         with pytest.raises(ValueError, match="in the clear"):
             InputClient(address, token="secret-token")
-    for address in ("127.0.0.1:1", "localhost:1", "[::1]:1", "unix:///tmp/x.sock"):
+    for address in ("127.0.0.1:1", "Localhost:1", "[::1]:1", "ipv6:[::1]:1", "unix:///tmp/x.sock"):
         InputClient(address, token="secret-token").close()
 
 

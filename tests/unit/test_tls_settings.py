@@ -11,7 +11,7 @@ import os
 import pytest
 import trustme
 
-from input_client import InputClient
+from input_client import InputClient, tls_diagnosis
 from input_client import tls as client_tls
 from input_client.tls import TlsSettings
 from input_server.serving import tls
@@ -100,8 +100,8 @@ def test_host_port_is_what_grpc_dials(address, want):
 def test_nothing_listening_is_no_diagnosis():
     from tests.support import free_port
 
-    assert client_tls.diagnose(f"127.0.0.1:{free_port()}", TlsSettings(enabled=True)) is None
-    assert client_tls.diagnose("unix:///tmp/nothing.sock", TlsSettings()) is None
+    assert tls_diagnosis.diagnose(f"127.0.0.1:{free_port()}", TlsSettings(enabled=True)) is None
+    assert tls_diagnosis.diagnose("unix:///tmp/nothing.sock", TlsSettings()) is None
 
 
 # --- The server's flags ---------------------------------------------------------------------------

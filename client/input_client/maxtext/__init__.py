@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import weakref
 from collections.abc import Sequence
@@ -49,7 +50,7 @@ from input_client.maxtext.check import (
 from input_client.maxtext.conventions import to_maxtext
 from input_client.maxtext.source import ServerSource
 from input_client.spec import OrderSpec, PipelineSpec
-from input_client.tls import TlsSettings, open_channel
+from input_client.tls import TlsSettings, open_channel, refuse_token_in_the_clear
 
 __all__ = [
     "MaxTextConfigError",
@@ -108,9 +109,7 @@ def configure(
     holds every server's position."""
     global _settings
     if isinstance(server, str):
-        # gRPC's own lists (`ipv4:a:p,b:p`) and socket paths keep their commas.
-        one = server.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:"))
-        server = [server] if one else [a.strip() for a in server.split(",")]
+        server = split_servers(server)
     servers = tuple(server)
     if not servers or not all(servers):
         raise ValueError(f"the server address {','.join(servers)!r} names no server.")
@@ -129,6 +128,9 @@ def configure(
     if tls_settings.enabled:  # its files' and the address's mistakes now, not at MaxText's step 0
         for address in servers:
             open_channel(address, tls_settings, ()).close()
+    elif token is not None:
+        for address in servers:
+            refuse_token_in_the_clear(address)
     _settings = _Settings(
         servers[0] if len(servers) == 1 else servers,
         None if spec is None else _spec(spec),
@@ -139,6 +141,17 @@ def configure(
         tls_settings,
         order,
     )
+
+
+def split_servers(value: str) -> list[str]:
+    """The servers one `--server` string names: comma-separated addresses (a fan-in). gRPC's
+    own address lists (`ipv4:A:P,B:P`) stay one target; a comma inside a socket path stays
+    in it, as a comma splits only before the next `unix:` address."""
+    if value.startswith(("ipv4:", "ipv6:")):
+        return [value]
+    if value.startswith(("unix:", "unix-abstract:")):
+        return [a.strip() for a in re.split(r",(?=\s*unix(?:-abstract)?:)", value)]
+    return [a.strip() for a in value.split(",")]
 
 
 def _client_tls(tls: TlsSettings) -> dict[str, Any]:
