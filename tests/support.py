@@ -212,16 +212,19 @@ class ServerProcess:
         log_path: str,
         token_file: str | None = None,
         data_root: str | None = None,
+        args: Sequence[str] = (),
     ):
         self.address, self.log_path, self.token_file = address, log_path, token_file
         self.data_root = data_root  # default its working directory, this one's
+        self.args = tuple(args)  # more `serve` flags
         self.child: ChildProcess | None = None
 
     def start(self) -> None:
         token = ("--token-file", self.token_file) if self.token_file else ()
         root = ("--data-root", self.data_root) if self.data_root else ()
         self.child = ChildProcess(
-            cli_argv("serve", "--listen", self.address, *token, *root), log=self.log_path
+            cli_argv("serve", "--listen", self.address, *token, *root, *self.args),
+            log=self.log_path,
         )
 
     def kill(self) -> None:
