@@ -67,6 +67,16 @@ class TlsSettings:
             enabled=bool(tls), ca=tls_ca, cert=tls_cert, key=tls_key, server_name=tls_server_name
         )
 
+    def keywords(self) -> dict[str, Any]:
+        """`InputClient`'s keyword arguments for these settings (the inverse of `of`)."""
+        return {
+            "tls": self.enabled,
+            "tls_ca": self.ca,
+            "tls_cert": self.cert,
+            "tls_key": self.key,
+            "tls_server_name": self.server_name,
+        }
+
     def options(self) -> str:
         """The options as a caller wrote them, for messages (paths, never contents)."""
         given = [f"tls_{n}={getattr(self, n)}" for n in ("ca", "cert", "key", "server_name")]

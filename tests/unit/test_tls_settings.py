@@ -204,3 +204,15 @@ def test_the_servers_token_policy_does_not_show_its_token():
     from input_server.serving.auth import TokenPolicy
 
     assert "s3cret" not in repr(TokenPolicy(b"s3cret", tcp=True))
+
+
+def test_keywords_are_the_inverse_of_of():
+    given = {
+        "tls": True,
+        "tls_ca": "ca.pem",
+        "tls_cert": "c.pem",
+        "tls_key": "k.pem",
+        "tls_server_name": "x.test",
+    }
+    assert TlsSettings.of(**given).keywords() == given
+    assert TlsSettings().keywords()["tls"] is False

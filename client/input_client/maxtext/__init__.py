@@ -154,17 +154,6 @@ def split_servers(value: str) -> list[str]:
     return [a.strip() for a in value.split(",")]
 
 
-def _client_tls(tls: TlsSettings) -> dict[str, Any]:
-    """`InputClient`'s keyword arguments for `tls`."""
-    return {
-        "tls": tls.enabled,
-        "tls_ca": tls.ca,
-        "tls_cert": tls.cert,
-        "tls_key": tls.key,
-        "tls_server_name": tls.server_name,
-    }
-
-
 def install(
     server: str,
     spec: PipelineSpec | str | None = None,
@@ -224,7 +213,7 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
         _settings.server,
         token=_settings.token,
         connect_timeout_s=_settings.connect_timeout_s,
-        **_client_tls(_settings.tls),
+        **_settings.tls.keywords(),
     )
     client.wait_ready()  # a missing server or another wire protocol, said before anything else
     if spec.tokenizer.model:
