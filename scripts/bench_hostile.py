@@ -40,36 +40,10 @@ from input_client.proto import pb  # noqa: E402
 from input_client.wire import PROTOCOL_VERSION  # noqa: E402
 from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece  # noqa: E402
 from input_server.tools.report import emit_json  # noqa: E402
-from tests.support import cli_argv, health, jsonl_bytes, write_bytes  # noqa: E402
+from tests.support import cli_argv, health, jsonl_bytes, memory_cgroup, write_bytes  # noqa: E402
 
 STREAM = "/input_server.v1.InputService/StreamBatches"
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
-
-
-@contextlib.contextmanager
-def memory_cgroup(gb: float):
-    """A memory cgroup of `gb` GB to put a server in, or None where none can be made."""
-    name = f"input-server-bench-{os.getpid()}"
-    for base, limit_file, procs in [
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "cgroup.procs"),  # v1
-        ("/sys/fs/cgroup", "memory.max", "cgroup.procs"),  # v2
-    ]:
-        path = os.path.join(base, name)
-        try:
-            os.mkdir(path)
-        except OSError:
-            continue
-        try:
-            with open(os.path.join(path, limit_file), "w") as f:
-                f.write(str(int(gb * (1 << 30))))
-            yield os.path.join(path, procs)
-            return
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-    yield None
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ client-only process, imports this module too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pathlib
 import queue
@@ -579,3 +580,34 @@ def clean_copy(source, destination) -> pathlib.Path:
         ),
     )
     return pathlib.Path(destination)
+
+
+_CGROUP_NUMBERS = itertools.count()
+
+
+@contextlib.contextmanager
+def memory_cgroup(gb: float):
+    """A memory cgroup of `gb` GB to put a server in (its `cgroup.procs` path: write a child's
+    pid there, as `preexec_fn`, before it execs), or None where none can be made. Tests that
+    could allocate gigabytes run their server in one, so a failure kills it, not the host."""
+    name = f"input-server-{os.getpid()}-{next(_CGROUP_NUMBERS)}"
+    for base, limit_file, procs in [
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "cgroup.procs"),  # v1
+        ("/sys/fs/cgroup", "memory.max", "cgroup.procs"),  # v2
+    ]:
+        path = os.path.join(base, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(int(gb * (1 << 30))))
+            yield os.path.join(path, procs)
+            return
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+    yield None
