@@ -106,8 +106,17 @@ def train_sentencepiece(
     with_pad: bool = True,
     exact_vocab: bool = False,
     num_threads: int = 2,
+    keep_whitespace: bool = False,
+    byte_fallback: bool = False,
+    normalization: str = "nmt_nfkc",
 ) -> str:
     """Trains a small model (sentencepiece's default unigram, or "bpe"); returns its path.
+
+    The defaults are sentencepiece's (NFKC, whitespace runs collapsed, unknown characters
+    to unk), which the demo and the tests' fixture models were made with. `keep_whitespace`,
+    `byte_fallback` and `normalization="identity"` make a model as Llama's and Gemma's are:
+    every space, tab and newline decodes back as it was (a newline or a character the corpus
+    lacks as its UTF-8 bytes).
 
     `with_pad=False` leaves out the pad piece, as Llama 2's model does (`pad_id()` is -1).
     `exact_vocab=True` makes a corpus too small for `vocab_size` an error (sentencepiece's
@@ -133,6 +142,9 @@ def train_sentencepiece(
         shuffle_input_sentence=True,
         num_threads=num_threads,
         hard_vocab_limit=exact_vocab,  # else a small corpus gets the vocabulary it supports
+        normalization_rule_name=normalization,
+        remove_extra_whitespaces=not keep_whitespace,
+        byte_fallback=byte_fallback,
         minloglevel=2,
     )
     return f"{os.fspath(model_prefix)}.model"

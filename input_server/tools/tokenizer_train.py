@@ -1,5 +1,6 @@
 """`input-server tokenizer train`: a sentencepiece model from the user's own corpus, made as
-the server expects it (pad 0, bos 1, eos 2, unk 3; sentencepiece's whitespace defaults)."""
+the server expects it (pad 0, bos 1, eos 2, unk 3), keeping whitespace and falling back to
+bytes as language models' tokenizers do."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import io
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 
 from input_server.data.records import loads_json, text_of
@@ -24,6 +28,11 @@ JSONL = (".jsonl", ".json", ".ndjson")
 # cut at spaces into pieces of at most this many characters (4 bytes each at worst in UTF-8).
 MAX_PIECE_CHARS = 1000
 DEFAULT_VOCAB = 8000  # sentencepiece's own default
+# sentencepiece's normalization rules. "identity" (Llama's, Gemma's) keeps every character,
+# newlines and tabs included; the NFKC ones rewrite compatibility characters, and the nmt_
+# ones also turn newlines and tabs into spaces.
+NORMALIZATIONS = ("identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf")
+PROGRESS_EVERY_S = 10.0  # a line at most this often: a long run is never silent for long
 
 
 class TrainError(InputServerError):
@@ -109,27 +118,68 @@ def pieces(line: str) -> Iterator[str]:
         yield line
 
 
+class _Progress:
+    """Lines on stderr while sentencepiece works (it is silent at the log level we give it,
+    and a large corpus takes minutes): what is being read, then "training… N s"."""
+
+    def __init__(self, every_s: float = PROGRESS_EVERY_S):
+        self.every_s, self.start = every_s, time.monotonic()
+        self._last = self.start
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def say(self, line: str) -> None:
+        print(f"tokenizer train: {line}", file=sys.stderr, flush=True)
+
+    def reading(self, path: str, documents: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self.say(f"reading {path}: {plural(documents, 'document')} so far")
+
+    def training(self, documents: int, lines: int) -> None:
+        """Reading is over: sentencepiece now trains without calling back, so a named daemon
+        thread says it is still at work until `close`."""
+        self.say(f"read {plural(documents, 'document')} ({plural(lines, 'line')}); training…")
+        self._thread = threading.Thread(target=self._tick, name="train-progress", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.say(f"training… {time.monotonic() - self.start:.0f} s")
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 class _Corpus:
     """The training lines of every file, counted; an error while sentencepiece reads is kept
     (sentencepiece would turn it into a RuntimeError quoting a stack) and raised after."""
 
-    def __init__(self, paths: list[str], *, fmt: str, text_field: str):
+    def __init__(self, paths: list[str], *, fmt: str, text_field: str, progress: _Progress):
         self.paths, self.fmt, self.text_field = paths, fmt, text_field
+        self.progress = progress
         self.documents = self.lines = 0
         self.error: Exception | None = None
 
     def __iter__(self) -> Iterator[str]:
         try:
             for path in self.paths:
+                self.progress.say(f"reading {path}")
                 fmt = file_format(path) if self.fmt == "auto" else self.fmt
                 for doc in texts(path, fmt=fmt, text_field=self.text_field):
                     self.documents += 1
+                    self.progress.reading(path, self.documents)
                     for line in doc.splitlines():
                         for piece in pieces(line):
                             self.lines += 1
                             yield piece
         except Exception as e:
             self.error = e
+            return
+        self.progress.training(self.documents, self.lines)
 
 
 def _check_first_records(paths: list[str], fmt: str, text_field: str) -> None:
@@ -169,9 +219,17 @@ def train(
     text_field: str = "text",
     fmt: str = "auto",
     with_pad: bool = True,
+    normalization: str = "identity",
+    keep_whitespace: bool = True,
+    byte_fallback: bool = True,
+    progress_every_s: float = PROGRESS_EVERY_S,
 ) -> dict:
     """Trains a model on `corpora` and writes it to `output` (nothing else: no .vocab file);
     returns what it made, checked by loading it as the server does.
+
+    By default the model keeps text as it was: no normalization, whitespace runs kept, and
+    characters it has no piece for (a newline: the corpus is trained a line at a time) as
+    their UTF-8 bytes, so code and indentation decode back exactly.
 
     Raises:
       DataNotFoundError: a corpus file or the output's folder does not exist.
@@ -190,7 +248,8 @@ def train(
         if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
             raise TrainError(f"-o {output}: is one of the corpus files; name another model file.")
     _check_first_records(corpora, fmt, text_field)
-    corpus = _Corpus(corpora, fmt=fmt, text_field=text_field)
+    progress = _Progress(progress_every_s)
+    corpus = _Corpus(corpora, fmt=fmt, text_field=text_field, progress=progress)
     work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename
     try:
         try:
@@ -202,6 +261,9 @@ def train(
                 with_pad=with_pad,
                 exact_vocab=True,  # the vocabulary asked for, or a clear no
                 num_threads=os.cpu_count() or 1,
+                normalization=normalization,
+                keep_whitespace=keep_whitespace,
+                byte_fallback=byte_fallback,
             )
         except RuntimeError as e:
             if corpus.error is not None:
@@ -215,6 +277,7 @@ def train(
             raise corpus.error
         os.replace(model, output)
     finally:
+        progress.close()
         shutil.rmtree(work, ignore_errors=True)
     tok = Tokenizer(TokenizerSpec(model=os.path.abspath(output)))
     sp = tok.processor()
@@ -229,6 +292,9 @@ def train(
         "documents": corpus.documents,
         "lines": corpus.lines,
         "files": len(corpora),
+        "normalization": normalization,
+        "keep_whitespace": keep_whitespace,
+        "byte_fallback": byte_fallback,
     }
 
 
@@ -284,6 +350,26 @@ def add_parser(sub) -> None:
         action="store_true",
         help="no pad piece (as Llama 2's model): MaxText then pads with -1",
     )
+    p.add_argument(
+        "--normalization",
+        choices=NORMALIZATIONS,
+        default="identity",
+        help="sentencepiece's normalization rule (default identity: text kept as written, as "
+        "Llama's and Gemma's models; nmt_nfkc is sentencepiece's own default, which also turns "
+        "newlines and tabs into spaces)",
+    )
+    p.add_argument(
+        "--collapse-whitespace",
+        action="store_true",
+        help="remove leading, trailing and repeated spaces (sentencepiece's default); without "
+        "it indentation and double spaces decode back as written",
+    )
+    p.add_argument(
+        "--no-byte-fallback",
+        action="store_true",
+        help="map characters the vocabulary lacks (newlines included) to unk instead of their "
+        "UTF-8 bytes (sentencepiece's default); byte fallback needs 256 more pieces",
+    )
     p.set_defaults(run=run_from_args)
 
 
@@ -296,6 +382,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         text_field=args.text_field,
         fmt=args.format,
         with_pad=not args.no_pad,
+        normalization=args.normalization,
+        keep_whitespace=not args.collapse_whitespace,
+        byte_fallback=not args.no_byte_fallback,
     )
     ids = ", ".join(
         f"{k} {made[f'{k}_id']}" for k in ("pad", "bos", "eos", "unk") if made[f"{k}_id"] >= 0
@@ -303,7 +392,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(
         f"wrote {made['model']}: {made['model_type']}, {made['vocab_size']:,} pieces ({ids}), "
         f"from {plural(made['documents'], 'document')} ({plural(made['lines'], 'line')}) in "
-        f"{plural(made['files'], 'file')}"
+        f"{plural(made['files'], 'file')}; {made['normalization']} normalization, "
+        f"whitespace {'kept' if made['keep_whitespace'] else 'collapsed'}, "
+        f"{'byte fallback' if made['byte_fallback'] else 'unknown characters to unk'}"
     )
     print(f'in a spec: [tokenizer] model = "{os.path.abspath(made["model"])}"')
     return 0

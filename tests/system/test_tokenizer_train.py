@@ -83,8 +83,19 @@ def test_a_trained_model_has_the_ids_the_server_expects_and_streams(capsys, tmp_
 def test_bpe_and_no_pad(capsys, tmp_path, docs):
     corpus = _write(docs[:300], tmp_path, "jsonl")
     model = tmp_path / "bpe.model"
+    # Whitespace collapsed as sentencepiece's default: a leading space is then the "▁" the
+    # model adds itself, which is what lets the server grow a cut by the added text alone.
     code, out, err = _train(
-        capsys, corpus, "-o", str(model), "--model-type", "bpe", "--vocab-size", "500", "--no-pad"
+        capsys,
+        corpus,
+        "-o",
+        str(model),
+        "--model-type",
+        "bpe",
+        "--vocab-size",
+        "500",
+        "--no-pad",
+        "--collapse-whitespace",
     )
     assert code == 0, err
     assert "bpe, 500 pieces (bos 1, eos 2, unk 0)" in out
@@ -115,7 +126,10 @@ def test_a_long_line_is_cut_for_sentencepiece_not_skipped(capsys, tmp_path):
     # sentence over 4192 bytes, and would have nothing to train on.
     words = [f"w{i % 997}x" for i in range(8000)]
     corpus = write_jsonl([" ".join(words)], tmp_path / "long.jsonl")
-    code, out, err = _train(capsys, corpus, "-o", str(tmp_path / "m.model"), "--vocab-size", "60")
+    # No byte fallback: its 256 byte pieces would not fit this small vocabulary.
+    code, out, err = _train(
+        capsys, corpus, "-o", str(tmp_path / "m.model"), "--vocab-size", "60", "--no-byte-fallback"
+    )
     assert code == 0, err
     lines = re.search(r"from 1 document \(([\d,]+) lines\)", out)
     assert lines and int(lines.group(1).replace(",", "")) >= 40, out
@@ -126,3 +140,60 @@ def test_help_says_the_defaults(capsys):
         run_main(capsys, "tokenizer", "train", "--help")
     out = capsys.readouterr().out
     assert "pad 0, bos 1, eos 2 and unk 3" in out and "default 8000" in out
+
+
+# What a language model's tokenizer must give back exactly: indentation, newlines, tabs,
+# repeated and trailing spaces, and characters the corpus never had (as UTF-8 bytes).
+WHITESPACE_TEXTS = [
+    "def f(x):\n    return x",
+    "if a:\n\tb = 1\n\n\tc  =  2   ",
+    "  two  leading, three   inside,\ttab\r\n",
+    "caf\u00e9 \u4e2d\u6587 \U0001f600 \u00bd",
+]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_by_default_a_trained_model_decodes_whitespace_and_unseen_characters_back(
+    capsys, tmp_path, docs, model_type
+):
+    code_docs = [
+        "def add(a, b):\n    return a + b",
+        "for i in range(3):\n\tprint(i)  # two spaces",
+    ] * 20
+    corpus = _write(docs[:300] + code_docs, tmp_path, "jsonl")
+    model = tmp_path / "spm.model"
+    code, out, err = _train(
+        capsys, corpus, "-o", str(model), "--vocab-size", "700", "--model-type", model_type
+    )
+    assert code == 0, err
+    assert "identity normalization, whitespace kept, byte fallback" in out
+    # Progress on stderr: what is read, then training (sentencepiece alone is silent).
+    assert f"reading {corpus}" in err and "340 documents" in err and "training" in err, err
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert (sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id()) == (0, 1, 2, 3)
+    for text in WHITESPACE_TEXTS:
+        ids = sp.encode(text)
+        assert sp.unk_id() not in ids, text
+        assert sp.decode(ids) == text
+
+
+def test_flags_give_sentencepiece_defaults_back(capsys, tmp_path, docs):
+    corpus = _write(docs[:300], tmp_path, "jsonl")
+    model = tmp_path / "spm.model"
+    code, out, err = _train(
+        capsys,
+        corpus,
+        "-o",
+        str(model),
+        "--vocab-size",
+        "400",
+        "--normalization",
+        "nmt_nfkc",
+        "--collapse-whitespace",
+        "--no-byte-fallback",
+    )
+    assert code == 0, err
+    assert "nmt_nfkc normalization, whitespace collapsed, unknown characters to unk" in out
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert sp.decode(sp.encode("def f(x):\n    return x")) == "def f(x): return x"
+    assert sp.unk_id() in sp.encode("\U0001f600")
