@@ -16,26 +16,44 @@ document, and padding differs between one document and a batch.
 Loaded models are shared within a process (`_LOADED`): with `tokenizers` 0.23, every
 `Tokenizer` that has encoded once keeps about 0.75 MB after it is dropped (measured: 400 loads
 of a 1,000-token model grew a process by 300 MB; one model encoding 300 groups, by 9 MB), so a
-server that loaded the model for every stream would grow with every stream.
+server that loaded the model for every stream would grow with every stream. One entry per set
+of files: BOS and EOS are added per use (a cached copy per flag pair took 1.5 GB each for a
+110 MB file, three pairs killing a 3 GB server), and the entries are bounded by their estimated
+size (LOAD_BYTES_PER_FILE_BYTE), not only their count.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import threading
 
 import numpy as np
 
+from input_server.data.model_checks import (
+    MAX_NORMALIZER_EXPANSION,
+    expansion_refusal,
+    hf_normalizer_expansion,
+    kind_hint,
+)
 from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
 from input_server.errors import InvalidSpecError, shorten
 
+log = logging.getLogger(__name__)
+
 NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
-# Loaded tokenizers by their files' identity and the BOS/EOS asked for, least recent first.
+# Loaded tokenizers by their files' identity, least recent first: (tokenizer, ids, bytes).
 _LOADED: collections.OrderedDict = collections.OrderedDict()
 _LOADED_LOCK = threading.Lock()
 MAX_LOADED = 8
+# A loaded tokenizer.json takes about 14 x its file in memory (measured in the review: 1.5 GB
+# for a 110 MB file); the estimate errs above it.
+LOAD_BYTES_PER_FILE_BYTE = 16
+# What the loaded models may take together, by that estimate: older ones are dropped past it
+# (a model still used by a stream stays alive through it, then goes).
+MAX_LOADED_BYTES = 2 << 30
 
 
 def _identity(path: str | None) -> tuple | None:
@@ -71,12 +89,18 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         self.sidecars = dict(sidecars or {})
         super().__init__(spec, written=written)
 
+    def _folder(self) -> str:
+        """The folder of the model as written: `model` names the folder, or the file itself
+        (a name ending in .json, or a file not named tokenizer.json)."""
+        names_file = self.written.endswith(".json") or (
+            os.path.basename(self.spec.model) != "tokenizer.json"
+        )
+        return os.path.dirname(self.written) if names_file else self.written
+
     def _json(self, name: str) -> dict:
         if name not in self.sidecars:
             return {}
-        folder = (
-            self.written if not self.written.endswith(".json") else os.path.dirname(self.written)
-        )
+        folder = self._folder()
         shown = shorten(os.path.join(folder, name))
         try:
             with open(self.sidecars[name], encoding="utf-8") as f:
@@ -130,13 +154,12 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         key = (
             _identity(self.spec.model),
             *sorted((n, _identity(p)) for n, p in self.sidecars.items()),
-            self.spec.add_bos,
-            self.spec.add_eos,
         )
         with _LOADED_LOCK:
             if key in _LOADED:
                 _LOADED.move_to_end(key)
-                tok, self._ids = _LOADED[key]
+                tok, self._ids, _ = _LOADED[key]
+                self._warn_unset()
                 return tok
         try:
             tok = self._build()
@@ -144,11 +167,34 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
             raise
         except Exception as e:  # the Rust side raises plain Exception (e.g. a bad template)
             raise self._refuse(f"not a usable Hugging Face tokenizer ({e})") from None
+        size = LOAD_BYTES_PER_FILE_BYTE * sum(
+            os.path.getsize(p) for p in (self.spec.model, *self.sidecars.values())
+        )
         with _LOADED_LOCK:
-            _LOADED[key] = (tok, self._ids)
-            while len(_LOADED) > MAX_LOADED:
+            _LOADED[key] = (tok, self._ids, size)
+            while len(_LOADED) > 1 and (
+                len(_LOADED) > MAX_LOADED or sum(e[2] for e in _LOADED.values()) > MAX_LOADED_BYTES
+            ):
                 _LOADED.popitem(last=False)
+        self._warn_unset()
         return tok
+
+    def _warn_unset(self) -> None:
+        """A flag whose token the model does not name adds nothing, as MaxText's
+        `AutoTokenizer.from_pretrained(add_bos_token=...)` adds nothing (a bare tokenizer.json
+        without tokenizer_config.json names no BOS): said in the log, naming the model, since
+        a trainer expecting a BOS gets none."""
+        for flag, key in (("add_bos", "bos_token"), ("add_eos", "eos_token")):
+            if getattr(self.spec, flag) and self._ids[key] < 0:
+                log.warning(
+                    "`tokenizer.model` %r: `%s = true` adds nothing: the model names no %s "
+                    "(no tokenizer_config.json beside its tokenizer.json, or none set there), "
+                    "as with MaxText's Hugging Face tokenizer; add a tokenizer_config.json "
+                    "naming it to get one.",
+                    shorten(self.written),
+                    flag,
+                    key,
+                )
 
     def _build(self):
         # One core per call: parallelism is Grain's threads and processes, which the tuner
@@ -161,7 +207,9 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         try:
             tok = Tokenizer.from_file(self.spec.model)
         except Exception as e:  # the Rust side raises plain Exception for a bad file
-            raise self._refuse(f"not a Hugging Face tokenizer.json ({e})") from None
+            hint = kind_hint(self.spec.model, "huggingface")
+            raise self._refuse(f"not a Hugging Face tokenizer.json ({e}){hint}") from None
+        self._check_normalizer(tok)
         for what, on in (("padding", tok.padding), ("truncation", tok.truncation)):
             if on:
                 raise self._refuse(
@@ -181,16 +229,27 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         if missing:  # as transformers adds them
             missing = list(dict.fromkeys(missing))
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
-        bos = named["bos_token"] if self.spec.add_bos else None
-        eos = named["eos_token"] if self.spec.add_eos else None
-        single = " ".join([*([f"{bos}:0"] if bos else []), "$A:0", *([f"{eos}:0"] if eos else [])])
+        # transformers replaces the file's post-processor by `[BOS] $A [EOS]` as the flags say;
+        # the BOS and EOS are added per use (`_encode`), so one loaded copy serves every flag.
         tok.post_processor = processors.TemplateProcessing(
-            single=single,
-            pair=f"{single} $B:1",
-            special_tokens=[(t, tok.token_to_id(t)) for t in (bos, eos) if t],
+            single="$A:0", pair="$A:0 $B:1", special_tokens=[]
         )
         self._ids = {k: -1 if t is None else tok.token_to_id(t) for k, t in named.items()}
         return tok
+
+    def _check_normalizer(self, tok) -> None:
+        """Refuses a normalizer that could multiply a document's length past
+        MAX_NORMALIZER_EXPANSION (measured: one replacing each space with 100,000 characters
+        OOM-killed a 3 GB server in 7.7 s), from its description, before any text meets it."""
+        if tok.normalizer is None:
+            return
+        try:
+            node = json.loads(tok.normalizer.__getstate__())
+            factor = hf_normalizer_expansion(node)
+        except ValueError as e:
+            raise self._refuse(f"its normalizer cannot be bounded ({e})") from None
+        if factor > MAX_NORMALIZER_EXPANSION:
+            raise expansion_refusal(self.written, factor, "normalizer")
 
     def info(self) -> IdsInfo:
         tok = self.model()
@@ -205,7 +264,12 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        bos, eos = self._ids["bos_token"], self._ids["eos_token"]
+        head = [bos] if self.spec.add_bos and bos >= 0 else []
+        tail = [eos] if self.spec.add_eos and eos >= 0 else []
+        if not head and not tail:
+            return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        return [np.asarray([*head, *e.ids, *tail], dtype=np.int32) for e in encodings]
 
     def __getstate__(self):
         state = super().__getstate__()

@@ -18,6 +18,7 @@ import re
 
 import numpy as np
 
+from input_server.data.model_checks import kind_hint
 from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
 from input_server.errors import InvalidSpecError, shorten
 
@@ -45,6 +46,13 @@ MAX_RANK = (1 << 31) - RESERVED
 MAX_RUN = 25_000
 # Python's `str.isspace()` and `re`'s `\s` agree on str patterns (both Py_UNICODE_ISSPACE).
 _LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
+
+# The most ranks a file may give, and the longest line: what one DescribeTokenizer may make
+# the server hold is known before it reads (a 209 MB file of 10 M lines was read whole into a
+# dict, then copied by tiktoken). Real files are far below: Llama 3's 128,000 ranks, o200k's
+# 200,000; tokens of at most a few hundred bytes (a line of 1 KB holds a 765-byte token).
+MAX_RANKS = 1 << 20
+MAX_LINE_BYTES = 1024
 
 
 def split_runs(s: str, max_run: int = MAX_RUN):
@@ -79,17 +87,31 @@ def read_ranks(path: str, written: str) -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
     shown = shorten(written)
     with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
+        # A line at a time, each read at most MAX_LINE_BYTES + 1 long: a file with no newline
+        # is never read whole.
+        for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                raise InvalidSpecError(
+                    f"`tokenizer.model` {shown!r}: line {n} is longer than {MAX_LINE_BYTES} "
+                    f"bytes (MAX_LINE_BYTES), which no tiktoken rank line is"
+                    f"{kind_hint(path, 'tiktoken')}."
+                )
             line = line.strip()
             if not line:
                 continue
+            if len(ranks) >= MAX_RANKS:
+                raise InvalidSpecError(
+                    f"`tokenizer.model` {shown!r} gives more than {MAX_RANKS} ranks "
+                    f"(MAX_RANKS, the most the server reads; Llama 3's file gives 128,000)."
+                )
             try:
                 token, rank = line.split()
                 raw, rank = base64.b64decode(token, validate=True), int(rank)
             except (ValueError, binascii.Error):
                 raise InvalidSpecError(
                     f"`tokenizer.model` {shown!r} is not a tiktoken BPE file: line {n} is "
-                    f"{line[:60].decode('ascii', 'replace')!r}, not `base64-token rank`."
+                    f"{line[:60].decode('ascii', 'replace')!r}, not `base64-token rank`"
+                    f"{kind_hint(path, 'tiktoken')}."
                 ) from None
             if not 0 <= rank < MAX_RANK:
                 raise InvalidSpecError(

@@ -9,6 +9,13 @@ import os
 import numpy as np
 
 from input_client.spec import TokenizerSpec
+from input_server.data.model_checks import (
+    MAX_NORMALIZER_EXPANSION,
+    charsmap_expansion,
+    expansion_refusal,
+    kind_hint,
+    model_faults,
+)
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 
@@ -88,8 +95,11 @@ class Tokenizer:
         self.written = spec.model if written is None else written
         self._sp = None
         self.vocab_size = self.processor().vocab_size()
-        self.word_local = self._pieces_are_word_local()
-        self.extendable = self.word_local and self._text_after_a_space_tokenizes_alike()
+        # A damaged model may fail anywhere its pieces are read (a piece that is not UTF-8
+        # raised UnicodeDecodeError here): the model's fault, named, not INTERNAL.
+        with model_faults(self.written, "reading its pieces"):
+            self.word_local = self._pieces_are_word_local()
+            self.extendable = self.word_local and self._text_after_a_space_tokenizes_alike()
         self._chars_per_token = CUT_CHARS_PER_TOKEN
         self._groups_learned = 0
 
@@ -107,15 +117,33 @@ class Tokenizer:
                     f"`tokenizer.model`: the server may not read {shown!r} (permission denied)."
                 ) from e
             sp = spm.SentencePieceProcessor()
-            try:
-                sp.Load(self.spec.model)
-            except (OSError, RuntimeError) as e:
-                why = str(e).replace(self.spec.model, self.written)
-                raise InvalidSpecError(
-                    f"`tokenizer.model` {shown!r} is not a sentencepiece model ({why})."
-                ) from e
+            with model_faults(self.written, "loading"):
+                try:
+                    sp.Load(self.spec.model)
+                except (OSError, RuntimeError) as e:
+                    why = str(e).replace(self.spec.model, self.written)
+                    hint = kind_hint(self.spec.model, "sentencepiece")
+                    raise InvalidSpecError(
+                        f"`tokenizer.model` {shown!r} is not a sentencepiece model ({why}){hint}."
+                    ) from e
+                self._check_normalizers(sp)
             self._sp = sp
         return self._sp
+
+    def _check_normalizers(self, sp) -> None:
+        """Refuses a model whose normalizer (or denormalizer) charsmap could multiply a
+        document's length past MAX_NORMALIZER_EXPANSION, before any document is normalized."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(sp.serialized_model_proto())
+        for where, norm in (
+            ("normalizer", model.normalizer_spec),
+            ("denormalizer", model.denormalizer_spec),
+        ):
+            factor = charsmap_expansion(norm.precompiled_charsmap)
+            if factor > MAX_NORMALIZER_EXPANSION:
+                raise expansion_refusal(self.written, factor, f"{where} (precompiled charsmap)")
 
     def _pieces_are_word_local(self) -> bool:
         """True when no piece spans a word boundary (no "▁" after a piece's first
@@ -164,12 +192,11 @@ class Tokenizer:
         """Tokenizes a sample of the data to learn its characters per token (pickled with the
         tokenizer, so worker processes start from it rather than CUT_CHARS_PER_TOKEN)."""
         sp = self.processor()
-        self._learn(
-            texts,
-            sp.encode(
+        with model_faults(self.written, "tokenizing"):
+            ids = sp.encode(
                 texts, add_bos=self.spec.add_bos, add_eos=self.spec.add_eos, return_type="numpy"
-            ),
-        )
+            )
+        self._learn(texts, ids)
         return self._chars_per_token
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
@@ -200,10 +227,11 @@ class Tokenizer:
             num_threads=num_threads,
             return_type="numpy",
         )
-        if trim_to is None or not self.word_local:
-            ids = encode(texts)
-        else:
-            ids = self._encode_cut(encode, texts, trim_to)
+        with model_faults(self.written, "tokenizing"):
+            if trim_to is None or not self.word_local:
+                ids = encode(texts)
+            else:
+                ids = self._encode_cut(encode, texts, trim_to)
         return group_of(ids, first_doc, trim_to)
 
     def _learn(self, texts: list[str], ids: list[np.ndarray]) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from input_client.spec import TokenizerSpec
+from input_server.data.model_checks import model_faults
 from input_server.data.tokenizer import CUT_CHARS_PER_TOKEN, TokenGroup, group_of
 from input_server.errors import DataNotFoundError, UnreadableError, shorten
 
@@ -42,7 +43,8 @@ class WholeDocumentTokenizer:
 
     def model(self):
         if self._model is None:
-            self._model = self._load()
+            with model_faults(self.written, "loading"):
+                self._model = self._load()
         return self._model
 
     def _open_check(self, path: str, key: str = "tokenizer.model") -> None:
@@ -73,4 +75,7 @@ class WholeDocumentTokenizer:
     ) -> TokenGroup:
         """Tokenizes `texts` whole (`num_threads` is sentencepiece's; the others parallelize
         across Grain's threads); documents longer than `trim_to` keep their first tokens."""
-        return group_of(self._encode(texts), first_doc, trim_to)
+        self.model()  # its own faults say "loading"
+        with model_faults(self.written, "tokenizing"):
+            ids = self._encode(texts)
+        return group_of(ids, first_doc, trim_to)

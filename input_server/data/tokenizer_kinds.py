@@ -14,12 +14,16 @@ import os
 
 from input_client.model_files import HF_FILES
 from input_client.spec import TokenizerSpec
-from input_server.data.hf_tokenizer import HuggingFaceTokenizer
+from input_server.data.hf_tokenizer import (
+    LOAD_BYTES_PER_FILE_BYTE,
+    MAX_LOADED_BYTES,
+    HuggingFaceTokenizer,
+)
 from input_server.data.roots import OPERATOR
 from input_server.data.tiktoken_tokenizer import TiktokenTokenizer
 from input_server.data.tokenizer import Tokenizer
 from input_server.data.tokenizer_base import IdsInfo
-from input_server.errors import DataNotFoundError, InvalidSpecError, shorten
+from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 __all__ = [
     "IdsInfo",
@@ -35,9 +39,17 @@ __all__ = [
 # large Hugging Face tokenizer.json files tens of MB, sentencepiece models a few MB.
 MAX_MODEL_BYTES = 1 << 30
 MAX_CONFIG_BYTES = 16 << 20
+# Kinds whose loaded size is known from the file's: what one load may take is checked before
+# it. A tokenizer.json loads to about 14 x its bytes (hf_tokenizer.LOAD_BYTES_PER_FILE_BYTE),
+# so its file may hold what fills the loaded-model budget; a tiktoken file's ranks are read
+# into a dict and copied by tiktoken (Llama 3's file is 2.2 MB, o200k's 3.6 MB).
+MAX_MODEL_BYTES_OF_KIND = {
+    "huggingface": MAX_LOADED_BYTES // LOAD_BYTES_PER_FILE_BYTE,
+    "tiktoken": 64 << 20,
+}
 
 
-def _bounded(path: str | None, limit: int, written: str) -> str | None:
+def _bounded(path: str | None, limit: int, written: str, why: str = "") -> str | None:
     try:
         size = os.stat(path).st_size if path is not None else 0
     except OSError:  # missing: opening it names it
@@ -45,22 +57,51 @@ def _bounded(path: str | None, limit: int, written: str) -> str | None:
     if size > limit:
         raise InvalidSpecError(
             f"`tokenizer.model` {shorten(written)!r} holds {size} bytes, more than the "
-            f"{limit >> 20} MB a model file may."
+            f"{limit >> 20} MB a model file may{why}."
         )
     return path
+
+
+def _model_limit(kind: str) -> tuple[int, str]:
+    limit = MAX_MODEL_BYTES_OF_KIND.get(kind, MAX_MODEL_BYTES)
+    if kind == "huggingface":
+        return limit, (
+            f" (loaded, it would take about {LOAD_BYTES_PER_FILE_BYTE} x that, past the "
+            f"{MAX_LOADED_BYTES >> 20} MB the server gives loaded models)"
+        )
+    return limit, f" as a {kind} model" if limit != MAX_MODEL_BYTES else ""
+
+
+def _hf_file(access, model: str) -> str:
+    """A Hugging Face `model` as written: the tokenizer.json itself (a name ending in .json,
+    or a regular file of another name), else the folder holding it."""
+    if model.endswith(".json"):
+        return model
+    try:
+        found = access.file(model, "tokenizer.model")
+    except (DataNotFoundError, UnreadableError):  # a folder, or nothing: the folder's file
+        return os.path.join(model, "tokenizer.json")
+    return model if os.path.isfile(found) else os.path.join(model, "tokenizer.json")
 
 
 def resolve_model(access, spec: TokenizerSpec) -> tuple[str, dict[str, str]]:
     """The files a spec's model is read from, checked against the data roots: the model file
     and, for Hugging Face, the files beside its `tokenizer.json` that name its tokens
-    (`input_client.model_files.HF_FILES`), those that exist. A Hugging Face `model` that does
-    not end in `.json` is a folder, as MaxText's `tokenizer_path` is."""
+    (`input_client.model_files.HF_FILES`), those that exist. A Hugging Face `model` is its
+    tokenizer.json file, or the folder holding it, as MaxText's `tokenizer_path` is."""
     model = spec.model
+    limit, why = _model_limit(spec.kind)
     if spec.kind != "huggingface":
-        return _bounded(access.file(model, "tokenizer.model"), MAX_MODEL_BYTES, model), {}
-    if not model.endswith(".json"):
-        model = os.path.join(model, "tokenizer.json")
-    path = _bounded(access.file(model, "tokenizer.model"), MAX_MODEL_BYTES, model)
+        return _bounded(access.file(model, "tokenizer.model"), limit, model, why), {}
+    model = _hf_file(access, model)
+    try:
+        found = access.file(model, "tokenizer.model")
+    except DataNotFoundError as e:
+        raise DataNotFoundError(
+            f"{str(e).rstrip('.')}: a Hugging Face `tokenizer.model` is the folder holding "
+            f"tokenizer.json (as MaxText's `tokenizer_path`) or the tokenizer.json file itself."
+        ) from None
+    path = _bounded(found, limit, model, why)
     sidecars = {}
     for name in HF_FILES[1:]:
         written = os.path.join(os.path.dirname(model), name)

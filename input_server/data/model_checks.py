@@ -1,0 +1,165 @@
+"""What a model file may cost and what its faults become: any failure while loading or using a
+model is INVALID_ARGUMENT naming the model file, a normalizer that could multiply a document's
+length is refused at load, and a file given under the wrong kind is named by the kind it looks
+like.
+
+A model inside a data root may come from anywhere (a downloaded tokenizer), and one request
+loads it: its cost must be known before the work, not found out by the server's memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import re
+import struct
+
+from input_server.errors import InputServerError, InvalidSpecError, shorten
+
+# The most characters a model's normalizer may make of one character of a document. Real ones
+# stay far below: NFKC's longest is 18 (U+FDFA), sentencepiece's nmt_nfkc charsmap 18, a Bert
+# normalizer 9, Llama's Prepend + Replace 4. A hostile one mapping "e" to 20,000 characters
+# (measured: a 36 KB sentencepiece model, a server OOM-killed in 20 s) is refused by it.
+MAX_NORMALIZER_EXPANSION = 256
+
+# Worst characters out per character in, by Hugging Face normalizer type (Unicode's stated
+# bounds: NFKD/NFKC 18, NFD/NFC 4 with composition; full lowercasing 3; Bert's CJK spacing 3
+# times lowercasing 3; ByteLevel one character per UTF-8 byte, at most 4).
+_HF_FACTORS = {
+    "NFKC": 18,
+    "NFKD": 18,
+    "NFC": 4,
+    "NFD": 4,
+    "Lowercase": 3,
+    "BertNormalizer": 9,
+    "ByteLevel": 4,
+    "Strip": 1,
+    "StripAccents": 1,
+    "Nmt": 1,
+}
+
+# Errors an interpreter must keep: a stop asked for, not a model's fault.
+_NOT_THE_MODEL = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
+
+
+def model_error(written: str, doing: str, e: BaseException) -> InvalidSpecError:
+    """A model's fault in words naming its file (`written`: as the client wrote it)."""
+    why = f"{type(e).__name__}: {e}".strip()
+    return InvalidSpecError(
+        f"`tokenizer.model` {shorten(written)!r} failed while {doing} ({shorten(why, 300)}); "
+        f"the model file is damaged or hostile: replace it."
+    )
+
+
+@contextlib.contextmanager
+def model_faults(written: str, doing: str):
+    """Turns any failure of a model's own code into INVALID_ARGUMENT naming the model.
+
+    Deliberately catches BaseException: the Rust libraries' panics (pyo3's PanicException,
+    e.g. Oniguruma's "retry-limit-in-match over" on a catastrophic pre-tokenizer regex) derive
+    from it, and would otherwise reach a client as INTERNAL. The project's own errors keep
+    their status; a stop (KeyboardInterrupt, SystemExit) or MemoryError passes through.
+    """
+    try:
+        yield
+    except InputServerError:
+        raise
+    except _NOT_THE_MODEL:
+        raise
+    except BaseException as e:  # noqa: BLE001 - see the docstring: panics are BaseException
+        raise model_error(written, doing, e) from None
+
+
+def charsmap_expansion(blob: bytes) -> int:
+    """The most characters a precompiled charsmap (sentencepiece's, and Hugging Face's
+    `Precompiled` normalizer) makes of one match: the longest of its normalized strings, which
+    follow its double-array trie (`uint32 trie bytes, trie, NUL-separated strings`). A match
+    consumes at least one character, so this bounds the normalized length per character."""
+    if len(blob) < 4:
+        return 1
+    (trie_bytes,) = struct.unpack("<I", blob[:4])
+    strings = blob[4 + trie_bytes :]
+    return max([1, *(len(s.decode("utf-8", "replace")) for s in strings.split(b"\0"))])
+
+
+def hf_normalizer_expansion(node) -> int:
+    """An upper bound on the characters a Hugging Face normalizer (its `tokenizer.json` entry)
+    makes of one character: a Sequence multiplies its members'. Raises ValueError naming a
+    type it does not know (whose cost is unknown)."""
+    if node is None:
+        return 1
+    if not isinstance(node, dict):
+        raise ValueError(f"a normalizer that is not an object ({type(node).__name__})")
+    kind = node.get("type")
+    if kind == "Sequence":
+        total = 1
+        for member in node.get("normalizers") or []:
+            total *= hf_normalizer_expansion(member)
+            if total > MAX_NORMALIZER_EXPANSION:  # enough to refuse; no huge products
+                return total
+        return total
+    if kind == "Replace":
+        # A pattern that matches the empty string inserts `content` at every character.
+        return 1 + len(str(node.get("content", "")))
+    if kind == "Prepend":
+        return 1 + len(str(node.get("prepend", "")))
+    if kind == "Precompiled":
+        try:
+            blob = base64.b64decode(node.get("precompiled_charsmap") or b"", validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise ValueError("a Precompiled normalizer whose charsmap is not base64") from None
+        return charsmap_expansion(blob)
+    if kind in _HF_FACTORS:
+        return _HF_FACTORS[kind]
+    raise ValueError(f"a normalizer of unknown type {kind!r}")
+
+
+def expansion_refusal(written: str, factor: int, where: str) -> InvalidSpecError:
+    return InvalidSpecError(
+        f"`tokenizer.model` {shorten(written)!r}: its {where} can make up to {factor} "
+        f"characters of one character of a document, more than the {MAX_NORMALIZER_EXPANSION} "
+        f"the server allows (MAX_NORMALIZER_EXPANSION): a document would grow past any memory "
+        f"budget; use a model with a usual normalizer."
+    )
+
+
+_TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} [0-9]+\r?$")
+
+
+def looks_like(path: str) -> str | None:
+    """The kind of model the file's first bytes look like, or None: a Hugging Face
+    `tokenizer.json` (a JSON object), tiktoken ranks (`base64 rank` lines), or a sentencepiece
+    model (a ModelProto: field 1, the pieces, length-delimited, each opening with its piece)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    text = head.lstrip()
+    if text.startswith(b"{"):
+        return "huggingface"
+    first = text.split(b"\n", 1)[0]
+    if _TIKTOKEN_LINE.match(first):
+        return "tiktoken"
+    if head[:1] == b"\x0a":
+        # A varint length, then the SentencePiece message's own field 1 (the piece).
+        i = 1
+        while i < min(len(head), 6) and head[i] & 0x80:
+            i += 1
+        if i + 1 < len(head) and head[i + 1 : i + 2] == b"\x0a":
+            return "sentencepiece"
+    return None
+
+
+def kind_hint(path: str, kind: str) -> str:
+    """`; this looks like …: set kind = "…"` when the file looks like another kind's model."""
+    found = looks_like(path)
+    if found is None or found == kind:
+        return ""
+    what = {
+        "huggingface": 'a Hugging Face tokenizer.json: set `kind = "huggingface"`',
+        "tiktoken": 'a tiktoken ranks file: set `kind = "tiktoken"`',
+        "sentencepiece": 'a sentencepiece model: set `kind = "sentencepiece"` (the default)',
+    }[found]
+    return f"; this looks like {what}"
