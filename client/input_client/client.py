@@ -11,6 +11,7 @@ import grpc
 
 from input_client import addresses
 from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
+from input_client._server_checks import BadBatch, Expected, expected_of
 from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.errors import StreamError
 from input_client.fanin import ORDERS, STATE_KEY, FanInIterator, fan_in
@@ -19,7 +20,7 @@ from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
 from input_client.tls import TlsSettings, open_channel, refuse_token_in_the_clear
 from input_client.tls_diagnosis import DIAGNOSIS_TIMEOUT_S, diagnose, wait_diagnosing
-from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION, is_resume_state
+from input_client.wire import PROTOCOL_VERSION, client_message_options, is_resume_state
 
 
 class InputClient:
@@ -127,11 +128,17 @@ class InputClient:
         )
         if token is not None and not self._tls.enabled:
             refuse_token_in_the_clear(address)
-        # One channel per server address, TLS or not, made in one place.
-        self._channel = open_channel(address, self._tls, MESSAGE_OPTIONS + RECONNECT_OPTIONS)
-        if token is not None:
-            self._channel = grpc.intercept_channel(self._channel, TokenInterceptor(token))
+        self._token = token
+        self._channel = self._open_channel(client_message_options())
         self._stub = pb_grpc.InputServiceStub(self._channel)
+
+    def _open_channel(self, message_options: list[tuple[str, int]]) -> grpc.Channel:
+        """A channel to this client's server, TLS or not, with its token: made in one place
+        for the unary calls and for each stream (whose receive limit its spec sizes)."""
+        channel = open_channel(self.address, self._tls, message_options + RECONNECT_OPTIONS)
+        if self._token is not None:
+            channel = grpc.intercept_channel(channel, TokenInterceptor(self._token))
+        return channel
 
     @property
     def connect_timeout_s(self) -> float:
@@ -160,6 +167,11 @@ class InputClient:
             for m in self.members:  # each at least a second: a late one is named fairly
                 m.wait_ready(max(1.0, deadline - time.monotonic()))
             return
+        self._ready_info(timeout_s)
+
+    def _ready_info(self, timeout_s: float | None = None) -> pb.GetInfoResponse:
+        """`wait_ready` for one server, returning its info (its named pipelines' specs)."""
+        timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
         try:
             info = self._get_info(timeout_s)
         except grpc.RpcError as e:
@@ -177,6 +189,7 @@ class InputClient:
                 ) from None
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)
+        return info
 
     def _get_info(self, timeout_s: float) -> pb.GetInfoResponse:
         """GetInfo once the server is reachable, within `timeout_s`: a cheap call that waits
@@ -339,8 +352,16 @@ class InputClient:
                 f"({self.address}): resuming with another number of servers is refused, since "
                 f"server j of N reads sub-shard j of N. Resume with all {servers} servers."
             )
-        self.wait_ready()
-        return self._stream(spec, state=state, **options)
+        info = self._ready_info()
+        if isinstance(spec, str) and spec not in info.pipelines:
+            known = ", ".join(sorted(info.pipelines))[:200] or "none configured"
+            raise StreamError(
+                grpc.StatusCode.NOT_FOUND,
+                f"`pipeline_name`: no pipeline {spec[:100]!r} on the server at "
+                f"{self.address!r} (known: {known}).",
+            )
+        named = info.pipelines[spec] if isinstance(spec, str) else None
+        return self._stream(spec, state=state, named=named, **options)
 
     def _stream(
         self,
@@ -351,24 +372,49 @@ class InputClient:
         sharding: Any,
         reconnect_deadline_s: float,
         on_item: Any = None,
+        named: pb.PipelineSpec | None = None,
     ) -> BatchIterator:
-        """The stream of `spec` from this one server (arguments checked, server ready)."""
+        """The stream of `spec` from this one server (arguments checked, server ready);
+        `named`: the spec of the server's pipeline `spec` names, as its info gave it.
+
+        The stream has a channel of its own, whose receive limit the spec's batch shape sizes
+        (`_server_checks.Expected`): a server's oversized message is refused before the
+        client allocates it.
+        """
         request = pb.StreamBatchesRequest(protocol_version=PROTOCOL_VERSION)
         if isinstance(spec, str):
             request.pipeline_name = spec
         else:
             request.spec.CopyFrom(spec.to_proto())
-        return BatchIterator(
-            self._stub,
-            self.address,
-            request,
-            state=state,
-            prefetch=prefetch,
-            sharding=sharding,
-            reconnect_deadline_s=reconnect_deadline_s,
-            diagnose=self._diagnose,
-            on_item=on_item,
-        )
+        expected = self._expected(request.spec if named is None else named, spec)
+        channel = self._open_channel(client_message_options(expected.receive_limit))
+        try:
+            return BatchIterator(
+                pb_grpc.InputServiceStub(channel),
+                self.address,
+                request,
+                state=state,
+                prefetch=prefetch,
+                sharding=sharding,
+                expected=expected,
+                reconnect_deadline_s=reconnect_deadline_s,
+                diagnose=self._diagnose,
+                on_item=on_item,
+                on_close=channel.close,
+            )
+        except BaseException:
+            channel.close()
+            raise
+
+    def _expected(self, proto: pb.PipelineSpec, spec: PipelineSpec | str) -> Expected:
+        try:
+            return expected_of(proto)
+        except BadBatch as e:  # a named pipeline the server describes without a shape
+            raise StreamError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the server at {self.address!r} describes {e} for {spec!r}: no batches of "
+                f"it can be checked.",
+            ) from None
 
     def close(self) -> None:
         for m in self.members:

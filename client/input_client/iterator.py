@@ -12,18 +12,20 @@ from typing import Any
 import grpc
 
 from input_client._reconnect import Outage, check_protocol
+from input_client._server_checks import (
+    BadBatch,
+    Expected,
+    check_message,
+    checked_state,
+    decode_checked,
+)
 from input_client._slow_start import what_the_server_does
 from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.tls_diagnosis import wait_diagnosing
-from input_client.wire import (
-    batches_of,
-    decode_batch,
-    decode_state,
-    encode_state,
-)
+from input_client.wire import batches_of, decode_state, encode_state
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,16 @@ class BatchIterator:
         state: dict[str, Any] | None,
         prefetch: int,
         sharding: Any,
+        expected: Expected,
         reconnect_deadline_s: float = 0.0,
         on_item: Callable[[], None] | None = None,
         diagnose: Callable[[float], str | None] | None = None,
+        on_close: Callable[[], None] | None = None,
     ):
-        self._stub = stub  # the InputClient's InputServiceStub
+        self._stub = stub  # an InputServiceStub on the stream's own channel
+        # What every batch is checked against before the loop sees it (a server is not trusted).
+        self._expected = expected
+        self._on_close = on_close or (lambda: None)  # closes the stream's channel
         # Why the server cannot be reached when a TLS handshake tells (`tls_diagnosis.diagnose`): a
         # server restarted with another certificate would otherwise look merely gone.
         self._diagnose = diagnose or (lambda timeout_s: None)
@@ -138,25 +145,32 @@ class BatchIterator:
                     self._outage.ended(seq)
                     self.reconnects += 1
                     self._outage = None
+                self._check(check_message, message)
                 for msg in batches_of(message):
                     if msg.end_of_data:
                         put((_END, msg.sequence_number, None, 0, None))
                         return None
-                    arrays = self._place(decode_batch(msg.tensors))
+                    arrays = self._check(decode_checked, msg, self._expected)
+                    state = self._check(checked_state, msg, self._expected)
                     if not put(
-                        (
-                            arrays,
-                            msg.sequence_number,
-                            decode_state(msg.state),
-                            msg.num_tokens,
-                            taken,
-                        )
+                        (self._place(arrays), msg.sequence_number, state, msg.num_tokens, taken)
                     ):
                         return None
                     self._resume = msg.state
         except grpc.RpcError as e:
             if self._stop.is_set():
                 return None
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(
+                e.details()
+            ):  # this client's receive limit, not the server's caps: no retry can cure it
+                raise StreamError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the server at {self._address!r} sent a message over this client's "
+                    f"receive limit of {self._expected.receive_limit} bytes ({e.details()}); "
+                    f"a batch of {self._expected.shape()} and its state need far less: refused "
+                    f"before reading it. A faulty server, or not an input server of this "
+                    f"release.",
+                ) from None
             return StreamError(e.code(), e.details())
         finally:
             if taken is not None:
@@ -169,6 +183,21 @@ class BatchIterator:
         return StreamError(
             grpc.StatusCode.UNAVAILABLE, "the stream ended without its end-of-data marker."
         )
+
+    def _check(self, check: Callable[..., Any], msg: Any, *args: Any) -> Any:
+        """`check(msg, *args)`, its `BadBatch` as a `StreamError` (DATA_LOSS) naming the server:
+        data no retry from the same server can cure."""
+        try:
+            return check(msg, *args)
+        except BadBatch as e:
+            which = f"batch {msg.sequence_number}" if msg.tensors else "a message"
+            raise StreamError(
+                grpc.StatusCode.DATA_LOSS,
+                f"the server at {self._address!r} sent {which} that does not fit this "
+                f"stream's spec (batches of {self._expected.shape()}): {e}. Refused before the "
+                f"training loop saw it: a faulty server, or not an input server of this "
+                f"release.",
+            ) from None
 
     def _fetch(self, put: Callable[[tuple], bool]) -> None:
         """The fetch thread: streams, and reopens broken streams; raises when it gives up
@@ -303,6 +332,7 @@ class BatchIterator:
             self._stop.set()
             self._call.cancel()
         self._fetcher.close(timeout=10)  # also frees prefetched batches now
+        self._on_close()
 
     def __enter__(self) -> BatchIterator:
         return self

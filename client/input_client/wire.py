@@ -61,6 +61,22 @@ UINT16_VOCAB = 1 << 16
 # Batches can be tens of MB (256 x 8192 x six int32 arrays is ~50 MB); gRPC's 4 MiB default
 # receive limit would refuse them. Both sides' channels and servers use these options.
 MESSAGE_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# The most batches one message carries (`Batch.following`; the server's `serving/coalesce.py`):
+# a client sizes its receive limit by it.
+MAX_BATCHES_PER_MESSAGE = 16
+# A client's unary calls (GetInfo, DescribeTokenizer) answer in a few KB; a server's info with
+# many named pipelines of large mixtures stays far below this. Streams get their own channel,
+# whose limit is sized from the spec (`_server_checks.Expected.receive_limit`).
+CLIENT_RECEIVE_LIMIT = 64 << 20
+
+
+def client_message_options(receive_limit: int = CLIENT_RECEIVE_LIMIT) -> list[tuple[str, int]]:
+    """A client channel's message options: it sends what it must, and receives no more than
+    `receive_limit` bytes a message (a server is not trusted with the client's memory)."""
+    return [
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_receive_message_length", receive_limit),
+    ]
 
 
 def narrow_ids(inputs: np.ndarray, vocab_size: int | None) -> np.ndarray:

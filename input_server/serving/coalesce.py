@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from input_client.proto import pb
-from input_client.wire import encode_tensors
+from input_client.wire import MAX_BATCHES_PER_MESSAGE, encode_tensors
 
 MESSAGE_TOKENS = 1 << 18
-MAX_BATCHES_PER_MESSAGE = 16
 COALESCE_WAIT_S = 0.02
 
 # A queued batch: its message (sequence number, state; no tensors yet) and its wire arrays.

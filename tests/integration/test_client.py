@@ -121,7 +121,11 @@ class _MisnumberingServicer(pb_grpc.InputServiceServicer):
         self.seqs = seqs
 
     def GetInfo(self, request, context):
-        return pb.GetInfoResponse(server_version="test", protocol_version=PROTOCOL_VERSION)
+        # The client checks batches against the named pipeline's shape, as the info gives it.
+        spec = pb.PipelineSpec(batch=pb.BatchShape(size=1, seq_len=4))
+        return pb.GetInfoResponse(
+            server_version="test", protocol_version=PROTOCOL_VERSION, pipelines={"any": spec}
+        )
 
     def StreamBatches(self, request, context):
         batch = PackedBatch(
