@@ -165,7 +165,7 @@ def test_the_mixture_config_names_components_by_its_keys(model, tmp_path):
     ],
 )
 def test_each_grain_file_type_is_its_source_format(model, file_type, want):
-    source = _train(model, grain_file_type=file_type).source.to_dict()
+    source = _train(model, grain_file_type=file_type, grain_train_files="/d/t-*").source.to_dict()
     assert {k: source[k] for k in want} == want
     if file_type != "arrayrecord":
         assert source["record_format"] == "json"  # the default, not read for these formats
@@ -302,6 +302,37 @@ def test_tfrecord_files_from_maxtexts_tfds_layout(model):
 )
 def test_what_the_server_cannot_honour_is_refused_by_key_and_value(model, over, needles):
     _refused(model, *needles, **over)
+
+
+@pytest.mark.parametrize(
+    ("over", "needles"),
+    [
+        ({"grain_train_files": "/d/*.jsonl"}, ("'/d/*.jsonl' names JSON lines", "--spec")),
+        ({"grain_train_files": "/d/a.jsonl.zst"}, ("JSON lines", "Parquet")),
+        ({"grain_train_files": "/d/*.txt"}, ("plain-text", "--spec")),
+        ({"grain_train_files": "/d/a*.array_record,1;/d/b*.jsonl,1"}, ("'/d/b*.jsonl'",)),
+        ({"grain_train_files": "/d/*.parquet"}, ("Parquet files", "grain_file_type=parquet")),
+        (
+            {"grain_train_files": "/d/*.array_record", "grain_file_type": "parquet"},
+            ("ArrayRecord files but grain_file_type is 'parquet'", "=arrayrecord"),
+        ),
+        (
+            {"grain_train_files": "/d/x-train.tfrecord-*", "grain_file_type": "parquet"},
+            ("TFRecord files", "grain_file_type=tfrecord"),
+        ),
+    ],
+)
+def test_files_of_a_format_grain_file_type_cannot_read_are_refused(model, over, needles):
+    # Read as the wrong format they would fail only at the first batch (DATA_LOSS).
+    _refused(model, "`grain_train_files`", *needles, **over)
+    # Names that say no format, or the one grain_file_type reads, pass.
+    for files, file_type in [
+        ("/d/train-*", "arrayrecord"),
+        ("/d/*.array_record-*", "arrayrecord"),
+        ("/d/*.parquet", "parquet"),
+        ("/d/*.tfrecord*", "tfrecord"),
+    ]:
+        _train(model, grain_train_files=files, grain_file_type=file_type)
 
 
 def test_a_mixture_config_that_cannot_be_read_is_refused_naming_it(model, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,16 @@ FILE_TYPES = {
     "parquet": {"format": "parquet"},
     "tfrecord": {"format": "tfrecord"},
 }
+# The format a file name says, by the names MaxText's, TFDS's (`x-train.tfrecord-00000-of-00008`)
+# and the server's files take; a pattern's trailing `*` is part of the name.
+_NAMED = (
+    (re.compile(r"\.(jsonl|ndjson)(\.(gz|zst))?\*?$"), "jsonl", "JSON lines"),
+    (re.compile(r"\.json(\.(gz|zst))?\*?$"), "jsonl", "JSON"),
+    (re.compile(r"\.txt(\.(gz|zst))?\*?$"), "text", "plain-text"),
+    (re.compile(r"\.parquet\*?$"), "parquet", "Parquet"),
+    (re.compile(r"\.tfrecords?(-[^/]*|\*)?$"), "tfrecord", "TFRecord"),
+    (re.compile(r"\.array_?records?(-[^/]*|\*)?$"), "arrayrecord", "ArrayRecord"),
+)
 LOCAL_ONLY = (
     "is not a local path: the server reads files inside its data roots; mount the storage "
     "(e.g. gcsfuse) and name the local path"
@@ -74,6 +85,8 @@ def _spec(config: Any, *, which: str, process_count: int) -> PipelineSpec:
     tokenized = tokenizes(config, which)
     field = {"text_field" if tokenized else "token_field": str(columns[0])}
     components, origin = _components(config, which=which, file_type=file_type)
+    for _, pattern, _ in components:
+        check_file_names(origin, pattern, file_type)
     sources = [
         {
             "paths": [_local(pattern, origin)],
@@ -119,6 +132,38 @@ _ORIGINS = {
     "model": "tokenizer_path",
     "kind": "tokenizer_type",
 }
+
+
+def named_format(pattern: str) -> tuple[str, str] | None:
+    """(format, what) the file names of `pattern` say by their extension, or None."""
+    name = pattern.rsplit("/", 1)[-1].lower()
+    return next(((f, what) for regex, f, what in _NAMED if regex.search(name)), None)
+
+
+def check_file_names(key: str, pattern: str, file_type: str | None) -> None:
+    """Refuses a pattern whose file names say files that `grain_file_type` (None where not
+    known) cannot read: read as the wrong format, they would fail as `DATA_LOSS` only at the
+    first batch, after MaxText's whole set-up.
+
+    Raises:
+      MaxTextConfigError: naming the key, the pattern and the way out.
+    """
+    named = named_format(pattern)
+    if named is None:
+        return
+    found, what = named
+    if found in ("jsonl", "text"):  # no grain_file_type of MaxText's reads them
+        raise MaxTextConfigError(
+            f"MaxText's `{key}` {pattern!r} names {what} files, which no grain_file_type of "
+            f"MaxText's reads (arrayrecord, parquet, tfrecord); give the launcher --spec "
+            f"SPEC.toml whose [source] names them (README, 'Bring your own data'), or convert "
+            f"them to Parquet (grain_file_type=parquet) or ArrayRecord."
+        )
+    if file_type is not None and found != file_type:
+        raise MaxTextConfigError(
+            f"MaxText's `{key}` {pattern!r} names {what} files but grain_file_type is "
+            f"{file_type!r} (arrayrecord when not given); add grain_file_type={found}."
+        )
 
 
 def _order(config: Any, which: str) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 python -m input_client.maxtext.train --server ADDRESS[,ADDRESS...] [--order arrival]
     [--spec SPEC.toml] [--eval-spec SPEC.toml] [--token-file FILE] [--tls] [--tls-ca FILE]
     [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME] [<base.yml>] key=value ...
+    [-- MaxText's absl flags]
 
-Everything after the adapter's own flags goes to `maxtext.trainers.pre_train.train`. Without
+The launcher's own options may come anywhere; the rest (in order, and all after `--`) goes to
+`maxtext.trainers.pre_train.train`. Without
 `--spec`, MaxText's own data keys (`grain_train_files`, `grain_file_type`, `tokenizer_path`,
 `packing`, ...) say what the server streams (`input_client.maxtext.derive`), so the arguments go
 through unchanged but for `dataset_type=grain`, added when missing: MaxText checkpoints a data
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import Any, NoReturn
 
 from input_client.errors import InputClientError
-from input_client.maxtext import MaxTextConfigError, MaxTextHookError, install
+from input_client.maxtext import MaxTextConfigError, MaxTextHookError, derive, install
 from input_client.maxtext._hook import trainer_module
 from input_client.maxtext.source import failures
 from input_client.spec import PipelineSpec, SpecError
@@ -47,7 +51,8 @@ def maxtext_argv(args: list[str], *, train_spec: bool, eval_spec: bool) -> list[
     `eval_spec`) or without spec files.
 
     Raises:
-      ValueError: they ask for another dataset type, or, with no config file among them (whose
+      ValueError: they ask for another dataset type, name data files that grain_file_type
+        cannot read (`derive.check_file_names`), or, with no config file among them (whose
         keys the launcher does not read), they name no training data or an `eval_interval` with
         no eval data, where no spec file supplies it.
     """
@@ -64,6 +69,12 @@ def maxtext_argv(args: list[str], *, train_spec: bool, eval_spec: bool) -> list[
             "'a*,0.3;b*,0.7') or grain_train_mixture_config_path=FILE.json, or --spec SPEC.toml."
         )
     interval = _int(keys.get("eval_interval"))
+    _check_file_names(
+        keys,
+        yml=yml,
+        train=not train_spec,
+        evaluate=not eval_spec and ((interval or 0) > 0 or (yml and interval is None)),
+    )
     if not (eval_spec or yml or (interval or 0) <= 0 or any(keys.get(k) for k in EVAL_DATA)):
         raise ValueError(
             f"eval_interval={interval} asks for eval batches but no eval spec was given: give "
@@ -77,10 +88,20 @@ def maxtext_argv(args: list[str], *, train_spec: bool, eval_spec: bool) -> list[
     return [*args, *(f"{k}={v}" for k, v in added if k not in keys)]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse's usage block would bury the one line that says what is wrong.
+        self.exit(2, f"{self.prog}: {message} (--help lists the launcher's options).\n")
+
+
+def _parser() -> _Parser:
+    # No abbreviations: `--s` is refused by name rather than taken for --server or --spec.
+    parser = _Parser(
         prog="python -m input_client.maxtext.train",
-        description="Runs MaxText's pre-training trainer fed by an input server.",
+        description="Runs MaxText's pre-training trainer fed by an input server. The "
+        "launcher's options may come anywhere among MaxText's key=value arguments; arguments "
+        "after `--` go to MaxText as they are (e.g. absl's flags).",
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--server",
@@ -114,10 +135,56 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "maxtext",
-        nargs=argparse.REMAINDER,
+        nargs="*",
         help="MaxText's own arguments: [base.yml] key=value ...",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str], parser: argparse.ArgumentParser | None = None) -> Any:
+    """The launcher's options, found anywhere among MaxText's arguments (`args.maxtext`: those,
+    in their order, and everything after `--` as it is). An option the launcher does not have
+    exits with one line: MaxText's settings are `key=value`, never `--key`."""
+    parser = parser or _parser()
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, unknown = parser.parse_known_intermixed_args(argv[:cut])
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:
+        name = flags[0].split("=", 1)[0]
+        parser.error(
+            f"unknown option {name!r}: MaxText's own settings are key=value without dashes "
+            f"(e.g. steps=20), and flags meant for MaxText's absl go after `--`"
+        )
+    args.maxtext = [*args.maxtext, *unknown, *argv[cut + 1 :]]
+    return args
+
+
+def _check_file_names(keys: dict[str, str], *, yml: bool, train: bool, evaluate: bool) -> None:
+    """The derivation's file-name check, before MaxText's set-up (a minute) rather than after
+    it, for the data files named on the command line that MaxText will read (`train`,
+    `evaluate`). With a config file its grain_file_type is unknown here: then only names no
+    file type reads are refused."""
+    file_type = keys.get("grain_file_type") or (None if yml else "arrayrecord")
+    # A mixture config file is left to the derivation (it is read once MaxText runs).
+    named = []
+    if train and not keys.get("grain_train_mixture_config_path"):
+        named = _patterns("grain_train_files", keys.get("grain_train_files", ""))
+    if evaluate:
+        named += _patterns("grain_eval_files", keys.get("grain_eval_files", ""))
+    for key, pattern in named:
+        derive.check_file_names(key, pattern, file_type)
+
+
+def _patterns(key: str, files: str) -> list[tuple[str, str]]:
+    """(key, pattern) of each pattern a `grain_*_files` value names ('a*,0.3;b*,0.7' two)."""
+    if ";" not in files:
+        return [(key, files)] if files else []
+    return [(key, part.rsplit(",", 1)[0]) for part in files.split(";")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    args = parse_args(sys.argv[1:] if argv is None else argv, parser)
     os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")  # MaxText's switch for hosts off GCP
     try:
         spec = PipelineSpec.from_toml(args.spec) if args.spec else None
