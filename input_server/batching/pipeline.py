@@ -139,7 +139,7 @@ class Pipeline:
 
     def _set_up(self, spec: PipelineSpec) -> None:
         components = getattr(self.source, "components", None) or [(0, len(self.source))]
-        self.order = order_for(spec, components)
+        self.order = order_for(spec, components, self.access.order_budget)
         self.docs_per_epoch = self.order.per_epoch
         self.specials = None
         if any(s.token_field for s in spec.sources):

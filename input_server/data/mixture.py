@@ -30,7 +30,7 @@ from fractions import Fraction
 import numpy as np
 
 from input_client.spec import MIX_PERIOD
-from input_server.data.order import DocumentOrder
+from input_server.data.order import DocumentOrder, OrderBudget
 from input_server.errors import InvalidSpecError
 
 _FOREVER = np.iinfo(np.int64).max
@@ -222,13 +222,17 @@ def component_seed(seed: int, c: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "little") >> 1
 
 
-def order_for(spec, components: Sequence[tuple[int, int]]) -> DocumentOrder | MixtureOrder:
+def order_for(
+    spec, components: Sequence[tuple[int, int]], budget: OrderBudget | None = None
+) -> DocumentOrder | MixtureOrder:
     """The document order of `spec` over a source whose component c is the records
     `components[c]` (start, count): one source's `DocumentOrder` as it always was, or a
-    mixture of each component's own.
+    mixture of each component's own. Its permutations are computed lazily, so `budget` is
+    checked here, before any is.
 
     Raises:
       InvalidSpecError: a shard holds none of a component's documents.
+      OverBudgetError: its permutations would hold more than `budget` allows.
     """
     shard, o = spec.shard, spec.order
 
@@ -249,11 +253,16 @@ def order_for(spec, components: Sequence[tuple[int, int]]) -> DocumentOrder | Mi
         return order
 
     if not spec.is_mixture:
-        return one(components[0][1], o.seed, "source")
+        order = one(components[0][1], o.seed, "source")
+        if budget is not None:
+            budget.check([order], "")
+        return order
     orders = [
         one(count, component_seed(o.seed, c, s.name), f"source[{c}]")
         for c, (s, (_, count)) in enumerate(zip(spec.sources, components, strict=True))
     ]
+    if budget is not None:
+        budget.check(orders, f" over {len(orders):,} components")
     at = MixPosition(quotas([s.weight for s in spec.sources]))
     return MixtureOrder(orders, [start for start, _ in components], at)
 

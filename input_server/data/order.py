@@ -9,9 +9,49 @@ one numpy call.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from input_server.errors import OverBudgetError
+
 _FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
+# A shuffled epoch's permutation: one int64 a document of the shard.
+BYTES_PER_DOCUMENT = 8
+_MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OrderBudget:
+    """What a stream's document orders may hold, checked before any is computed.
+
+    Attributes:
+      max_bytes: the most all copies of the order may hold together (what the server's
+        --stream-memory-mb leaves after the stream's batches and groups).
+      copies: the processes that each compute the order (the server's, and each worker's).
+      flag_mb: the server's --stream-memory-mb, for the message.
+    """
+
+    max_bytes: int
+    copies: int = 1
+    flag_mb: float = 0.0
+
+    def check(self, orders: list[DocumentOrder], where: str) -> None:
+        """Refuses (RESOURCE_EXHAUSTED) orders that would hold more than `max_bytes`."""
+        each = sum(o.held_bytes() for o in orders)
+        need = each * self.copies
+        if need <= self.max_bytes:
+            return
+        docs = sum(o.per_epoch for o in orders)
+        raise OverBudgetError(
+            f"the stream's document order would hold {need / _MIB:,.0f} MiB ({docs:,} "
+            f"documents a shuffled epoch{where}, {BYTES_PER_DOCUMENT} bytes each, up to two "
+            f"epochs at once, in each of {self.copies} processes), over the "
+            f"{max(0, self.max_bytes) / _MIB:,.0f} MiB the server's --stream-memory-mb "
+            f"{self.flag_mb:g} leaves it; name each file once, use more shards "
+            f"(`shard.count`) or fewer worker processes, or ask the operator for a larger "
+            f"budget."
+        )
 
 
 class DocumentOrder:
@@ -54,14 +94,22 @@ class DocumentOrder:
         """Documents in the stream; a very large number when it repeats forever."""
         return self.per_epoch * self.epochs if self.epochs else _FOREVER
 
+    def held_bytes(self) -> int:
+        """The most its permutations hold at once: none unshuffled, one epoch's when it reads
+        one epoch, else two (`OrderBudget` counts it before any is computed)."""
+        if not self.shuffle:
+            return 0
+        return BYTES_PER_DOCUMENT * self.per_epoch * (1 if self.epochs == 1 else 2)
+
     def _permutation(self, epoch: int) -> np.ndarray:
         perm = self._cache.get(epoch)
         if perm is None:
+            # The oldest goes before the next is computed: at most two held at once.
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
             # Philox keyed by (seed, epoch): the same order in every process and on every resume.
             rng = np.random.Generator(np.random.Philox(key=[self.seed, epoch]))
             perm = rng.permutation(self.per_epoch)
-            if len(self._cache) >= 2:
-                self._cache.pop(min(self._cache))
             self._cache[epoch] = perm
         return perm
 

@@ -23,6 +23,7 @@ import stat
 import time
 
 from input_server import cancel
+from input_server.data.order import OrderBudget
 from input_server.errors import (
     DataNotFoundError,
     InputServerError,
@@ -62,12 +63,15 @@ class DataAccess:
       max_decompressed_bytes: the most the compressed files of every reader in the process
         may expand to in memory, together (`records.DECOMPRESSED`); past it,
         RESOURCE_EXHAUSTED naming the file; None = no cap (and not counted).
+      order_budget: what the stream's shuffled document order may hold (a request's, from the
+        server's --stream-memory-mb: `service`); None = no cap.
     """
 
     roots: tuple[str, ...] | None = None
     max_files: int | None = None
     max_document_bytes: int | None = None
     max_decompressed_bytes: int | None = None
+    order_budget: OrderBudget | None = None
 
     def __post_init__(self):
         if self.roots is not None:

@@ -6,6 +6,7 @@ arrays for pre-tokenized files, over a reader per file (`jsonl`, `columnar`, `tf
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from input_server.errors import (
     InvalidSpecError,
     RecordError,
     UnreadableError,
+    shorten,
 )
 
 
@@ -58,6 +60,22 @@ def open_reader(
     return reader
 
 
+def _refuse_repeats(key: str, files: list[tuple[str, str]]) -> None:
+    """Refuses a component that names one file more than once (by any path or glob): each copy
+    would be read as more documents (40,000 copies of a 20,000-document file are 800 M, whose
+    order alone took a server's memory). More of a file is a mixture component's weight."""
+    counts = collections.Counter(real for real, _ in files)
+    real, times = counts.most_common(1)[0] if counts else ("", 1)
+    if times > 1:
+        names = list(dict.fromkeys(w for r, w in files if r == real))
+        also = f" (as {', '.join(repr(shorten(n)) for n in names[:3])})" if len(names) > 1 else ""
+        raise InvalidSpecError(
+            f"`{key}.paths` name the file {shorten(names[0])!r} {times:,} times{also}; name "
+            f"each file once (for more of one file, give it its own mixture component and a "
+            f"weight)."
+        )
+
+
 class DocumentSource:
     """All documents of all files, in file order: a Grain random-access data source of texts
     (or id arrays). A mixture's components follow one another: component c's records are
@@ -73,13 +91,15 @@ class DocumentSource:
         cls, spec: SourceSpec | Sequence[SourceSpec], access: DataAccess = OPERATOR
     ) -> DocumentSource:
         """Opens every file the spec names (that `access` allows) and checks the first record
-        of each can be read. A file named twice is opened once (its reader shared). Several
+        of each can be read. A component naming a file twice is refused; a file two components
+        name is opened once (its reader shared), each counted in the order's budget. Several
         specs (a mixture's components) are opened one after another; messages name them
         `source[i]`.
 
         Raises:
           DataNotFoundError: a path or glob names no file.
-          InvalidSpecError: the text field is missing from the first record, or nothing to read.
+          InvalidSpecError: the text field is missing from the first record, nothing to read,
+            or a component names one file twice.
           RecordError: a file is not of the format the spec says.
           OverBudgetError: its compressed files would take what the process holds decompressed
             past --max-decompressed-mb.
@@ -124,6 +144,7 @@ class DocumentSource:
         files: list[tuple[str, str]],
         access: DataAccess,
     ) -> list[Reader]:
+        _refuse_repeats(key, files)
         readers = []
         # A file two components read alike is opened once.
         fields = (spec.format, spec.text_field, spec.token_field, spec.record_format)

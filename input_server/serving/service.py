@@ -6,6 +6,7 @@ Every exception a request meets becomes a status in one place (`guards.guard_str
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -25,6 +26,7 @@ from input_server.autotune.tuner import Tuner
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
 from input_server.batching.switching import SwitchingStream
+from input_server.data.order import OrderBudget
 from input_server.data.roots import DataAccess
 from input_server.errors import (
     CancelledError,
@@ -109,7 +111,33 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
         spec = PipelineSpec.from_proto(request.spec)
         self._check_fits(spec)  # before a file is opened
-        return "(request)", Pipeline(spec, self._limits.access)
+        return "(request)", Pipeline(spec, self._access_for(spec))
+
+    def _access_for(self, spec: PipelineSpec) -> DataAccess:
+        """The server's data access for a request of `spec`, with what its batches and groups
+        leave of --stream-memory-mb for its document order (8 bytes a document of its shard,
+        in the server's process and in each worker process: 800 M documents of one file
+        named 40,000 times took a 3 GB server down), checked once its files are counted and
+        before the order is computed."""
+        limit = self._limits.stream_memory_mb
+        if limit == float("inf"):
+            return self._limits.access
+        count = spec.workers.count
+        # "auto" starts in the server's process; its tuning holds its measured worker
+        # processes (each with its copy of the order) within what `_groups_mb` leaves.
+        processes = 0 if count == "auto" else count
+        threads = 1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads
+        used = stream_memory_mb(
+            spec,
+            queue_depth=self._queue_depth,
+            message_tokens=self._message_tokens,
+            processes=processes,
+            threads=threads,
+        )
+        budget = OrderBudget(
+            max_bytes=int((limit - used) * (1 << 20)), copies=1 + processes, flag_mb=limit
+        )
+        return dataclasses.replace(self._limits.access, order_budget=budget)
 
     def _check_fits(self, spec: PipelineSpec) -> None:
         """Refuses a spec over the server's worker cap, or over its memory budget with the
@@ -138,7 +166,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         workers, remembered = self._tuner.start(
             pipeline,
             max_processes=self._processes.free(),
-            max_threads=max(1, int(self._groups_mb(pipeline.spec) / GROUP_MIB)),
+            max_threads=max(1, int(self._groups_mb(pipeline) / GROUP_MIB)),
         )
         got = self._processes.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile: no settled choice
@@ -154,12 +182,16 @@ class InputServicer(pb_grpc.InputServiceServicer):
             )
         return workers, remembered, got
 
-    def _groups_mb(self, spec: PipelineSpec) -> float:
-        """The memory a stream's groups in flight may use: its spec's `ram_budget_mb`, within
-        what the batches leave of the server's budget for a stream."""
+    def _groups_mb(self, pipeline: Pipeline) -> float:
+        """The memory a stream's groups in flight (and worker processes, measured) may use:
+        its spec's `ram_budget_mb`, within what the batches and the server's copy of its
+        document order leave of the server's budget for a stream."""
+        spec = pipeline.spec
+        order_mb = _order_bytes(pipeline) / (1 << 20)
         return min(
             spec.workers.ram_budget_mb,
             self._limits.stream_memory_mb
+            - order_mb
             - stream_memory_mb(
                 spec,
                 queue_depth=self._queue_depth,
@@ -186,7 +218,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             default_threads=default_threads,
             target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
-            ram_budget_mb=self._groups_mb(pipeline.spec),
+            ram_budget_mb=self._groups_mb(pipeline),
             tune_seconds=float(w.tune_seconds),
             remembered=remembered,
             mb_per_worker=GROUP_MIB,
@@ -363,6 +395,13 @@ class InputServicer(pb_grpc.InputServiceServicer):
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
             streams=[*setting_up, *(stream_info(*s) for s in sessions)],
         )
+
+
+def _order_bytes(pipeline: Pipeline) -> int:
+    """What one process's copy of the pipeline's document order holds at most."""
+    order = getattr(pipeline, "order", None)
+    orders = getattr(order, "components", None) or ([order] if order is not None else [])
+    return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))
 
 
 def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
