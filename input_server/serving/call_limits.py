@@ -13,7 +13,10 @@ health, `GetInfo` and new streams timed out for as long as the calls stayed open
   the servicer caps) holds a place under its method's cap on calls at once (`ACTIVE_CAPS`; a
   health `Watch` holds its thread for as long as it watches);
 - one call more than a cap allows is refused at once (RESOURCE_EXHAUSTED), so the pool
-  (`threads`) always has a thread for a health check.
+  (`threads`) always has a thread for a health check;
+- the helper threads themselves are capped (`readers`), taken before one starts: a peer
+  opening calls faster than they end (HEADERS alone, or HEADERS and RST_STREAM, thousands a
+  second) made a thread per call, 5,778 of them, until the process could start no more.
 
 A unary method becomes a request-streaming one on the server's side, which the wire does not
 tell apart (a unary client sends its one message and half-closes).
@@ -62,9 +65,18 @@ class CallLimits(grpc.ServerInterceptor):
       grace_s: how long a call may wait for it before it counts against `WAITING_CAP`.
     """
 
-    def __init__(self, *, deadline_s: float = FIRST_MESSAGE_S, grace_s: float = GRACE_S):
+    def __init__(
+        self,
+        *,
+        deadline_s: float = FIRST_MESSAGE_S,
+        grace_s: float = GRACE_S,
+        readers: int | None = None,
+    ):
         self._deadline_s = deadline_s
         self._grace_s = grace_s
+        # A reader ends with its call, but a call's end reaches it only through gRPC's
+        # completion queue, which a flood delays: never more readers than the pool's threads.
+        self._readers = threading.BoundedSemaphore(readers or self.threads())
         self._caps: dict[tuple[str, str], threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
 
@@ -94,6 +106,7 @@ class CallLimits(grpc.ServerInterceptor):
             method,
             waiting=self._cap("waiting", method),
             active=self._cap("active", method),
+            readers=self._readers,
             deadline_s=self._deadline_s,
             grace_s=self._grace_s,
         )
@@ -153,11 +166,12 @@ class _Call:
         *,
         waiting: threading.BoundedSemaphore,
         active: threading.BoundedSemaphore | None,
+        readers: threading.BoundedSemaphore,
         deadline_s: float,
         grace_s: float,
     ):
         self._method = method
-        self._waiting, self._active = waiting, active
+        self._waiting, self._active, self._readers = waiting, active, readers
         self._deadline_s, self._grace_s = deadline_s, grace_s
 
     @contextlib.contextmanager
@@ -183,8 +197,19 @@ class _Call:
                 box.put((next(requests, _NOTHING), None))
             except Exception as e:  # noqa: BLE001 - the call ended while waiting
                 box.put((_NOTHING, e))
+            finally:
+                self._readers.release()
 
-        threading.Thread(target=read, name="first-request", daemon=True).start()
+        # The reader's place is taken before its thread starts: past the cap, no thread.
+        _take(self._readers, context, "too many calls are waiting for their request")
+        try:
+            threading.Thread(target=read, name="first-request", daemon=True).start()
+        except RuntimeError:  # the process can start no more threads (a pids limit)
+            self._readers.release()
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the server cannot start a thread for this call now; retry shortly.",
+            )
         try:
             request, error = box.get(timeout=self._grace_s)
         except queue.Empty:

@@ -96,3 +96,42 @@ def claim_socket_path(path: str, address: str) -> None:
     raise OSError(
         f"--listen {address}: in use by a running server; stop it first or listen on another path."
     )
+
+
+def connection_options(
+    *,
+    max_connections: int,
+    streams_per_connection: int,
+    handshake_s: float,
+    idle_s: float,
+    age_s: float | None = None,
+    age_grace_s: float = 10.0,
+) -> list[tuple[str, int]]:
+    """gRPC core's bounds on what peers may hold before any credential is checked (gRPC's
+    defaults hold none: any number of connections, unhandshaked ones for 120 s, idle ones
+    forever, and as many streams on each as a peer opens).
+
+    Args:
+      max_connections: connections at once; past it gRPC closes new ones at once. Below
+        the descriptor limit, so that held connections cannot deny the server its files.
+      streams_per_connection: calls at once on one connection (HTTP/2
+        SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by gRPC's core with RST_STREAM,
+        before they cost a thread.
+      handshake_s: how long a new connection has for its TLS handshake (plaintext: at once).
+      idle_s: a connection with no call for this long is closed (GOAWAY; a client's channel
+        reconnects at its next call).
+      age_s, age_grace_s: a connection is told to go after `age_s` and closed `age_grace_s`
+        later; None: never (a long stream must not be cut).
+    """
+    options = [
+        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.max_concurrent_streams", streams_per_connection),
+        ("grpc.server_handshake_timeout_ms", int(handshake_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(idle_s * 1000)),
+    ]
+    if age_s is not None:
+        options += [
+            ("grpc.max_connection_age_ms", int(age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(age_grace_s * 1000)),
+        ]
+    return options

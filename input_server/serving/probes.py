@@ -19,6 +19,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from input_server.serving import listen
 from input_server.serving.call_limits import CallLimits
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,22 @@ log = logging.getLogger(__name__)
 # A health request is a service name: anything bigger is refused before it is read.
 MAX_REQUEST_BYTES = 4 << 10
 SPARE_THREADS = 2
+# What peers may hold here, none of them authenticated (`listen.connection_options`). A
+# kubelet probe is one call on a new connection, closed after it: 16 connections of 2 calls
+# each are 32 calls at most, fewer than the pool's threads, so a peer flooding this port on
+# a few connections holds a few of them, and a probe on its own connection finds one free.
+MAX_CONNECTIONS = 16
+STREAMS_PER_CONNECTION = 2
+CONNECTIONS = listen.connection_options(
+    max_connections=MAX_CONNECTIONS,
+    streams_per_connection=STREAMS_PER_CONNECTION,
+    handshake_s=2.0,  # plaintext: no handshake to wait for
+    # A probe is one call on a connection of its own: a connection with no call for a second
+    # is a peer holding one of the places (sockets that sent nothing held them for 5 s).
+    idle_s=1.0,
+    age_s=60.0,  # a health Watch reconnects: no peer keeps one of the 16 places for long
+    age_grace_s=5.0,
+)
 
 
 def health_server(servicer: health.HealthServicer, port: int) -> tuple[grpc.Server, int]:
@@ -46,6 +63,7 @@ def health_server(servicer: health.HealthServicer, port: int) -> tuple[grpc.Serv
         options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            *CONNECTIONS,
         ],
     )
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,12 @@ from input_server.serving.auth import default_socket
 from input_server.serving.call_limits import CallLimits
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.limits import Limits, check_workers
-from input_server.serving.listen import Address, claim_socket_path, parse_address  # noqa: F401
+from input_server.serving.listen import (  # noqa: F401
+    Address,
+    claim_socket_path,
+    connection_options,
+    parse_address,
+)
 from input_server.serving.service import InputServicer, add_to_server
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,14 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 4 << 20
 # Threads beyond every cap: a call refused for a cap still needs one to hear why.
 SPARE_THREADS = 2
+# Connections at once, as a share of the descriptor limit (readers keep a quarter open, and
+# workers, pipes and logs need theirs): idle sockets past it must not take every descriptor.
+CONNECTION_SHARE = 4
+# A TLS handshake that has not finished in this long is a peer holding a socket, not a slow
+# network; a connection with no call for a minute is closed (its channel reconnects at its
+# next call). No age limit: a stream may run for days on one connection.
+HANDSHAKE_S = 10.0
+IDLE_S = 60.0
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
 
@@ -153,6 +167,15 @@ class ServerConfig:
             )
 
 
+def max_connections() -> int:
+    """Connections the main listeners take at once: a share of the descriptor limit, as
+    raised at start (`configure_open_files`)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(16, soft // CONNECTION_SHARE)
+
+
 class Server:
     """The input server: `Server(config)` starts it; `.targets` are what clients dial,
     `.health_port` the plaintext health port (when configured), `.certificates` the TLS files
@@ -242,6 +265,13 @@ class Server:
                 *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
                 # Requests are small (a spec); a larger one is refused before it is read.
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                # One connection holds no more calls than the pool has threads.
+                *connection_options(
+                    max_connections=max_connections(),
+                    streams_per_connection=threads,
+                    handshake_s=HANDSHAKE_S,
+                    idle_s=IDLE_S,
+                ),
             ],
         )
         add_to_server(self._servicer, self._server)
