@@ -5,13 +5,17 @@
 # maxtext_constraints.txt pins every package as first built and tested, so a rebuilt venv is
 # the same one. The venv is kept between runs and rebuilt only when this script, the
 # constraints or the pin change.
-# Prints the venv's python on its last line.
+# Says what it is doing on stderr (lines starting "maxtext_venv:"); prints the venv's python
+# on its last line. `--check` builds nothing: it prints the venv's folder and exits 0 when that
+# venv is built and current, 1 when a run would build it (the test suite says so first).
 set -euo pipefail
 MAXTEXT_VERSION="${MAXTEXT_VERSION:-0.2.5}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${INPUT_SERVER_MAXTEXT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/input-server/maxtext-$MAXTEXT_VERSION-py3.12}"
 constraints="$here/scripts/maxtext_constraints.txt"
 stamp="$(cat "$0" "$constraints" | sha256sum | cut -c1-16)-$MAXTEXT_VERSION"
+
+say() { echo "maxtext_venv: $*" >&2; }
 
 find_python312() {
   # pyenv's shims answer `command -v` even when that version is not selected, so each
@@ -23,10 +27,23 @@ find_python312() {
   exit 2
 }
 
-if [[ ! -f "$venv/.stamp" || "$(cat "$venv/.stamp")" != "$stamp" ]]; then
+current() { [[ -f "$venv/.stamp" && "$(cat "$venv/.stamp")" == "$stamp" ]]; }
+if [[ "${1:-}" == "--check" ]]; then
+  echo "$venv"
+  current
+  exit
+fi
+
+if ! current; then
+  say "building MaxText $MAXTEXT_VERSION's venv at $venv (~2 GB, a few minutes, once;" \
+    "INPUT_SERVER_MAXTEXT_VENV=DIR puts it elsewhere)"
+  if [[ -e "$venv" ]]; then say "(replacing the one there: another version of this script built it)"; fi
   rm -rf "$venv"
-  "$(find_python312)" -m venv "$venv"
+  python312="$(find_python312)"
+  say "1/4 a Python 3.12 venv from $python312"
+  "$python312" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  say "2/4 pip install maxtext==$MAXTEXT_VERSION (versions pinned by scripts/maxtext_constraints.txt)"
   "$venv/bin/python" -m pip install -q -c "$constraints" "maxtext==$MAXTEXT_VERSION" >&2
   reqs="$("$venv/bin/python" - <<'PY'
 import importlib.metadata as md
@@ -39,8 +56,10 @@ PY
     exit 2
   fi
   grep -v -E '^\s*(#|$)|^(nvidia-|cuda-|apache-tvm-ffi)' "$reqs" > "$venv/cpu-requirements.txt"
+  say "3/4 MaxText's CPU requirements ($(wc -l < "$venv/cpu-requirements.txt") packages: jax, grain, ...)"
   "$venv/bin/python" -m pip install -q -c "$constraints" -r "$venv/cpu-requirements.txt" >&2
   echo "$stamp" > "$venv/.stamp"
+  say "4/4 this checkout's client; the venv holds $(du -sh "$venv" | cut -f1)"
 fi
 # The client is reinstalled every time (it is small): the tests exercise this checkout's code.
 # It is built from a copy, so no build/ folder left in the tree brings back deleted files.

@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import pytest
 
 from tests.support import ROOT, python_or_skip
 
+SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
+PREFIX = "maxtext_venv: "  # the script's progress lines on stderr
+
 
 @pytest.fixture(scope="session")
-def maxtext_python() -> str:
-    """The python of the cached MaxText 0.2.5 venv (scripts/maxtext_venv.sh builds it once)."""
+def maxtext_python(request) -> str:
+    """The python of the cached MaxText 0.2.5 venv (scripts/maxtext_venv.sh builds it once).
+    A build (~2 GB, minutes) is said on the terminal, with its steps, past pytest's capture:
+    a suite that goes quiet for minutes looks hung."""
     python_or_skip("3.12", "the MaxText venv")
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "maxtext_venv.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+    check = subprocess.run(["bash", SCRIPT, "--check"], capture_output=True, text=True)
+    building = check.returncode != 0
+    with _terminal(request.config) if building else contextlib.nullcontext() as say:
+        proc = subprocess.Popen(
+            ["bash", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        stderr = []
+        for line in proc.stderr:  # the script's own lines, as they come; pip's kept for failure
+            stderr.append(line)
+            if say and line.startswith(PREFIX):
+                say(line.rstrip())
+        stdout = proc.stdout.read()
+        returncode = proc.wait(timeout=1200)
+    assert returncode == 0, "".join(stderr)[-3000:]
+    return stdout.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def _terminal(config: pytest.Config):
+    """A `write(line)` to pytest's terminal, its output capture suspended meanwhile."""
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    with config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        reporter.ensure_newline()
+        yield reporter.write_line
