@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import grpc
 
 from input_client import addresses
+from input_client._connect_wait import ConnectWait, socket_file_ready
 from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
 from input_client._server_checks import BadBatch, Expected, expected_of
 from input_client.auth import TokenInterceptor, check_token, read_token_file
@@ -128,7 +128,8 @@ class InputClient:
         )
         if token is not None and not self._tls.enabled:
             refuse_token_in_the_clear(address)
-        self._token = token
+        # The token only inside its interceptor: never an attribute a repr or vars() shows.
+        self._interceptor = TokenInterceptor(token) if token is not None else None
         self._channel = self._open_channel(client_message_options())
         self._stub = pb_grpc.InputServiceStub(self._channel)
 
@@ -136,8 +137,8 @@ class InputClient:
         """A channel to this client's server, TLS or not, with its token: made in one place
         for the unary calls and for each stream (whose receive limit its spec sizes)."""
         channel = open_channel(self.address, self._tls, message_options + RECONNECT_OPTIONS)
-        if self._token is not None:
-            channel = grpc.intercept_channel(channel, TokenInterceptor(self._token))
+        if self._interceptor is not None:
+            channel = grpc.intercept_channel(channel, self._interceptor)
         return channel
 
     @property
@@ -172,77 +173,39 @@ class InputClient:
     def _ready_info(self, timeout_s: float | None = None) -> pb.GetInfoResponse:
         """`wait_ready` for one server, returning its info (its named pipelines' specs)."""
         timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
+        waiting = ConnectWait(self.address, self._tls, timeout_s)
         try:
-            info = self._get_info(timeout_s)
+            info = self._get_info(timeout_s, waiting)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                path = addresses.socket_path(self.address)
-                stale = path is not None and addresses.nobody_answers(path)
-                hint = (
-                    f": nobody answers on the socket file {path} (left by a server that was "
-                    f"killed?); is `input-server serve` running?"
-                    if stale
-                    else "."
-                )
-                raise ConnectionError(
-                    f"no input server reachable at {self.address!r} after {timeout_s:g} s{hint}"
-                ) from None
+                raise ConnectionError(waiting.timed_out()) from None
             raise StreamError(e.code(), e.details()) from None
         check_protocol(info, self.address)
         return info
 
-    def _get_info(self, timeout_s: float) -> pb.GetInfoResponse:
+    def _get_info(self, timeout_s: float, waiting: ConnectWait | None = None) -> pb.GetInfoResponse:
         """GetInfo once the server is reachable, within `timeout_s`: a cheap call that waits
         for the connection (channel_ready_future leaves a polling thread behind that fails
         once the channel closes), and says at once what no waiting can fix.
 
         Raises:
-          ConnectionError: see `_socket_file_ready`; or a TLS mistake (`tls_diagnosis.diagnose`).
+          ConnectionError: see `_connect_wait.socket_file_ready`; a TLS mistake
+            (`tls_diagnosis.diagnose`); a host name that does not exist.
           grpc.RpcError: the call's failure (DEADLINE_EXCEEDED: nobody answered in time).
         """
-        remaining = self._socket_file_ready(timeout_s)
+        waiting = waiting or ConnectWait(self.address, self._tls, timeout_s)
+        remaining = socket_file_ready(self.address, timeout_s)
         call = self._stub.GetInfo.future(
             pb.GetInfoRequest(), timeout=remaining, wait_for_ready=True
         )
-        return wait_diagnosing(call, self._diagnose, remaining)
+        return wait_diagnosing(call, waiting.diagnose, remaining)
 
     def _diagnose(self, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> str | None:
         """Why this client cannot connect, when a TLS handshake of its own tells (a plaintext
         client and a TLS server or the reverse, an untrusted, expired or misnamed certificate,
-        a missing or refused client certificate); None otherwise (`tls_diagnosis.diagnose`)."""
+        a missing or refused client certificate); None otherwise (`tls_diagnosis.diagnose`).
+        A stream's reconnect loop asks it: a name that vanished is waited for there."""
         return diagnose(self.address, self._tls, timeout_s=timeout_s)
-
-    def _socket_file_ready(self, timeout_s: float) -> float:
-        """Says at once what no waiting can fix, waits for a `unix:` socket file to appear (a
-        server starting), and returns the time left of `timeout_s`.
-
-        Raises:
-          ConnectionError: a path without its `unix://`, a `unix:` path that is not a socket,
-            or no socket there within the timeout.
-        """
-        if addresses.looks_like_a_path(self.address):
-            path = os.path.abspath(self.address)
-            there = "is a socket file" if addresses.is_socket(path) else "looks like a path"
-            raise ConnectionError(
-                f"no input server reachable at {self.address!r}: it {there}, and a Unix "
-                f"socket needs its scheme: unix://{path}"
-            )
-        path = addresses.socket_path(self.address)
-        deadline = time.monotonic() + timeout_s
-        if not path:
-            return timeout_s
-        while not os.path.exists(path):
-            if time.monotonic() >= deadline:
-                raise ConnectionError(
-                    f"no input server reachable at {self.address!r}: no socket at {path} "
-                    f"after {timeout_s:g} s; is `input-server serve` running?"
-                )
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        if not addresses.is_socket(path):
-            raise ConnectionError(
-                f"no input server reachable at {self.address!r}: {path} is not a socket."
-            )
-        return max(0.0, deadline - time.monotonic())
 
     def info(self) -> pb.GetInfoResponse:
         """Server version, configured pipelines and the streams running now.

@@ -35,13 +35,33 @@ _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_L
 _EXPIRED, _NOT_YET_VALID, _HOSTNAME_MISMATCH, _IP_MISMATCH = 10, 9, 62, 64
 
 
+class Unreachable(OSError):
+    """Why no TCP connection could be made, in words ("nothing listens at HOST:PORT
+    (connection refused)", "cannot resolve host 'x' (Name or service not known)"); `final`
+    when the name lookup says the name does not exist (no server starting changes that)."""
+
+    def __init__(self, words: str, *, final: bool = False):
+        super().__init__(words)
+        self.words = words
+        self.final = final
+
+
+# getaddrinfo's answers that say the name does not exist, as against a lookup that failed
+# for now (EAI_AGAIN: no DNS server answered).
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
 def diagnose(
-    address: str, settings: TlsSettings, *, timeout_s: float = DIAGNOSIS_TIMEOUT_S
+    address: str,
+    settings: TlsSettings,
+    *,
+    timeout_s: float = DIAGNOSIS_TIMEOUT_S,
+    on_unreachable: Callable[[Unreachable], None] | None = None,
 ) -> str | None:
     """Why a client with `settings` cannot connect to `address`, in one line, when a TLS
     handshake of its own says so: None when nothing answers yet (refused, unresolvable: a
-    server starting), when the handshake succeeds (the trouble is elsewhere), or for a Unix
-    socket. Never raises."""
+    server starting; `on_unreachable` is told why), when the handshake succeeds (the trouble
+    is elsewhere), or for a Unix socket. Never raises."""
     where = host_port(address)
     if where is None:
         return None
@@ -60,7 +80,11 @@ def diagnose(
 
     try:
         sock = _connect(host, port, left())
-    except (OSError, ValueError):  # refused, unresolvable (a label too long: UnicodeError)
+    except Unreachable as e:  # refused, unresolvable
+        if on_unreachable is not None:
+            on_unreachable(e)
+        return None
+    except (OSError, ValueError):
         return None
     try:
         try:
@@ -93,26 +117,46 @@ def diagnose(
 
 def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
     """A TCP connection to the first address `host` resolves to, name lookup included within
-    `timeout_s` (getaddrinfo takes no timeout: it runs on a thread not waited for past it).
+    `timeout_s` (getaddrinfo takes no timeout: it runs on a thread not waited for past it; its
+    failure is handed back, never left to the thread to print).
 
     Raises:
-      OSError: unresolved in time, refused, unreachable.
+      Unreachable: unresolved (in time), refused, unreachable; saying which.
     """
     found: list = []
-    lookup = threading.Thread(
-        target=lambda: found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)),
-        daemon=True,
-    )
+    failed: list[BaseException] = []
+
+    def lookup_now() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as e:  # a label too long is a UnicodeError
+            failed.append(e)
+
+    lookup = threading.Thread(target=lookup_now, name="input-client-lookup", daemon=True)
     start = time.monotonic()
     lookup.start()
     lookup.join(timeout_s)
+    if failed:
+        e = failed[0]
+        final = isinstance(e, UnicodeError) or (
+            isinstance(e, socket.gaierror) and e.errno in _NO_SUCH_NAME
+        )
+        why = getattr(e, "strerror", None) or str(e)
+        raise Unreachable(f"cannot resolve host {host!r} ({why})", final=final)
     if not found or not found[0]:
-        raise OSError(f"{host}: not resolved within {timeout_s:g} s")
+        raise Unreachable(f"cannot resolve host {host!r} within {timeout_s:g} s")
     family, kind, proto, _, where = found[0][0]
     sock = socket.socket(family, kind, proto)
     sock.settimeout(max(0.05, timeout_s - (time.monotonic() - start)))
+    at = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         sock.connect(where)
+    except ConnectionRefusedError:
+        sock.close()
+        raise Unreachable(f"nothing listens at {at} (connection refused)") from None
+    except OSError as e:
+        sock.close()
+        raise Unreachable(f"cannot connect to {at} ({e.strerror or e})") from None
     except BaseException:
         sock.close()
         raise
