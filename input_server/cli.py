@@ -10,10 +10,15 @@ import sys
 import threading
 import tomllib
 
-from input_client.spec import PipelineSpec, SpecError
-from input_server.tools import demo as demo_module
-from input_server.tools import show_info, tokenizer_train, tune_cli
-from input_server.tools.report import plural
+# gRPC's core logs a line (INFO) for every failed TLS handshake, so peers without credentials
+# could grow a server's log without bound. Set before grpc is first imported (input_client
+# imports it); its errors still show, and a GRPC_VERBOSITY the operator set wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from input_client.spec import PipelineSpec, SpecError  # noqa: E402
+from input_server.tools import demo as demo_module  # noqa: E402
+from input_server.tools import show_info, tokenizer_train, tune_cli  # noqa: E402
+from input_server.tools.report import plural  # noqa: E402
 
 
 def load_pipelines(path: str) -> dict[str, PipelineSpec]:

@@ -17,6 +17,8 @@ import hmac
 import logging
 import os
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 
 import grpc
@@ -34,6 +36,17 @@ log = logging.getLogger(__name__)
 # Probes (kubelet, load balancers) carry no token; health tells them only SERVING or not.
 OPEN_METHODS = "/grpc.health.v1.Health/"
 UNAUTHENTICATED = "missing or wrong token; pass token= or token_file= to the client"
+# A token shorter than 16 bytes can be guessed (`openssl rand -hex 16` gives 32 characters).
+MIN_TOKEN_BYTES = 16
+# The client sends `authorization: Bearer TOKEN` among the call's headers, which gRPC caps at
+# 8 KiB in all (`grpc.max_metadata_size`): a longer token would start a server that no client
+# can reach, 4 KiB leaves room for the rest.
+MAX_TOKEN_BYTES = 4096
+# Refused calls are logged once per peer host per this many seconds, with their count: a
+# guesser (1,300 calls a second on one channel) must not fill the log, nor go unseen.
+REFUSAL_LOG_S = 60.0
+# Peers remembered for that, at most: past it the oldest are forgotten (a line sooner).
+REFUSAL_PEERS = 1024
 
 
 # --- The default socket's folder -----------------------------------------------------------------
@@ -129,7 +142,14 @@ def read_token(path: str) -> bytes:
                 f"{stat.S_IMODE(st.st_mode):04o}; only its owner may read "
                 f"it (chmod 600 {path})."
             )
-        return token_from_bytes(f.read(MAX_TOKEN_FILE_BYTES), f"--token-file {path}").encode()
+        token = token_from_bytes(f.read(MAX_TOKEN_FILE_BYTES), f"--token-file {path}")
+    if not MIN_TOKEN_BYTES <= len(token) <= MAX_TOKEN_BYTES:
+        raise ValueError(
+            f"--token-file {path}: the token is {len(token)} bytes; it must be "
+            f"{MIN_TOKEN_BYTES} to {MAX_TOKEN_BYTES} (gRPC carries at most 8 KiB of a call's "
+            f"headers), e.g. `openssl rand -hex 32 > {path}`."
+        )
+    return token.encode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +213,7 @@ class TokenCheck(grpc.ServerInterceptor):
         assert policy.token is not None
         self._policy = policy
         self._expected = b"Bearer " + policy.token
+        self._refusals = Refusals()
 
     def _sent_right_token(self, metadata) -> bool:
         sent = next((v for k, v in metadata or () if k == "authorization"), "")
@@ -208,17 +229,53 @@ class TokenCheck(grpc.ServerInterceptor):
         ):
             return handler
         # The peer is known only inside the call: check it there.
-        return _guarded(handler, self._policy.needs_token)
+        return _guarded(handler, self._policy.needs_token, self._refusals.add)
 
 
-def _guarded(handler: grpc.RpcMethodHandler, needs_token: Callable[[str], bool]):
+class Refusals:
+    """Calls refused for their token, logged once per peer host per `every_s` seconds with
+    how many there were: what a guesser tries is seen, and costs one log line a minute."""
+
+    def __init__(self, every_s: float = REFUSAL_LOG_S, peers: int = REFUSAL_PEERS):
+        self._every_s, self._peers = every_s, peers
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}  # host: (last line's time, since then)
+
+    def add(self, peer: str) -> None:
+        host = peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+        now = time.monotonic()
+        with self._lock:
+            logged, count = self._seen.pop(host, (now - self._every_s, 0))
+            count += 1
+            due = now - logged >= self._every_s
+            if len(self._seen) >= self._peers:  # forget the oldest (dicts keep their order)
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[host] = (now, 0) if due else (logged, count)
+        if due:
+            log.warning(
+                "refused %d call%s from %s for a missing or wrong token (logged at most once "
+                "every %g s per peer)",
+                count,
+                "" if count == 1 else "s",
+                host,
+                self._every_s,
+            )
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler,
+    needs_token: Callable[[str], bool],
+    refused: Callable[[str], None],
+):
     for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
         behavior = getattr(handler, kind)
         if behavior is not None:
             break
 
     def guarded(request, context):
-        if needs_token(context.peer()):
+        peer = context.peer()
+        if needs_token(peer):
+            refused(peer)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
         return behavior(request, context)
 

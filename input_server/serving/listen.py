@@ -33,7 +33,7 @@ def parse_address(address: str) -> Address:
     flags, `tls.check_exposure`.
 
     Raises:
-      ValueError: the address is malformed.
+      ValueError: the address is malformed (a URL such as http://HOST:PORT says which form).
     """
     if address.startswith(("unix:", "unix-abstract:")):
         if address.rstrip("/") in ("unix:", "unix-abstract:"):
@@ -45,6 +45,12 @@ def parse_address(address: str) -> Address:
             )
         kind = "abstract" if address.startswith("unix-abstract:") else "file"
         return Address(bind=address, is_unix=True, kind=kind)
+    if "://" in address:  # a URL (http://, grpc://, dns:///): its host read as a remote name
+        rest = address.split("://", 1)[1].lstrip("/").split("/", 1)[0] or "localhost:50051"
+        raise ValueError(
+            f"--listen {address!r}: {address.split('://', 1)[0]}:// is not an address form; "
+            f"give HOST:PORT ({rest}) or unix:PATH."
+        )
     host, sep, port = address.rpartition(":")
     if not sep or not port.isascii() or not port.isdigit() or not host:
         raise ValueError(

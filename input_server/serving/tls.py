@@ -78,8 +78,27 @@ class Loaded:
         return grpc.ssl_server_certificate_configuration([(self.key, self.cert)], self.client_ca)
 
 
-def _read(path: str, flag: str) -> bytes:
-    """The bytes of the regular file at `path` (a FIFO must fail, not hang the start).
+def _check_private(st: os.stat_result, flag: str, path: str) -> None:
+    """Refuses a private key other users may read, as `--token-file` refuses the token: no
+    bits for others, and none for the group of a file that is the server's own. A file owned
+    by another user (a Kubernetes Secret: root's, mode 0440, group fsGroup) is read through
+    its group, so group read is what lets the server read it at all; group write is not.
+
+    Raises:
+      PermissionError: one line naming the file, its mode and the chmod that fixes it.
+    """
+    mode = stat.S_IMODE(st.st_mode)
+    group = mode & 0o070 and (st.st_uid == os.geteuid() or mode & 0o030)
+    if mode & 0o007 or group:
+        raise PermissionError(
+            f"{flag} {path}: has mode {mode:04o}; only the server's user may read the "
+            f"private key (chmod 600 {path})."
+        )
+
+
+def _read(path: str, flag: str, *, private: bool = False) -> bytes:
+    """The bytes of the regular file at `path` (a FIFO must fail, not hang the start); with
+    `private`, a file others may not read (`_check_private`).
 
     Raises:
       OSError, ValueError: one line naming the flag and the file.
@@ -88,9 +107,16 @@ def _read(path: str, flag: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise OSError(f"{flag} {path}: cannot read it ({e.strerror}).") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)  # the file read, not whatever the path names later
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise ValueError(f"{flag} {path}: not a regular file.")
+    if private:
+        try:
+            _check_private(st, flag, path)
+        except PermissionError:
+            os.close(fd)
+            raise
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_PEM_BYTES + 1)
     if len(data) > MAX_PEM_BYTES:
@@ -147,7 +173,7 @@ def load(cert: str, key: str, client_ca: str | None) -> Loaded:
     """
     cert_pem = _read(cert, "--tls-cert")
     _check_certificates(cert_pem, "--tls-cert", cert)
-    key_pem = _read(key, "--tls-key")
+    key_pem = _read(key, "--tls-key", private=True)
     if b"ENCRYPTED" in key_pem:
         raise ValueError(
             f"--tls-key {key}: the key is encrypted; gRPC needs it unencrypted (PEM), in a "

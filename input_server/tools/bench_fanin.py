@@ -126,6 +126,7 @@ def run(
         ca.cert_pem.write_to_path(ca_file)
         cert.cert_chain_pems[0].write_to_path(cert_file)
         cert.private_key_pem.write_to_path(key_file)
+        os.chmod(key_file, 0o600)  # the server refuses a key others may read
         plain_port, tls_port = _free_port(), _free_port()
         socks = [f"unix://{tmp}/s{j}.sock" for j in (0, 1)]
         say("starting the servers: core 0 (Unix socket and plaintext TCP), core 1, core 0 (TLS)")

@@ -10,6 +10,7 @@ import grp
 import os
 import stat
 import subprocess
+import time
 import uuid
 
 import grpc
@@ -393,3 +394,69 @@ def test_xdg_runtime_dir_is_used_only_when_ours_and_private(tmp_path, monkeypatc
     assert auth.default_socket_dir().endswith(f"/input-server-{os.geteuid()}")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
     assert auth.default_socket_dir().endswith(f"/input-server-{os.geteuid()}")
+
+
+# --- The token's length, and refusals logged per peer -------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 15, auth.MAX_TOKEN_BYTES + 1, 20_000])
+def test_serve_refuses_a_token_too_short_to_resist_guessing_or_too_long_for_grpc(
+    capsys, tmp_path, length
+):
+    path = tmp_path / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("a" * length + "\n")
+    code, err = serve_main(capsys, "--listen", "127.0.0.1:0", "--token-file", str(path))
+    assert_one_line(code, err, str(path), f"is {length} bytes", "16 to 4096")
+
+
+def test_the_longest_token_allowed_reaches_the_server(tmp_path, make_spec):
+    """What the limit is for: a client can send a token of MAX_TOKEN_BYTES."""
+    path = tmp_path / "token"
+    token = "t" * auth.MAX_TOKEN_BYTES
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    with Server(ServerConfig(listen=["127.0.0.1:0"], token_file=str(path))) as srv:
+        target = srv.targets[0]
+        assert call(target, "GetInfo", make_spec(), token)[0] == grpc.StatusCode.OK
+
+
+def test_wrong_tokens_are_logged_once_per_peer_with_their_count(tmp_path, caplog):
+    token_file, _ = write_token_file(tmp_path)
+    with (
+        caplog.at_level("WARNING", logger="input_server.serving.auth"),
+        Server(ServerConfig(listen=["127.0.0.1:0"], token_file=token_file)) as srv,
+        grpc.insecure_channel(srv.targets[0]) as channel,
+    ):
+        stub = pb_grpc.InputServiceStub(channel)
+        wrong = [("authorization", f"Bearer {WRONG}")]
+        for _ in range(50):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.GetInfo(pb.GetInfoRequest(), timeout=10, metadata=wrong)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    lines = [r.getMessage() for r in caplog.records if "wrong token" in r.getMessage()]
+    # The first refusal is logged at once, the other 49 within the minute are only counted.
+    assert len(lines) == 1 and "ipv4:127.0.0.1" in lines[0] and "refused 1 call " in lines[0]
+
+
+def test_refusals_past_the_interval_are_logged_with_their_count(caplog):
+    refusals = auth.Refusals(every_s=0.2, peers=2)
+    with caplog.at_level("WARNING", logger="input_server.serving.auth"):
+        for _ in range(10):
+            refusals.add("ipv4:10.0.0.7:4000")
+        time.sleep(0.25)
+        refusals.add("ipv4:10.0.0.7:4001")  # another connection of the same host
+        for i in range(5):  # more hosts than remembered: the oldest are forgotten
+            refusals.add(f"ipv6:%5B::{i}%5D:80")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("refused 1 call from ipv4:10.0.0.7 ")
+    assert lines[1].startswith("refused 10 calls from ipv4:10.0.0.7 ")
+    assert len(lines) == 2 + 5 and len(refusals._seen) <= 2
+
+
+def test_serve_says_a_url_is_not_an_address_form(capsys):
+    code, err = serve_main(capsys, "--listen", "http://localhost:50051")
+    assert_one_line(code, err, "http://", "not an address form", "(localhost:50051)")
+    assert "TLS" not in err

@@ -45,6 +45,7 @@ def pki(hosts, tmp_path_factory):
     for i, address in enumerate(hosts.addresses[:2]):
         cert = ca.issue_cert(address)
         cert.private_key_pem.write_to_path(str(folder / f"s{i}.key"))
+        os.chmod(folder / f"s{i}.key", 0o600)  # the server refuses a key others may read
         cert.cert_chain_pems[0].write_to_path(str(folder / f"s{i}.pem"))
     token_file, _ = write_token_file(folder)
     return folder, token_file

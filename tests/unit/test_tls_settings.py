@@ -157,6 +157,7 @@ def test_loopback_and_unix_need_no_tls():
 
 def test_the_fetcher_takes_up_good_changes_and_keeps_the_last_good_state(tmp_path, files, caplog):
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    key.touch(0o600)  # the server refuses a key others may read
     cert.write_bytes(open(files["server"], "rb").read())
     key.write_bytes(open(files["server_key"], "rb").read())
     watched = tls.CertificateFiles(str(cert), str(key))
