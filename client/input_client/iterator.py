@@ -82,6 +82,11 @@ class BatchIterator:
         self._state = dict(state) if state else None
         # The state the fetch thread resumes from: that of the last batch it received.
         self._resume = encode_state(state) if state else b""
+        if len(self._resume) > expected.state_bytes:  # what a server of this spec never wrote
+            raise ValueError(
+                f"`state` is {len(self._resume)} bytes as JSON; a state of this spec is at "
+                f"most {expected.state_bytes}: not a get_state() result of this stream."
+            )
         self._expected_seq = int(state.get("seq", 0)) if state else 0
         self._outage: Outage | None = None  # while reconnecting
         self._stop = threading.Event()

@@ -49,11 +49,13 @@ class HostileServer(pb_grpc.InputServiceServicer):
 
     def __init__(self, messages):
         self.messages = messages
+        self.streams = 0
 
     def GetInfo(self, request, context):
         return pb.GetInfoResponse(server_version="hostile", protocol_version=PROTOCOL_VERSION)
 
     def StreamBatches(self, requests, context):
+        self.streams += 1
         next(requests)  # the stream's first request: the spec
         yield from self.messages
         while context.is_active():  # hold the stream open: the client must end it
@@ -210,3 +212,16 @@ def test_a_fan_in_names_the_member_that_sent_a_bad_batch(tmp_path, spec, kind):
             next(it)
     assert e.value.code == code
     assert e.value.details.startswith(f"server 1 of 2 ({bad_sock!r}): the server at {bad_sock!r}")
+
+
+def test_a_state_larger_than_any_of_the_spec_is_refused_before_the_stream_opens(tmp_path, spec):
+    """A server's own RESOURCE_EXHAUSTED for an oversized request must not be read as an
+    oversized answer: the client never sends a state no server of this spec wrote."""
+    sock = f"unix://{tmp_path}/hostile.sock"
+    fake = HostileServer([batch(0)])
+    with serve_servicer(fake, sock), InputClient(sock, connect_timeout_s=10) as c:
+        with pytest.raises(ValueError, match="not a get_state.. result of this stream"):
+            c.batches(spec, state={"seq": 1, "pad": "x" * (100 << 10)})
+        with c.batches(spec, state={"seq": 0}) as it:  # a state of the spec's size is sent
+            next(it)
+    assert fake.streams == 1
