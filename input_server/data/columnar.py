@@ -11,9 +11,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from input_server.data.jsonl import ids_of
-from input_server.data.records import OPEN_FILES, check_size, loads_json, said, text_of
+from input_server.data.parquet_load import ColumnLoad, Texts
+from input_server.data.records import (
+    OPEN_FILES,
+    Reservation,
+    check_size,
+    loads_json,
+    said,
+    text_of,
+)
 from input_server.data.tf_example import example_ids, example_text
-from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
+from input_server.errors import InvalidSpecError, RecordError
 
 
 class ArrayRecordReader:
@@ -144,7 +152,13 @@ class ParquetReader:
     max_bytes: int | None = None
 
     def __init__(
-        self, path: str, text_field: str, *, token_field: str | None = None, name: str | None = None
+        self,
+        path: str,
+        text_field: str,
+        *,
+        token_field: str | None = None,
+        name: str | None = None,
+        max_decompressed: int | None = None,
     ):
         import pyarrow.parquet as pq
 
@@ -152,7 +166,10 @@ class ParquetReader:
         self.name = path if name is None else name  # in messages: the path as written
         self.text_field = text_field
         self.token_field = token_field
+        # The loaded column is held decoded within --max-decompressed-mb (`parquet_load`).
+        self.max_decompressed = max_decompressed
         self._column = None
+        self._held: Reservation | None = None
         try:
             with pq.ParquetFile(path) as meta:  # closed now, not when collected
                 schema, self._len = meta.schema_arrow, meta.metadata.num_rows
@@ -179,7 +196,7 @@ class ParquetReader:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_column"] = None
+        state["_column"] = state["_held"] = None
         return state
 
     def __len__(self) -> int:
@@ -192,40 +209,32 @@ class ParquetReader:
         """Nothing to close: the file is open only while its column loads."""
 
     def close(self) -> None:
-        """Drops the loaded column now (loaded again if read)."""
+        """Drops the loaded column now (loaded again if read), giving its bytes back to
+        --max-decompressed-mb."""
         self._column = None
+        if self._held is not None:
+            self._held.free()
+            self._held = None
 
     def _loaded(self):
-        """The column in memory: the texts (an arrow array), or the ids (`_Ids`)."""
+        """The column in memory: the texts (`Texts`, an arrow array a row group), or the ids
+        (`_Ids`); each row group reserved before it is decoded (`parquet_load`)."""
         if self._column is None:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            with pq.ParquetFile(self.path) as f:  # closed once the column is in memory
-                arrays = self._load(f, self.token_field or self.text_field)
-            self._column = (
-                _ids(arrays)
-                if self.token_field is not None
-                else pa.chunked_array(arrays).combine_chunks()
+            load = ColumnLoad(
+                self.path,
+                self.name,
+                self.token_field or self.text_field,
+                ids=self.token_field is not None,
+                limit=self.max_decompressed,
             )
-        return self._column
-
-    def _load(self, f, name: str) -> list:
-        """The column's arrow arrays, row group by row group."""
-        import pyarrow as pa
-
-        chunks, first = [], 0
-        for g in range(f.num_row_groups):
-            rows = f.metadata.row_group(g).num_rows
+            arrays = load.load()  # the file is closed once the column is in memory
             try:
-                chunks.append(f.read_row_group(g, columns=[name]).column(name))
-            except (OSError, pa.ArrowException) as e:
-                raise CorruptFileError(
-                    f"{self.name} row group {g} (rows {first}-{first + rows - 1}): "
-                    f"cannot read ({said(e, self.path, self.name)})."
-                ) from e
-            first += rows
-        return [c for ch in chunks for c in ch.chunks]
+                column = _ids(arrays) if self.token_field is not None else Texts(arrays)
+            except BaseException:
+                load.held.free()
+                raise
+            self._column, self._held = column, load.held
+        return self._column
 
     def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
         """The texts (or ids) of many rows, taken in one vectorized call; ids are read-only
@@ -233,7 +242,7 @@ class ParquetReader:
         if self.token_field is not None:
             return self._read_ids(indices)
         try:
-            texts = self._loaded().take(indices).to_pylist()
+            texts = self._loaded().take(indices)
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
         limit = self.max_bytes or float("inf")

@@ -34,8 +34,9 @@ def open_reader(
     max_decompressed_bytes: int | None = None,
     name: str | None = None,
 ) -> Reader:
-    """The reader of one file; a compressed one is decompressed only while the process holds at
-    most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`: all streams, all files).
+    """The reader of one file; a compressed one (or a Parquet column) is decompressed only while
+    the process holds at most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`:
+    all streams, all files).
     Its messages call it `name` (the path as the client wrote it; default `path`)."""
     token_field = spec.token_field or None
     if spec.format == "jsonl":
@@ -55,7 +56,13 @@ def open_reader(
 
         reader = TFRecordReader(path, spec.text_field, token_field=token_field, name=name)
     else:
-        reader = ParquetReader(path, spec.text_field, token_field=token_field, name=name)
+        reader = ParquetReader(
+            path,
+            spec.text_field,
+            token_field=token_field,
+            name=name,
+            max_decompressed=max_decompressed_bytes,
+        )
     reader.max_bytes = max_document_bytes
     return reader
 

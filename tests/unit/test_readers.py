@@ -9,6 +9,7 @@ import gzip
 import json
 import pickle
 import random
+import shutil
 
 import pytest
 
@@ -86,11 +87,12 @@ def test_gz_reader_pickle_omits_the_decompressed_buffer(some_docs, tmp_path):
 def test_document_source_pickles_with_all_its_readers(some_docs, tmp_path):
     """The chained source round-trips through pickle and reads the same documents."""
     path, _ = write_format("jsonl-zst-multiframe", some_docs, tmp_path)
-    src = DocumentSource.from_spec(SourceSpec(paths=(path, path)))
+    second = shutil.copy(path, tmp_path / "second.jsonl.zst")  # one file twice is refused
+    src = DocumentSource.from_spec(SourceSpec(paths=(path, str(second))))
     copy = pickle.loads(pickle.dumps(src))
     assert len(copy) == 2 * len(some_docs)
     assert [copy[i] for i in range(len(copy))] == some_docs + some_docs
-    assert copy.where(len(some_docs)) == f"{path} line 1"
+    assert copy.where(len(some_docs)) == f"{second} line 1"
 
 
 # ---------------------------------------------------------------------------------------------

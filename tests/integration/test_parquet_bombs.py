@@ -1,0 +1,177 @@
+"""Parquet bombs: a Parquet column is held decoded in memory, so each row group is reserved in
+the process's --max-decompressed-mb (one budget with compressed JSON lines) before it is
+decoded: text by what its dictionary indices decode to, ids by the footer's count of values.
+A file past the budget ends its stream with RESOURCE_EXHAUSTED naming the file, the row group
+and the flag, while other streams flow. The bombs here are tens of MB decoded and a few KB on
+disk (one dictionary entry, or one row group that the footer names many times); the full-size
+ones run in a memory cgroup (`test_hostile_data.py`)."""
+
+from __future__ import annotations
+
+import gc
+import io
+import struct
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from input_client.proto import pb, pb_grpc
+from input_client.wire import PROTOCOL_VERSION
+from input_server.data.columnar import ParquetReader
+from input_server.data.records import DECOMPRESSED
+from input_server.errors import OverBudgetError
+from input_server.serving.server import Server, ServerConfig
+
+_MIB = 1 << 20
+
+
+def text_bomb(path, rows: int, value_mib: int = 1) -> str:
+    """`rows` rows of one `value_mib` MiB string: one dictionary entry and its indices, a
+    few hundred bytes of zstd Parquet (read back as plain strings: no stored arrow schema)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(rows, np.int32)), pa.array(["all work " * (value_mib * _MIB // 9)])
+    )
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", store_schema=False)
+    return str(path)
+
+
+def ids_bomb(path, row_groups: int, rows: int = 500, ids_per_row: int = 2000) -> str:
+    """`row_groups` row groups of `rows` x `ids_per_row` repeated int32 ids: one real row group
+    whose bytes the footer names `row_groups` times (what an attacker writes; a few KB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pa.array(np.full(rows * ids_per_row, 7, np.int32))
+    offsets = pa.array(np.arange(0, rows * ids_per_row + 1, ids_per_row, dtype=np.int32))
+    table = pa.table({"ids": pa.ListArray.from_arrays(offsets, values)})
+    one = io.BytesIO()
+    pq.write_table(table, one, compression="zstd")
+    raw = one.getvalue()
+    body = raw[: -8 - struct.unpack("<i", raw[-8:-4])[0]]  # the file before its footer
+    single = pq.ParquetFile(io.BytesIO(raw)).metadata
+    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
+    for _ in range(row_groups - 1):
+        meta.append_row_groups(single)
+    footer = io.BytesIO()
+    meta.write_metadata_file(footer)  # "PAR1", the footer, its length, "PAR1"
+    with open(path, "wb") as f:
+        f.write(body + footer.getvalue()[4:])
+    return str(path)
+
+
+def settled(idle: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while DECOMPRESSED.held != idle and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    return DECOMPRESSED.held
+
+
+def test_a_text_bomb_is_refused_before_it_is_decoded_naming_file_row_group_and_flag(tmp_path):
+    """64 MiB of text in one row group of a 300-byte file, under a 16 MiB budget."""
+    path = text_bomb(tmp_path / "text.parquet", rows=64)
+    idle = DECOMPRESSED.held
+    reader = ParquetReader(path, "text", name="bombs/text.parquet", max_decompressed=16 * _MIB)
+    with pytest.raises(OverBudgetError) as e:
+        reader[0]
+    said = str(e.value)
+    assert "bombs/text.parquet row group 0 (rows 0-63)" in said, said
+    assert "--max-decompressed-mb 16" in said and "'text'" in said, said
+    assert settled(idle) == idle  # nothing kept of what was refused
+
+
+def test_an_ids_bomb_is_refused_at_the_row_group_past_the_budget(tmp_path):
+    """16 row groups of 1 M int32 ids (3.8 MiB each, 61 MiB in all) under a 16 MiB budget: the
+    fifth row group is refused before it is read, and the four read are given back."""
+    path = ids_bomb(tmp_path / "ids.parquet", row_groups=16)
+    idle = DECOMPRESSED.held
+    reader = ParquetReader(path, "text", token_field="ids", max_decompressed=16 * _MIB)
+    assert len(reader) == 16 * 500
+    with pytest.raises(OverBudgetError) as e:
+        reader[0]
+    said = str(e.value)
+    assert "row group 4 (rows 2000-2499)" in said and "--max-decompressed-mb 16" in said, said
+    assert settled(idle) == idle
+
+
+def test_a_column_within_the_budget_is_held_reserved_until_closed(tmp_path):
+    """A real column loads, holds about its decoded size in the budget until `close`; a
+    second reader of the same process past what is left is refused, naming what is held."""
+    path = ids_bomb(tmp_path / "ids.parquet", row_groups=2)  # 7.6 MiB of ids
+    text = text_bomb(tmp_path / "text.parquet", rows=6)  # 6 MiB of text
+    idle = DECOMPRESSED.held
+    ids = ParquetReader(path, "text", token_field="ids", max_decompressed=12 * _MIB)
+    assert ids[999].tolist() == [7] * 2000
+    assert 7.6 * _MIB <= DECOMPRESSED.held - idle < 8 * _MIB
+    texts = ParquetReader(text, "text", max_decompressed=12 * _MIB)
+    with pytest.raises(OverBudgetError, match="MB of other files held now"):
+        texts[0]
+    ids.close()
+    assert settled(idle) == idle
+    assert texts.read_many([5, 0]) == [texts[5], texts[0]] and texts[0].startswith("all work")
+    assert 6 * _MIB <= DECOMPRESSED.held - idle < 7 * _MIB
+    texts.close()
+    assert settled(idle) == idle
+
+
+def call(target: str, spec: pb.PipelineSpec, timeout: float = 60) -> tuple[grpc.StatusCode, str]:
+    with grpc.insecure_channel(target) as channel:
+        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+            timeout=timeout,
+        )
+        try:
+            for _ in stream:
+                stream.cancel()
+                return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        return grpc.StatusCode.OK, ""
+
+
+def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(tmp_path, make_spec):
+    config = ServerConfig(
+        listen=[f"unix://{tmp_path}/s.sock"], max_decompressed_mb=16, max_workers=2, grace_s=1
+    )
+    text = text_bomb(tmp_path / "text.parquet", rows=64)
+    ids = ids_bomb(tmp_path / "ids.parquet", row_groups=16)
+    flowing, stop = [], threading.Event()
+    with Server(config) as srv:
+        target = srv.targets[0]
+
+        def other() -> None:
+            spec = make_spec(order={"epochs": 0}).to_proto()
+            with grpc.insecure_channel(target) as channel:
+                stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+                    iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+                    timeout=60,
+                )
+                for _ in stream:
+                    flowing.append(1)
+                    if stop.is_set():
+                        stream.cancel()
+                        return
+
+        thread = threading.Thread(target=other, daemon=True)
+        thread.start()
+        try:
+            for spec in (
+                make_spec(source={"paths": [text], "format": "parquet"}),
+                make_spec(source={"paths": [ids], "format": "parquet", "token_field": "ids"}),
+            ):
+                code, details = call(target, spec.to_proto())
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+                assert "row group" in details and "--max-decompressed-mb 16" in details, details
+                assert ".parquet" in details, details
+            seen = len(flowing)
+            time.sleep(0.5)
+            assert len(flowing) > seen
+        finally:
+            stop.set()
+            thread.join(30)
