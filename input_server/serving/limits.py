@@ -7,6 +7,8 @@ import dataclasses
 import grpc
 
 from input_client.spec import PipelineSpec
+from input_server.batching.pipeline import fixed_workers
+from input_server.data.order import OrderBudget
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError, RefusedError
 from input_server.serving.coalesce import batches_per_message
@@ -66,3 +68,74 @@ def check_workers(spec: PipelineSpec, cap: int) -> None:
             f"{cap} (worker processes across all streams); ask for at most "
             f'{cap}, or "auto".'
         )
+
+
+class StreamProcesses:
+    """One "auto" stream's view of the server's worker processes (`slots.ProcessPool`), held to
+    `cap` at once: each worker process computes its own copy of the stream's document order,
+    which its tuning (measuring memory once the processes run) would learn of too late.
+
+    Args:
+      pool: the server's processes.
+      cap: the most this stream may hold; None = as many as are free.
+    """
+
+    def __init__(self, pool, cap: int | None):
+        self._pool, self._cap, self._held = pool, cap, 0
+        self.cap = pool.cap  # the server's --max-workers, for messages
+
+    def _room(self, n: int) -> int:
+        return n if self._cap is None else max(0, min(n, self._cap - self._held))
+
+    def free(self) -> int:
+        return self._room(self._pool.free())
+
+    def take_up_to(self, n: int) -> int:
+        got = self._pool.take_up_to(self._room(n))
+        self._held += got
+        return got
+
+    def give(self, n: int) -> None:
+        self._held -= n
+        self._pool.give(n)
+
+
+def order_process_cap(order_bytes: int, left_mb: float) -> int | None:
+    """The worker processes whose copies of a document order of `order_bytes` fit in
+    `left_mb` (what the stream's budget leaves); None when the order holds nothing."""
+    if order_bytes <= 0 or left_mb == float("inf"):
+        return None
+    return max(0, int(left_mb * _MIB // order_bytes))
+
+
+def order_budget(
+    spec: PipelineSpec, limit_mb: float, *, queue_depth: int, message_tokens: int
+) -> OrderBudget | None:
+    """What `spec`'s batches and groups leave of a stream's `limit_mb` (--stream-memory-mb) for
+    its document order, 8 bytes a document of its shard in the server's process and in each
+    worker process (800 M documents of one file named 40,000 times took a 3 GB server down);
+    checked once its files are counted, before the order is computed. None: no limit."""
+    if limit_mb == float("inf"):
+        return None
+    count = spec.workers.count
+    # "auto" starts in the server's process; its worker processes are held to the copies
+    # that fit (`StreamProcesses`).
+    processes = 0 if count == "auto" else count
+    threads = 1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads
+    used = stream_memory_mb(
+        spec,
+        queue_depth=queue_depth,
+        message_tokens=message_tokens,
+        processes=processes,
+        threads=threads,
+    )
+    return OrderBudget(
+        max_bytes=int((limit_mb - used) * _MIB), copies=1 + processes, flag_mb=limit_mb
+    )
+
+
+def order_bytes(pipeline) -> int:
+    """What one process's copy of a pipeline's document order holds at most."""
+    order = getattr(pipeline, "order", None)
+    orders = getattr(order, "components", None) or ([order] if order is not None else [])
+    return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))

@@ -26,7 +26,6 @@ from input_server.autotune.tuner import Tuner
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
 from input_server.batching.switching import SwitchingStream
-from input_server.data.order import OrderBudget
 from input_server.data.roots import DataAccess
 from input_server.errors import (
     CancelledError,
@@ -43,8 +42,12 @@ from input_server.serving.info import stream_info
 from input_server.serving.limits import (
     GROUP_MIB,
     Limits,
+    StreamProcesses,
     check_memory,
     check_workers,
+    order_budget,
+    order_bytes,
+    order_process_cap,
     stream_memory_mb,
 )
 from input_server.serving.retune import StreamTuner
@@ -115,28 +118,15 @@ class InputServicer(pb_grpc.InputServiceServicer):
 
     def _access_for(self, spec: PipelineSpec) -> DataAccess:
         """The server's data access for a request of `spec`, with what its batches and groups
-        leave of --stream-memory-mb for its document order (8 bytes a document of its shard,
-        in the server's process and in each worker process: 800 M documents of one file
-        named 40,000 times took a 3 GB server down), checked once its files are counted and
-        before the order is computed."""
-        limit = self._limits.stream_memory_mb
-        if limit == float("inf"):
-            return self._limits.access
-        count = spec.workers.count
-        # "auto" starts in the server's process; its tuning holds its measured worker
-        # processes (each with its copy of the order) within what `_groups_mb` leaves.
-        processes = 0 if count == "auto" else count
-        threads = 1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads
-        used = stream_memory_mb(
+        leave of --stream-memory-mb for its document order (`limits.order_budget`)."""
+        budget = order_budget(
             spec,
+            self._limits.stream_memory_mb,
             queue_depth=self._queue_depth,
             message_tokens=self._message_tokens,
-            processes=processes,
-            threads=threads,
         )
-        budget = OrderBudget(
-            max_bytes=int((limit - used) * (1 << 20)), copies=1 + processes, flag_mb=limit
-        )
+        if budget is None:
+            return self._limits.access
         return dataclasses.replace(self._limits.access, order_budget=budget)
 
     def _check_fits(self, spec: PipelineSpec) -> None:
@@ -154,21 +144,29 @@ class InputServicer(pb_grpc.InputServiceServicer):
             threads=1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads,
         )
 
+    def _processes_for(self, pipeline: Pipeline) -> StreamProcesses:
+        """An "auto" stream's share of the worker processes: as many as are free, and no more
+        than the copies of its document order (one a process) that its budget leaves room
+        for once its groups and the server's copy are counted (`_groups_mb`)."""
+        cap = order_process_cap(order_bytes(pipeline), self._groups_mb(pipeline))
+        return StreamProcesses(self._processes, cap)
+
     def _workers(
-        self, pipeline: Pipeline, left: threading.Event
+        self, pipeline: Pipeline, left: threading.Event, pool: StreamProcesses
     ) -> tuple[Workers, Tuning | None, int]:
-        """The parallelism the stream opens with, within the server's free worker processes,
-        the remembered tuning behind it ("auto"), and the processes reserved for it."""
+        """The parallelism the stream opens with, within the server's free worker processes
+        (`pool`, for "auto"), the remembered tuning behind it ("auto"), and the processes
+        reserved for it."""
         w = pipeline.spec.workers
         if w.count != "auto":
             self._processes.take(w.count, left, self._draining)
             return fixed_workers(w.count, w.threads), None, w.count
         workers, remembered = self._tuner.start(
             pipeline,
-            max_processes=self._processes.free(),
+            max_processes=pool.free(),
             max_threads=max(1, int(self._groups_mb(pipeline) / GROUP_MIB)),
         )
-        got = self._processes.take_up_to(workers.processes)
+        got = pool.take_up_to(workers.processes)
         if got < workers.processes:  # taken by other streams meanwhile: no settled choice
             return (
                 Workers(
@@ -187,7 +185,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         its spec's `ram_budget_mb`, within what the batches and the server's copy of its
         document order leave of the server's budget for a stream."""
         spec = pipeline.spec
-        order_mb = _order_bytes(pipeline) / (1 << 20)
+        order_mb = order_bytes(pipeline) / (1 << 20)
         return min(
             spec.workers.ram_budget_mb,
             self._limits.stream_memory_mb
@@ -209,6 +207,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         credit: Credit,
         remembered: Tuning | None,
         reserved: int,
+        pool: StreamProcesses,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
@@ -226,7 +225,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         return StreamTuner(
             stream,
             search,
-            processes=self._processes,
+            processes=pool,
             reserved=reserved,
             taken=lambda: credit.taken_or(session.batches_sent),
             remember=functools.partial(self._tuner.remember, pipeline),
@@ -312,7 +311,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # tuning.
                     position = pipeline.parse_state(request.resume_state)
                     self._set_up(stream_id, shown, "choosing its workers")
-                    workers, remembered, reserved = self._workers(pipeline, left)
+                    pool = self._processes_for(pipeline)
+                    workers, remembered, reserved = self._workers(pipeline, left, pool)
                     cancel.check()
             except CancelledError:
                 if self._draining.is_set() and not left.is_set():  # the client may resume
@@ -331,7 +331,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             )
             if auto:
                 live = self._live_tuner(
-                    pipeline, stream, session, credit, remembered, reserved
+                    pipeline, stream, session, credit, remembered, reserved, pool
                 ).start()
             with self._lock:
                 self._sessions[stream_id] = (session, credit, live)
@@ -395,13 +395,6 @@ class InputServicer(pb_grpc.InputServiceServicer):
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
             streams=[*setting_up, *(stream_info(*s) for s in sessions)],
         )
-
-
-def _order_bytes(pipeline: Pipeline) -> int:
-    """What one process's copy of the pipeline's document order holds at most."""
-    order = getattr(pipeline, "order", None)
-    orders = getattr(order, "components", None) or ([order] if order is not None else [])
-    return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))
 
 
 def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:

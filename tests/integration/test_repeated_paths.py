@@ -157,3 +157,20 @@ def test_other_streams_flow_while_a_repeated_path_request_is_refused(
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_an_auto_stream_takes_no_more_worker_processes_than_copies_of_its_order_fit():
+    """An "auto" stream's tuning measures memory once processes run; each computes its own
+    copy of the order, so the processes it may take are capped first: 45 MiB left for copies
+    of a 20 MiB order is two processes, however many the server has free."""
+    from input_server.serving.limits import StreamProcesses, order_process_cap
+    from input_server.serving.slots import ProcessPool
+
+    pool = ProcessPool(8)
+    mine = StreamProcesses(pool, order_process_cap(20 << 20, 45))
+    assert mine.free() == 2
+    assert mine.take_up_to(5) == 2 and mine.free() == 0 and pool.free() == 6
+    mine.give(1)
+    assert mine.free() == 1 and pool.free() == 7
+    unshuffled = StreamProcesses(pool, order_process_cap(0, 45))  # an order holding nothing
+    assert unshuffled.free() == 7
