@@ -6,6 +6,7 @@ batches are the same bytes for any processes and threads).
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import queue
 import statistics
@@ -36,6 +37,30 @@ MAX_WARMUP_S = 2.0
 MAX_WINDOW = 3.0
 _MIB = 1 << 20
 _SLICE_S = 0.1
+# How long `wait_closed` waits by default: Grain gives a worker process 10 s to stop before
+# it kills it, and a candidate cut at its deadline may be starting several.
+CLOSE_WAIT_S = 30.0
+
+# Candidates' producers still closing their streams when `measure` returned (its deadline
+# came first, e.g. while Grain was starting worker processes). A process that exits with one
+# still running runs Grain's finalizers against half-started workers at interpreter exit
+# (tracebacks, leaked shared memory), so `input-server tune` waits for them: `wait_closed`.
+_closing: set[Prefetcher] = set()
+_closing_lock = threading.Lock()
+_at_exit: list[bool] = []  # whether `wait_closed` is registered with atexit (once)
+
+
+def wait_closed(timeout: float = CLOSE_WAIT_S) -> bool:
+    """Waits up to `timeout` s for every candidate's stream to have closed (its worker
+    processes stopped, their shared memory freed); whether all have."""
+    end = time.monotonic() + timeout
+    with _closing_lock:
+        pending = list(_closing)
+    for producer in pending:
+        producer.join(max(0.0, end - time.monotonic()))
+    with _closing_lock:
+        _closing.difference_update(p for p in pending if not p.is_alive())
+        return not any(p.is_alive() for p in _closing)
 
 
 def _producer(
@@ -237,3 +262,13 @@ def measure(
         # Unblock the producer's put, then give it a moment to close its workers.
         stop.set()
         producer.close(timeout=5.0 if deadline is None else max(0.0, min(5.0, deadline - clock())))
+        with _closing_lock:
+            _closing.difference_update([p for p in _closing if not p.is_alive()])
+            if producer.is_alive():
+                _closing.add(producer)
+                if not _at_exit:
+                    # Also for any other program that tunes and exits (scripts, benchmarks):
+                    # registered after multiprocessing's own exit handler, so it runs first
+                    # (atexit runs in reverse order), while the workers can still stop cleanly.
+                    atexit.register(wait_closed)
+                    _at_exit.append(True)

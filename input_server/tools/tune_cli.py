@@ -52,6 +52,23 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from input_server.autotune.measure import CLOSE_WAIT_S, wait_closed
+
+    try:
+        return _run(args)
+    finally:
+        # A candidate cut by the time limit may still be closing its stream (stopping Grain
+        # worker processes it was starting): exiting now would leave that to Grain's
+        # finalizers at interpreter exit, which print tracebacks and leak shared memory.
+        if not wait_closed():
+            print(
+                "input-server: a candidate's worker processes did not stop within "
+                f"{CLOSE_WAIT_S:.0f} s",
+                file=sys.stderr,
+            )
+
+
+def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from input_server.autotune import report, tuner
