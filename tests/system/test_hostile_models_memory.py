@@ -1,0 +1,142 @@
+"""The measured hostile models at full size against a server in a 3 GB memory cgroup, with
+another client's stream flowing: each is refused by name and the server lives on.
+
+Measured before the bounds (issue 27, A4): a tokenizer.json replacing each space with 100,000
+characters OOM-killed such a server in 7.7 s, a sentencepiece charsmap mapping one character
+to 20,000 in 20 s, a 10 M-line tiktoken file on one DescribeTokenizer. Only inside a cgroup
+(a failure must kill the server, not the host); skipped where none can be made.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+
+from input_client import InputClient, PipelineSpec, StreamError
+from input_server.tools.corpus import train_sentencepiece, write_jsonl
+from input_server.tools.tokenizer_models import train_hf_tokenizer
+from tests.support import cli_argv, health, memory_cgroup
+
+
+@contextlib.contextmanager
+def _server(root: str, procs: str):
+    def enter_cgroup() -> None:  # in the child, before it execs: its workers are inside too
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    target = f"unix://{root}/s.sock"
+    argv = cli_argv("serve", "--listen", target, "--data-root", root)
+    with open(os.path.join(root, "server.log"), "ab") as log:
+        p = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=enter_cgroup)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                if health(target) == 1:
+                    break
+            assert p.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        yield target, p
+    finally:
+        p.kill()
+        p.wait(30)
+
+
+def _models(root: str, docs: list[str]) -> dict[str, tuple[str, str, str]]:
+    """(model, kind, corpus) of each hostile model, full size, with documents that meet it."""
+    import sentencepiece as spm
+
+    hf = train_hf_tokenizer(docs[:300], os.path.join(root, "hf"), vocab_size=400)
+    model = json.load(open(os.path.join(hf, "tokenizer.json")))
+    model["normalizer"] = {
+        "type": "Replace",
+        "pattern": {"String": " "},
+        "content": "x" * 100_000,
+    }
+    json.dump(model, open(os.path.join(hf, "tokenizer.json"), "w"))
+    spaces = write_jsonl(["a " * 5000] * 64, os.path.join(root, "spaces.jsonl"))
+    # "§" -> 20,000 characters in the charsmap (the measured model mapped "e"; a character the
+    # training text lacks keeps training fast).
+    rule = os.path.join(root, "rule.tsv")
+    open(rule, "w").write("A7\t" + " ".join(["4E"] * 20_000) + "\n")
+    lines = [line for doc in docs[:200] for line in doc.splitlines() if line.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=os.path.join(root, "charsmap"),
+        normalization_rule_tsv=rule,
+        vocab_size=200,
+        minloglevel=2,
+        hard_vocab_limit=False,
+        num_threads=1,
+    )
+    marks = write_jsonl(["§ " * 5000] * 64, os.path.join(root, "marks.jsonl"))
+    ranks = os.path.join(root, "many.tiktoken")
+    with open(ranks, "w", encoding="ascii") as f:  # 3 M lines, 45 MB
+        for r in range(3_000_000):
+            f.write(f"{base64.b64encode(r.to_bytes(3, 'big')).decode()} {r}\n")
+    return {
+        "normalizer": (hf, "huggingface", spaces),
+        "charsmap": (os.path.join(root, "charsmap.model"), "sentencepiece", marks),
+        "ranks": (ranks, "tiktoken", spaces),
+    }
+
+
+# 20 s when the bounds hold; without them the server thrashes in its cgroup until killed.
+@pytest.mark.timeout(150)
+def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_path, docs):
+    root = str(tmp_path)
+    with memory_cgroup(3) as procs:
+        if procs is None:
+            pytest.skip("no memory cgroup can be made here: full-size hostile models need one")
+        hostile = _models(root, docs)
+        good = PipelineSpec(
+            source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
+            tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
+            batch={"seq_len": 128, "size": 4},
+            order={"epochs": 0},
+            workers={"count": 0},
+        )
+        with _server(root, procs) as (target, p):
+            taken, stop = [0], threading.Event()
+
+            def other() -> None:  # another client's stream, flowing throughout
+                with InputClient(target) as c, c.batches(good) as it:
+                    for _ in it:
+                        taken[0] += 1
+                        if stop.is_set():
+                            return
+
+            flowing = threading.Thread(target=other, daemon=True)
+            flowing.start()
+            deadline = time.monotonic() + 60
+            while taken[0] < 5 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            try:
+                for name, (model, kind, corpus) in hostile.items():
+                    spec = PipelineSpec(
+                        source={"paths": [corpus]},
+                        tokenizer={"model": model, "kind": kind},
+                        batch={"seq_len": 128, "size": 4},
+                        workers={"count": 0},
+                    )
+                    with InputClient(target) as c, pytest.raises(StreamError) as e:
+                        with c.batches(spec) as it:
+                            for _ in range(20):
+                                next(it)
+                    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, (name, e.value)
+                    assert model in e.value.details, (name, e.value)
+                    assert p.poll() is None, f"the server died on {name}"
+                before = taken[0]
+                time.sleep(1.0)
+                assert taken[0] > before, "the other stream stopped"
+            finally:
+                stop.set()
+                flowing.join(30)
