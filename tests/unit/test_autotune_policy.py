@@ -47,6 +47,21 @@ def test_plateau_picks_the_fewest_workers_within_a_few_percent_of_the_best():
     assert decide(rows, cpus=16).threads == 8
 
 
+def test_the_plateau_reason_agrees_with_the_table():
+    # The fewest workers was the fastest: the more workers were slower, not "at most 2 %".
+    t = decide([row(0, 1, 1335.6), row(0, 2, 1244.1)], cpus=2)
+    assert (t.threads, t.reason) == (1, "plateau")
+    assert "more workers were no faster (best of them in-proc x 2 thr: 1244.1" in t.detail
+    # Past the cores, a row 15 % faster is named with its gain, and why it was not taken.
+    t = decide([row(0, 1, 100), row(0, 2, 180), row(0, 4, 207)], cpus=2)
+    assert t.threads == 2
+    assert "more workers than the 2 cores gained 15.0% (in-proc x 4 thr: 207.0" in t.detail
+    assert "under the 20% oversubscribing them must gain" in t.detail
+    # Within the noise band: the gain as measured.
+    t = decide([row(0, 1, 100), row(0, 2, 101)], cpus=2)
+    assert t.threads == 1 and "more workers gained 1.0% (in-proc x 2 thr" in t.detail
+
+
 @pytest.mark.parametrize(
     "gain_past_cores, threads",
     [(1.10, 2), (2.0, 8)],
