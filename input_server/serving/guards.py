@@ -19,6 +19,11 @@ from input_server.errors import (
 
 log = logging.getLogger("input_server.serving.service")
 
+# What a guard lets through: a generator being closed (the client left) and a stop asked of the
+# process. Everything else, BaseException included (a Rust library's panic arrives as pyo3's
+# PanicException, a BaseException, which gRPC would send as UNKNOWN), gets its status.
+_PASS = (GeneratorExit, KeyboardInterrupt, SystemExit)
+
 
 def _abort(context: grpc.ServicerContext, e: BaseException) -> None:
     code, message = status_of(e)
@@ -50,7 +55,9 @@ def guard_stream(method: Callable) -> Callable:
     def guarded(self, requests, context):
         try:
             yield from method(self, requests, context)
-        except Exception as e:  # noqa: BLE001 - every exception gets its status here
+        except _PASS:
+            raise
+        except BaseException as e:  # noqa: BLE001 - every exception gets its status here
             _abort(context, e)
 
     return guarded
@@ -65,7 +72,9 @@ def guard_unary(kind: type) -> Callable[[Callable], Callable]:
         def guarded(self, request, context):
             try:
                 return method(self, parsed(kind, request), context)
-            except Exception as e:  # noqa: BLE001 - every exception gets its status here
+            except _PASS:
+                raise
+            except BaseException as e:  # noqa: BLE001 - every exception gets its status here
                 _abort(context, e)
 
         return guarded

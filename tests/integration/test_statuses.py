@@ -240,3 +240,41 @@ def test_a_huge_name_or_path_is_echoed_cut_and_keeps_its_status(target, make_spe
         assert e.code() == getattr(grpc.StatusCode, code) and len(e.details()) < 400
         assert e.details().startswith("`source.paths`")
         assert f"({len(path)} characters)" in e.details()
+
+
+def test_a_panic_escaping_a_method_gets_a_status_not_unknown():
+    """A Rust library's panic (pyo3's PanicException) is a BaseException: a guard that caught
+    only Exception let it escape, and gRPC answered UNKNOWN. The context is a stand-in for
+    gRPC's (outside the project): it records the status the guard gives."""
+    from input_server.serving.guards import guard_stream, guard_unary
+
+    class Panic(BaseException):  # what pyo3_runtime.PanicException derives from
+        pass
+
+    class Context:
+        def is_active(self):
+            return False  # nothing logged for a caller who left
+
+        def abort(self, code, message):
+            self.status = (code, message)
+            raise grpc.RpcError()
+
+    class Servicer:
+        @guard_unary(pb.Tokenizer)
+        def unary(self, request, context):
+            raise Panic("Onig: Regex search error: retry-limit-in-match over")
+
+        @guard_stream
+        def stream(self, requests, context):
+            yield from ()
+            raise Panic("Onig: Regex search error: retry-limit-in-match over")
+
+    want = (grpc.StatusCode.INTERNAL, "Panic: Onig: Regex search error: retry-limit-in-match over")
+    context = Context()
+    with pytest.raises(grpc.RpcError):
+        Servicer().unary(pb.Tokenizer(), context)
+    assert context.status == want
+    context = Context()
+    with pytest.raises(grpc.RpcError):
+        list(Servicer().stream(iter(()), context))
+    assert context.status == want
