@@ -285,3 +285,25 @@ def test_add_bos_without_a_bos_token_warns_naming_the_model(models, tmp_path, ca
     assert tok.info().bos_id == -1 and not np.isin(tokens, [0, 1]).any()
     said = [r.getMessage() for r in caplog.records if "add_bos" in r.getMessage()]
     assert said and str(bare) in said[0] and "bos_token" in said[0], caplog.text
+
+
+def test_the_hugging_face_cache_is_bounded_by_the_size_of_what_it_holds(
+    models, tmp_path, monkeypatch
+):
+    """Loaded models are kept within MAX_LOADED_BYTES by their estimated size (16 x their
+    files), the least recently used dropped first; the budget is made small here, the
+    models stay real."""
+    from input_server.data import hf_tokenizer
+
+    folders = [str(shutil.copytree(models["hf"], tmp_path / f"hf{i}")) for i in range(3)]
+    files = ("tokenizer.json", "tokenizer_config.json")
+    one = hf_tokenizer.LOAD_BYTES_PER_FILE_BYTE * sum(
+        os.path.getsize(os.path.join(folders[0], f)) for f in files
+    )
+    monkeypatch.setattr(hf_tokenizer, "MAX_LOADED_BYTES", int(2.5 * one))
+    for folder in folders:
+        load_tokenizer(TokenizerSpec(model=folder, kind="huggingface")).info()
+    held = [key[0][0] for key in hf_tokenizer._LOADED]
+    assert sum(e[2] for e in hf_tokenizer._LOADED.values()) <= 2.5 * one
+    assert not any(p.startswith(folders[0] + os.sep) for p in held), held
+    assert sum(p.startswith((folders[1] + os.sep, folders[2] + os.sep)) for p in held) == 2
