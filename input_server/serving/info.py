@@ -17,7 +17,7 @@ def stream_info(s: StreamSession, credit: Credit, live: StreamTuner | None) -> p
     tuning = live.search.tuning if live is not None else None  # a fixed count has none
     info = pb.StreamInfo(
         stream_id=s.stream_id,
-        pipeline=s.name,
+        pipeline=s.label,
         worker_processes=workers.processes,
         worker_threads=workers.threads,
         worker_reason=live.reason if live else workers.reason,

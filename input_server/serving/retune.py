@@ -109,13 +109,7 @@ class StreamTuner:
                 if measured is None:
                     continue
                 window, demand, cpu_cores = measured
-                step = self.search.observe(
-                    window,
-                    demand=demand,
-                    now=clock(),
-                    cpu_cores=cpu_cores,
-                    rss_mb=self._worker_rss_mb(),
-                )
+                step = self._observe(window, demand, cpu_cores, self._worker_rss_mb())
                 self._follow(step, window, demand)
                 failures = 0
             except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
@@ -127,6 +121,18 @@ class StreamTuner:
                     )
                     return
                 self._stop.wait(WINDOW_S)
+
+    def _observe(self, window: Window, demand: float, cpu_cores: float, rss_mb: float) -> Step:
+        """The search's step for this window; a search it starts again shows in `reason`."""
+        was_settled = self.search.settled
+        step = self.search.observe(
+            window, demand=demand, now=clock(), cpu_cores=cpu_cores, rss_mb=rss_mb
+        )
+        if was_settled and not self.search.settled:
+            # The settled (or remembered) choice's reason no longer says why the stream runs
+            # as it does; a switch the search makes replaces this with its own.
+            self.reason = "auto: searching…" + (f" ({step.reason})" if step.reason else "")
+        return step
 
     def _follow(self, step: Step, window: Window, demand: float | None) -> None:
         while step.to is not None and not self._stop.is_set():

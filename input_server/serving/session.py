@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import threading
@@ -31,6 +32,24 @@ _GRAIN_WORKER_DIED = re.compile(
 )
 
 
+# The name the service gives a stream whose client sent its spec (the proto's documented value).
+REQUEST = "(request)"
+
+
+def describe(name: str, spec) -> str:
+    """What `info` and the log call a stream: its pipeline's name, or for a spec the client
+    sent, its data (first path, how many more) and model, e.g. "request: docs.jsonl, spm.model"
+    ("(request)" alone named none of a server's many such streams)."""
+    if name != REQUEST:
+        return name
+    paths = [p for source in spec.sources for p in source.paths]
+    data = os.path.basename(paths[0]) if paths else "?"
+    if len(paths) > 1:
+        data += f" +{len(paths) - 1}"
+    model = spec.tokenizer.model
+    return f"request: {data}" + (f", {os.path.basename(model.rstrip('/'))}" if model else "")
+
+
 class StreamSession:
     """Runs one stream's pipeline on a thread, ahead of the sender by at most `depth` batches.
 
@@ -53,6 +72,7 @@ class StreamSession:
     ):
         self.stream_id = stream_id
         self.name = name
+        self.label = describe(name, stream.pipeline.spec)
         self.stream = stream
         self.batches_sent = 0
         shape = stream.pipeline.spec.batch
@@ -108,7 +128,7 @@ class StreamSession:
         with self._failure_lock:
             if self.failure is not None:
                 return
-            log.warning("stream %d (%s): %s", self.stream_id, self.name, failure)
+            log.warning("stream %d (%s): %s", self.stream_id, self.label, failure)
             self._failed_at = time.monotonic()
             self.failure = failure
 
@@ -163,7 +183,7 @@ class StreamSession:
             if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
                 failure = self._worker_died("a worker process", int(m.group(1)))
             if failure is None:
-                log.warning("stream %d (%s) failed", self.stream_id, self.name, exc_info=True)
+                log.warning("stream %d (%s) failed", self.stream_id, self.label, exc_info=True)
                 raise
             self._record(failure)
             raise self.failure from e  # the watchdog's, naming the worker, if it came first

@@ -63,6 +63,21 @@ def _rate(x: float) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
 
 
+def _demand(s) -> str:
+    """The loop's demand: measured, "≥" what it took when it took every batch made (a loop
+    waiting for data wants at least that: demand_batches_per_s is 0 then), or "-" for a
+    stream no tuner watches (a fixed `workers.count`)."""
+    if not s.tuning_state:
+        return "-"
+    if s.demand_batches_per_s > 0:
+        return _rate(s.demand_batches_per_s)
+    return f"≥{_rate(s.consumed_batches_per_s)}"
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def format_table(info, address: str) -> str:
     """What a person reads: the server, the address used, each pipeline and each stream."""
     lines = [
@@ -89,16 +104,16 @@ def format_table(info, address: str) -> str:
         return "\n".join(lines)
     lines.append(f"streams    {len(info.streams)} running")
     head = (
-        f"  {'id':>4}  {'pipeline':<12} {'processes':>9} {'threads':>7} {'tuning':<9} "
+        f"  {'id':>4}  {'pipeline':<32} {'processes':>9} {'threads':>7} {'tuning':<9} "
         f"{'produced':>8} {'sent':>6} {'taken':>6} {'taken/s':>8} {'demand/s':>8}"
     )
     lines.append(head)
     for s in info.streams:
         lines.append(
-            f"  {s.stream_id:>4}  {(s.pipeline or '(spec)')[:12]:<12} {s.worker_processes:>9} "
+            f"  {s.stream_id:>4}  {_short(s.pipeline or '(spec)', 32):<32} {s.worker_processes:>9} "
             f"{s.worker_threads:>7} {s.tuning_state or '-':<9} {s.batches_produced:>8} "
             f"{s.batches_sent:>6} {s.batches_taken:>6} {_rate(s.consumed_batches_per_s):>8} "
-            f"{_rate(s.demand_batches_per_s):>8}"
+            f"{_demand(s):>8}"
         )
         if s.worker_reason:
             lines.append(f"        why: {s.worker_reason}")
