@@ -1,0 +1,162 @@
+"""The measured attacks at full size, against `input-server serve` in a 3 GB memory cgroup with
+its default limits: 40,000 copies of a 20,000-document file (800 M documents), 4,096 mixture
+components of it, a 300-byte Parquet file of 3.6 GB of text and a 20 KB one of 3.2 GB of ids.
+Each took such a server down; each is now refused by name while another client's stream
+flows, and the server is still there at the end. In the cgroup, a regression kills the
+server, not the host; the bombs are built small (one dictionary entry, one row group the
+footer names 100 times)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+
+import input_server
+from input_client.proto import pb, pb_grpc
+from input_client.wire import PROTOCOL_VERSION
+from tests.integration.test_parquet_bombs import ids_bomb, text_bomb
+from tests.support import cli_argv, health, memory_cgroup
+
+
+@contextlib.contextmanager
+def served(root: str, procs: str):
+    """`input-server serve` reading `root`, started inside the cgroup whose `procs` file is
+    given; its target and process."""
+    target = f"unix://{root}/hostile.sock"
+
+    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    argv = cli_argv("serve", "--listen", target, "--data-root", root)
+    # The server runs the code under test (this checkout), whatever is installed.
+    checkout = os.path.dirname(os.path.dirname(input_server.__file__))
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=enter_cgroup,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                if health(target) == 1:
+                    break
+            assert p.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        yield target, p
+    finally:
+        p.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(30)
+        p.kill()
+        p.wait()
+
+
+def call(target: str, spec: pb.PipelineSpec, take: int = 1) -> tuple[grpc.StatusCode, str]:
+    with grpc.insecure_channel(target) as channel:
+        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+            timeout=120,
+        )
+        n = 0
+        try:
+            for _ in stream:
+                n += 1
+                if n >= take:
+                    stream.cancel()
+                    return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        return grpc.StatusCode.OK, ""
+
+
+def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp_path, make_spec):
+    small = tmp_path / "small.jsonl"
+    with open(small, "w") as f:
+        for i in range(20_000):
+            f.write(json.dumps({"text": f"document {i} of many, all work and no play"}) + "\n")
+    text = text_bomb(tmp_path / "text.parquet", rows=3456)  # 3.6 GB decoded
+    ids = ids_bomb(tmp_path / "ids.parquet", row_groups=100, rows=4000)  # 3.2 GB decoded
+    attacks = [
+        # (spec, status, words the refusal must say)
+        (
+            make_spec(source={"paths": [str(small)] * 40_000}),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["`source.paths`", "small.jsonl", "40,000 times"],
+        ),
+        (
+            make_spec(
+                source=[{"paths": [str(small)]}] * 4096,
+                workers={"count": 2},
+                order={"epochs": 0},
+            ),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["document order", "--stream-memory-mb 2048", "4,096 components"],
+        ),
+        (
+            make_spec(source={"paths": [text], "format": "parquet"}),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["text.parquet row group 0", "--max-decompressed-mb 1024"],
+        ),
+        (
+            make_spec(source={"paths": [ids], "format": "parquet", "token_field": "ids"}),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["ids.parquet row group", "--max-decompressed-mb 1024"],
+        ),
+    ]
+    with memory_cgroup(3) as procs:
+        if procs is None:
+            pytest.skip("no memory cgroup can be made here (needs a writable /sys/fs/cgroup)")
+        with served(os.getcwd(), procs) as (target, p):
+            flowing, stop = [], threading.Event()
+
+            def other() -> None:  # another client's stream, flowing meanwhile
+                spec = make_spec(order={"epochs": 0}).to_proto()
+                with grpc.insecure_channel(target) as channel:
+                    stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+                        iter(
+                            [pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]
+                        ),
+                        timeout=300,
+                    )
+                    with contextlib.suppress(grpc.RpcError):
+                        for _ in stream:
+                            flowing.append(time.monotonic())
+                            if stop.is_set():
+                                stream.cancel()
+                                return
+
+            thread = threading.Thread(target=other, daemon=True)
+            thread.start()
+            try:
+                for spec, status, words in attacks:
+                    code, details = call(target, spec.to_proto())
+                    assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
+                    assert code == status, (words, code, details)
+                    assert all(w in details for w in words), (words, details)
+                # The 4,096 components in one process fit its budget (1.25 GiB of order):
+                # it streams.
+                mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
+                assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")
+                seen = len(flowing)
+                time.sleep(1)
+                assert len(flowing) > seen, "the other stream stopped"
+                assert p.poll() is None and health(target) == 1
+                peak = os.path.join(os.path.dirname(procs), "memory.max_usage_in_bytes")
+                if os.path.exists(peak):  # cgroup v1: for the record (`pytest -s`)
+                    with open(peak) as f:
+                        print(f"server's peak memory: {int(f.read()) >> 20} MiB")
+            finally:
+                stop.set()
+                thread.join(30)
