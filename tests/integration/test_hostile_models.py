@@ -238,6 +238,15 @@ def test_a_tokenizer_json_too_large_to_load_is_refused_before_reading(server, tm
     assert tokenizer_kinds.MAX_MODEL_BYTES_OF_KIND["huggingface"] == limit
 
 
+def test_a_sentencepiece_model_too_large_to_load_is_refused_before_reading(server, tmp_path):
+    """A sentencepiece model peaked at 11.6 x its bytes loaded: past 128 MB it is refused
+    from its size (sparse: no disk is used), where the 1 GB cap of any model let it load."""
+    big = tmp_path / "big.model"
+    with open(big, "wb") as f:
+        f.truncate((128 << 20) + 1)
+    _names(_describe_error(server, str(big), "sentencepiece"), str(big), "128 MB")
+
+
 @pytest.mark.parametrize(
     "given, kind, needle",
     [
