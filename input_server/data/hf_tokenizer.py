@@ -54,6 +54,9 @@ LOAD_BYTES_PER_FILE_BYTE = 16
 # What the loaded models may take together, by that estimate: older ones are dropped past it
 # (a model still used by a stream stays alive through it, then goes).
 MAX_LOADED_BYTES = 2 << 30
+# (model, flag) pairs already warned of: a client describing a model over and over must not
+# grow the log by a line a call.
+_WARNED: set = set()
 
 
 def _identity(path: str | None) -> tuple | None:
@@ -156,11 +159,13 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
             *sorted((n, _identity(p)) for n, p in self.sidecars.items()),
         )
         with _LOADED_LOCK:
-            if key in _LOADED:
+            hit = _LOADED.get(key)
+            if hit is not None:
                 _LOADED.move_to_end(key)
-                tok, self._ids, _ = _LOADED[key]
-                self._warn_unset()
-                return tok
+        if hit is not None:
+            tok, self._ids, _ = hit
+            self._warn_unset()
+            return tok
         try:
             tok = self._build()
         except InvalidSpecError:
@@ -186,6 +191,12 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         a trainer expecting a BOS gets none."""
         for flag, key in (("add_bos", "bos_token"), ("add_eos", "eos_token")):
             if getattr(self.spec, flag) and self._ids[key] < 0:
+                with _LOADED_LOCK:
+                    if (self.spec.model, flag) in _WARNED:
+                        continue
+                    if len(_WARNED) > 4096:
+                        _WARNED.clear()
+                    _WARNED.add((self.spec.model, flag))
                 log.warning(
                     "`tokenizer.model` %r: `%s = true` adds nothing: the model names no %s "
                     "(no tokenizer_config.json beside its tokenizer.json, or none set there), "

@@ -316,3 +316,15 @@ def test_the_hugging_face_cache_is_bounded_by_the_size_of_what_it_holds(
     assert sum(e[2] for e in hf_tokenizer._LOADED.values()) <= 2.5 * one
     assert not any(p.startswith(folders[0] + os.sep) for p in held), held
     assert sum(p.startswith((folders[1] + os.sep, folders[2] + os.sep)) for p in held) == 2
+
+
+def test_the_missing_bos_warning_is_said_once_per_model(models, tmp_path, caplog):
+    """A client describing a bare model again and again adds no line a call to the log."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(os.path.join(models["hf"], "tokenizer.json"), bare / "tokenizer.json")
+    spec = TokenizerSpec(model=str(bare), kind="huggingface", add_bos=True, add_eos=False)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            load_tokenizer(spec).info()
+    assert sum("add_bos" in r.getMessage() for r in caplog.records) == 1, caplog.text
