@@ -16,6 +16,7 @@ from input_client.threads import Prefetcher
 from input_client.wire import encode_state
 from input_server.batching.pipeline import BatchStream
 from input_server.errors import WorkerDiedError, exit_words
+from input_server.serving import memory
 from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,14 @@ class StreamSession:
         self._closing = False
         # pid: (the stage's generation, index, process)
         self._workers_seen: dict[int, tuple[int, int, BaseProcess]] = {}
-        self._producer = Prefetcher(
-            self._produce, depth=depth, name=f"stream-{stream_id}", poll_s=_POLL_S
-        )
+        memory.stream_started()  # ended by the producer: the last end gives memory back
+        try:
+            self._producer = Prefetcher(
+                self._produce, depth=depth, name=f"stream-{stream_id}", poll_s=_POLL_S
+            )
+        except BaseException:  # no thread, so no producer to count the end
+            memory.stream_ended()
+            raise
         if stream.workers.processes > 0 or hasattr(stream, "switch"):  # may start some later
             threading.Thread(
                 target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
@@ -199,6 +205,8 @@ class StreamSession:
                     self.stream_id,
                     exc_info=True,
                 )
+            finally:
+                memory.stream_ended()
 
     def _take(self, timeout: float) -> Queued | BaseException | None:
         """The next queued item, the producer's error or StopIteration, or None (a tick)."""
