@@ -139,3 +139,15 @@ def order_bytes(pipeline) -> int:
     order = getattr(pipeline, "order", None)
     orders = getattr(order, "components", None) or ([order] if order is not None else [])
     return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))
+
+
+def access_for(
+    spec: PipelineSpec, limits: Limits, *, queue_depth: int, message_tokens: int
+) -> DataAccess:
+    """The server's data access for a request of `spec`, with its `order_budget`."""
+    budget = order_budget(
+        spec, limits.stream_memory_mb, queue_depth=queue_depth, message_tokens=message_tokens
+    )
+    if budget is None:
+        return limits.access
+    return dataclasses.replace(limits.access, order_budget=budget)

@@ -6,7 +6,6 @@ Every exception a request meets becomes a status in one place (`guards.guard_str
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
@@ -43,9 +42,9 @@ from input_server.serving.limits import (
     GROUP_MIB,
     Limits,
     StreamProcesses,
+    access_for,
     check_memory,
     check_workers,
-    order_budget,
     order_bytes,
     order_process_cap,
     stream_memory_mb,
@@ -114,20 +113,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
         spec = PipelineSpec.from_proto(request.spec)
         self._check_fits(spec)  # before a file is opened
-        return "(request)", Pipeline(spec, self._access_for(spec))
-
-    def _access_for(self, spec: PipelineSpec) -> DataAccess:
-        """The server's data access for a request of `spec`, with what its batches and groups
-        leave of --stream-memory-mb for its document order (`limits.order_budget`)."""
-        budget = order_budget(
-            spec,
-            self._limits.stream_memory_mb,
-            queue_depth=self._queue_depth,
-            message_tokens=self._message_tokens,
+        access = access_for(  # with what its batches leave for its document order
+            spec, self._limits, queue_depth=self._queue_depth, message_tokens=self._message_tokens
         )
-        if budget is None:
-            return self._limits.access
-        return dataclasses.replace(self._limits.access, order_budget=budget)
+        return "(request)", Pipeline(spec, access)
 
     def _check_fits(self, spec: PipelineSpec) -> None:
         """Refuses a spec over the server's worker cap, or over its memory budget with the
@@ -143,13 +132,6 @@ class InputServicer(pb_grpc.InputServiceServicer):
             processes=processes,
             threads=1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads,
         )
-
-    def _processes_for(self, pipeline: Pipeline) -> StreamProcesses:
-        """An "auto" stream's share of the worker processes: as many as are free, and no more
-        than the copies of its document order (one a process) that its budget leaves room
-        for once its groups and the server's copy are counted (`_groups_mb`)."""
-        cap = order_process_cap(order_bytes(pipeline), self._groups_mb(pipeline))
-        return StreamProcesses(self._processes, cap)
 
     def _workers(
         self, pipeline: Pipeline, left: threading.Event, pool: StreamProcesses
@@ -311,7 +293,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # tuning.
                     position = pipeline.parse_state(request.resume_state)
                     self._set_up(stream_id, shown, "choosing its workers")
-                    pool = self._processes_for(pipeline)
+                    # An "auto" stream's processes: no more than copies of its order fit.
+                    cap = order_process_cap(order_bytes(pipeline), self._groups_mb(pipeline))
+                    pool = StreamProcesses(self._processes, cap)
                     workers, remembered, reserved = self._workers(pipeline, left, pool)
                     cancel.check()
             except CancelledError:
