@@ -16,10 +16,11 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 
 def hf_files(model: str) -> dict[str, str]:
     """A Hugging Face model's files that exist here, by name: `model` is the folder, or its
-    `tokenizer.json`."""
-    folder = model if not model.endswith(".json") else os.path.dirname(model)
+    `tokenizer.json` (a name ending in .json, or a regular file, as the server reads it)."""
+    is_file = model.endswith(".json") or os.path.isfile(model)
+    folder = os.path.dirname(model) if is_file else model
     found = {name: os.path.join(folder, name) for name in HF_FILES}
-    found["tokenizer.json"] = model if model.endswith(".json") else found["tokenizer.json"]
+    found["tokenizer.json"] = model if is_file else found["tokenizer.json"]
     return {name: p for name, p in found.items() if os.path.isfile(p)}
 
 

@@ -268,13 +268,18 @@ def test_a_hugging_face_model_may_name_its_file_and_a_missing_one_says_what_it_i
 ):
     """`model` naming the tokenizer.json file, whatever its name, is read as that file; a
     missing one says that huggingface's `model` is the folder or the file."""
+    from input_client import model_files
+
     named = tmp_path / "hf-file"
     shutil.copy(os.path.join(models["hf"], "tokenizer.json"), named)
     spec = PipelineSpec(
         source={"paths": ["x.jsonl"]}, tokenizer={"model": str(named), "kind": "huggingface"}
     )
     with InputClient(server.targets[0]) as c:
-        assert c.describe_tokenizer(spec).vocab_size == 400
+        info = c.describe_tokenizer(spec)
+    # The client hashes the same files as the server (what MaxText's check compares).
+    assert info.vocab_size == 400
+    assert info.sha256 == model_files.digest(model_files.hf_files(str(named)))
     err = _describe_error(server, str(tmp_path / "nowhere"), "huggingface")
     assert err.code == grpc.StatusCode.NOT_FOUND, err
     assert "the folder holding tokenizer.json" in err.details, err
