@@ -18,6 +18,7 @@ import threading
 import time
 
 import grpc
+import psutil
 import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
@@ -105,7 +106,15 @@ def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_pat
             workers={"count": 0},
         )
         with _server(root, procs) as (target, p):
-            taken, stop = [0], threading.Event()
+            taken, stop, peak = [0], threading.Event(), [0]
+
+            def watch() -> None:  # the server's resident memory, workers included
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(p.pid)
+                    while not stop.wait(0.05):
+                        rss = proc.memory_info().rss
+                        rss += sum(c.memory_info().rss for c in proc.children(recursive=True))
+                        peak[0] = max(peak[0], rss)
 
             def other() -> None:  # another client's stream, flowing throughout
                 with InputClient(target) as c, c.batches(good) as it:
@@ -116,6 +125,8 @@ def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_pat
 
             flowing = threading.Thread(target=other, daemon=True)
             flowing.start()
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
             deadline = time.monotonic() + 60
             while taken[0] < 5 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -137,6 +148,10 @@ def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_pat
                 before = taken[0]
                 time.sleep(1.0)
                 assert taken[0] > before, "the other stream stopped"
+                # Refused before the work: the most held is the ranks read up to MAX_RANKS
+                # (measured while writing this: 377 MB at the peak, the whole server included).
+                assert peak[0] < 1.5 * (1 << 30), f"peak RSS {peak[0] >> 20} MB"
             finally:
                 stop.set()
                 flowing.join(30)
+                watcher.join(5)
