@@ -6,7 +6,7 @@ Parquet only while it loads."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from input_server.data.records import (
     text_of,
 )
 from input_server.data.tf_example import example_ids, example_text
-from input_server.errors import InvalidSpecError, RecordError
+from input_server.errors import CorruptFileError, InvalidSpecError, RecordError
 
 
 class ArrayRecordReader:
@@ -227,9 +227,13 @@ class ParquetReader:
                 ids=self.token_field is not None,
                 limit=self.max_decompressed,
             )
-            arrays = load.load()  # the file is closed once the column is in memory
             try:
-                column = _ids(arrays) if self.token_field is not None else Texts(arrays)
+                if self.token_field is None:
+                    column = Texts(load.load())  # the file is closed once the column is loaded
+                else:
+                    rows, groups, values = load.footer()
+                    # Copied out a row group at a time: one row group of arrow memory at once.
+                    column = _ids(load.each() if groups > 1 else [load.load()], rows, values)
             except BaseException:
                 load.held.free()
                 raise
@@ -301,32 +305,33 @@ class ParquetReader:
 _ID_BYTES = 4
 
 
-def _ids(arrays: list) -> _Ids:
-    """A column of lists of ids (arrow arrays, one a row group) as numpy: 64-bit offsets (a
-    file may hold over 2**31 ids, past a list's int32 offsets), the values (no copy if one
-    array), and which rows are null or hold a null id."""
-    n = sum(len(a) for a in arrays)
-    offsets = np.zeros(n + 1, np.int64)
-    parts, bad, nulls = [], np.zeros(n, bool), []  # nulls: (first id, mask) of each array
+def _ids(groups: Iterable[list], rows: int, capacity: int) -> _Ids:
+    """A column of lists of ids (arrow arrays, a list a row group, `rows` in all) as numpy:
+    64-bit offsets (a file may hold over 2**31 ids, past a list's int32 offsets), the values
+    (no copy if one array; else copied out a row group at a time into one buffer of the
+    footer's `capacity` values), and which rows are null or hold a null id."""
+    offsets = np.zeros(rows + 1, np.int64)
+    bad, nulls = np.zeros(rows, bool), []  # nulls: (first id, mask) of each array
+    values = _Values(capacity)
     row = base = 0
-    for a in arrays:
-        at = a.offsets.to_numpy().astype(np.int64)  # into a.values, which a slice shares
-        child = a.values.slice(int(at[0]), int(at[-1] - at[0]))
-        at -= at[0]
-        offsets[row + 1 : row + len(a) + 1] = at[1:] + base
-        if a.null_count:
-            bad[row : row + len(a)] |= a.is_null().to_numpy(zero_copy_only=False)
-        if child.null_count:  # mark their rows, and give numpy a buffer without gaps
-            mask = child.is_null().to_numpy(zero_copy_only=False)
-            bad[row + np.searchsorted(at, np.flatnonzero(mask), side="right") - 1] = True
-            nulls.append((base, mask))
-            child = child.fill_null(0)
-        parts.append(child.to_numpy(zero_copy_only=True))
-        row, base = row + len(a), base + len(child)
-    if len(parts) == 1:
-        values = parts[0]
-    else:
-        values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    for arrays in groups:
+        for a in arrays:
+            if row + len(a) > rows:
+                raise CorruptFileError(f"the file holds more rows than its footer says ({rows}).")
+            at = a.offsets.to_numpy().astype(np.int64)  # into a.values, which a slice shares
+            child = a.values.slice(int(at[0]), int(at[-1] - at[0]))
+            at -= at[0]
+            offsets[row + 1 : row + len(a) + 1] = at[1:] + base
+            if a.null_count:
+                bad[row : row + len(a)] |= a.is_null().to_numpy(zero_copy_only=False)
+            if child.null_count:  # mark their rows, and give numpy a buffer without gaps
+                mask = child.is_null().to_numpy(zero_copy_only=False)
+                bad[row + np.searchsorted(at, np.flatnonzero(mask), side="right") - 1] = True
+                nulls.append((base, mask))
+                child = child.fill_null(0)
+            values.add(child.to_numpy(zero_copy_only=True))
+            row, base = row + len(a), base + len(child)
+    values = values.array()
     values.flags.writeable = False  # shared by every document read: none may change it
     null_ids = None
     if nulls:
@@ -334,3 +339,32 @@ def _ids(arrays: list) -> _Ids:
         for first, mask in nulls:
             null_ids[first : first + len(mask)] = mask
     return _Ids(offsets, values, bad if bad.any() else None, null_ids)
+
+
+class _Values:
+    """The ids of a column's arrays, in order: the one array as is (no copy), or each copied
+    into one buffer as it comes (so the arrays it came from can go)."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._first: np.ndarray | None = None
+        self._buf: np.ndarray | None = None
+        self._n = 0
+
+    def add(self, part: np.ndarray) -> None:
+        if self._first is None and self._buf is None:
+            self._first, self._n = part, len(part)
+            return
+        if self._buf is None:
+            first, self._first = self._first, None
+            self._buf = np.empty(max(self._capacity, self._n + len(part)), part.dtype)
+            self._buf[: self._n] = first
+        if self._n + len(part) > len(self._buf):  # a footer that undercounts
+            self._buf = np.concatenate([self._buf[: self._n], np.empty(len(part), part.dtype)])
+        self._buf[self._n : self._n + len(part)] = part
+        self._n += len(part)
+
+    def array(self) -> np.ndarray:
+        if self._buf is not None:
+            return self._buf[: self._n]
+        return self._first if self._first is not None else np.zeros(0, np.int64)

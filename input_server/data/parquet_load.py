@@ -13,7 +13,7 @@ RESOURCE_EXHAUSTED naming the file, the row group and the flag; nothing of it is
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -96,6 +96,11 @@ class ColumnLoad:
           OverBudgetError: a row group would take the process past `limit`.
           CorruptFileError: a row group cannot be read.
         """
+        return [a for arrays in self.each() for a in arrays]
+
+    def each(self) -> Iterator[list]:
+        """`load`, a row group at a time: its arrays, reserved before it was decoded; a
+        caller that copies each out keeps no more than one row group of arrow memory."""
         import pyarrow.parquet as pq
 
         try:
@@ -103,15 +108,35 @@ class ColumnLoad:
             # known before it is decoded (`_decode_text`).
             dictionary = [] if self.ids else [self.column]
             with pq.ParquetFile(self.path, read_dictionary=dictionary) as f:
-                return self._row_groups(f)
-        except BaseException:
+                yield from self._row_groups(f)
+        except BaseException:  # refused, failed, or abandoned: nothing is kept
             self.held.free()
             raise
 
-    def _row_groups(self, f) -> list:
+    def footer(self) -> tuple[int, int, int]:
+        """(rows, row groups, values) of the column, as its footer says."""
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(self.path) as f:
+            meta = f.metadata
+            values = sum(
+                max(0, c.num_values)
+                for g in range(meta.num_row_groups)
+                for c in self._chunks(meta.row_group(g))
+            )
+            return meta.num_rows, meta.num_row_groups, values
+
+    def _chunks(self, meta) -> list:
+        return [
+            meta.column(i)
+            for i in range(meta.num_columns)
+            if meta.column(i).path_in_schema.split(".")[0] == self.column
+        ]
+
+    def _row_groups(self, f) -> Iterator[list]:
         import pyarrow as pa
 
-        arrays, first = [], 0
+        first = 0
         for g in range(f.num_row_groups):
             cancel.check()  # a large file takes a while; the client may have left
             meta = f.metadata.row_group(g)
@@ -131,24 +156,21 @@ class ColumnLoad:
                 if self.ids:
                     # What it took past the footer's estimate (a footer that undercounts).
                     self._grow(column.nbytes - self._estimate, where)
-                    arrays.extend(column.chunks)
+                    arrays = column.chunks
                 else:
-                    arrays.append(self._decode_text(column, where))
+                    arrays = [self._decode_text(column, where)]
             finally:
                 if encoded is not self.held:
                     encoded.free()
+            del column
+            yield arrays
             first += rows
-        return arrays
 
     def _reserve_encoded(self, meta, into: Reservation, where: str) -> None:
         """Reserves what the row group's column takes before it is read: encoded (the
         footer's uncompressed size; text read as dictionary indices holds no more), and for
         ids what they decode to (8 bytes a value at most, an offset a row)."""
-        chunks = [
-            meta.column(i)
-            for i in range(meta.num_columns)
-            if meta.column(i).path_in_schema.split(".")[0] == self.column
-        ]
+        chunks = self._chunks(meta)
         need = sum(max(0, c.total_uncompressed_size) for c in chunks)
         if self.ids:
             values = sum(

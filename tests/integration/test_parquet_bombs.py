@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import io
+import os
 import struct
 import threading
 import time
@@ -175,3 +176,35 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
         finally:
             stop.set()
             thread.join(30)
+
+
+_PEAK = """
+import resource, sys
+from input_server.data.columnar import ParquetReader
+reader = ParquetReader(sys.argv[1], "text", token_field="ids", max_decompressed=1 << 30)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert reader[0].tolist() == [7] * 2000 and reader[15_999].tolist() == [7] * 2000
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_an_ids_column_of_many_row_groups_peaks_at_about_its_size(tmp_path):
+    """What --max-decompressed-mb reserves is the column: joining its row groups must not hold
+    it twice (283 MiB for a 122 MiB column: every row group, then their concatenation; now
+    ~150: the column and a row group)."""
+    import subprocess
+    import sys
+
+    path = ids_bomb(tmp_path / "ids.parquet", row_groups=32)  # 122 MiB of int32 ids
+    import input_server
+
+    checkout = os.path.dirname(os.path.dirname(input_server.__file__))  # the code under test
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK, path],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": checkout},
+    )
+    peak_mib = float(out.stdout.strip())
+    assert peak_mib < 122 * 1.4, peak_mib
