@@ -119,38 +119,33 @@ def pieces(line: str) -> Iterator[str]:
 
 
 class _Progress:
-    """Lines on stderr while sentencepiece works (it is silent at the log level we give it,
-    and a large corpus takes minutes): what is being read, then "training… N s"."""
+    """A line on stderr every `every_s` seconds while the run lasts (sentencepiece is silent
+    at the log level we give it, and a large corpus takes minutes): what is being read, then
+    how long training has taken. None in a run shorter than `every_s` (a mistake found at
+    once stays one line); `every_s` 0 = none."""
 
     def __init__(self, every_s: float = PROGRESS_EVERY_S):
         self.every_s, self.start = every_s, time.monotonic()
-        self._last = self.start
+        self.path, self.documents, self.lines = "", 0, 0
+        self.trained = False  # reading is over: sentencepiece trains without calling back
         self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def say(self, line: str) -> None:
-        print(f"tokenizer train: {line}", file=sys.stderr, flush=True)
-
-    def reading(self, path: str, documents: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            self.say(f"reading {path}: {plural(documents, 'document')} so far")
-
-    def training(self, documents: int, lines: int) -> None:
-        """Reading is over: sentencepiece now trains without calling back, so a named daemon
-        thread says it is still at work until `close`."""
-        self.say(f"read {plural(documents, 'document')} ({plural(lines, 'line')}); training…")
         self._thread = threading.Thread(target=self._tick, name="train-progress", daemon=True)
-        self._thread.start()
+        if every_s > 0:
+            self._thread.start()
 
     def _tick(self) -> None:
         while not self._done.wait(self.every_s):
-            self.say(f"training… {time.monotonic() - self.start:.0f} s")
+            took = f"{time.monotonic() - self.start:.0f} s"
+            read = f"{plural(self.documents, 'document')} ({plural(self.lines, 'line')})"
+            if self.trained:
+                line = f"training… {took} (read {read})"
+            else:
+                line = f"reading {self.path}: {read} so far, {took}"
+            print(f"tokenizer train: {line}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self._done.set()
-        if self._thread is not None:
+        if self._thread.is_alive():
             self._thread.join()
 
 
@@ -167,19 +162,20 @@ class _Corpus:
     def __iter__(self) -> Iterator[str]:
         try:
             for path in self.paths:
-                self.progress.say(f"reading {path}")
+                self.progress.path = path
                 fmt = file_format(path) if self.fmt == "auto" else self.fmt
                 for doc in texts(path, fmt=fmt, text_field=self.text_field):
                     self.documents += 1
-                    self.progress.reading(path, self.documents)
+                    self.progress.documents = self.documents
                     for line in doc.splitlines():
                         for piece in pieces(line):
                             self.lines += 1
+                            self.progress.lines = self.lines
                             yield piece
         except Exception as e:
             self.error = e
             return
-        self.progress.training(self.documents, self.lines)
+        self.progress.trained = True
 
 
 def _check_first_records(paths: list[str], fmt: str, text_field: str) -> None:
@@ -370,6 +366,13 @@ def add_parser(sub) -> None:
         help="map characters the vocabulary lacks (newlines included) to unk instead of their "
         "UTF-8 bytes (sentencepiece's default); byte fallback needs 256 more pieces",
     )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=PROGRESS_EVERY_S,
+        metavar="S",
+        help=f"a progress line on stderr every S seconds (default {PROGRESS_EVERY_S:g}; 0 = none)",
+    )
     p.set_defaults(run=run_from_args)
 
 
@@ -385,6 +388,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         normalization=args.normalization,
         keep_whitespace=not args.collapse_whitespace,
         byte_fallback=not args.no_byte_fallback,
+        progress_every_s=max(0.0, args.progress_every),
     )
     ids = ", ".join(
         f"{k} {made[f'{k}_id']}" for k in ("pad", "bos", "eos", "unk") if made[f"{k}_id"] >= 0
