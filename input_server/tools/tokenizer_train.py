@@ -136,7 +136,7 @@ class _Progress:
     def _tick(self) -> None:
         while not self._done.wait(self.every_s):
             took = f"{time.monotonic() - self.start:.0f} s"
-            read = f"{plural(self.documents, 'document')} ({plural(self.lines, 'line')})"
+            read = f"{plural(self.documents, 'document')}, {plural(self.lines, 'line')}"
             if self.trained:
                 line = f"training… {took} (read {read})"
             else:
