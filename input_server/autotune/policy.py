@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from input_server.autotune.reasons import plateau_words
+
 # Module-level alias so tests can pretend another host (a pure decision's inputs, like
 # Grain's `pick_performance_config`).
 cpu_count = os.cpu_count
@@ -315,7 +317,9 @@ def decide(
         )
     elif any(cost(m) > cost(c) for m in fits):
         reason = "plateau"
-        detail = f"{rate}; {_plateau_words(c, pool, fits, cpus, oversubscribe_gain)}"
+        more, beyond = [m for m in pool if cost(m) > cost(c)], [m for m in fits if m not in pool]
+        gains = (CHOICE_GAIN, oversubscribe_gain)
+        detail = f"{rate}; {plateau_words(c, more, beyond, cpus=cpus, gains=gains)}"
     elif cut:
         reason = cut[0]
         detail = f"{rate}; the {reason} stopped a search that was still gaining"
@@ -328,45 +332,6 @@ def decide(
             f"headroom) was not reached"
         )
     return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail, **common)
-
-
-def _plateau_words(
-    c: Measurement,
-    pool: Sequence[Measurement],
-    fits: Sequence[Measurement],
-    cpus: int,
-    oversubscribe_gain: float,
-) -> str:
-    """Why the workers beyond the choice `c` were not taken, with the gains the table shows
-    (a bound alone, "at most 2 %", read wrong beside a row that was faster)."""
-    more = [m for m in pool if cost(m) > cost(c)]
-    top = max(more, key=lambda m: m.batches_per_s, default=None)
-    if top is None:
-        words = "no more workers within the cores fit"
-    elif top.batches_per_s <= c.batches_per_s:
-        words = f"more workers were no faster (best of them {top.label()}: {_bps(top)})"
-    else:
-        words = (
-            f"more workers gained {_gain(top, c)} ({top.label()}: {_bps(top)}), within the "
-            f"{CHOICE_GAIN:.0%} a choice's noise allows"
-        )
-    beyond = [m for m in fits if m not in pool]
-    faster = max(beyond, key=lambda m: m.batches_per_s, default=None)
-    if faster is not None and faster.batches_per_s > c.batches_per_s:
-        words += (
-            f"; more workers than the {cpus} cores gained {_gain(faster, c)} "
-            f"({faster.label()}: {_bps(faster)}), under the {oversubscribe_gain:.0%} "
-            f"oversubscribing them must gain"
-        )
-    return words
-
-
-def _bps(m: Measurement) -> str:
-    return f"{m.batches_per_s:.1f} batches/s"
-
-
-def _gain(m: Measurement, base: Measurement) -> str:
-    return f"{m.batches_per_s / base.batches_per_s - 1:.1%}"
 
 
 def contenders(

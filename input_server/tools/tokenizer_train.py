@@ -11,16 +11,14 @@ import io
 import os
 import re
 import shutil
-import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 
 from input_server.data.records import loads_json, text_of
 from input_server.errors import DataNotFoundError, InputServerError, RecordError
 from input_server.tools.corpus import train_sentencepiece
 from input_server.tools.report import plural
+from input_server.tools.train_progress import PROGRESS_EVERY_S, Progress
 
 COMPRESSED = (".gz", ".zst", ".zstd")
 JSONL = (".jsonl", ".json", ".ndjson")
@@ -32,7 +30,6 @@ DEFAULT_VOCAB = 8000  # sentencepiece's own default
 # newlines and tabs included; the NFKC ones rewrite compatibility characters, and the nmt_
 # ones also turn newlines and tabs into spaces.
 NORMALIZATIONS = ("identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf")
-PROGRESS_EVERY_S = 10.0  # a line at most this often: a long run is never silent for long
 
 
 class TrainError(InputServerError):
@@ -118,42 +115,11 @@ def pieces(line: str) -> Iterator[str]:
         yield line
 
 
-class _Progress:
-    """A line on stderr every `every_s` seconds while the run lasts (sentencepiece is silent
-    at the log level we give it, and a large corpus takes minutes): what is being read, then
-    how long training has taken. None in a run shorter than `every_s` (a mistake found at
-    once stays one line); `every_s` 0 = none."""
-
-    def __init__(self, every_s: float = PROGRESS_EVERY_S):
-        self.every_s, self.start = every_s, time.monotonic()
-        self.path, self.documents, self.lines = "", 0, 0
-        self.trained = False  # reading is over: sentencepiece trains without calling back
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="train-progress", daemon=True)
-        if every_s > 0:
-            self._thread.start()
-
-    def _tick(self) -> None:
-        while not self._done.wait(self.every_s):
-            took = f"{time.monotonic() - self.start:.0f} s"
-            read = f"{plural(self.documents, 'document')}, {plural(self.lines, 'line')}"
-            if self.trained:
-                line = f"training… {took} (read {read})"
-            else:
-                line = f"reading {self.path}: {read} so far, {took}"
-            print(f"tokenizer train: {line}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
 class _Corpus:
     """The training lines of every file, counted; an error while sentencepiece reads is kept
     (sentencepiece would turn it into a RuntimeError quoting a stack) and raised after."""
 
-    def __init__(self, paths: list[str], *, fmt: str, text_field: str, progress: _Progress):
+    def __init__(self, paths: list[str], *, fmt: str, text_field: str, progress: Progress):
         self.paths, self.fmt, self.text_field = paths, fmt, text_field
         self.progress = progress
         self.documents = self.lines = 0
@@ -244,7 +210,7 @@ def train(
         if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
             raise TrainError(f"-o {output}: is one of the corpus files; name another model file.")
     _check_first_records(corpora, fmt, text_field)
-    progress = _Progress(progress_every_s)
+    progress = Progress(progress_every_s)
     corpus = _Corpus(corpora, fmt=fmt, text_field=text_field, progress=progress)
     work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename
     try:
