@@ -325,7 +325,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
             log.info(
                 "stream %d (%s): %d worker processes, %d threads (%s)",
                 stream_id,
-                name,
+                session.label,
                 workers.processes,
                 workers.threads,
                 workers.reason,
