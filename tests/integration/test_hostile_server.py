@@ -10,7 +10,6 @@ UnicodeDecodeError, and `get_state()` kept a server's 3 MiB or forged state as i
 
 from __future__ import annotations
 
-import json
 import time
 
 import grpc
@@ -19,102 +18,10 @@ import pytest
 
 from input_client import InputClient, StreamError
 from input_client._server_checks import expected_of
-from input_client.proto import pb, pb_grpc
-from input_client.wire import PROTOCOL_VERSION, compact_arrays, encode_tensors
+from input_client.proto import pb
+from input_client.wire import PROTOCOL_VERSION
+from tests.attacks import CRAFTED, SEQ_LEN, SIZE, HostileServer, batch, raw
 from tests.support import serve_servicer
-
-SIZE, SEQ_LEN = 4, 128
-
-
-def batch(seq: int, size: int = SIZE, seq_len: int = SEQ_LEN, **arrays) -> pb.Batch:
-    """A well-formed compact batch (every row one full segment), its arrays replaced by
-    `arrays` (name -> ndarray, or a ready `pb.Tensor`)."""
-    good = compact_arrays(
-        np.ones((size, seq_len), np.int32),
-        np.full(size, seq_len, np.int32),
-        np.ones(size, np.int32),
-        None,
-    )
-    msg = pb.Batch(sequence_number=seq, state=b'{"seq":%d}' % (seq + 1), num_tokens=size * seq_len)
-    for name, a in {**good, **arrays}.items():
-        if isinstance(a, pb.Tensor):
-            msg.tensors.append(a)
-        else:
-            encode_tensors({name: a}, into=msg.tensors)
-    return msg
-
-
-class HostileServer(pb_grpc.InputServiceServicer):
-    """Answers GetInfo as a server of this release, then streams `messages` as they are."""
-
-    def __init__(self, messages):
-        self.messages = messages
-        self.streams = 0
-
-    def GetInfo(self, request, context):
-        return pb.GetInfoResponse(server_version="hostile", protocol_version=PROTOCOL_VERSION)
-
-    def StreamBatches(self, requests, context):
-        self.streams += 1
-        next(requests)  # the stream's first request: the spec
-        yield from self.messages
-        while context.is_active():  # hold the stream open: the client must end it
-            time.sleep(0.05)
-
-
-def with_state(seq: int, state: bytes) -> pb.Batch:
-    msg = batch(seq)
-    msg.state = state
-    return msg
-
-
-def raw(name: str, dtype: str, shape, data: bytes) -> pb.Tensor:
-    return pb.Tensor(name=name, dtype=dtype, shape=shape, data=data)
-
-
-# Each crafted second batch, and what the refusal must say of it.
-CRAFTED = {
-    "shape_2x64": (lambda: batch(1, 2, 64), "`inputs` of shape [2, 64]; this stream's is [4, 128]"),
-    "shape_9x4096": (
-        lambda: batch(1, 9, 4096),
-        "`inputs` of shape [9, 4096]; this stream's is [4, 128]",
-    ),
-    "float32_ids": (
-        lambda: batch(1, inputs=np.full((SIZE, SEQ_LEN), 3.7, np.float32)),
-        "`inputs` of dtype 'float32'",
-    ),
-    "int64_ids": (
-        lambda: batch(1, inputs=np.full((SIZE, SEQ_LEN), -(2**40), np.int64)),
-        "`inputs` of dtype 'int64'",
-    ),
-    "object_dtype": (
-        lambda: batch(1, inputs=raw("inputs", "object", [SIZE, SEQ_LEN], b"\0" * 4096)),
-        "`inputs` of dtype 'object'",
-    ),
-    "overrunning_segments": (
-        lambda: batch(1, segment_lengths=np.array([200, 128, 128, 128], np.int32)),
-        "row 0 whose segments hold 200 tokens, more than its 128",
-    ),
-    "segment_counts_past_lengths": (
-        lambda: batch(1, segments_per_row=np.array([2, 1, 1, 1], np.int32)),
-        "`segments_per_row` counting 5 segments for 4 `segment_lengths`",
-    ),
-    "bytes_short_of_shape": (
-        lambda: batch(1, inputs=raw("inputs", "int32", [SIZE, SEQ_LEN], b"\0" * 12)),
-        "`inputs` of 12 bytes for shape [4, 128]",
-    ),
-    "missing_tensor": (
-        lambda: pb.Batch(sequence_number=1, tensors=batch(1).tensors[:1], state=b'{"seq":2}'),
-        "the tensors ['inputs']",
-    ),
-    "non_utf8_state": (lambda: with_state(1, b'{"seq":2,"x":"\xff\xfe"}'), "not UTF-8 JSON"),
-    "oversized_state": (
-        lambda: with_state(1, json.dumps({"seq": 2, "pad": "x" * (100 << 10)}).encode()),
-        "a resume state of 102",
-    ),
-    "forged_state_seq": (lambda: with_state(1, b'{"seq":99}'), "'seq' is 99, not 2"),
-    "state_not_an_object": (lambda: with_state(1, b"[2]"), "not UTF-8 JSON of an object"),
-}
 
 
 @pytest.fixture

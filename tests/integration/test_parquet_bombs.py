@@ -9,14 +9,11 @@ ones run in a memory cgroup (`test_hostile_data.py`)."""
 from __future__ import annotations
 
 import gc
-import io
 import os
-import struct
 import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 
 from input_client.proto import pb, pb_grpc
@@ -25,45 +22,9 @@ from input_server.data.columnar import ParquetReader
 from input_server.data.records import DECOMPRESSED
 from input_server.errors import OverBudgetError
 from input_server.serving.server import Server, ServerConfig
+from tests.attacks import ids_bomb, text_bomb
 
 _MIB = 1 << 20
-
-
-def text_bomb(path, rows: int, value_mib: int = 1) -> str:
-    """`rows` rows of one `value_mib` MiB string: one dictionary entry and its indices, a
-    few hundred bytes of zstd Parquet (read back as plain strings: no stored arrow schema)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    column = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(rows, np.int32)), pa.array(["all work " * (value_mib * _MIB // 9)])
-    )
-    pq.write_table(pa.table({"text": column}), path, compression="zstd", store_schema=False)
-    return str(path)
-
-
-def ids_bomb(path, row_groups: int, rows: int = 500, ids_per_row: int = 2000) -> str:
-    """`row_groups` row groups of `rows` x `ids_per_row` repeated int32 ids: one real row group
-    whose bytes the footer names `row_groups` times (what an attacker writes; a few KB)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    values = pa.array(np.full(rows * ids_per_row, 7, np.int32))
-    offsets = pa.array(np.arange(0, rows * ids_per_row + 1, ids_per_row, dtype=np.int32))
-    table = pa.table({"ids": pa.ListArray.from_arrays(offsets, values)})
-    one = io.BytesIO()
-    pq.write_table(table, one, compression="zstd")
-    raw = one.getvalue()
-    body = raw[: -8 - struct.unpack("<i", raw[-8:-4])[0]]  # the file before its footer
-    single = pq.ParquetFile(io.BytesIO(raw)).metadata
-    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
-    for _ in range(row_groups - 1):
-        meta.append_row_groups(single)
-    footer = io.BytesIO()
-    meta.write_metadata_file(footer)  # "PAR1", the footer, its length, "PAR1"
-    with open(path, "wb") as f:
-        f.write(body + footer.getvalue()[4:])
-    return str(path)
 
 
 def settled(idle: int, timeout: float = 10.0) -> int:
