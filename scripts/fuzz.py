@@ -9,7 +9,10 @@ hostile values (huge or negative numbers, odd unicode, `../`, /proc, globs, a FI
 the data root, a garbage model); a real resume state tampered with (JSON edits, NaN, huge ints,
 deep nesting, bytes that are not UTF-8). Each call has a deadline and reads at most 3 messages.
 Then the aimed attacks of `fuzz_attacks.py` (bad credit reports, silent calls, many globs, a
-decompression bomb), each checking that health and info answer within ANSWER_S (2.5 s).
+decompression bomb), `fuzz_hostile.py` (one file named many times, Parquet bombs, hostile model
+files) and `fuzz_flood.py` (HEADERS-only HTTP/2 calls over 4 connections), each checking that
+health and info answer within ANSWER_S (2.5 s); and `fuzz_client.py`'s malicious servers
+against the client (crafted batches, alone and in a fan-in: a `StreamError` naming the server).
 Without --server it serves a temporary folder of data in every format (`serve --data-root`) on
 a Unix socket. Findings: a status outside README's table, INTERNAL, a traceback, a call past its
 deadline, an unreadable batch; the server dying, leaving SERVING, exiting non-zero on SIGTERM,
@@ -43,6 +46,9 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from fuzz_attacks import run_attacks  # noqa: E402  (scripts/, beside this file)
+from fuzz_client import run_client  # noqa: E402
+from fuzz_flood import run_flood  # noqa: E402
+from fuzz_hostile import run_hostile  # noqa: E402
 
 from input_client.proto import pb  # noqa: E402
 from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION  # noqa: E402
@@ -76,6 +82,9 @@ RSS_TOLERANCE_PCT, SETTLE_S, IDLE_CORES = 10.0, 10.0, 0.2
 # Its own server's bound on what compressed files may expand to: the bomb is 4 x that, so the
 # run shows the refusal without holding a gigabyte.
 OWN_DECOMPRESSED_MB = 128
+# Its own server's bound on a stream's memory: 4,096 components of the repeated-paths attack's
+# file are past it (and refused before their order is built), the fuzz's own streams far within.
+OWN_STREAM_MEMORY_MB = 256
 # glibc raises its mmap threshold after a big free, so one large (valid) batch would leave RSS
 # at a high-water mark for good; a fixed threshold returns big buffers: RSS then tracks leaks.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
@@ -189,6 +198,7 @@ def build_data(root: str) -> dict:
         "paths": paths,
         "words": words,
         "root": root,
+        "docs": docs,
     }
 
 
@@ -580,6 +590,8 @@ def start_server(root: str) -> tuple[ChildProcess, str]:
             *roots,
             "--max-decompressed-mb",
             str(OWN_DECOMPRESSED_MB),
+            "--stream-memory-mb",
+            str(OWN_STREAM_MEMORY_MB),
         ),
         log=os.path.join(root, "server.log"),
     )
@@ -710,6 +722,27 @@ def fuzz(args: argparse.Namespace, target: str, pid: int | None, data: dict, kil
         findings.add,
         bomb_mb=args.bomb_mb,
     )
+    # Issue 27's attacks: on the server, then a flood of calls, then hostile servers against the
+    # client; each seeded by --seed.
+    template = valid_request(random.Random(2), data)
+    result["attacks_s"].update(
+        run_hostile(
+            channel,
+            target,
+            template,
+            data,
+            args.deadline_s,
+            findings.add,
+            seed=args.seed,
+            bomb_mb=args.bomb_mb,
+            pid=pid,
+        )
+    )
+    log = os.path.join(data["root"], "server.log") if server and not args.server else None
+    result["attacks_s"].update(
+        run_flood(channel, target, findings.add, seed=args.seed, pid=pid, log=log)
+    )
+    result["attacks_s"].update(run_client(data["root"], findings.add, seed=args.seed))
     status, message, got = call(
         channel, valid_request(random.Random(1), data).SerializeToString(), 60, 2
     )

@@ -1,0 +1,151 @@
+"""The fuzz run's HTTP/2 flood: a peer without credentials opening health calls that send HEADERS
+and nothing more (or HEADERS then RST_STREAM), as fast as it can, over FLOOD_CONNECTIONS raw
+connections to the server's Unix socket (gRPC speaks h2c there, as on `--health-port`).
+
+Issue 27 measured it on a namespace-bound health port: 0-1 of 37 one-second probes passed and
+the server reached 5,778 threads (a thread a call, before any cap), or logged "can't start new
+thread" 5,826 times under a pids limit. Findings: health or info slower than ANSWER_S during the
+flood, the server past MAX_THREADS threads, no call of the flood refused (RST_STREAM or a
+trailers-only answer: the server held every call it was sent), a traceback in the server's log.
+The frames are `tests/http2_flood.py`'s (the namespace test's peer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import grpc
+import psutil
+from fuzz_attacks import Finding, _answers
+
+from tests.http2_flood import (
+    ACK,
+    CANCEL,
+    END_HEADERS,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    call_headers,
+    frame,
+)
+
+FLOOD_CONNECTIONS, FLOOD_S = 4, 4.0
+MAX_THREADS = 200  # issue 27's bound: 5,778 measured before the admission cap
+END_STREAM = 0x1
+
+
+class UnixFlood(threading.Thread):
+    """One connection's HEADERS-only calls, reopened when the server closes it; counts what the
+    server answered (RST_STREAM, or HEADERS ending the stream: a call refused or ended)."""
+
+    def __init__(self, path: str, until: float, rst: bool):
+        super().__init__(daemon=True)
+        self.path, self.until, self.rst = path, until, rst
+        self.calls = self.answered = self.connections = 0
+
+    def _read(self, s: socket.socket) -> None:
+        buf = b""
+        with contextlib.suppress(OSError):
+            while data := s.recv(65536):
+                buf += data
+                while len(buf) >= 9 and len(buf) >= 9 + (n := int.from_bytes(buf[:3], "big")):
+                    kind, flags, payload, buf = buf[3], buf[4], buf[9 : 9 + n], buf[9 + n :]
+                    if kind == SETTINGS and not flags & ACK:
+                        s.sendall(frame(SETTINGS, ACK, 0))
+                    elif kind == PING and not flags & ACK:
+                        s.sendall(frame(PING, ACK, 0, payload))
+                    elif kind == RST_STREAM or (kind == HEADERS and flags & END_STREAM):
+                        self.answered += 1
+
+    def run(self) -> None:
+        block = call_headers(b"/grpc.health.v1.Health/Check")
+        while time.monotonic() < self.until:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(5)
+                s.connect(self.path)
+            except OSError:
+                s.close()
+                time.sleep(0.05)
+                continue
+            self.connections += 1
+            threading.Thread(target=self._read, args=(s,), daemon=True).start()
+            try:
+                s.sendall(PREFACE + frame(SETTINGS, 0, 0))
+                stream = 1
+                while time.monotonic() < self.until and stream < 2**31 - 200:
+                    out = []
+                    for _ in range(50):
+                        out.append(frame(HEADERS, END_HEADERS, stream, block))
+                        if self.rst:
+                            out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+                        stream += 2
+                    s.sendall(b"".join(out))
+                    self.calls += 50
+                    time.sleep(0.001)  # let the reader answer a PING between bursts
+            except OSError:
+                pass
+            finally:
+                s.close()
+
+
+def _log_size(log: str | None) -> int:
+    try:
+        return os.path.getsize(log) if log else 0
+    except OSError:
+        return 0
+
+
+def flood(channel: grpc.Channel, target: str, rst: bool, pid: int | None, log: str | None):
+    """FLOOD_S seconds of flood: findings, and what it sent and got."""
+    label = f"{FLOOD_CONNECTIONS} connections of HEADERS-only calls" + (" + RST" if rst else "")
+    found: list[Finding] = []
+    start_log, most = _log_size(log), 0
+    until = time.monotonic() + FLOOD_S
+    peers = [
+        UnixFlood(target.removeprefix("unix://"), until, rst) for _ in range(FLOOD_CONNECTIONS)
+    ]
+    for p in peers:
+        p.start()
+    time.sleep(0.5)  # the flood under way before the first answer is timed
+    while time.monotonic() < until:
+        asked = time.monotonic()
+        found += _answers(channel, target, f"during {label}")
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                most = max(most, psutil.Process(pid).num_threads())
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - asked)))
+    for p in peers:
+        p.join(10)
+    calls, answered = sum(p.calls for p in peers), sum(p.answered for p in peers)
+    if most >= MAX_THREADS:
+        found.append(("threads under a flood", label, "", f"{most} threads"))
+    if calls and not answered and not rst:
+        found.append(("flood never refused", label, "", f"{calls} calls, none answered"))
+    if log:
+        time.sleep(0.5)
+        with open(log, "rb") as f:
+            f.seek(start_log)
+            new = f.read().decode(errors="replace")
+        if "Traceback" in new or "can't start new thread" in new:
+            found.append(("traceback in the server's log", label, "", new[-300:]))
+    found += _answers(channel, target, f"after {label}")
+    return found, {"calls": calls, "answered": answered, "most_threads": most}
+
+
+def run_flood(channel, target, add, *, seed: int, pid: int | None, log: str | None) -> dict:
+    """One flood, HEADERS-only or with RST_STREAM as the seed draws; each finding to `add`."""
+    start = time.monotonic()
+    rst = random.Random(seed).random() < 0.5
+    found, figures = flood(channel, target, rst, pid, log)
+    for finding in found:
+        add(*finding)
+    return {"http2_flood": round(time.monotonic() - start, 1), "http2_flood_figures": figures}
