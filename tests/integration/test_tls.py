@@ -35,6 +35,7 @@ from tests.support import (
     health,
     run_main,
     run_pipeline,
+    serve_cli,
     write_token_file,
 )
 
@@ -368,6 +369,7 @@ def test_a_non_loopback_address_needs_a_token_too_and_insecure_tcp_does_not_do(c
 )
 def test_serve_refuses_tls_flags_that_cannot_work(capsys, tmp_path, pki, flags, words):
     half = tmp_path / "half.key"
+    half.touch(0o600)
     half.write_bytes(open(pki.server.key, "rb").read()[:60])
     files = {
         "CA": pki.ca,
@@ -583,3 +585,61 @@ def test_the_token_appears_in_no_log_error_repr_or_info_output(pki, tls_server, 
     said += [out.out, out.err, caplog.text]
     for text in said:
         assert pki.token not in text and wrong not in text
+
+
+# --- What peers without credentials leave behind ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o640, 0o660])
+def test_serve_refuses_a_tls_key_others_may_read(tmp_path, pki, mode):
+    key = tmp_path / "server.key"
+    key.write_bytes(open(pki.server.key, "rb").read())
+    key.chmod(mode)
+    # Not started: built in full, a key accepted would leave a server that never returns.
+    with pytest.raises(PermissionError) as e:
+        Server(tls_config(pki, pair=Pair(pki.server.cert, str(key))), start=False)
+    for words in ("--tls-key", str(key), f"{mode:04o}", f"chmod 600 {key}"):
+        assert words in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_key_of_another_user_read_through_its_group_is_served(tmp_path, pki):
+    """A Kubernetes Secret as kubelet writes it with fsGroup: root's, 0440, the server's group
+    (deploy/k8s/pool.yaml): the group is how the server reads it at all."""
+    key = tmp_path / "tls.key"
+    key.write_bytes(open(pki.server.key, "rb").read())
+    os.chown(key, 65534, os.getegid())
+    key.chmod(0o440)
+    with Server(tls_config(pki, pair=Pair(pki.server.cert, str(key)))) as srv:
+        assert srv.certificates is not None and srv.targets
+
+
+def test_failed_handshakes_leave_the_servers_log_bounded(tmp_path, pki):
+    """Each failed TLS handshake made gRPC's core log a line: 50 peers speaking plaintext
+    HTTP at the TLS port grew the log by 50 lines, without limit."""
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    child, targets = serve_cli(
+        "--listen", "127.0.0.1:0", "--token-file", pki.token_file,
+        "--tls-cert", pki.server.cert, "--tls-key", pki.server.key,
+        log=str(log), env=env,
+    )  # fmt: skip
+    try:
+        host, port = targets[0].rsplit(":", 1)
+        before = log.stat().st_size
+        for _ in range(50):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                try:
+                    s.recv(100)
+                except OSError:
+                    pass
+        with InputClient(targets[0], token=pki.token, tls_ca=pki.ca) as c:
+            assert c.info().server_version  # every handshake seen and done with
+        child.p.terminate()  # a clean exit: nothing the process buffered is lost
+        child.p.wait(timeout=30)
+    finally:
+        child.kill()
+    grown = log.read_text()[before:]
+    assert len(grown) < 1000, f"the log grew by {len(grown)} bytes: {grown[:500]}"
