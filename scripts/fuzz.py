@@ -740,7 +740,15 @@ def fuzz(args: argparse.Namespace, target: str, pid: int | None, data: dict, kil
     )
     log = os.path.join(data["root"], "server.log") if server and not args.server else None
     result["attacks_s"].update(
-        run_flood(channel, target, findings.add, seed=args.seed, pid=pid, log=log)
+        run_flood(
+            channel,
+            target,
+            template.SerializeToString(),
+            findings.add,
+            seed=args.seed,
+            pid=pid,
+            log=log,
+        )
     )
     result["attacks_s"].update(run_client(data["root"], findings.add, seed=args.seed))
     status, message, got = call(

@@ -1,6 +1,8 @@
 """scripts/fuzz.py against a real server: every hostile request (random bytes, mutated requests,
 hostile field values, tampered resume states) gets a status from README's table, never UNKNOWN
-or INTERNAL; the server stays SERVING and its memory comes back."""
+or INTERNAL; the server stays SERVING and its memory comes back; the aimed attacks (issue 27's:
+repeated paths, Parquet bombs, hostile models, an HTTP/2 flood, malicious servers against the
+client) find nothing."""
 
 from __future__ import annotations
 
@@ -71,6 +73,11 @@ def test_hostile_requests_get_contract_statuses_and_leave_the_server_as_it_was(t
     assert "UNKNOWN" not in result["statuses"], report
     assert "INTERNAL" not in result["statuses"], report
     assert result["findings"] == [], report
+    # Every aimed attack ran (each would report its findings above), issue 27's included.
+    ran = set(result["attacks_s"])
+    assert ran >= {"credit_reports", "silent_calls", "many_globs", "bomb"}, report
+    assert ran >= {"repeated_paths", "parquet_bombs", "hostile_models", "http2_flood"}, report
+    assert "malicious_server" in ran, report
     assert result["health"] == "SERVING", report
     assert result["rss_change_pct"] is not None and result["rss_change_pct"] <= 10, report
     assert code == 0, report
