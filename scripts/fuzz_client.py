@@ -30,7 +30,7 @@ from input_client.wire import MAX_BATCHES_PER_MESSAGE
 from tests.attacks import CRAFTED, SEQ_LEN, SIZE, HostileServer, batch, raw, with_state
 from tests.support import serve_servicer
 
-CASES, FAN_IN_CASES = 8, 2  # crafted batches against one server, and against a fan-in of two
+CASES, FAN_IN_CASES = 16, 4  # crafted batches against one server, and against a fan-in of two
 REFUSED_S = 5.0
 SPEC = PipelineSpec(
     source={"paths": ["x.jsonl"]},
