@@ -1,8 +1,8 @@
 """A peer without credentials, for the listener tests (run inside the test's network namespace):
 
-    http2_flood.py flood HOST PORT CONNECTIONS SECONDS [rst]
-        CONNECTIONS raw HTTP/2 connections opening health calls that send HEADERS and
-        nothing more (with `rst`, each followed by RST_STREAM), as fast as they can, for
+    http2_flood.py flood HOST PORT CONNECTIONS SECONDS [rst] [/METHOD/PATH]
+        CONNECTIONS raw HTTP/2 connections opening calls (default health Check) that send
+        HEADERS and nothing more (with `rst`, each followed by RST_STREAM), as fast as they can, for
         SECONDS; reconnecting when the server closes one. Prints {"calls": N} at the end.
     http2_flood.py idle HOST PORT CONNECTIONS SECONDS
         CONNECTIONS TCP connections that send nothing, held for SECONDS. Prints
@@ -59,9 +59,9 @@ def call_headers(path: bytes) -> bytes:
 class Flood(threading.Thread):
     """One connection's calls, reopened when the server closes it."""
 
-    def __init__(self, host: str, port: int, until: float, rst: bool):
+    def __init__(self, host: str, port: int, until: float, rst: bool, path: bytes):
         super().__init__(daemon=True)
-        self.host, self.port, self.until, self.rst = host, port, until, rst
+        self.host, self.port, self.until, self.rst, self.path = host, port, until, rst, path
         self.calls = 0
 
     def _read(self, s: socket.socket) -> None:
@@ -88,7 +88,7 @@ class Flood(threading.Thread):
             return
 
     def run(self) -> None:
-        block = call_headers(b"/grpc.health.v1.Health/Check")
+        block = call_headers(self.path)
         while time.monotonic() < self.until:
             try:
                 s = socket.create_connection((self.host, self.port), timeout=5)
@@ -115,9 +115,9 @@ class Flood(threading.Thread):
                 s.close()
 
 
-def flood(host: str, port: int, connections: int, seconds: float, rst: bool) -> dict:
+def flood(host: str, port: int, connections: int, seconds: float, rst: bool, path: str) -> dict:
     until = time.monotonic() + seconds
-    threads = [Flood(host, port, until, rst) for _ in range(connections)]
+    threads = [Flood(host, port, until, rst, path.encode()) for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -177,7 +177,9 @@ def probe(host: str, port: int, count: int, interval_s: float) -> dict:
 def main(argv: list[str]) -> None:
     mode, host, port, n, x = argv[:5]
     if mode == "flood":
-        out = flood(host, int(port), int(n), float(x), rst=argv[5:] == ["rst"])
+        rest = argv[5:]
+        path = next((a for a in rest if a.startswith("/")), "/grpc.health.v1.Health/Check")
+        out = flood(host, int(port), int(n), float(x), rst="rst" in rest, path=path)
     elif mode == "idle":
         out = idle(host, int(port), int(n), float(x))
     else:

@@ -53,6 +53,9 @@ ACTIVE_CAPS = {
     "/grpc.health.v1.Health/Watch": 2,
 }
 OTHER_CAP = 2  # any method not named above (reflection, should it be added)
+HEALTH = "/grpc.health.v1.Health/"
+# Readers reserved for health calls: its methods' silent and active calls.
+HEALTH_READERS = WAITING_CAP * 2 + sum(n for m, n in ACTIVE_CAPS.items() if m.startswith(HEALTH))
 
 _NOTHING = object()
 
@@ -76,7 +79,10 @@ class CallLimits(grpc.ServerInterceptor):
         self._grace_s = grace_s
         # A reader ends with its call, but a call's end reaches it only through gRPC's
         # completion queue, which a flood delays: never more readers than the pool's threads.
+        # Health has readers of its own: a flood of other calls (token-less StreamBatches on
+        # a TLS port) must not take a probe's.
         self._readers = threading.BoundedSemaphore(readers or self.threads())
+        self._health_readers = threading.BoundedSemaphore(HEALTH_READERS)
         self._caps: dict[tuple[str, str], threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
 
@@ -106,7 +112,7 @@ class CallLimits(grpc.ServerInterceptor):
             method,
             waiting=self._cap("waiting", method),
             active=self._cap("active", method),
-            readers=self._readers,
+            readers=self._health_readers if method.startswith(HEALTH) else self._readers,
             deadline_s=self._deadline_s,
             grace_s=self._grace_s,
         )

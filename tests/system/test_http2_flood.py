@@ -2,8 +2,9 @@
 the server runs in a network namespace of the test's own, never on the host's interfaces):
 four raw HTTP/2 connections opening health calls that send HEADERS alone (or HEADERS then
 RST_STREAM) as fast as they can leave kubelet-style probes passing and the server's threads
-bounded; 1,100 sockets that send nothing, under a descriptor limit of 1,024, leave health
-answering on both listeners. The peer is `tests/http2_flood.py`, raw sockets."""
+bounded, and so do token-less StreamBatches calls on a main TCP port; 1,100 sockets that send
+nothing, under a descriptor limit of 1,024, leave health answering on both listeners. The peer
+is `tests/http2_flood.py`, raw sockets."""
 
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ def host():
         yield h
 
 
-def _serve(host: Hosts, tmp_path, *prefix: str) -> tuple[ChildProcess, str]:
-    """`serve` in the namespace, a Unix socket and the health port: the process, the socket."""
+def _serve(host: Hosts, tmp_path, *prefix: str, tcp: bool = False) -> tuple[ChildProcess, str]:
+    """`serve` in the namespace, a Unix socket and the health port (with `tcp`, loopback TCP
+    on PORT + 1 too, without a token): the process, the socket."""
     target = f"unix://{tmp_path}/s.sock"
-    argv = [*prefix, *cli_argv("serve", "--listen", target, "--health-port", str(PORT))]
+    more = ["--listen", f"127.0.0.1:{PORT + 1}", "--insecure-tcp"] if tcp else []
+    argv = [*prefix, *cli_argv("serve", "--listen", target, *more, "--health-port", str(PORT))]
     child = ChildProcess(host.argv(0, argv), log=str(tmp_path / "serve.log"), read_lines=True)
     try:
         for _ in range(2):  # "serving on", then the health port's line
@@ -78,15 +81,29 @@ def _threads(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
-@pytest.mark.parametrize("reset", [False, True], ids=["headers-only", "headers-then-rst"])
-def test_a_flood_of_calls_on_the_health_port_leaves_probes_passing(host, tmp_path, reset):
-    server, _ = _serve(host, tmp_path)
+@pytest.mark.parametrize(
+    "reset, port, method",
+    [
+        (False, PORT, ""),
+        (True, PORT, ""),
+        # On the main port, token-less calls of another method: health keeps its readers.
+        (False, PORT + 1, "/input_server.v1.InputService/StreamBatches"),
+    ],
+    ids=["headers-only", "headers-then-rst", "main-port-streams"],
+)
+def test_a_flood_of_calls_leaves_probes_passing_and_threads_bounded(
+    host, tmp_path, reset, port, method
+):
+    server, _ = _serve(host, tmp_path, tcp=port != PORT)
     flood = None
     try:
-        address = host.addresses[0]
-        flood = _peer(host, "flood", address, str(PORT), "4", "14", *(["rst"] if reset else []))
+        address = host.addresses[0] if port == PORT else "127.0.0.1"
+        rst = ["rst"] if reset else []
+        flood = _peer(
+            host, "flood", address, str(port), "4", "14", *rst, *([method] if method else [])
+        )
         time.sleep(2.0)  # the flood under way before the first probe
-        probes = _peer(host, "probe", address, str(PORT), "37", "0.25")
+        probes = _peer(host, "probe", address, str(port), "37", "0.25")
         most, stop = 0, threading.Event()
 
         def sample() -> None:
