@@ -461,6 +461,7 @@ def secret_version(secret, name: str, pair: Pair | None, *, key_bytes: bytes | N
     version = secret / f"..{name}"
     version.mkdir()
     (version / "tls.crt").write_bytes(open(pair.cert, "rb").read())
+    (version / "tls.key").touch(0o600)  # the server refuses a key others may read
     (version / "tls.key").write_bytes(key_bytes or open(pair.key, "rb").read())
     link = secret / "..data_tmp"
     os.symlink(version.name, link)
@@ -514,6 +515,7 @@ def test_a_file_rewritten_in_place_that_looks_unchanged_is_taken_up_once_complet
     # signature for the broken and the complete state: the broken one is retried, not kept.
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     cert.write_bytes(open(pki.server.cert, "rb").read())
+    key.touch(0o600)
     key.write_bytes(open(pki.server.key, "rb").read())
     with Server(tls_config(pki, pair=Pair(str(cert), str(key)))) as srv:
         target = srv.targets[0]
