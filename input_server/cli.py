@@ -10,9 +10,7 @@ import sys
 import threading
 import tomllib
 
-# gRPC's core logs a line (INFO) for every failed TLS handshake, so peers without credentials
-# could grow a server's log without bound. Set before grpc is first imported (input_client
-# imports it); its errors still show, and a GRPC_VERBOSITY the operator set wins.
+# Before grpc's import: its core logs (INFO) every failed TLS handshake, an unbounded log.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from input_client.spec import PipelineSpec, SpecError  # noqa: E402
@@ -326,10 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--max-streams", type=int, default=8, help="concurrent streams")
     serve.add_argument(
-        "--queue-depth",
-        type=int,
-        default=4,
-        help="batches each stream prepares ahead of the network",
+        "--queue-depth", type=int, default=4, help="batches each stream prepares ahead"
     )
     serve.add_argument("--grace-s", type=float, default=5.0, help="drain time on SIGTERM")
     serve.add_argument(
