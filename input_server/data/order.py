@@ -16,9 +16,30 @@ import numpy as np
 from input_server.errors import OverBudgetError
 
 _FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
-# A shuffled epoch's permutation: one int64 a document of the shard.
-BYTES_PER_DOCUMENT = 8
+# A shuffled epoch's permutation holds one uint32 a document of the shard when its values fit
+# (fewer than 2**32 documents: every real shard), else one int64. 8 bytes a document refused
+# C4-sized corpora on one host that ran before the order was counted.
+_UINT32_DOCS = 1 << 32
 _MIB = 1 << 20
+
+
+def bytes_per_document(per_epoch: int) -> int:
+    """What a shuffled epoch of `per_epoch` documents holds per document."""
+    return 4 if per_epoch < _UINT32_DOCS else 8
+
+
+def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """Epoch `epoch`'s permutation of `range(n)`, seeded by `(seed, epoch)`.
+
+    The same values as `Generator.permutation(n)` (Fisher-Yates draws depend on `n` only, not
+    on the array's dtype; `test_order_dtype` compares them), so the order of every stream is
+    byte-identical to the int64 one (invariant 1), in half the memory under 2**32 documents.
+    """
+    # Philox keyed by (seed, epoch): the same order in every process and on every resume.
+    rng = np.random.Generator(np.random.Philox(key=[seed, epoch]))
+    perm = np.arange(n, dtype=np.uint32 if n < _UINT32_DOCS else np.int64)
+    rng.shuffle(perm)  # in place: `permutation(n)` would build an int64 arange first
+    return perm
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,9 +64,11 @@ class OrderBudget:
         if need <= self.max_bytes:
             return
         docs = sum(o.per_epoch for o in orders)
+        sizes = sorted({bytes_per_document(o.per_epoch) for o in orders if o.shuffle})
         raise OverBudgetError(
             f"the stream's document order would hold {need / _MIB:,.0f} MiB ({docs:,} "
-            f"documents a shuffled epoch{where}, {BYTES_PER_DOCUMENT} bytes each, up to two "
+            f"documents a shuffled epoch{where}, {' or '.join(map(str, sizes))} bytes each, "
+            f"up to two "
             f"epochs at once, in each of {self.copies} processes), over the "
             f"{max(0, self.max_bytes) / _MIB:,.0f} MiB the server's --stream-memory-mb "
             f"{self.flag_mb:g} leaves it; name each file once, use more shards "
@@ -58,8 +81,8 @@ class DocumentOrder:
     """Maps stream ordinals to source indices: shard `index::count`, shuffled per epoch.
 
     Picklable and cheap to send: the permutation of an epoch is computed lazily in each process
-    (8 bytes per document of the shard) and the last two epochs are kept, since a group of
-    documents can straddle an epoch boundary.
+    (4 bytes per document of the shard, 8 from 2**32 documents) and the last two epochs are
+    kept, since a group of documents can straddle an epoch boundary.
 
     Args:
       num_records: records in the whole source.
@@ -99,7 +122,8 @@ class DocumentOrder:
         one epoch, else two (`OrderBudget` counts it before any is computed)."""
         if not self.shuffle:
             return 0
-        return BYTES_PER_DOCUMENT * self.per_epoch * (1 if self.epochs == 1 else 2)
+        per_doc = bytes_per_document(self.per_epoch)
+        return per_doc * self.per_epoch * (1 if self.epochs == 1 else 2)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         perm = self._cache.get(epoch)
@@ -107,9 +131,7 @@ class DocumentOrder:
             # The oldest goes before the next is computed: at most two held at once.
             if len(self._cache) >= 2:
                 self._cache.pop(min(self._cache))
-            # Philox keyed by (seed, epoch): the same order in every process and on every resume.
-            rng = np.random.Generator(np.random.Philox(key=[self.seed, epoch]))
-            perm = rng.permutation(self.per_epoch)
+            perm = permutation(self.seed, epoch, self.per_epoch)
             self._cache[epoch] = perm
         return perm
 
@@ -119,8 +141,11 @@ class DocumentOrder:
         if start < stop and start // self.per_epoch == (stop - 1) // self.per_epoch:
             # One epoch (most groups): a slice of its permutation, no index arrays.
             epoch, first = divmod(start, self.per_epoch)
+            # int64 before the arithmetic: a uint32 slice times a Python int stays uint32
+            # under NumPy 2 (wrapping past 2**32 source records, or refusing a shard count
+            # past it), and callers get the same int64 indices as ever.
             within = (
-                self._permutation(epoch)[first : first + stop - start]
+                self._permutation(epoch)[first : first + stop - start].astype(np.int64)
                 if self.shuffle
                 else np.arange(first, first + stop - start, dtype=np.int64)
             )
@@ -131,9 +156,10 @@ class DocumentOrder:
         """Source record indices of the stream documents `ordinals` (each below `len`)."""
         epochs, within = np.divmod(ordinals, self.per_epoch)
         if self.shuffle and len(epochs) and epochs.min() == epochs.max():  # one epoch: most groups
-            return self.shard_index + self.shard_count * self._permutation(int(epochs[0]))[within]
+            shuffled = self._permutation(int(epochs[0]))[within].astype(np.int64)
+            return self.shard_index + self.shard_count * shuffled
         if self.shuffle:
-            shuffled = np.empty_like(within)
+            shuffled = np.empty(len(within), np.int64)  # not uint32: see `source_indices`
             for epoch in np.unique(epochs):
                 mask = epochs == epoch
                 shuffled[mask] = self._permutation(int(epoch))[within[mask]]

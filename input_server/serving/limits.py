@@ -112,8 +112,9 @@ def order_budget(
     spec: PipelineSpec, limit_mb: float, *, queue_depth: int, message_tokens: int
 ) -> OrderBudget | None:
     """What `spec`'s batches and groups leave of a stream's `limit_mb` (--stream-memory-mb) for
-    its document order, 8 bytes a document of its shard in the server's process and in each
-    worker process (800 M documents of one file named 40,000 times took a 3 GB server down);
+    its document order, 4 bytes a document of its shard (8 from 2**32 documents) in the
+    server's process and in each worker process (800 M documents of one file named 40,000
+    times took a 3 GB server down);
     checked once its files are counted, before the order is computed. None: no limit."""
     if limit_mb == float("inf"):
         return None
