@@ -86,6 +86,8 @@ def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp
     with open(small, "w") as f:
         for i in range(20_000):
             f.write(json.dumps({"text": f"document {i} of many, all work and no play"}) + "\n")
+    wide = tmp_path / "wide.jsonl"  # 40,000 documents
+    wide.write_text(small.read_text() * 2)
     text = text_bomb(tmp_path / "text.parquet", rows=3456)  # 3.6 GB decoded
     ids = ids_bomb(tmp_path / "ids.parquet", row_groups=100, rows=4000)  # 3.2 GB decoded
     attacks = [
@@ -97,7 +99,8 @@ def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp
         ),
         (
             make_spec(
-                source=[{"paths": [str(small)]}] * 4096,
+                # Of `wide`: at 4 bytes a document, 4,096 of `small` (82 M) fit 2 workers.
+                source=[{"paths": [str(wide)]}] * 4096,
                 workers={"count": 2},
                 order={"epochs": 0},
             ),
@@ -145,7 +148,7 @@ def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp
                     assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
                     assert code == status, (words, code, details)
                     assert all(w in details for w in words), (words, details)
-                # The 4,096 components in one process fit its budget (1.25 GiB of order):
+                # The 4,096 components in one process fit its budget (625 MiB of order):
                 # it streams.
                 mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
                 assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")

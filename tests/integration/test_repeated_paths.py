@@ -1,6 +1,6 @@
 """One file named many times: a component naming a file more than once is refused by name
-(INVALID_ARGUMENT), and a stream's shuffled document order (8 bytes a document, in each
-process that computes it) is counted against --stream-memory-mb before it is computed, so
+(INVALID_ARGUMENT), and a stream's shuffled document order (4 bytes a document under 2**32,
+in each process that computes it) is counted against --stream-memory-mb before it is computed, so
 4,096 components of one file are RESOURCE_EXHAUSTED naming the flag, not a server's memory.
 Each copy of a path used to be a source of its own: 40,000 copies of a 20,000-document file
 were 800 M documents, whose order took a 3 GB server down in 17 s."""
@@ -66,7 +66,7 @@ def tiny_file(small_file) -> str:
 @pytest.fixture
 def budgeted(tmp_path):
     """A server whose streams may hold 48 MiB: a small stream's batches and one group fit,
-    leaving ~38 MiB for its document order (2.5 M documents shuffled over epochs)."""
+    leaving ~38 MiB for its document order (5 M documents shuffled over epochs)."""
     config = ServerConfig(
         listen=[f"unix://{tmp_path}/s.sock"], stream_memory_mb=48, max_workers=2, grace_s=1
     )
@@ -102,16 +102,17 @@ def test_a_path_named_many_times_is_invalid_argument_naming_field_path_and_count
 def test_a_mixture_whose_order_would_exceed_the_stream_budget_is_refused_before_it_is_built(
     budgeted, make_spec, small_file
 ):
-    """128 components of one 20,000-document file: 2.56 M documents, 41 MiB of order over
+    """256 components of one 20,000-document file: 5.12 M documents, 41 MiB of order over
     two epochs, past what 48 MiB leaves; refused before any permutation is computed (the
     server's peak memory does not move), while the same mixture for one epoch (one
     permutation, 20 MiB) and a few components stream."""
-    many = make_spec(source=[{"paths": [small_file]}] * 128, order={"epochs": 2})
+    many = make_spec(source=[{"paths": [small_file]}] * 256, order={"epochs": 2})
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     code, details = call(budgeted, many.to_proto())
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
     assert "--stream-memory-mb 48" in details and "document order" in details, details
-    assert "2,560,000 documents" in details and "128 components" in details, details
+    assert "5,120,000 documents" in details and "256 components" in details, details
+    assert "4 bytes each" in details, details
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 20_000  # KiB
     one_epoch = many.replace(order={"epochs": 1})
     assert call(budgeted, one_epoch.to_proto())[0] == grpc.StatusCode.OK
@@ -120,12 +121,23 @@ def test_a_mixture_whose_order_would_exceed_the_stream_budget_is_refused_before_
 
 
 def test_each_worker_process_s_copy_of_the_order_is_counted(budgeted, make_spec, small_file):
-    """Each worker process computes the order itself: 64 components (1.28 M documents, 20 MiB
+    """Each worker process computes the order itself: 128 components (2.56 M documents, 20 MiB
     over two epochs) fit in-process but not in the server and two workers."""
-    spec = make_spec(source=[{"paths": [small_file]}] * 64, order={"epochs": 0})
+    spec = make_spec(source=[{"paths": [small_file]}] * 128, order={"epochs": 0})
     code, details = call(budgeted, spec.replace(workers={"count": 2}).to_proto())
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
     assert "each of 3 processes" in details, details
+    assert call(budgeted, spec.to_proto())[0] == grpc.StatusCode.OK
+
+
+def test_the_order_is_counted_at_4_bytes_a_document_under_2_32(budgeted, make_spec, small_file):
+    """Each permutation is held as uint32 (the same values as the int64 one): 128 components
+    (2.56 M documents) over two epochs are 20 MiB and stream in what 48 MiB leaves (~38 MiB),
+    where 8 bytes a document (41 MiB) refused them. At the default 2048 MB, two fixed workers
+    now take ~176 M documents a shard (~88 M over epochs), "auto" ~530 M (~265 M)."""
+    spec = make_spec(source=[{"paths": [small_file]}] * 128, order={"epochs": 2})
+    code, details = call(budgeted, spec.to_proto(), take=3)
+    assert code == grpc.StatusCode.OK, details
 
 
 def test_other_streams_flow_while_a_repeated_path_request_is_refused(
