@@ -5,6 +5,7 @@ Parquet only while it loads."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Sequence
 
@@ -13,8 +14,8 @@ import numpy as np
 from input_server.data.jsonl import ids_of
 from input_server.data.parquet_load import ColumnLoad, Texts
 from input_server.data.records import (
+    DECODED,
     OPEN_FILES,
-    Reservation,
     check_size,
     loads_json,
     said,
@@ -147,7 +148,9 @@ def _is_ids(kind) -> bool:
 
 class ParquetReader:
     """Parquet files; the text column (or, with a `token_field`, a column of token ids: a list
-    of int32 or int64 per row) is loaded once per process for random access."""
+    of int32 or int64 per row) is loaded for random access and held in `records.DECODED`:
+    given back, least recently used first, when another file's column needs the room (read
+    again, it loads again, the same rows)."""
 
     max_bytes: int | None = None
 
@@ -168,8 +171,6 @@ class ParquetReader:
         self.token_field = token_field
         # The loaded column is held decoded within --max-decompressed-mb (`parquet_load`).
         self.max_decompressed = max_decompressed
-        self._column = None
-        self._held: Reservation | None = None
         try:
             with pq.ParquetFile(path) as meta:  # closed now, not when collected
                 schema, self._len = meta.schema_arrow, meta.metadata.num_rows
@@ -194,11 +195,6 @@ class ParquetReader:
                 f"leave token_field unset."
             )
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_column"] = state["_held"] = None
-        return state
-
     def __len__(self) -> int:
         return self._len
 
@@ -209,36 +205,36 @@ class ParquetReader:
         """Nothing to close: the file is open only while its column loads."""
 
     def close(self) -> None:
-        """Drops the loaded column now (loaded again if read), giving its bytes back to
-        --max-decompressed-mb."""
-        self._column = None
-        if self._held is not None:
-            self._held.free()
-            self._held = None
+        """Drops the loaded column now (or, if being read, once read; loaded again if read),
+        giving its bytes back to --max-decompressed-mb."""
+        DECODED.close(self)
 
     def _loaded(self):
-        """The column in memory: the texts (`Texts`, an arrow array a row group), or the ids
-        (`_Ids`); each row group reserved before it is decoded (`parquet_load`)."""
-        if self._column is None:
-            load = ColumnLoad(
-                self.path,
-                self.name,
-                self.token_field or self.text_field,
-                ids=self.token_field is not None,
-                limit=self.max_decompressed,
-            )
-            try:
-                if self.token_field is None:
-                    column = Texts(load.load())  # the file is closed once the column is loaded
-                else:
-                    rows, groups, values = load.footer()
-                    # Copied out a row group at a time: one row group of arrow memory at once.
-                    column = _ids(load.each() if groups > 1 else [load.load()], rows, values)
-            except BaseException:
-                load.held.free()
-                raise
-            self._column, self._held = column, load.held
-        return self._column
+        """A context holding the column in memory (`DECODED`): the texts (`Texts`, an arrow
+        array a row group), or the ids (`_Ids`); not given back to another file while held."""
+        return _unpacked(DECODED.use(self, self._load, _free))
+
+    def _load(self):
+        """(column, its reservation), each row group reserved before it is decoded
+        (`parquet_load`)."""
+        load = ColumnLoad(
+            self.path,
+            self.name,
+            self.token_field or self.text_field,
+            ids=self.token_field is not None,
+            limit=self.max_decompressed,
+        )
+        try:
+            if self.token_field is None:
+                column = Texts(load.load())  # the file is closed once the column is loaded
+            else:
+                rows, groups, values = load.footer()
+                # Copied out a row group at a time: one row group of arrow memory at once.
+                column = _ids(load.each() if groups > 1 else [load.load()], rows, values)
+        except BaseException:
+            load.held.free()
+            raise
+        return column, load.held
 
     def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
         """The texts (or ids) of many rows, taken in one vectorized call; ids are read-only
@@ -246,7 +242,8 @@ class ParquetReader:
         if self.token_field is not None:
             return self._read_ids(indices)
         try:
-            texts = self._loaded().take(indices)
+            with self._loaded() as column:
+                texts = column.take(indices)
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
         limit = self.max_bytes or float("inf")
@@ -256,7 +253,12 @@ class ParquetReader:
         ]
 
     def _read_ids(self, indices: Sequence[int]) -> list[np.ndarray]:
-        ids = self._loaded()
+        # The views handed out keep the values alive past an eviction until the batch is
+        # packed (copied): a bounded, short overlap.
+        with self._loaded() as ids:
+            return self._views(ids, indices)
+
+    def _views(self, ids: _Ids, indices: Sequence[int]) -> list[np.ndarray]:
         rows = np.asarray(indices, np.int64).reshape(-1)
         rows = np.where(rows < 0, rows + self._len, rows)
         if rows.size and (rows.min() < 0 or rows.max() >= self._len):
@@ -273,7 +275,8 @@ class ParquetReader:
         if self.token_field is not None:
             return self._row_ids(index)
         try:
-            text = self._loaded()[index].as_py()
+            with self._loaded() as column:
+                text = column[index].as_py()
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
         if not isinstance(text, str):
@@ -286,7 +289,10 @@ class ParquetReader:
         return text
 
     def _row_ids(self, index: int) -> np.ndarray:
-        ids = self._loaded()
+        with self._loaded() as ids:
+            return self._row(ids, index)
+
+    def _row(self, ids: _Ids, index: int) -> np.ndarray:
         row = index + self._len if index < 0 else index
         if not 0 <= row < self._len:
             raise IndexError(f"{self.name}: row {index} is out of range (0-{self._len - 1}).")
@@ -299,6 +305,16 @@ class ParquetReader:
             )
         check_size((end - start) * _ID_BYTES, self.max_bytes, self.where(row))
         return ids.values[start:end]
+
+
+def _free(loaded) -> None:
+    loaded[1].free()
+
+
+@contextlib.contextmanager
+def _unpacked(held):
+    with held as (column, _):
+        yield column
 
 
 # What an id takes for the size bound: an int32, as the batches hold it.

@@ -8,6 +8,8 @@ footer's count of values (8 bytes each at most, plus an offset a row), text by r
 row group as dictionary indices first (what the file holds, at most its encoded size) and
 summing the lengths the indices would decode to. A row group past the budget is refused with
 RESOURCE_EXHAUSTED naming the file, the row group and the flag; nothing of it is decoded.
+Reserving first gives back other files' columns not being read right now, least recently used
+first (`records.DECODED`): the budget bounds what is held at once, not what was ever read.
 """
 
 from __future__ import annotations
@@ -210,12 +212,28 @@ class ColumnLoad:
         return pa.concat_arrays(decoded)
 
     def _over(self, size: int, where: str) -> OverBudgetError:
-        flag = (self.limit or 0) / _MIB
-        others = DECOMPRESSED.held - self.held.bytes - self._transient.bytes
-        return OverBudgetError(
+        """Refused: this file's column alone is past the limit (splitting it helps: each
+        file's column is held whole only while read), or what is held cannot be given back
+        now (columns other streams are reading this moment; idle ones were given back)."""
+        limit = self.limit or 0
+        flag = limit / _MIB
+        mine = self.held.bytes + self._transient.bytes
+        head = (
             f"{self.name} {where}: column {self.column!r} would take {size / _MIB:,.1f} MB "
-            f"more in memory decoded ({self.held.bytes / _MIB:,.1f} MB of this file and "
-            f"{others / _MIB:,.1f} MB of other files held now), over the server's "
-            f"--max-decompressed-mb {flag:g} (Parquet columns and compressed files are held "
-            f"decoded in memory); split the file, or ask the operator for a larger limit."
+            f"more in memory decoded ({mine / _MIB:,.1f} MB of this file so far"
+        )
+        if mine + size > limit:
+            return OverBudgetError(
+                f"{head}), past the server's --max-decompressed-mb {flag:g} by itself (a "
+                f"Parquet column is held whole in memory, decoded, while its file is read); "
+                f"split the file into files whose column decodes to under {flag:g} MB each, "
+                f"or ask the operator for a larger limit."
+            )
+        others = DECOMPRESSED.held - mine
+        return OverBudgetError(
+            f"{head}; {others / _MIB:,.1f} MB of other files held now, in use by streams "
+            f"reading them at this moment), over the server's --max-decompressed-mb {flag:g} "
+            f"(Parquet columns and compressed files are held decoded in memory; idle ones are "
+            f"given back first); try again when those streams end, or ask the operator for a "
+            f"larger limit."
         )

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import resource
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -202,6 +203,16 @@ class OpenFiles:
             idle = [k for k, v in self._entries.items() if v.pins == 0][:over]
             return [e for e in (self._entries.pop(k, None) for k in idle) if e is not None]
 
+    def close_oldest_idle(self) -> bool:
+        """Closes the least recently used handle not in use now; False if every one is."""
+        with self._lock:
+            key = next((k for k, v in self._entries.items() if v.pins == 0), None)
+            entry = None if key is None else self._entries.pop(key)
+        if entry is None:
+            return False
+        self._close([entry])
+        return True
+
     def close(self, owner: object) -> None:
         """Closes `owner`'s handle now (or, if in use, as soon as it is let go)."""
         self._drop(id(owner))
@@ -316,6 +327,11 @@ class DecompressedBudget:
 
 
 DECOMPRESSED = DecompressedBudget()
+# What readers hold decoded in `DECOMPRESSED` and can load again (a Parquet column): the
+# same LRU as `OPEN_FILES`, bounded by bytes instead of a count. A reservation that would
+# pass the budget closes the least recently used ones not in use (`Reservation.grow`), so the
+# budget bounds what is held at once, not the sum of every file a process ever read.
+DECODED = OpenFiles(capacity=sys.maxsize)
 
 
 class Reservation:
@@ -328,8 +344,17 @@ class Reservation:
         self.bytes = 0
 
     def grow(self, n: int, limit: int | None) -> bool:
-        """Reserves `n` more bytes, unless the process would then hold more than `limit`."""
-        return limit is None or DECOMPRESSED._grow(self, n, limit)
+        """Reserves `n` more bytes, unless the process would then hold more than `limit`
+        once every loaded column not in use right now (`DECODED`) is given back, least
+        recently used first. What alone is past `limit` is refused without evicting."""
+        if limit is None:
+            return True
+        if self.bytes + n > limit:
+            return False
+        while not DECOMPRESSED._grow(self, n, limit):
+            if not DECODED.close_oldest_idle():
+                return False  # what is held is being read now: it cannot be given back
+        return True
 
     def free(self) -> None:
         DECOMPRESSED._free(self)

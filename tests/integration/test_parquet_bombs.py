@@ -62,9 +62,11 @@ def test_an_ids_bomb_is_refused_at_the_row_group_past_the_budget(tmp_path):
     assert settled(idle) == idle
 
 
-def test_a_column_within_the_budget_is_held_reserved_until_closed(tmp_path):
-    """A real column loads, holds about its decoded size in the budget until `close`; a
-    second reader of the same process past what is left is refused, naming what is held."""
+def test_a_column_is_given_back_for_another_unless_it_is_being_read(tmp_path):
+    """A loaded column holds about its decoded size in the budget; another file's column that
+    does not fit beside it takes its place (the first is given back, and read again it loads
+    again, the same rows); only while the first is being read is the second refused, naming
+    what is held. (Before: held until closed, so every file ever read counted at once.)"""
     path = ids_bomb(tmp_path / "ids.parquet", row_groups=2)  # 7.6 MiB of ids
     text = text_bomb(tmp_path / "text.parquet", rows=6)  # 6 MiB of text
     idle = DECOMPRESSED.held
@@ -72,12 +74,15 @@ def test_a_column_within_the_budget_is_held_reserved_until_closed(tmp_path):
     assert ids[999].tolist() == [7] * 2000
     assert 7.6 * _MIB <= DECOMPRESSED.held - idle < 8 * _MIB
     texts = ParquetReader(text, "text", max_decompressed=12 * _MIB)
-    with pytest.raises(OverBudgetError, match="MB of other files held now"):
-        texts[0]
-    ids.close()
-    assert settled(idle) == idle
     assert texts.read_many([5, 0]) == [texts[5], texts[0]] and texts[0].startswith("all work")
-    assert 6 * _MIB <= DECOMPRESSED.held - idle < 7 * _MIB
+    assert 6 * _MIB <= DECOMPRESSED.held - idle < 7 * _MIB  # the ids were given back
+    assert ids.read_many([0, 999])[1].tolist() == [7] * 2000  # loaded again, texts given back
+    with ids._loaded():  # a stream reading the ids at this moment
+        with pytest.raises(OverBudgetError, match="in use by streams reading them") as e:
+            texts[0]
+        assert "text.parquet row group 0" in str(e.value), e.value
+    assert texts[1].startswith("all work")
+    ids.close()
     texts.close()
     assert settled(idle) == idle
 
