@@ -35,9 +35,12 @@ import numpy as np
 from input_server.data.model_checks import (
     MAX_NORMALIZER_EXPANSION,
     expansion_refusal,
+    hf_member_expansion,
     hf_normalizer_expansion,
     kind_hint,
+    model_faults,
 )
+from input_server.data.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
 from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
 from input_server.errors import InvalidSpecError, shorten
 
@@ -257,10 +260,22 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         try:
             node = json.loads(tok.normalizer.__getstate__())
             factor = hf_normalizer_expansion(node)
+            member = hf_member_expansion(node)
         except ValueError as e:
             raise self._refuse(f"its normalizer cannot be bounded ({e})") from None
-        if factor > MAX_NORMALIZER_EXPANSION:
-            raise expansion_refusal(self.written, factor, "normalizer")
+        if factor <= MAX_NORMALIZER_EXPANSION:
+            return
+        # The product of loose per-member bounds refuses real chains (ALBERT's scores 1,944):
+        # one member past the limit is refused as it stands, a product within
+        # MAX_MEASURED_PRODUCT is measured on the loaded normalizer (under 1 s).
+        if member > MAX_NORMALIZER_EXPANSION:
+            raise expansion_refusal(self.written, member, "normalizer")
+        if factor > MAX_MEASURED_PRODUCT:
+            raise expansion_refusal(self.written, factor, "normalizer (its members' product)")
+        with model_faults(self.written, "measuring its normalizer"):
+            seen = measured_expansion(tok.normalizer.normalize_str, node, factor)
+        if seen > MAX_NORMALIZER_EXPANSION:
+            raise expansion_refusal(self.written, seen, "normalizer (measured)")
 
     def info(self) -> IdsInfo:
         tok = self.model()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import math
 import re
 import struct
 
@@ -95,13 +96,12 @@ def hf_normalizer_expansion(node) -> int:
     if kind == "Sequence":
         total = 1
         for member in node.get("normalizers") or []:
-            total *= hf_normalizer_expansion(member)
-            if total > MAX_NORMALIZER_EXPANSION:  # enough to refuse; no huge products
-                return total
+            # Every member is judged (an unknown type is refused wherever it stands); the
+            # product is capped so that a long chain makes no huge integer.
+            total = min(total * hf_normalizer_expansion(member), 10**18)
         return total
     if kind == "Replace":
-        # A pattern that matches the empty string inserts `content` at every character.
-        return 1 + len(str(node.get("content", "")))
+        return _replace_expansion(node)
     if kind == "Prepend":
         return 1 + len(str(node.get("prepend", "")))
     if kind == "Precompiled":
@@ -113,6 +113,28 @@ def hf_normalizer_expansion(node) -> int:
     if kind in _HF_FACTORS:
         return _HF_FACTORS[kind]
     raise ValueError(f"a normalizer of unknown type {kind!r}")
+
+
+def _replace_expansion(node: dict) -> int:
+    """A String pattern's match consumes its whole length and becomes `content`, so the text
+    grows at most len(content)/len(pattern) per character (and a Replace that shrinks, like
+    ALBERT's "``" -> '"', is 1). A Regex (or an empty String) may match the empty string,
+    which inserts `content` before every character: 1 + len(content)."""
+    content = len(str(node.get("content", "")))
+    pattern = node.get("pattern") or {}
+    literal = pattern.get("String") if isinstance(pattern, dict) else None
+    if isinstance(literal, str) and literal:
+        return max(1, math.ceil(content / len(literal)))
+    return 1 + content
+
+
+def hf_member_expansion(node) -> int:
+    """The largest static bound of a single member of a normalizer (a Sequence's members,
+    nested ones included): past MAX_NORMALIZER_EXPANSION, one member alone is refused; the
+    product of several members within it is measured (normalizer_probe) instead."""
+    if isinstance(node, dict) and node.get("type") == "Sequence":
+        return max([1, *(hf_member_expansion(m) for m in node.get("normalizers") or [])])
+    return hf_normalizer_expansion(node)
 
 
 def expansion_refusal(written: str, factor: int, where: str) -> InvalidSpecError:

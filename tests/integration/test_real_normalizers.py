@@ -1,0 +1,98 @@
+"""Real normalizer chains load, hostile ones are still refused (issue 27, H11).
+
+The static bound multiplies each member's worst case, which refused ALBERT's real chain
+(NFKD 18 x Lowercase 3 x nmt_nfkc 18 x ...); a product past MAX_NORMALIZER_EXPANSION is now
+measured on the loaded normalizer. The chains below are the real models' `tokenizer.json`
+normalizers, written out here (no downloads) with sentencepiece's default nmt_nfkc charsmap
+taken from a model trained by the fixture, on a tiny model of the project's trained one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import time
+
+import pytest
+
+from input_client.spec import TokenizerSpec
+from input_server.data.model_checks import MAX_NORMALIZER_EXPANSION
+from input_server.data.tokenizer_kinds import load_tokenizer
+from input_server.errors import InvalidSpecError
+from input_server.tools.tokenizer_models import train_hf_tokenizer
+
+
+def _replace(pattern: dict, content: str) -> dict:
+    return {"type": "Replace", "pattern": pattern, "content": content}
+
+
+def _chains(charsmap: str) -> dict[str, dict]:
+    pre = {"type": "Precompiled", "precompiled_charsmap": charsmap}
+    spaces = _replace({"Regex": " {2,}"}, " ")
+    quotes = [_replace({"String": "``"}, '"'), _replace({"String": "''"}, '"')]
+    accents = [{"type": "NFKD"}, {"type": "StripAccents"}]
+    return {
+        # transformers' AlbertConverter: quotes, NFKD, StripAccents, Lowercase, the charsmap,
+        # runs of spaces (static product 1,944: was refused).
+        "albert": [*quotes, *accents, {"type": "Lowercase"}, pre, spaces],
+        "xlnet": [*quotes, *accents, pre, spaces],  # XLNetConverter: ALBERT without Lowercase
+        "t5": [pre, spaces],
+        "deberta-v3": [pre, spaces, {"type": "Lowercase"}],
+    }
+
+
+@pytest.fixture(scope="module")
+def made(docs, spm_model, tmp_path_factory):
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(open(spm_model, "rb").read())
+    charsmap = base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode()
+    d = tmp_path_factory.mktemp("normalizers")
+    return train_hf_tokenizer(docs[:100], d / "hf", vocab_size=300), charsmap, d
+
+
+def _with(made, name: str, members) -> str:
+    base, _, d = made
+    folder = shutil.copytree(base, d / name)
+    path = folder / "tokenizer.json"
+    model = json.loads(path.read_text())
+    model["normalizer"] = {"type": "Sequence", "normalizers": members}
+    path.write_text(json.dumps(model))
+    return str(folder)
+
+
+@pytest.mark.parametrize("name", ["albert", "xlnet", "t5", "deberta-v3"])
+def test_real_normalizer_chains_load(made, name):
+    folder = _with(made, name, _chains(made[1])[name])
+    started = time.monotonic()
+    tok = load_tokenizer(TokenizerSpec(model=folder, kind="huggingface"))
+    took = time.monotonic() - started
+    assert len(tok.encode(["Return  the ``number'' of Ítems."]).tokens) > 3
+    print(f"{name}: loaded and measured in {took:.2f} s")
+
+
+def _refused(made, name, members, needle):
+    folder = _with(made, name, members)
+    with pytest.raises(InvalidSpecError) as e:
+        load_tokenizer(TokenizerSpec(model=folder, kind="huggingface")).encode(["a b"])
+    text = str(e.value)
+    assert "MAX_NORMALIZER_EXPANSION" in text and folder in text and needle in text, text
+
+
+def test_hostile_chains_are_still_refused(made):
+    charsmap = made[1]
+    double = _replace({"String": " "}, "  ")
+    # Each link doubles a space: the measured 4,096 is refused, not the static product alone.
+    _refused(made, "doubling", [double] * 12, "up to 4096 characters")
+    # One member past the limit is refused without measuring.
+    _refused(made, "one", [_replace({"String": " "}, "x" * 2000)], "up to 2000 characters")
+    # A Regex making 200 "\ufdfa" of a space (U+FDFA: 18 characters under NFKC): each member
+    # within the limit, the measured 3,600 past it.
+    grow = _replace({"Regex": " "}, "\ufdfa" * 200)
+    _refused(made, "regex", [grow, {"type": "NFKC"}], "(measured)")
+    # A chain whose product no measurement is worth: refused statically.
+    pre = {"type": "Precompiled", "precompiled_charsmap": charsmap}
+    _refused(made, "product", [double] * 17 + [pre], "members' product")
+    assert MAX_NORMALIZER_EXPANSION == 256
