@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import time
+from typing import Any
 
 import grpc
 
@@ -45,6 +46,19 @@ RECONNECT_OPTIONS = [
     ("grpc.enable_retries", 1),
     ("grpc.service_config", json.dumps(_UNARY_RETRY)),
 ]
+# The server closes a connection idle for 60 s (`input_server/serving/server.py` IDLE_S) with
+# a GOAWAY, which gRPC's core logs as an INFO line in the trainer's process, once per idle
+# channel (the GetInfo channel; a stream's channel between eval streams). The client closes
+# its own idle connections first, quietly, at half the server's limit; a call (never a
+# running stream, which is not idle) reconnects at once. Read when each channel is opened.
+IDLE_S = 30.0
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    """Every client channel's reconnect, retry and idle options."""
+    return [*RECONNECT_OPTIONS, ("grpc.client_idle_timeout_ms", int(IDLE_S * 1000))]
+
+
 # Failures a new stream from the last state can cure: the server went away, restarted or is
 # draining (UNAVAILABLE; also what gRPC reports for a reset connection). Everything else is an
 # answer about the request or the data (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS), or a server

@@ -10,7 +10,7 @@ import grpc
 
 from input_client import addresses
 from input_client._connect_wait import ConnectWait, socket_file_ready
-from input_client._reconnect import RECONNECT_OPTIONS, check_protocol
+from input_client._reconnect import channel_options, check_protocol
 from input_client._server_checks import BadBatch, Expected, expected_of
 from input_client.auth import TokenInterceptor, check_token, read_token_file
 from input_client.errors import StreamError
@@ -136,7 +136,7 @@ class InputClient:
     def _open_channel(self, message_options: list[tuple[str, int]]) -> grpc.Channel:
         """A channel to this client's server, TLS or not, with its token: made in one place
         for the unary calls and for each stream (whose receive limit its spec sizes)."""
-        channel = open_channel(self.address, self._tls, message_options + RECONNECT_OPTIONS)
+        channel = open_channel(self.address, self._tls, message_options + channel_options())
         if self._interceptor is not None:
             channel = grpc.intercept_channel(channel, self._interceptor)
         return channel
