@@ -152,7 +152,7 @@ _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} [0-9]+\r?$")
 def looks_like(path: str) -> str | None:
     """The kind of model the file's first bytes look like, or None: a Hugging Face
     `tokenizer.json` (a JSON object), tiktoken ranks (`base64 rank` lines), or a sentencepiece
-    model (a ModelProto: field 1, the pieces, length-delimited, each opening with its piece)."""
+    model (a ModelProto opening with one of its length-delimited fields 1, 2 or 3)."""
     try:
         with open(path, "rb") as f:
             head = f.read(4096)
@@ -164,14 +164,34 @@ def looks_like(path: str) -> str | None:
     first = text.split(b"\n", 1)[0]
     if _TIKTOKEN_LINE.match(first):
         return "tiktoken"
-    if head[:1] == b"\x0a":
-        # A varint length, then the SentencePiece message's own field 1 (the piece).
-        i = 1
-        while i < min(len(head), 6) and head[i] & 0x80:
-            i += 1
-        if i + 1 < len(head) and head[i + 1 : i + 2] == b"\x0a":
-            return "sentencepiece"
+    if _opens_a_model_proto(head):
+        return "sentencepiece"
     return None
+
+
+# A ModelProto's length-delimited fields 1 (pieces), 2 (trainer spec) and 3 (normalizer spec):
+# a serializer usually writes field 1 first, but Gemma 4's model opens with its normalizer.
+_MODEL_PROTO_TAGS = (0x0A, 0x12, 0x1A)
+
+
+def _opens_a_model_proto(head: bytes) -> bool:
+    """The first field is one of _MODEL_PROTO_TAGS with a varint length (at most 5 bytes, not
+    0), followed by a message that opens with a valid tag (field >= 1, a known wire type)."""
+    if not head or head[0] not in _MODEL_PROTO_TAGS:
+        return False
+    i, length, shift = 1, 0, 0
+    while i < min(len(head), 6):
+        length |= (head[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not head[i - 1] & 0x80:
+            break
+    else:
+        return False
+    if length == 0 or i >= len(head):
+        return False
+    inner = head[i]
+    return inner >> 3 >= 1 and inner & 7 in (0, 1, 2, 5)
 
 
 def kind_hint(path: str, kind: str) -> str:

@@ -50,7 +50,10 @@ _LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
 # The most ranks a file may give, and the longest line: what one DescribeTokenizer may make
 # the server hold is known before it reads (a 209 MB file of 10 M lines was read whole into a
 # dict, then copied by tiktoken). Real files are far below: Llama 3's 128,000 ranks, o200k's
-# 200,000; tokens of at most a few hundred bytes (a line of 1 KB holds a 765-byte token).
+# 200,000; tokens of at most a few hundred bytes. A line may hold MAX_LINE_BYTES before its
+# newline: base64 takes 4 characters per 3 bytes, so with the space and a rank of up to 7
+# digits any token of up to 762 bytes fits (1,016 + 1 + 7 = 1,024); a 765-byte token (1,020
+# characters) fits only beside a rank of at most 3 digits.
 MAX_RANKS = 1 << 20
 MAX_LINE_BYTES = 1024
 

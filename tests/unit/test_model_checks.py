@@ -22,7 +22,16 @@ def _replace(content: str) -> dict:
 
 def test_a_sequence_multiplies_its_members_and_an_unknown_type_is_refused():
     assert hf_normalizer_expansion(None) == 1
-    assert hf_normalizer_expansion(_replace("▁")) == 2
+    # A String pattern's match becomes `content`: Llama's " " -> "▁" keeps the length,
+    # ALBERT's "``" -> '"' shrinks it; a Regex may match the empty string (inserts).
+    assert hf_normalizer_expansion(_replace("▁")) == 1
+    assert hf_normalizer_expansion(_replace("▁" * 5)) == 5
+    shrink = {"type": "Replace", "pattern": {"String": "``"}, "content": '"'}
+    assert hf_normalizer_expansion(shrink) == 1
+    grow = {"type": "Replace", "pattern": {"String": "ab"}, "content": "xyz"}
+    assert hf_normalizer_expansion(grow) == 2
+    regex = {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}
+    assert hf_normalizer_expansion(regex) == 2
     assert hf_normalizer_expansion({"type": "Sequence", "normalizers": [{"type": "NFKC"}]}) == 18
     chain = {"type": "Sequence", "normalizers": [_replace("  ")] * 12}
     assert hf_normalizer_expansion(chain) > MAX_NORMALIZER_EXPANSION
@@ -52,3 +61,30 @@ def test_each_kind_of_model_file_is_recognized(spm_model, docs, tmp_path):
     (tmp_path / "text").write_text("hello world\n")
     assert looks_like(str(tmp_path / "text")) is None
     assert looks_like(str(tmp_path / "missing")) is None
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def test_a_sentencepiece_model_opening_with_its_normalizer_spec_is_recognized(spm_model, tmp_path):
+    """Gemma 4's model opens with field 3 (`\\x1a`, its normalizer spec), not the pieces: it is
+    still named a sentencepiece model (and loads as one), and a text is still not."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(open(spm_model, "rb").read())
+    norm = model.normalizer_spec.SerializeToString()
+    trainer = model.trainer_spec.SerializeToString()
+    for tag, field in ((b"\x1a", norm), (b"\x12", trainer)):
+        path = tmp_path / f"first{tag[0]}.model"
+        path.write_bytes(tag + _varint(len(field)) + field + model.SerializeToString())
+        assert looks_like(str(path)) == "sentencepiece"
+        assert spm.SentencePieceProcessor(model_file=str(path)).vocab_size() == 200
+    (tmp_path / "nl").write_bytes(b"\x1a\x80")  # a varint with no end
+    assert looks_like(str(tmp_path / "nl")) is None
