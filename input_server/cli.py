@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-decompressed-mb",
         type=_positive(float),
         default=1024.0,
-        help="the most all .gz/.zst files being read may expand to in memory, together, in "
-        "each process (every stream's); past it RESOURCE_EXHAUSTED naming the file",
+        help="the most .gz/.zst text and Parquet columns held decoded in memory at once, a process "
+        "(idle Parquet columns given back first); past it RESOURCE_EXHAUSTED naming the file",
     )
     serve.add_argument(
         "--max-open-files",
