@@ -16,7 +16,12 @@ health, `GetInfo` and new streams timed out for as long as the calls stayed open
   (`threads`) always has a thread for a health check;
 - the helper threads themselves are capped (`readers`), taken before one starts: a peer
   opening calls faster than they end (HEADERS alone, or HEADERS and RST_STREAM, thousands a
-  second) made a thread per call, 5,778 of them, until the process could start no more.
+  second) made a thread per call, 5,778 of them, until the process could start no more;
+- and each TCP connection holds few of them (`CONNECTION_READERS`): a reader ends only when
+  gRPC's completion queue delivers its call's end, which a flood delays, so 4 connections of
+  HEADERS-only health calls held all 26 health readers and turned away 25 of 37 probes made
+  on connections of their own. Unix-socket peers all read `unix:` (`auth.py`): no connection
+  to tell apart, so they share the global caps, waited for in turn (`READER_WAIT_S`).
 
 A unary method becomes a request-streaming one on the server's side, which the wire does not
 tell apart (a unary client sends its one message and half-closes).
@@ -56,6 +61,20 @@ OTHER_CAP = 2  # any method not named above (reflection, should it be added)
 HEALTH = "/grpc.health.v1.Health/"
 # Readers reserved for health calls: its methods' silent and active calls.
 HEALTH_READERS = WAITING_CAP * 2 + sum(n for m, n in ACTIVE_CAPS.items() if m.startswith(HEALTH))
+# Readers one TCP connection may hold at once, of health's and of the others'. An honest call
+# holds one for the moment its request takes to arrive (it comes with the headers), so even a
+# client starting several streams at once on one channel stays well within; a flooding
+# connection holds these few, and 4 of them leave 10 of health's 26 free (7 take them all;
+# then a probe waits its turn, `READER_WAIT_S`, as on a Unix socket).
+CONNECTION_READERS = {"health": 4, "other": 12}
+# How long a call waits for a reader when all are taken, before it is refused: readers come
+# free as the calls holding them end, and the waiting calls take them in turn (a Condition
+# wakes its waiters first come, first served), so a probe among a flood's calls is served
+# instead of losing every race to them. Unix-socket peers cannot be told apart by connection
+# (`CONNECTION_READERS`): there this queue is what lets health through. HEADERS-only health
+# calls on 4 Unix connections: 4 of 26 checks passed, refused at once; with a wait of 2 s
+# (and `server.CONNECTION_CALLS_PCT`), every one, the slowest in 1.4 s.
+READER_WAIT_S = 2.0
 
 _NOTHING = object()
 
@@ -83,6 +102,7 @@ class CallLimits(grpc.ServerInterceptor):
         # a TLS port) must not take a probe's.
         self._readers = threading.BoundedSemaphore(readers or self.threads())
         self._health_readers = threading.BoundedSemaphore(HEALTH_READERS)
+        self._connections = {k: _PerConnection(n) for k, n in CONNECTION_READERS.items()}
         self._caps: dict[tuple[str, str], threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
 
@@ -108,11 +128,13 @@ class CallLimits(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
+        health_call = method.startswith(HEALTH)
         call = _Call(
             method,
             waiting=self._cap("waiting", method),
             active=self._cap("active", method),
-            readers=self._health_readers if method.startswith(HEALTH) else self._readers,
+            readers=self._health_readers if health_call else self._readers,
+            connection=self._connections["health" if health_call else "other"],
             deadline_s=self._deadline_s,
             grace_s=self._grace_s,
         )
@@ -163,6 +185,34 @@ def _take(cap: threading.BoundedSemaphore, context: grpc.ServicerContext, why: s
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; retry shortly.")
 
 
+class _PerConnection:
+    """Places each TCP connection may hold, counted by `context.peer()` (`ipv4:IP:PORT`,
+    `ipv6:[IP]:PORT`: one per connection). Other peers (`unix:`) are not counted."""
+
+    def __init__(self, cap: int):
+        self._cap = cap
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, peer: str) -> bool:
+        if not peer.startswith(("ipv4:", "ipv6:")):
+            return True
+        with self._lock:
+            n = self._held.get(peer, 0)
+            if n >= self._cap:
+                return False
+            self._held[peer] = n + 1
+            return True
+
+    def release(self, peer: str) -> None:
+        if not peer.startswith(("ipv4:", "ipv6:")):
+            return
+        with self._lock:
+            n = self._held.pop(peer) - 1
+            if n:
+                self._held[peer] = n
+
+
 class _Call:
     """One call: its first request, read within the deadline, and its place under its caps."""
 
@@ -173,11 +223,13 @@ class _Call:
         waiting: threading.BoundedSemaphore,
         active: threading.BoundedSemaphore | None,
         readers: threading.BoundedSemaphore,
+        connection: _PerConnection,
         deadline_s: float,
         grace_s: float,
     ):
         self._method = method
         self._waiting, self._active, self._readers = waiting, active, readers
+        self._connection = connection
         self._deadline_s, self._grace_s = deadline_s, grace_s
 
     @contextlib.contextmanager
@@ -195,6 +247,11 @@ class _Call:
     def _read(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         """The first request, or _NOTHING when the client half-closed without one."""
         box: queue.Queue = queue.Queue(1)
+        peer = context.peer()
+
+        def release() -> None:
+            self._readers.release()
+            self._connection.release(peer)
 
         def read() -> None:
             # When the call ends without a request (it timed out here, or the client left),
@@ -204,14 +261,25 @@ class _Call:
             except Exception as e:  # noqa: BLE001 - the call ended while waiting
                 box.put((_NOTHING, e))
             finally:
-                self._readers.release()
+                release()
 
-        # The reader's place is taken before its thread starts: past the cap, no thread.
-        _take(self._readers, context, "too many calls are waiting for their request")
+        # The reader's places are taken before its thread starts: past a cap, no thread. The
+        # wait for a free reader holds this pool thread, as the server's backlog allows.
+        if not self._connection.take(peer):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many calls on this connection are waiting for their request; retry shortly.",
+            )
+        if not self._readers.acquire(timeout=READER_WAIT_S):
+            self._connection.release(peer)
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many calls are waiting for their request; retry shortly.",
+            )
         try:
             threading.Thread(target=read, name="first-request", daemon=True).start()
         except RuntimeError:  # the process can start no more threads (a pids limit)
-            self._readers.release()
+            release()
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "the server cannot start a thread for this call now; retry shortly.",

@@ -50,6 +50,15 @@ CONNECTION_SHARE = 4
 # next call). No age limit: a stream may run for days on one connection.
 HANDSHAKE_S = 10.0
 IDLE_S = 60.0
+# Calls at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; more are refused by
+# gRPC's core before they cost a thread), as a share of the pool's threads. At the whole pool
+# (84), 4 connections of silent calls filled the server's backlog (`maximum_concurrent_rpcs`,
+# 4 x the pool): a probe was refused ("Concurrent RPC limit exceeded") or queued behind them
+# for seconds. At three quarters, 4 such connections leave a pool's worth of it to others.
+# Not much lower: channels of one process share a connection, and a call opened as another
+# ends races the server's count of its streams (RST_STREAM REFUSED_STREAM, UNAVAILABLE to the
+# client: at 16, 16 clients starting at once in one process were refused so).
+CONNECTION_CALLS_PCT = 75
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
 
 
@@ -265,10 +274,9 @@ class Server:
                 *[o for o in MESSAGE_OPTIONS if o[0] != "grpc.max_receive_message_length"],
                 # Requests are small (a spec); a larger one is refused before it is read.
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                # One connection holds no more calls than the pool has threads.
                 *connection_options(
                     max_connections=max_connections(),
-                    streams_per_connection=threads,
+                    streams_per_connection=threads * CONNECTION_CALLS_PCT // 100,
                     handshake_s=HANDSHAKE_S,
                     idle_s=IDLE_S,
                 ),

@@ -153,6 +153,36 @@ def test_silent_calls_leave_health_info_and_streams_answering(own_server, make_s
         assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
 
 
+def test_one_tcp_connections_silent_calls_hold_few_readers(tmp_path):
+    """A reader thread waits for each call's first request and ends only when gRPC delivers the
+    call's end, which a flood delays: one connection's silent health calls get no more readers
+    than `CONNECTION_READERS` allows (the rest refused before a thread), and a probe on a
+    connection of its own is answered."""
+    from input_server.serving.call_limits import CONNECTION_READERS
+
+    def readers() -> int:
+        return sum(t.name == "first-request" for t in threading.enumerate())
+
+    config = ServerConfig(listen=["127.0.0.1:0"], insecure_tcp=True)
+    # A connection of its own: channels of one process share one otherwise (the probe's too).
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    with Server(config) as srv, dial(srv.targets[0], options=own) as channel:
+        release, outcomes = _silent_calls(channel, 24, "/grpc.health.v1.Health/Check")
+        try:
+            most, until = 0, time.monotonic() + 1.0
+            while time.monotonic() < until:
+                most = max(most, readers())
+                time.sleep(0.005)
+            started = time.monotonic()
+            assert health(srv.targets[0]) == 1  # SERVING, on a new connection
+            assert time.monotonic() - started < ANSWER_S
+            refused = [outcomes.get(timeout=2) for _ in range(24 - CONNECTION_READERS["health"])]
+        finally:
+            release.set()
+    assert most <= CONNECTION_READERS["health"], f"{most} readers for one connection"
+    assert set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
 # --- Globs: one budget for the whole request ----------------------------------------------------
 
 

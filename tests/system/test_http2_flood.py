@@ -2,9 +2,10 @@
 the server runs in a network namespace of the test's own, never on the host's interfaces):
 four raw HTTP/2 connections opening health calls that send HEADERS alone (or HEADERS then
 RST_STREAM) as fast as they can leave kubelet-style probes passing and the server's threads
-bounded, and so do token-less StreamBatches calls on a main TCP port; 1,100 sockets that send
-nothing, under a descriptor limit of 1,024, leave health answering on both listeners. The peer
-is `tests/http2_flood.py`, raw sockets."""
+bounded, and so do token-less StreamBatches calls and health calls themselves on a main TCP
+port (each connection holds few first-request readers, `call_limits.CONNECTION_READERS`: 12 of
+37 probes passed before); 1,100 sockets that send nothing, under a descriptor limit of 1,024,
+leave health answering on both listeners. The peer is `tests/http2_flood.py`, raw sockets."""
 
 from __future__ import annotations
 
@@ -88,8 +89,10 @@ def _threads(pid: int) -> int:
         (True, PORT, ""),
         # On the main port, token-less calls of another method: health keeps its readers.
         (False, PORT + 1, "/input_server.v1.InputService/StreamBatches"),
+        # On the main port, health calls themselves: each connection holds few readers.
+        (False, PORT + 1, "/grpc.health.v1.Health/Check"),
     ],
-    ids=["headers-only", "headers-then-rst", "main-port-streams"],
+    ids=["headers-only", "headers-then-rst", "main-port-streams", "main-port-health"],
 )
 def test_a_flood_of_calls_leaves_probes_passing_and_threads_bounded(
     host, tmp_path, reset, port, method
