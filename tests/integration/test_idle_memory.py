@@ -16,10 +16,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # idle, then see what a trim the server had not done would still return.
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, threading
     from input_client import InputClient, PipelineSpec
+    from input_server.serving import memory
     from input_server.serving.memory import release_memory
     from input_server.serving.server import Server, ServerConfig
+
+    # The server's own trims, counted as they finish, to wait on (a fixed sleep after the
+    # stream's end was too short on a loaded host); the real trim still runs.
+    trims = threading.Semaphore(0)
+
+    def counted_trim():
+        try:
+            return release_memory()
+        finally:
+            trims.release()
+
+    memory.release_memory = counted_trim
 
     def rss_mb():
         with open("/proc/self/status") as f:
@@ -42,7 +55,9 @@ CHILD = textwrap.dedent(
                 with client.batches(spec) as it:
                     for _, _b in zip(range(120), it):
                         pass
-                time.sleep(2.5)  # idle: the last stream ended
+                # Idle: the last stream ended, and the server's trim (1 s later) is done.
+                if not trims.acquire(timeout=60):
+                    sys.exit("the server did not trim within 60 s of its last stream's end")
                 idle = rss_mb()
                 release_memory()
                 out.append((idle, rss_mb()))
