@@ -25,6 +25,7 @@ from input_client import InputClient
 from tests.support import free_port
 
 BAD_HOST = "input-pool-0.invalid"  # RFC 2606: never resolves
+WAIT_S = 8  # a refused connect's whole wait: long enough that "at once" has a loaded host's slack
 
 
 def _resolver_says_no_such_name() -> bool:
@@ -49,14 +50,16 @@ def test_an_unresolvable_host_is_one_line_naming_the_lookup_and_no_thread_traceb
     monkeypatch.setattr(threading, "excepthook", crashed.append)
     fast = _resolver_says_no_such_name()
     start = time.monotonic()
-    with InputClient(f"{BAD_HOST}:50051", connect_timeout_s=30 if fast else 3) as c:
+    # A resolver's "no such name" ends the wait at once: the bound is well under the timeout
+    # it contrasts with, and holds on a loaded host.
+    with InputClient(f"{BAD_HOST}:50051", connect_timeout_s=60 if fast else 3) as c:
         with pytest.raises(ConnectionError) as e:
             c.wait_ready()
     took = time.monotonic() - start
     assert f"cannot resolve host {BAD_HOST!r}" in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
     if fast:  # the resolver says the name does not exist: no waiting fixes that
-        assert took < 3, took
+        assert took < 15, took
         assert str(e.value).startswith(f"cannot resolve host {BAD_HOST!r}")
         assert "check the host name" in str(e.value)
     time.sleep(0.2)  # a lookup thread left behind would have finished by now
@@ -81,18 +84,18 @@ def test_a_refused_connect_is_said_at_once_and_named_at_the_end(caplog):
     start = time.time()  # log records carry wall-clock times
     with (
         caplog.at_level(logging.WARNING, logger="input_client"),
-        InputClient(address, connect_timeout_s=3) as c,
+        InputClient(address, connect_timeout_s=WAIT_S) as c,
     ):
         with pytest.raises(ConnectionError) as e:
             c.wait_ready()
     hint = f"is `input-server serve --listen {address}` running?"
     said = [r for r in caplog.records if "connection refused" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]  # once, not every round
-    assert said[0].created - start < 2  # at once, not after the 3 s wait
+    assert said[0].created - start < WAIT_S / 2  # at once, not after the wait (loaded-host slack)
     assert f"nothing listens at {address} (connection refused)" in said[0].getMessage()
     assert hint in said[0].getMessage()
     assert str(e.value) == (
-        f"no input server reachable at {address!r} after 3 s: nothing listens at {address} "
+        f"no input server reachable at {address!r} after {WAIT_S} s: nothing listens at {address} "
         f"(connection refused); {hint}"
     )
 
