@@ -231,9 +231,9 @@ class ColumnLoad:
             )
         others = DECOMPRESSED.held - mine
         return OverBudgetError(
-            f"{head}; {others / _MIB:,.1f} MB of other files held now, in use by streams "
-            f"reading them at this moment), over the server's --max-decompressed-mb {flag:g} "
-            f"(Parquet columns and compressed files are held decoded in memory; idle ones are "
-            f"given back first); try again when those streams end, or ask the operator for a "
-            f"larger limit."
+            f"{head}; {others / _MIB:,.1f} MB of other files held now that cannot be given "
+            f"back yet: Parquet columns being read at this moment, .gz/.zst text of open "
+            f"streams), over the server's --max-decompressed-mb {flag:g} (idle Parquet columns "
+            f"are given back first); try again when those streams end, or ask the operator "
+            f"for a larger limit."
         )
