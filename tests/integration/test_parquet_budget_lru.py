@@ -52,3 +52,31 @@ def test_parquet_files_past_the_budget_together_stream_whole_and_the_same(tmp_pa
         again = list(client.batches(spec))  # a second stream over the same files
     assert_same_batches(got, want)  # every document once, in the same order
     assert_same_batches(again, want)
+
+
+def test_a_column_past_the_budget_by_itself_is_refused_without_emptying_the_others(tmp_path):
+    """A row group larger than the whole budget is refused by name before anything is given
+    back: the columns held for other streams stay loaded (no reload storm for nothing)."""
+    from input_server.data.columnar import ParquetReader
+    from input_server.data.records import DECOMPRESSED
+    from input_server.errors import OverBudgetError
+    from tests.attacks import text_bomb
+
+    small = _corpus(tmp_path)[0]  # ~1.7 MiB
+    big = text_bomb(tmp_path / "big.parquet", rows=8)  # 8 MiB in one row group
+    limit = 4 << 20
+    held = ParquetReader(small, "text", token_field="ids", max_decompressed=limit)
+    bomb = ParquetReader(big, "text", name="big.parquet", max_decompressed=limit)
+    try:
+        first = held[0].copy()
+        before = DECOMPRESSED.held
+        try:
+            bomb[0]
+            raise AssertionError("an 8 MiB row group was read under a 4 MiB budget")
+        except OverBudgetError as e:
+            assert "big.parquet row group 0" in str(e) and "by itself" in str(e), e
+        assert DECOMPRESSED.held == before  # the other column was not given back
+        assert (held[0] == first).all()
+    finally:
+        held.close()
+        bomb.close()
