@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -171,6 +172,7 @@ class ParquetReader:
         self.token_field = token_field
         # The loaded column is held decoded within --max-decompressed-mb (`parquet_load`).
         self.max_decompressed = max_decompressed
+        self._lock = threading.Lock()
         try:
             with pq.ParquetFile(path) as meta:  # closed now, not when collected
                 schema, self._len = meta.schema_arrow, meta.metadata.num_rows
@@ -195,6 +197,15 @@ class ParquetReader:
                 f"leave token_field unset."
             )
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __len__(self) -> int:
         return self._len
 
@@ -209,10 +220,16 @@ class ParquetReader:
         giving its bytes back to --max-decompressed-mb."""
         DECODED.close(self)
 
+    @contextlib.contextmanager
     def _loaded(self):
         """A context holding the column in memory (`DECODED`): the texts (`Texts`, an arrow
         array a row group), or the ids (`_Ids`); not given back to another file while held."""
-        return _unpacked(DECODED.use(self, self._load, _free))
+        with contextlib.ExitStack() as stack:
+            # One load at a time: a second thread waits and shares it, rather than loading
+            # a second copy (which a tight budget could refuse).
+            with self._lock:
+                column, _ = stack.enter_context(DECODED.use(self, self._load, _free))
+            yield column
 
     def _load(self):
         """(column, its reservation), each row group reserved before it is decoded
@@ -309,12 +326,6 @@ class ParquetReader:
 
 def _free(loaded) -> None:
     loaded[1].free()
-
-
-@contextlib.contextmanager
-def _unpacked(held):
-    with held as (column, _):
-        yield column
 
 
 # What an id takes for the size bound: an int32, as the batches hold it.
