@@ -96,3 +96,30 @@ def test_hostile_chains_are_still_refused(made):
     pre = {"type": "Precompiled", "precompiled_charsmap": charsmap}
     _refused(made, "product", [double] * 17 + [pre], "members' product")
     assert MAX_NORMALIZER_EXPANSION == 256
+
+
+def test_a_hostile_member_of_the_far_planes_is_probed(made, docs, tmp_path):
+    """Planes 4-16 (unassigned, private use) are probed only when a member could touch them:
+    a charsmap mapping U+50000 to 200 U+FDFA before NFKC (3,600 characters of one), and a
+    Regex doing the same, are measured there and refused."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    (tmp_path / "rule.tsv").write_text("50000\t" + " ".join(["FDFA"] * 200) + "\n")
+    lines = [line for doc in docs[:100] for line in doc.splitlines() if line.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=tmp_path / "far",
+        normalization_rule_tsv=str(tmp_path / "rule.tsv"),
+        vocab_size=200,
+        minloglevel=2,
+        hard_vocab_limit=False,
+        num_threads=1,
+    )
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((tmp_path / "far.model").read_bytes())
+    charsmap = base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode()
+    pre = {"type": "Precompiled", "precompiled_charsmap": charsmap}
+    _refused(made, "far-charsmap", [pre, {"type": "NFKC"}], "up to 3600 characters")
+    far = _replace({"Regex": "\\x{50000}"}, "\ufdfa" * 200)
+    _refused(made, "far-regex", [far, {"type": "NFKC"}], "up to 3600 characters")
