@@ -175,6 +175,9 @@ def _measure(normalize, node, static: int) -> int:
             if worst > MAX_NORMALIZER_EXPANSION:
                 return worst
     for text in _run_probes(node):
+        if len(text) * static > _PROBE_BUDGET:
+            # Probing it could hold more than the budget (real patterns are a few characters).
+            raise ValueError(f"a Replace pattern of {len(text)} characters, too long to probe")
         probe = text * max(1, min(_RUN, _PROBE_BUDGET // max(1, static * len(text))))
         worst = max(worst, math.ceil(len(normalize(probe)) / len(probe)))
         if worst > MAX_NORMALIZER_EXPANSION:

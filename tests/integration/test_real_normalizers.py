@@ -123,3 +123,14 @@ def test_a_hostile_member_of_the_far_planes_is_probed(made, docs, tmp_path):
     _refused(made, "far-charsmap", [pre, {"type": "NFKC"}], "up to 3600 characters")
     far = _replace({"Regex": "\\x{50000}"}, "\ufdfa" * 200)
     _refused(made, "far-regex", [far, {"type": "NFKC"}], "up to 3600 characters")
+
+
+def test_a_pattern_too_long_to_probe_is_refused_naming_it(made):
+    """A String pattern of 20,000 characters in a chain to be measured: probing it could
+    hold 20,000 x the static product, so the model is refused, naming the pattern."""
+    long = _replace({"String": "x" * 20_000}, "y")
+    members = [long, {"type": "NFKC"}, {"type": "Lowercase"}, {"type": "NFKD"}]
+    folder = _with(made, "long", members)
+    with pytest.raises(InvalidSpecError, match="too long to probe") as e:
+        load_tokenizer(TokenizerSpec(model=folder, kind="huggingface")).encode(["a b"])
+    assert folder in str(e.value)
