@@ -92,7 +92,8 @@ def _check_private(st: os.stat_result, flag: str, path: str) -> None:
     if mode & 0o007 or group:
         raise PermissionError(
             f"{flag} {path}: has mode {mode:04o}; only the server's user may read the "
-            f"private key (chmod 600 {path})."
+            f"private key (chmod 600 {path}; from a Kubernetes Secret volume: defaultMode "
+            f"0400, or 0440 with fsGroup for a server that does not run as root)."
         )
 
 
