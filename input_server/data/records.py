@@ -13,6 +13,7 @@ import os
 import resource
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -354,6 +355,7 @@ class Reservation:
         while not DECOMPRESSED._grow(self, n, limit):
             if not DECODED.close_oldest_idle():
                 return False  # what is held is being read now: it cannot be given back
+            _note_eviction(limit)
         return True
 
     def free(self) -> None:
@@ -362,6 +364,24 @@ class Reservation:
     def __del__(self):
         if self.bytes:
             self.free()
+
+
+_EVICTION_LOG_EVERY_S = 60.0
+_last_eviction_log = [-_EVICTION_LOG_EVERY_S]
+
+
+def _note_eviction(limit: int) -> None:
+    """Says (once a minute at most) that columns are being given back: a working set past
+    the budget loads them again and again, which the operator sees only as slow streams."""
+    now = time.monotonic()
+    if now - _last_eviction_log[0] >= _EVICTION_LOG_EVERY_S:
+        _last_eviction_log[0] = now
+        log.info(
+            "--max-decompressed-mb %g: gave back a loaded Parquet column to make room; the "
+            "files being read take more than that decoded, so columns load again when read "
+            "(a larger limit avoids it)",
+            limit / (1 << 20),
+        )
 
 
 def said(e: BaseException, path: str, name: str) -> str:
