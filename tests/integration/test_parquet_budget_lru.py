@@ -80,3 +80,32 @@ def test_a_column_past_the_budget_by_itself_is_refused_without_emptying_the_othe
     finally:
         held.close()
         bomb.close()
+
+
+def test_a_source_kept_open_does_not_hold_its_columns_against_another(tmp_path):
+    """A named pipeline keeps its source open for the server's life: its Parquet columns,
+    loaded when it opened (each file's first record is checked), are given back when another
+    source needs the room, and read again the same. Before, they stayed reserved until the
+    pipeline closed, so the second source was refused at open."""
+    from input_client.spec import SourceSpec
+    from input_server.data.roots import DataAccess
+    from input_server.data.sources import DocumentSource
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    access = DataAccess(max_decompressed_bytes=4 << 20)
+
+    def source(d):
+        spec = SourceSpec(paths=tuple(_corpus(d)), format="parquet", token_field="ids")
+        return DocumentSource.from_spec(spec, access)
+
+    kept = source(first)  # 5.2 MiB of columns in all: the earliest already given back
+    row = kept[0].copy()
+    other = source(second)
+    try:
+        assert len(other) == _FILES * _ROWS
+        assert (kept[0] == row).all()  # loaded again, the same ids
+    finally:
+        kept.close()
+        other.close()
