@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,40 +39,10 @@ from input_client.proto import pb  # noqa: E402
 from input_client.wire import PROTOCOL_VERSION  # noqa: E402
 from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece  # noqa: E402
 from input_server.tools.report import emit_json  # noqa: E402
-from tests.support import cli_argv, health, jsonl_bytes, memory_cgroup, write_bytes  # noqa: E402
+from tests.support import cgroup_server, health, jsonl_bytes, memory_cgroup, write_bytes  # noqa: E402
 
 STREAM = "/input_server.v1.InputService/StreamBatches"
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
-
-
-@contextlib.contextmanager
-def server(root: str, *flags: str, prefix: tuple[str, ...] = (), cgroup_procs: str | None = None):
-    target = f"unix://{root}/s.sock"
-    argv = [*prefix, *cli_argv("serve", "--listen", target, "--data-root", root, *flags)]
-
-    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
-        if cgroup_procs:
-            with open(cgroup_procs, "w") as f:
-                f.write(str(os.getpid()))
-
-    p = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=enter_cgroup
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                if health(target) == 1:
-                    break
-            if p.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
-        yield target, p
-    finally:
-        p.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(30)
-        p.kill()
 
 
 def _status(target: str, spec: PipelineSpec, timeout: float) -> tuple[str, str]:
@@ -101,7 +70,7 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
             f.write(c.compress(chunk))
         f.write(c.flush())
     flags = ("--max-decompressed-mb", str(bound_mb))
-    with memory_cgroup(gb) as procs, server(root, *flags, cgroup_procs=procs) as (target, p):
+    with memory_cgroup(gb) as procs, cgroup_server(root, *flags, procs=procs) as (target, p):
         peak, taken, stop = [0], [0], threading.Event()
 
         def watch() -> None:
@@ -163,7 +132,7 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
 
 
 def silent(root: str, n: int) -> dict:
-    with server(root) as (target, _), grpc.insecure_channel(target) as channel:
+    with cgroup_server(root) as (target, _), grpc.insecure_channel(target) as channel:
         release = threading.Event()
 
         def quiet():
@@ -204,7 +173,7 @@ def files(root: str, spec: PipelineSpec, docs: list[str], n: int) -> dict:
     os.makedirs(folder)
     for i in range(n):
         write_bytes(os.path.join(folder, f"f{i:05d}.jsonl"), jsonl_bytes(docs[i % 50 : i % 50 + 2]))
-    with server(root, prefix=("prlimit", "--nofile=1024:1024")) as (target, p):
+    with cgroup_server(root, prefix=("prlimit", "--nofile=1024:1024")) as (target, p):
         most, stop = [0], threading.Event()
 
         def watch() -> None:

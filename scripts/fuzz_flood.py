@@ -7,7 +7,7 @@ the server reached 5,778 threads (a thread a call, before any cap), or logged "c
 thread" 5,826 times under a pids limit. Findings: health or info slower than ANSWER_S during the
 flood, the server past MAX_THREADS threads, no call of the flood refused (RST_STREAM or a
 trailers-only answer: the server held every call it was sent), a traceback in the server's log.
-The frames are `tests/http2_flood.py`'s (the namespace test's peer).
+The peer is `tests/http2_flood.py`'s `Flood` (the namespace test's), on the Unix socket.
 """
 
 from __future__ import annotations
@@ -15,27 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import socket
-import struct
-import threading
 import time
 
 import grpc
 import psutil
 from fuzz_attacks import Finding, _answers, _raw_stream
 
-from tests.http2_flood import (
-    ACK,
-    CANCEL,
-    END_HEADERS,
-    HEADERS,
-    PING,
-    PREFACE,
-    RST_STREAM,
-    SETTINGS,
-    call_headers,
-    frame,
-)
+from tests.http2_flood import Flood
 
 FLOOD_CONNECTIONS, FLOOD_S = 4, 3.0
 # The main listener's threads are bounded by its pool (84 with 8 streams: handlers, every
@@ -43,62 +29,7 @@ FLOOD_CONNECTIONS, FLOOD_S = 4, 3.0
 # thread a call, as before the readers' cap, was 5,778 in 14 s. (Issue 27's 200 was the whole
 # process under a flood of the health port, whose server is 2 streams a connection.)
 MAX_THREADS = 400
-END_STREAM = 0x1
-
-
-class UnixFlood(threading.Thread):
-    """One connection's HEADERS-only calls, reopened when the server closes it; counts what the
-    server answered (RST_STREAM, or HEADERS ending the stream: a call refused or ended)."""
-
-    def __init__(self, path: str, until: float, rst: bool):
-        super().__init__(daemon=True)
-        self.path, self.until, self.rst = path, until, rst
-        self.calls = self.answered = self.connections = 0
-
-    def _read(self, s: socket.socket) -> None:
-        buf = b""
-        with contextlib.suppress(OSError):
-            while data := s.recv(65536):
-                buf += data
-                while len(buf) >= 9 and len(buf) >= 9 + (n := int.from_bytes(buf[:3], "big")):
-                    kind, flags, payload, buf = buf[3], buf[4], buf[9 : 9 + n], buf[9 + n :]
-                    if kind == SETTINGS and not flags & ACK:
-                        s.sendall(frame(SETTINGS, ACK, 0))
-                    elif kind == PING and not flags & ACK:
-                        s.sendall(frame(PING, ACK, 0, payload))
-                    elif kind == RST_STREAM or (kind == HEADERS and flags & END_STREAM):
-                        self.answered += 1
-
-    def run(self) -> None:
-        block = call_headers(b"/grpc.health.v1.Health/Check")
-        while time.monotonic() < self.until:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.settimeout(5)
-                s.connect(self.path)
-            except OSError:
-                s.close()
-                time.sleep(0.05)
-                continue
-            self.connections += 1
-            threading.Thread(target=self._read, args=(s,), daemon=True).start()
-            try:
-                s.sendall(PREFACE + frame(SETTINGS, 0, 0))
-                stream = 1
-                while time.monotonic() < self.until and stream < 2**31 - 200:
-                    out = []
-                    for _ in range(50):
-                        out.append(frame(HEADERS, END_HEADERS, stream, block))
-                        if self.rst:
-                            out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
-                        stream += 2
-                    s.sendall(b"".join(out))
-                    self.calls += 50
-                    time.sleep(0.001)  # let the reader answer a PING between bursts
-            except OSError:
-                pass
-            finally:
-                s.close()
+HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
 
 
 def _log_size(log: str | None) -> int:
@@ -127,9 +58,8 @@ def flood(channel, target: str, first: bytes, rst: bool, pid: int | None, log: s
         with contextlib.suppress(psutil.Error):
             before = psutil.Process(pid).num_threads()
     until = time.monotonic() + FLOOD_S
-    peers = [
-        UnixFlood(target.removeprefix("unix://"), until, rst) for _ in range(FLOOD_CONNECTIONS)
-    ]
+    path = target.removeprefix("unix://")
+    peers = [Flood(path, until, rst, HEALTH_CHECK) for _ in range(FLOOD_CONNECTIONS)]
     for p in peers:
         p.start()
     time.sleep(0.5)  # the flood under way before the first answer is timed

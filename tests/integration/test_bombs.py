@@ -28,7 +28,7 @@ from input_server.data.records import DECOMPRESSED
 from input_server.data.roots import DataAccess
 from input_server.errors import CancelledError, OverBudgetError, RecordError
 from input_server.serving.server import Server, ServerConfig
-from tests.support import jsonl_bytes, write_bytes
+from tests.support import jsonl_bytes, stream_status, write_bytes
 
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'  # ~1 KB
 
@@ -54,18 +54,9 @@ def gzip_bomb(path, mb: int) -> str:
     return str(path)
 
 
-def call(target: str, spec: pb.PipelineSpec, timeout: float = 60) -> tuple[grpc.StatusCode, str]:
-    with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=timeout,
-        )
-        try:
-            for _ in stream:
-                pass
-        except grpc.RpcError as e:
-            return e.code(), e.details()
-        return grpc.StatusCode.OK, ""
+def call(target: str, spec: pb.PipelineSpec) -> tuple[grpc.StatusCode, str]:
+    """(status, details) of a raw request read to its end."""
+    return stream_status(target, spec)[:2]
 
 
 def serve(tmp_path, mb: float):

@@ -8,77 +8,21 @@ footer names 100 times)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
-import threading
 import time
 
 import grpc
 import pytest
 
-import input_server
-from input_client.proto import pb, pb_grpc
-from input_client.wire import PROTOCOL_VERSION
-from tests.integration.test_parquet_bombs import ids_bomb, text_bomb
-from tests.support import cli_argv, health, memory_cgroup
-
-
-@contextlib.contextmanager
-def served(root: str, procs: str):
-    """`input-server serve` reading `root`, started inside the cgroup whose `procs` file is
-    given; its target and process."""
-    target = f"unix://{root}/hostile.sock"
-
-    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-
-    argv = cli_argv("serve", "--listen", target, "--data-root", root)
-    # The server runs the code under test (this checkout), whatever is installed.
-    checkout = os.path.dirname(os.path.dirname(input_server.__file__))
-    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
-    p = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=enter_cgroup,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                if health(target) == 1:
-                    break
-            assert p.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        yield target, p
-    finally:
-        p.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(30)
-        p.kill()
-        p.wait()
+from input_client.proto import pb
+from tests.attacks import ids_bomb, text_bomb
+from tests.support import cgroup_server, flowing_stream, health, memory_cgroup, stream_status
 
 
 def call(target: str, spec: pb.PipelineSpec, take: int = 1) -> tuple[grpc.StatusCode, str]:
-    with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=120,
-        )
-        n = 0
-        try:
-            for _ in stream:
-                n += 1
-                if n >= take:
-                    stream.cancel()
-                    return grpc.StatusCode.OK, ""
-        except grpc.RpcError as e:
-            return e.code(), e.details()
-        return grpc.StatusCode.OK, ""
+    """(status, details) of a raw request; OK once `take` messages came."""
+    return stream_status(target, spec, take, timeout=120)[:2]
 
 
 def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp_path, make_spec):
@@ -121,45 +65,24 @@ def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp
     with memory_cgroup(3) as procs:
         if procs is None:
             pytest.skip("no memory cgroup can be made here (needs a writable /sys/fs/cgroup)")
-        with served(os.getcwd(), procs) as (target, p):
-            flowing, stop = [], threading.Event()
-
-            def other() -> None:  # another client's stream, flowing meanwhile
-                spec = make_spec(order={"epochs": 0}).to_proto()
-                with grpc.insecure_channel(target) as channel:
-                    stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-                        iter(
-                            [pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]
-                        ),
-                        timeout=300,
-                    )
-                    with contextlib.suppress(grpc.RpcError):
-                        for _ in stream:
-                            flowing.append(time.monotonic())
-                            if stop.is_set():
-                                stream.cancel()
-                                return
-
-            thread = threading.Thread(target=other, daemon=True)
-            thread.start()
-            try:
-                for spec, status, words in attacks:
-                    code, details = call(target, spec.to_proto())
-                    assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
-                    assert code == status, (words, code, details)
-                    assert all(w in details for w in words), (words, details)
-                # The 4,096 components in one process fit its budget (625 MiB of order):
-                # it streams.
-                mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
-                assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")
-                seen = len(flowing)
-                time.sleep(1)
-                assert len(flowing) > seen, "the other stream stopped"
-                assert p.poll() is None and health(target) == 1
-                peak = os.path.join(os.path.dirname(procs), "memory.max_usage_in_bytes")
-                if os.path.exists(peak):  # cgroup v1: for the record (`pytest -s`)
-                    with open(peak) as f:
-                        print(f"server's peak memory: {int(f.read()) >> 20} MiB")
-            finally:
-                stop.set()
-                thread.join(30)
+        with (
+            cgroup_server(os.getcwd(), procs=procs) as (target, p),
+            flowing_stream(target, make_spec(order={"epochs": 0}).to_proto(), 300) as flowing,
+        ):
+            for spec, status, words in attacks:
+                code, details = call(target, spec.to_proto())
+                assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
+                assert code == status, (words, code, details)
+                assert all(w in details for w in words), (words, details)
+            # The 4,096 components in one process fit its budget (625 MiB of order):
+            # it streams.
+            mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
+            assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")
+            seen = len(flowing)
+            time.sleep(1)
+            assert len(flowing) > seen, "the other stream stopped"
+            assert p.poll() is None and health(target) == 1
+            peak = os.path.join(os.path.dirname(procs), "memory.max_usage_in_bytes")
+            if os.path.exists(peak):  # cgroup v1: for the record (`pytest -s`)
+                with open(peak) as f:
+                    print(f"server's peak memory: {int(f.read()) >> 20} MiB")

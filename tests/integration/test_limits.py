@@ -16,27 +16,7 @@ from input_client.wire import PROTOCOL_VERSION
 from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
 from input_server.serving.server import Server, ServerConfig
-
-
-def call(
-    target: str, spec: pb.PipelineSpec, take: int | None = None, timeout: float = 60
-) -> tuple[grpc.StatusCode, str, int]:
-    """(status, details, messages read) of a raw request; stops after `take` messages."""
-    with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=timeout,
-        )
-        n = 0
-        try:
-            for _ in stream:
-                n += 1
-                if take is not None and n >= take:
-                    stream.cancel()
-                    return grpc.StatusCode.OK, "", n
-        except grpc.RpcError as e:
-            return e.code(), e.details(), n
-        return grpc.StatusCode.OK, "", n
+from tests.support import stream_status as call
 
 
 @pytest.fixture

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 import time
 
 import grpc
 import pytest
 
-from input_client.proto import pb, pb_grpc
-from input_client.wire import PROTOCOL_VERSION
+from input_client.proto import pb
 from input_server.data.columnar import ParquetReader
 from input_server.data.records import DECOMPRESSED
 from input_server.errors import OverBudgetError
 from input_server.serving.server import Server, ServerConfig
 from tests.attacks import ids_bomb, text_bomb
+from tests.support import flowing_stream, stream_status
 
 _MIB = 1 << 20
 
@@ -89,19 +88,9 @@ def test_a_column_is_given_back_for_another_unless_it_is_being_read(tmp_path):
     assert settled(idle) == idle
 
 
-def call(target: str, spec: pb.PipelineSpec, timeout: float = 60) -> tuple[grpc.StatusCode, str]:
-    with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=timeout,
-        )
-        try:
-            for _ in stream:
-                stream.cancel()
-                return grpc.StatusCode.OK, ""
-        except grpc.RpcError as e:
-            return e.code(), e.details()
-        return grpc.StatusCode.OK, ""
+def call(target: str, spec: pb.PipelineSpec) -> tuple[grpc.StatusCode, str]:
+    """(status, details) of a raw request; OK once its first message came."""
+    return stream_status(target, spec, take=1)[:2]
 
 
 def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(tmp_path, make_spec):
@@ -110,26 +99,9 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
     )
     text = text_bomb(tmp_path / "text.parquet", rows=64)
     ids = ids_bomb(tmp_path / "ids.parquet", row_groups=16)
-    flowing, stop = [], threading.Event()
     with Server(config) as srv:
         target = srv.targets[0]
-
-        def other() -> None:
-            spec = make_spec(order={"epochs": 0}).to_proto()
-            with grpc.insecure_channel(target) as channel:
-                stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-                    iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-                    timeout=60,
-                )
-                for _ in stream:
-                    flowing.append(1)
-                    if stop.is_set():
-                        stream.cancel()
-                        return
-
-        thread = threading.Thread(target=other, daemon=True)
-        thread.start()
-        try:
+        with flowing_stream(target, make_spec(order={"epochs": 0}).to_proto()) as flowing:
             for spec in (
                 make_spec(source={"paths": [text], "format": "parquet"}),
                 make_spec(source={"paths": [ids], "format": "parquet", "token_field": "ids"}),
@@ -141,9 +113,6 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
             seen = len(flowing)
             time.sleep(0.5)
             assert len(flowing) > seen
-        finally:
-            stop.set()
-            thread.join(30)
 
 
 _PEAK = """

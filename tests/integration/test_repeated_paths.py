@@ -10,36 +10,21 @@ from __future__ import annotations
 import json
 import os
 import resource
-import threading
 import time
 
 import grpc
 import pytest
 
-from input_client.proto import pb, pb_grpc
-from input_client.wire import PROTOCOL_VERSION
+from input_client.proto import pb
 from input_server.serving.server import Server, ServerConfig
+from tests.support import flowing_stream, stream_status
 
 DOCS = 20_000  # documents of the file named many times, as in the measured attack
 
 
-def call(target: str, spec: pb.PipelineSpec, take: int = 1, timeout: float = 60):
+def call(target: str, spec: pb.PipelineSpec, take: int = 1) -> tuple[grpc.StatusCode, str]:
     """(status, details) of a raw request; OK once `take` messages came."""
-    with grpc.insecure_channel(target) as channel:
-        stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-            iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-            timeout=timeout,
-        )
-        n = 0
-        try:
-            for _ in stream:
-                n += 1
-                if n >= take:
-                    stream.cancel()
-                    return grpc.StatusCode.OK, ""
-        except grpc.RpcError as e:
-            return e.code(), e.details()
-        return grpc.StatusCode.OK, ""
+    return stream_status(target, spec, take)[:2]
 
 
 @pytest.fixture(scope="module")
@@ -143,32 +128,12 @@ def test_the_order_is_counted_at_4_bytes_a_document_under_2_32(budgeted, make_sp
 def test_other_streams_flow_while_a_repeated_path_request_is_refused(
     budgeted, make_spec, tiny_file
 ):
-    flowing, stop = [], threading.Event()
-
-    def other() -> None:
-        spec = make_spec(order={"epochs": 0}).to_proto()
-        with grpc.insecure_channel(budgeted) as channel:
-            stream = pb_grpc.InputServiceStub(channel).StreamBatches(
-                iter([pb.StreamBatchesRequest(spec=spec, protocol_version=PROTOCOL_VERSION)]),
-                timeout=60,
-            )
-            for _ in stream:
-                flowing.append(time.monotonic())
-                if stop.is_set():
-                    stream.cancel()
-                    return
-
-    thread = threading.Thread(target=other, daemon=True)
-    thread.start()
-    try:
+    with flowing_stream(budgeted, make_spec(order={"epochs": 0}).to_proto()) as flowing:
         spec = make_spec(source={"paths": [tiny_file] * 40_000})
         assert call(budgeted, spec.to_proto())[0] == grpc.StatusCode.INVALID_ARGUMENT
         seen = len(flowing)
         time.sleep(0.5)
         assert len(flowing) > seen
-    finally:
-        stop.set()
-        thread.join(30)
 
 
 def test_an_auto_stream_takes_no_more_worker_processes_than_copies_of_its_order_fit():

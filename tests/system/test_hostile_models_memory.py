@@ -13,7 +13,6 @@ import base64
 import contextlib
 import json
 import os
-import subprocess
 import threading
 import time
 
@@ -24,31 +23,7 @@ import pytest
 from input_client import InputClient, PipelineSpec, StreamError
 from input_server.tools.corpus import train_sentencepiece, write_jsonl
 from input_server.tools.tokenizer_models import train_hf_tokenizer
-from tests.support import cli_argv, health, memory_cgroup
-
-
-@contextlib.contextmanager
-def _server(root: str, procs: str):
-    def enter_cgroup() -> None:  # in the child, before it execs: its workers are inside too
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-
-    target = f"unix://{root}/s.sock"
-    argv = cli_argv("serve", "--listen", target, "--data-root", root)
-    with open(os.path.join(root, "server.log"), "ab") as log:
-        p = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=enter_cgroup)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                if health(target) == 1:
-                    break
-            assert p.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        yield target, p
-    finally:
-        p.kill()
-        p.wait(30)
+from tests.support import cgroup_server, memory_cgroup
 
 
 def _models(root: str, docs: list[str]) -> dict[str, tuple[str, str, str]]:
@@ -105,7 +80,7 @@ def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_pat
             order={"epochs": 0},
             workers={"count": 0},
         )
-        with _server(root, procs) as (target, p):
+        with cgroup_server(root, procs=procs, log=os.path.join(root, "server.log")) as (target, p):
             taken, stop, peak = [0], threading.Event(), [0]
 
             def watch() -> None:  # the server's resident memory, workers included
