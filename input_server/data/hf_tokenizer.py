@@ -288,11 +288,18 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
             ids["unk_token"],
         )
 
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
+    def specials(self) -> tuple[list[int], list[int]]:
+        """The ids put before and after each document's own (BOS, EOS as the spec's flags say
+        and the model names them): the loaded model, shared by every flag pair, adds none."""
+        self.model()
         bos, eos = self._ids["bos_token"], self._ids["eos_token"]
         head = [bos] if self.spec.add_bos and bos >= 0 else []
         tail = [eos] if self.spec.add_eos and eos >= 0 else []
+        return head, tail
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+        encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
+        head, tail = self.specials()
         if not head and not tail:
             return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
         return [np.asarray([*head, *e.ids, *tail], dtype=np.int32) for e in encodings]

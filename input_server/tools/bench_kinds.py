@@ -56,12 +56,13 @@ def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list
     form that costs least. `tokenizer` is `load_tokenizer(spec)`'s."""
     spec = tokenizer.spec
     if spec.kind == "huggingface":
-        tok = tokenizer.model()  # with the post-processor that adds BOS/EOS as MaxText's
+        tok = tokenizer.model()  # shared by every flag pair: BOS/EOS are added per use
+        extra = sum(map(len, tokenizer.specials()))
 
         # Rayon's threads: all cores, unless TOKENIZERS_PARALLELISM=false, which the server's
         # loader sets (its parallelism is Grain's threads); then threads over slices.
         def hf(texts):
-            return [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
+            return [len(e) + extra for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
 
         return {
             "Tokenizer.encode_batch_fast": hf,
@@ -149,8 +150,9 @@ class DocumentEncoder:
     def _open(self) -> Callable[[str], list[int]]:
         spec, tokenizer = self.spec, load_tokenizer(self.spec)
         if spec.kind == "huggingface":
-            tok = tokenizer.model()
-            return lambda text: tok.encode(text).ids
+            # transformers' encode: [BOS] $A [EOS] as the flags say (its post-processor).
+            tok, (head, tail) = tokenizer.model(), tokenizer.specials()
+            return lambda text: [*head, *tok.encode(text).ids, *tail]
         if spec.kind == "tiktoken":
             from input_server.data.tiktoken_tokenizer import MAX_ENCODE_CHARS, MAX_RUN, split_runs
 
