@@ -15,6 +15,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Callable
+from typing import NoReturn
 from unittest import mock
 
 import pytest
@@ -398,4 +399,10 @@ def parse_launcher(argv: list[str], where: str) -> argparse.Namespace:
     it reads a spec, dials a server or imports MaxText."""
     from input_client.maxtext import train
 
-    return _parse(train.main, argv[3:], where)
+    # The launcher's options come anywhere among MaxText's (`parse_known_intermixed_args`, not
+    # `parse_args`): its own `parse_args` is the parser `main` runs first.
+    return _parse(lambda args: _raise_parsed(train.parse_args(args)), argv[3:], where)
+
+
+def _raise_parsed(namespace: argparse.Namespace) -> NoReturn:
+    raise _Parsed(namespace)
