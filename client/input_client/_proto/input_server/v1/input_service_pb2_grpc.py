@@ -85,10 +85,11 @@ class InputServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DescribeTokenizer(self, request, context):
-        """Describes the sentencepiece model a spec names, as the server reads it: its special ids
-        and a digest of the file, so a trainer can check its own settings (e.g. MaxText's pad id
-        and tokenizer_path) against the data it will get. The model path is checked like a
-        stream's: PERMISSION_DENIED outside the server's data roots, NOT_FOUND when missing.
+        """Describes the tokenizer model a spec names, of any `kind`, as the server reads it: its
+        special ids and a digest of its files, so a trainer can check its own settings (e.g.
+        MaxText's pad id and tokenizer_path) against the data it will get. The model path is
+        checked like a stream's: PERMISSION_DENIED outside the server's data roots, NOT_FOUND
+        when missing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
