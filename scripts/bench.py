@@ -17,11 +17,12 @@ import sys
 
 
 def main() -> int:
-    from absl import flags
-
-    flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     from input_client import PipelineSpec
-    from input_server.tools import bench, bench_kinds, corpus
+    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.testing import corpus
+    from input_server.tools import bench, bench_kinds
+
+    ensure_absl_flags_parsed()
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     corpus.add_corpus_arguments(parser)

@@ -27,19 +27,16 @@ import tempfile
 import threading
 import time
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+import grpc
+import psutil
+from report import emit_json  # scripts/, beside this file
 
-import grpc  # noqa: E402
-import psutil  # noqa: E402
-
-from input_client import InputClient, PipelineSpec  # noqa: E402
-from input_client.proto import pb  # noqa: E402
-from input_client.wire import PROTOCOL_VERSION  # noqa: E402
-from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece  # noqa: E402
-from input_server.tools.report import emit_json  # noqa: E402
-from tests.support import cgroup_server, health, jsonl_bytes, memory_cgroup, write_bytes  # noqa: E402
+from input_client import InputClient, PipelineSpec
+from input_client.proto import pb
+from input_client.wire import PROTOCOL_VERSION
+from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece
+from input_server.testing.files import jsonl_bytes, write_bytes
+from input_server.testing.processes import cgroup_server, health, memory_cgroup
 
 STREAM = "/input_server.v1.InputService/StreamBatches"
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'

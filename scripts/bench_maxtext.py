@@ -32,12 +32,13 @@ import sys
 import tempfile
 import time
 
+from report import emit_json  # scripts/, beside this file
+
+from input_server.testing.maxtext import TINY_MAXTEXT  # the tiny decoder of the MaxText tests
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+),")
-sys.path.insert(0, ROOT)
-from input_server.tools.report import emit_json  # noqa: E402
-from tests.support import TINY_MAXTEXT  # noqa: E402  (the tiny decoder of the MaxText tests)
 
 MODEL = [
     *TINY_MAXTEXT,
@@ -141,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from input_client import InputClient, PipelineSpec
-    from input_server.tools.corpus import ensure_demo_assets
+    from input_server.testing.corpus import ensure_demo_assets
 
     python = (
         subprocess.run(

@@ -31,15 +31,13 @@ import sys
 import tempfile
 import time
 
-from absl import flags
+from bench_autotune import corpus  # scripts/, beside this file
+from report import emit_json
 
 from input_client import InputClient, PipelineSpec
 from input_server.autotune.measure import tree_cpu_seconds
+from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
-from input_server.tools.report import emit_json
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_autotune import corpus  # noqa: E402
 
 FIXED = [(0, 1), (0, 2), (0, 4), (2, 1)]
 PACE = 5.0
@@ -175,7 +173,7 @@ def main() -> None:
         help="measure the unthrottled loop only (a quicker look)",
     )
     args = parser.parse_args()
-    flags.FLAGS.mark_as_parsed()
+    ensure_absl_flags_parsed()
     with tempfile.TemporaryDirectory() as d:
         path, model = corpus(d)
         auto = {"count": "auto", "tune_seconds": 20}

@@ -13,7 +13,8 @@ through `--workers`, so a resume may also change the worker count. The kills com
 order, each a random number of steps after the previous one took effect; once all happened and
 `--batches` steps are reached, the trainer is stopped with SIGTERM (it checkpoints and exits)
 and its log is compared, batch by batch and byte for byte, with an uninterrupted in-process
-run of the same spec (`Pipeline(spec).stream()`, through tests/support.py's `run_pipeline`).
+run of the same spec (`Pipeline(spec).stream()`, through `input_server.testing.reference`'s
+`run_pipeline`).
 """
 
 from __future__ import annotations
@@ -32,20 +33,15 @@ import tempfile
 import threading
 import time
 
-# The repository root, so that `python scripts/chaos.py` imports the shared helpers from any folder.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from report import emit_json  # scripts/, beside this file
 
-from input_server.tools.report import emit_json  # noqa: E402
-from tests.support import (  # noqa: E402
+from input_server.testing.processes import (
     ChildProcess,
     ServerProcess,
-    batch_bytes,
     free_port,
-    run_pipeline,
     write_token_file,
 )
+from input_server.testing.reference import batch_bytes, run_pipeline
 
 # The stream must never stall this long without a batch (the server restarts take ~1 s).
 PROGRESS_TIMEOUT_S = 120.0
@@ -143,12 +139,11 @@ def run(
     kills, in random order, each at a random 1..`max_gap` steps after the previous one took
     effect (a server kill takes effect when the trainer's stream broke and reconnected: gRPC
     lets a few MB arrive ahead of the caller, so a kill is felt only once that is used)."""
-    from absl import flags
-
-    flags.FLAGS.mark_as_parsed()  # Grain reads absl flags
     from input_client import PipelineSpec
-    from input_server.tools.corpus import ensure_demo_assets
+    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.testing.corpus import ensure_demo_assets
 
+    ensure_absl_flags_parsed()
     start = time.monotonic()
     corpus, model = ensure_demo_assets()
     spec = PipelineSpec(

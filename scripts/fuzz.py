@@ -40,19 +40,16 @@ import time
 import grpc
 import psutil
 
-# The repository root, so that `python scripts/fuzz.py` imports the shared helpers from any folder.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+# Its siblings in scripts/ (the script's own folder is on sys.path when it runs as a file).
+from fuzz_attacks import run_attacks
+from fuzz_client import run_client
+from fuzz_flood import run_flood
+from fuzz_hostile import run_hostile
 
-from fuzz_attacks import run_attacks  # noqa: E402  (scripts/, beside this file)
-from fuzz_client import run_client  # noqa: E402
-from fuzz_flood import run_flood  # noqa: E402
-from fuzz_hostile import run_hostile  # noqa: E402
-
-from input_client.proto import pb  # noqa: E402
-from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION  # noqa: E402
-from tests.support import ChildProcess, cli_argv, health, write_format  # noqa: E402
+from input_client.proto import pb
+from input_client.wire import MESSAGE_OPTIONS, PROTOCOL_VERSION
+from input_server.testing.files import write_format
+from input_server.testing.processes import ChildProcess, cli_argv, health
 
 METHOD = "/input_server.v1.InputService/StreamBatches"
 # README's status table, plus what a client's own deadline or cancel produces.
@@ -92,8 +89,8 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131
 
 def build_data(root: str) -> dict:
     """A corpus in every format, its model, hostile files, and the strings to draw from."""
-    from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece
-    from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+    from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece
+    from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
     docs = stdlib_docstrings(300)
     model = train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)

@@ -1,9 +1,10 @@
-"""The fuzz run's malicious servers against the client: a fake InputService (`tests/attacks.py`'s
-HostileServer, answering GetInfo with this release's protocol) on a Unix socket streams one valid
-[4, 128] batch, then a crafted one drawn by the seed: another shape, dtype or byte count; renamed
-or missing tensors; segments past the row or counts not adding up; a false `num_tokens`; more
-than 16 batches in a message or nested `following`; a state that is not UTF-8, not an object,
-for another batch or over the bound; a message just over the client's receive limit.
+"""The fuzz run's malicious servers against the client: a fake InputService
+(`input_server.testing.attacks`'s HostileServer, answering GetInfo with this release's protocol) on
+a Unix socket streams one valid [4, 128] batch, then a crafted one drawn by the seed: another shape,
+dtype or byte count; renamed or missing tensors; segments past the row or counts not adding up; a
+false `num_tokens`; more than 16 batches in a message or nested `following`; a state that is not
+UTF-8, not an object, for another batch or over the bound; a message just over the client's receive
+limit.
 
 Issue 27: a client trusted its server (an 800 MB batch OOM-killed a trainer, float ids reached
 the loop, raw ValueError / IndexError / UnicodeDecodeError). A finding is any outcome but a
@@ -27,8 +28,16 @@ from input_client import InputClient, PipelineSpec, StreamError
 from input_client._server_checks import expected_of
 from input_client.proto import pb
 from input_client.wire import MAX_BATCHES_PER_MESSAGE
-from tests.attacks import CRAFTED, SEQ_LEN, SIZE, HostileServer, batch, raw, with_state
-from tests.support import serve_servicer
+from input_server.testing.attacks import (
+    CRAFTED,
+    SEQ_LEN,
+    SIZE,
+    HostileServer,
+    batch,
+    raw,
+    with_state,
+)
+from input_server.testing.processes import serve_servicer
 
 CASES, FAN_IN_CASES = 16, 4  # crafted batches against one server, and against a fan-in of two
 REFUSED_S = 5.0

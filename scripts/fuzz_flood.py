@@ -7,7 +7,8 @@ the server reached 5,778 threads (a thread a call, before any cap), or logged "c
 thread" 5,826 times under a pids limit. Findings: health or info slower than ANSWER_S during the
 flood, the server past MAX_THREADS threads, no call of the flood refused (RST_STREAM or a
 trailers-only answer: the server held every call it was sent), a traceback in the server's log.
-The peer is `tests/http2_flood.py`'s `Flood` (the namespace test's), on the Unix socket.
+The peer is `input_server.testing.http2_flood`'s `Flood` (the namespace test's), on the Unix
+socket.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import grpc
 import psutil
 from fuzz_attacks import Finding, _answers, _raw_stream
 
-from tests.http2_flood import Flood
+from input_server.testing.http2_flood import Flood
 
 FLOOD_CONNECTIONS, FLOOD_S = 4, 3.0
 # The main listener's threads are bounded by its pool (84 with 8 streams: handlers, every

@@ -1,10 +1,10 @@
 """The fuzz run's attacks of issue 27 on the server: one file named many times, Parquet bombs and
 hostile model files (the HTTP/2 flood is `fuzz_flood.py`, a malicious server against the client
-`fuzz_client.py`). Each is seeded by the run's --seed and bounded in count and size, and checks
-what `fuzz_attacks.py`'s do: health and `GetInfo` answer within ANSWER_S while it runs, and the
-attacker gets its status by name. The builders are the tests' own (`tests/attacks.py`), at the
-smaller sizes the tests show refused by structure (a normalizer's description, the ranks cap,
-the row group's reservation), so a fuzz server outside any memory cgroup is not hurt if a bound
+`fuzz_client.py`). Each is seeded by the run's --seed and bounded in count and size, and checks what
+`fuzz_attacks.py`'s do: health and `GetInfo` answer within ANSWER_S while it runs, and the attacker
+gets its status by name. The builders are the tests' own (`input_server.testing.attacks`), at the
+smaller sizes the tests show refused by structure (a normalizer's description, the ranks cap, the
+row group's reservation), so a fuzz server outside any memory cgroup is not hurt if a bound
 regressed: the finding is then the status, not the host.
 """
 
@@ -23,7 +23,7 @@ import psutil
 from fuzz_attacks import Finding, _answers, _raw_stream
 
 from input_client.proto import pb
-from tests import attacks
+from input_server.testing import attacks
 
 DESCRIBE = "/input_server.v1.InputService/DescribeTokenizer"
 # The repeated-paths attack's file, as measured (20,000 documents, 600 KB). With the fuzz server's

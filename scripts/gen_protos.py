@@ -39,8 +39,7 @@ TOOLS_PYTHONS = ("3.12", "3.11", "3.10")
 def _tools_python() -> str:
     if sys.version_info < (3, 13):
         return sys.executable
-    sys.path.insert(0, str(ROOT))
-    from tests.support import find_python
+    from input_server.testing.processes import find_python
 
     for version in TOOLS_PYTHONS:
         if found := find_python(version):

@@ -8,14 +8,12 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import pytest  # noqa: E402
-from absl import flags  # noqa: E402
 
 from input_client import InputClient, PipelineSpec  # noqa: E402
-from input_server.tools.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
+from input_server.batching._grain import ensure_absl_flags_parsed  # noqa: E402
+from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
 
-# Grain reads absl flags; pytest does not parse them.
-if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()
+ensure_absl_flags_parsed()  # pytest parses no absl flags
 
 NUM_DOCS = 1500
 

@@ -1,24 +1,46 @@
-"""Helpers shared by the tests (and scripts/chaos.py): paths, pipelines run in process, batch
-comparisons, child processes, fake servers, documents in every file format.
+"""Helpers shared by the tests: paths, batch comparisons, worker processes, raw calls to servers,
+a CLI verb's mistakes, other Pythons. What scripts/ share with the tests (child processes,
+pipelines run in process, documents in every file format, the tiny MaxText decoder) lies in
+the installed `input_server.testing` package; the names are re-exported here for the tests.
 
-Imports of the heavy packages (Grain, grpc, pyarrow, ...) are lazy: chaos.py's trainer, a
-client-only process, imports this module too.
+Imports of the heavy packages (Grain, grpc, pyarrow, ...) are lazy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import pathlib
 import queue
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+
+# Shared with scripts/ (re-exported: the tests import them from here or from there).
+from input_server.testing.files import (  # noqa: F401
+    FORMATS,
+    example_bytes,
+    jsonl_bytes,
+    write_arrayrecord,
+    write_bytes,
+    write_format,
+    write_parquet,
+    zst_multiframe,
+)
+from input_server.testing.maxtext import TINY_MAXTEXT  # noqa: F401
+from input_server.testing.processes import (  # noqa: F401
+    ChildProcess,
+    ServerProcess,
+    cgroup_server,
+    cli_argv,
+    find_python,
+    free_port,
+    health,
+    memory_cgroup,
+    serve_servicer,
+    write_token_file,
+)
+from input_server.testing.reference import batch_bytes, run_pipeline  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -29,34 +51,7 @@ def script(name: str) -> str:
     return str(SCRIPTS / name)
 
 
-def cli_argv(*args: str) -> list[str]:
-    """`input-server ARGS` run by this interpreter: no installed entry point needed."""
-    return [sys.executable, "-m", "input_server.cli", *args]
-
-
 # --- Pipelines run in process, and comparing their batches --------------------------------------
-
-
-def run_pipeline(
-    spec_or_pipeline, state=None, *, processes: int = 0, threads: int = 2, limit: int | None = None
-) -> list:
-    """The stream with no server in between (`Produced` items): what a served stream must equal."""
-    from itertools import islice
-
-    from input_server.batching.pipeline import Pipeline, Workers
-
-    pipeline = (
-        spec_or_pipeline if isinstance(spec_or_pipeline, Pipeline) else Pipeline(spec_or_pipeline)
-    )
-    with pipeline.stream(state, workers=Workers(processes, threads, "test")) as stream:
-        return list(islice(stream, limit))
-
-
-def batch_bytes(batch) -> bytes:
-    """A batch's arrays in name order as bytes: what chaos.py's trainer logs and compares."""
-    import numpy as np
-
-    return b"".join(np.ascontiguousarray(np.asarray(batch[k])).tobytes() for k in sorted(batch))
 
 
 def _same_batch(a, b) -> bool:
@@ -106,13 +101,6 @@ def assert_same_batches(got: Sequence, want: Sequence) -> None:
 # --- Child processes ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A loopback TCP port free now, for servers that must restart on the same address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker_processes(exclude: set[int] = frozenset()) -> list:
     """Live child processes of this one (Grain's workers), but `exclude` and multiprocessing's
     resource tracker (started once for shared memory, it lives as long as this process)."""
@@ -146,45 +134,6 @@ def still_running(processes) -> list:
     return out
 
 
-class ChildProcess:
-    """A command in its own process group, so one SIGKILL takes its worker processes too (as
-    when a host or container goes). Its stderr (and stdout unless `read_lines`) goes to `log`;
-    with `read_lines`, its stdout lines arrive in `lines`, None once it closed."""
-
-    def __init__(
-        self,
-        argv: list[str],
-        *,
-        log: str,
-        read_lines: bool = False,
-        env: dict[str, str] | None = None,
-    ):
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in kill()
-        self.p = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE if read_lines else self._log,
-            stderr=self._log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=read_lines,
-            env=env,
-        )
-        self.lines: queue.Queue = queue.Queue()
-        if read_lines:
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.p.stdout:
-            self.lines.put(line.strip())
-        self.lines.put(None)
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the group, even if its leader is gone
-            os.killpg(self.p.pid, signal.SIGKILL)
-        self.p.wait(timeout=30)
-        self._log.close()
-
-
 def serve_cli(
     *args: str, log: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> tuple[ChildProcess, list[str]]:
@@ -202,53 +151,10 @@ def serve_cli(
     return child, line.split("serving on ", 1)[1].split()
 
 
-class ServerProcess:
-    """`input-server serve` as a `ChildProcess` that can be SIGKILLed and started again on the
-    same address, its output appended to one log. With `token_file`, its TCP and abstract
-    listeners need that file's token (`InputClient(..., token_file=...)`)."""
-
-    def __init__(
-        self,
-        address: str,
-        log_path: str,
-        token_file: str | None = None,
-        data_root: str | None = None,
-        args: Sequence[str] = (),
-    ):
-        self.address, self.log_path, self.token_file = address, log_path, token_file
-        self.data_root = data_root  # default its working directory, this one's
-        self.args = tuple(args)  # more `serve` flags
-        self.child: ChildProcess | None = None
-
-    def start(self) -> None:
-        token = ("--token-file", self.token_file) if self.token_file else ()
-        root = ("--data-root", self.data_root) if self.data_root else ()
-        self.child = ChildProcess(
-            cli_argv("serve", "--listen", self.address, *token, *root, *self.args),
-            log=self.log_path,
-        )
-
-    def kill(self) -> None:
-        if self.child is not None:
-            self.child.kill()
-
-
 # --- Tokens: TCP and abstract listeners need one ------------------------------------------------
 
 # The tokens of the servers tests started, by target: the helpers below send a target's token.
 TOKENS: dict[str, str] = {}
-
-
-def write_token_file(directory) -> tuple[str, str]:
-    """A new random token in `directory`/token, mode 0600 from its creation; (path, token)."""
-    import secrets
-
-    token = secrets.token_hex(16)
-    path = os.path.join(str(directory), "token")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return path, token
 
 
 def dial(target: str, token: str | None = None, options=()):
@@ -263,39 +169,6 @@ def dial(target: str, token: str | None = None, options=()):
 
 
 # --- Talking to servers, real and fake ------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def serve_servicer(servicer, address: str) -> Iterator[None]:
-    """A gRPC server running `servicer` (a fake or a proxy) on `address` until the block ends."""
-    from concurrent import futures
-
-    import grpc
-
-    from input_client.proto import pb_grpc
-    from input_client.wire import MESSAGE_OPTIONS
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=MESSAGE_OPTIONS)
-    pb_grpc.add_InputServiceServicer_to_server(servicer, server)
-    server.add_insecure_port(address)
-    server.start()
-    try:
-        yield
-    finally:
-        server.stop(None)
-
-
-def health(target: str, service: str = "input_server.v1.InputService") -> int:
-    """The health status the server reports for `service` ("" = the whole server)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(target) as ch:  # no token: health is open to probes
-        return (
-            health_pb2_grpc.HealthStub(ch)
-            .Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            .status
-        )
 
 
 def raw_messages(target: str, spec, pause_s: float = 0.0, token: str | None = None) -> list:
@@ -378,148 +251,6 @@ def flowing_stream(target: str, spec, timeout: float = 60) -> Iterator[list]:
 # --- The same documents in every file format the server reads ------------------------------------
 
 
-def jsonl_bytes(docs, field="text", decoy=False, newline="\n") -> bytes:
-    """One JSON object per line; `decoy` adds a wrong "text" beside `field` to catch mix-ups."""
-    import json
-
-    lines = []
-    for i, doc in enumerate(docs):
-        obj = {"id": i, field: doc}
-        if decoy:
-            obj["text"] = f"decoy {i}"
-        lines.append(json.dumps(obj))
-    return "".join(line + newline for line in lines).encode()
-
-
-def write_bytes(path, data: bytes) -> str:
-    """Writes `data` to `path`; returns the path as a string, as specs hold it."""
-    with open(path, "wb") as f:
-        f.write(data)
-    return str(path)
-
-
-def write_arrayrecord(path, records) -> str:
-    """An ArrayRecord file of `records` (bytes), one a group so any record is read alone."""
-    from array_record.python import array_record_module
-
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
-    return str(path)
-
-
-def example_bytes(doc: str, field="text", decoy=False) -> bytes:
-    """A serialized tf.train.Example holding `doc` in `field` (and a decoy "text")."""
-    from input_server import tf_example_pb2
-
-    ex = tf_example_pb2.Example()
-    ex.features.feature[field].bytes_list.value.append(doc.encode())
-    if decoy:
-        ex.features.feature["text"].bytes_list.value.append(b"decoy")
-    return ex.SerializeToString()
-
-
-def write_parquet(path, docs, field="text", decoy=False, row_group_size=64) -> str:
-    """A Parquet file of `docs` in several row groups (and a decoy "text" column)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = {"id": list(range(len(docs))), field: list(docs)}
-    if decoy:
-        columns["text"] = [f"decoy {i}" for i in range(len(docs))]
-    pq.write_table(pa.table(columns), str(path), row_group_size=row_group_size)
-    return str(path)
-
-
-def zst_multiframe(data: bytes) -> bytes:
-    """Several concatenated zstd frames, as `cat a.zst b.zst` or pzstd produce."""
-    import zstandard
-
-    c = zstandard.ZstdCompressor()
-    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
-    return b"".join(c.compress(data[a:b]) for a, b in zip(cut, cut[1:], strict=False))
-
-
-def _tfrecord(path, records) -> str:
-    from input_server.data.tfrecord import write_tfrecord
-
-    write_tfrecord(path, records)
-    return str(path)
-
-
-def _gzip(data: bytes) -> bytes:
-    import gzip
-
-    return gzip.compress(data)
-
-
-def _zstd(data: bytes) -> bytes:
-    import zstandard
-
-    return zstandard.ZstdCompressor().compress(data)
-
-
-# kind -> (file name, writer(docs, path) -> path, source keys besides paths)
-FORMATS = {
-    "jsonl-plain": ("d.jsonl", lambda docs, p: write_bytes(p, jsonl_bytes(docs)), {}),
-    "jsonl-gz-text_field-body": (
-        "d.jsonl.gz",
-        lambda docs, p: write_bytes(p, _gzip(jsonl_bytes(docs, "body", decoy=True))),
-        {"text_field": "body"},
-    ),
-    "jsonl-zst": ("d.jsonl.zst", lambda docs, p: write_bytes(p, _zstd(jsonl_bytes(docs))), {}),
-    "jsonl-zst-multiframe": (
-        "d.jsonl.zst",
-        lambda docs, p: write_bytes(p, zst_multiframe(jsonl_bytes(docs))),
-        {},
-    ),
-    "arrayrecord-json-text_field-body": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, jsonl_bytes(docs, "body", decoy=True).splitlines()),
-        {"format": "arrayrecord", "record_format": "json", "text_field": "body"},
-    ),
-    "arrayrecord-text": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, [d.encode() for d in docs]),
-        {"format": "arrayrecord", "record_format": "text"},
-    ),
-    "arrayrecord-tf_example": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, [example_bytes(d) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example"},
-    ),
-    "arrayrecord-tf_example-text_field-body": (
-        "d.arrayrecord",
-        lambda docs, p: write_arrayrecord(p, [example_bytes(d, "body", True) for d in docs]),
-        {"format": "arrayrecord", "record_format": "tf_example", "text_field": "body"},
-    ),
-    "tfrecord-text_field-body": (
-        "d.tfrecord",
-        lambda docs, p: _tfrecord(p, [example_bytes(d, "body", True) for d in docs]),
-        {"format": "tfrecord", "text_field": "body"},
-    ),
-    "parquet-row-groups": (
-        "d.parquet",
-        lambda docs, p: write_parquet(p, docs),
-        {"format": "parquet"},
-    ),
-    "parquet-text_field-body": (
-        "d.parquet",
-        lambda docs, p: write_parquet(p, docs, "body", decoy=True),
-        {"format": "parquet", "text_field": "body"},
-    ),
-}
-
-
-def write_format(kind, docs, directory) -> tuple[str, dict]:
-    """Writes `docs` as `kind` in `directory`; returns the path and the spec's source table."""
-    name, write, keys = FORMATS[kind]
-    os.makedirs(directory, exist_ok=True)
-    path = write(docs, os.path.join(directory, name))
-    return path, {"paths": [path], **keys}
-
-
 def split3(docs) -> list:
     """The documents in three consecutive parts (for tests of many files)."""
     k = len(docs) // 3
@@ -575,22 +306,6 @@ def consume_until(
 # --- Other Pythons and real MaxText ---------------------------------------------------------------
 
 
-def find_python(version: str) -> str | None:
-    """An interpreter of `version` ("3.12"): pyenv's, else one on PATH that runs (pyenv's shims
-    answer for versions that are not selected)."""
-    import glob
-    import shutil
-
-    candidates = sorted(
-        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}"))
-    )
-    found = shutil.which(f"python{version}")
-    for candidate in [*candidates, *([found] if found else [])]:
-        if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
-            return candidate
-    return None
-
-
 def python_or_skip(version: str, why: str) -> str:
     """`find_python(version)`; without it, a skip here and a failure in CI (which has it)."""
     import pytest
@@ -601,22 +316,6 @@ def python_or_skip(version: str, why: str) -> str:
             pytest.fail(f"Python {version} is not installed; CI needs it for {why}.")
         pytest.skip(f"Python {version} is not installed here ({why})")
     return found
-
-
-# The tiny decoder of the MaxText tests and benchmark (MaxText's own flags), on one CPU device.
-TINY_MAXTEXT = [
-    "vocab_size=8192",
-    "base_emb_dim=64",
-    "base_num_decoder_layers=2",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=4",
-    "head_dim=16",
-    "base_mlp_dim=256",
-    "hardware=cpu",
-    "attention=dot_product",
-    "log_config=false",
-    "enable_tensorboard=false",
-]
 
 
 def clean_copy(source, destination) -> pathlib.Path:
@@ -639,79 +338,3 @@ def clean_copy(source, destination) -> pathlib.Path:
         ),
     )
     return pathlib.Path(destination)
-
-
-_CGROUP_NUMBERS = itertools.count()
-
-
-@contextlib.contextmanager
-def memory_cgroup(gb: float):
-    """A memory cgroup of `gb` GB to put a server in (its `cgroup.procs` path: write a child's
-    pid there, as `preexec_fn`, before it execs), or None where none can be made. Tests that
-    could allocate gigabytes run their server in one, so a failure kills it, not the host."""
-    name = f"input-server-{os.getpid()}-{next(_CGROUP_NUMBERS)}"
-    for base, limit_file, procs in [
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "cgroup.procs"),  # v1
-        ("/sys/fs/cgroup", "memory.max", "cgroup.procs"),  # v2
-    ]:
-        path = os.path.join(base, name)
-        try:
-            os.mkdir(path)
-        except OSError:
-            continue
-        try:
-            with open(os.path.join(path, limit_file), "w") as f:
-                f.write(str(int(gb * (1 << 30))))
-            yield os.path.join(path, procs)
-            return
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-    yield None
-
-
-@contextlib.contextmanager
-def cgroup_server(
-    root: str, *flags: str, procs: str | None = None, prefix=(), log: str | None = None
-):
-    """`input-server serve FLAGS` reading `root`, on a Unix socket there, started inside the
-    memory cgroup whose `procs` file `memory_cgroup` gave (None: in none) and serving: its
-    target and process, stopped when the block ends. It runs this checkout's code, whatever is
-    installed; its output goes to `log` (appended) or nowhere; `prefix` goes before its argv
-    (`prlimit ...`)."""
-    import grpc
-
-    target = f"unix://{root}/s.sock"
-    argv = [*prefix, *cli_argv("serve", "--listen", target, "--data-root", root, *flags)]
-
-    def enter_cgroup() -> None:  # in the child, before it execs: all it starts is inside
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    with open(log or os.devnull, "ab") as out:
-        p = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=out,
-            preexec_fn=enter_cgroup if procs else None,
-            env={**os.environ, "PYTHONPATH": path},
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                if health(target) == 1:
-                    break
-            if p.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("the server did not start")
-            time.sleep(0.2)
-        yield target, p
-    finally:
-        p.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(30)
-        p.kill()
-        p.wait()

@@ -286,8 +286,8 @@ def make_models(
     """A model of each kind for the corpus, in `folder`: the spec's own for its kind, the
     others trained on the corpus's first `TRAIN_CHARS` characters with the spec's model's
     vocabulary size."""
-    from input_server.tools.corpus import train_sentencepiece
-    from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+    from input_server.testing.corpus import train_sentencepiece
+    from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
     vocab, used, sample = base_vocab_size(spec.tokenizer), 0, []
     for t in texts:

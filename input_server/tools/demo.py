@@ -88,7 +88,7 @@ def run_demo(
 
     from input_client import InputClient, PipelineSpec, StepTimer
     from input_server.serving.server import Server, ServerConfig
-    from input_server.tools.corpus import ensure_demo_assets
+    from input_server.testing.corpus import ensure_demo_assets
 
     say("building the corpus and tokenizer (cached after the first run)...")
     corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)

@@ -8,7 +8,7 @@ from typing import Any
 
 # The model: small enough to train 50 steps in seconds on two CPU cores, big enough to learn
 # the corpus's unigram and bigram statistics in that time (loss falls from ln(1000) ~ 6.9).
-VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.tools.corpus)
+VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.testing.corpus)
 D_MODEL = 64
 NUM_HEADS = 4
 D_FF = 256

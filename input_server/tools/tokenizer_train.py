@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from input_server.data.records import loads_json, text_of
 from input_server.errors import DataNotFoundError, InputServerError, RecordError
-from input_server.tools.corpus import train_sentencepiece
+from input_server.testing.corpus import train_sentencepiece
 from input_server.tools.report import plural
 from input_server.tools.train_progress import PROGRESS_EVERY_S, Progress
 

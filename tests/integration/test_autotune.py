@@ -16,7 +16,7 @@ from input_server import autotune
 from input_server.autotune.policy import OVERSUBSCRIBE_GAIN
 from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
-from input_server.tools.corpus import write_jsonl
+from input_server.testing.corpus import write_jsonl
 
 # Shorter windows than the server's defaults, to bound test time.
 WINDOW = {"warmup_s": 0.2, "window_s": 0.6}

@@ -187,7 +187,7 @@ def test_help_lists_every_verb(capsys):
 
 @pytest.fixture
 def small_corpus(tmp_path, docs):
-    from input_server.tools.corpus import write_jsonl
+    from input_server.testing.corpus import write_jsonl
 
     return write_jsonl(docs[:300], tmp_path / "c.jsonl")
 

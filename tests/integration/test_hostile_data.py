@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from input_client.proto import pb
-from tests.attacks import ids_bomb, text_bomb
+from input_server.testing.attacks import ids_bomb, text_bomb
 from tests.support import cgroup_server, flowing_stream, health, memory_cgroup, stream_status
 
 

@@ -20,7 +20,7 @@ from input_client import InputClient, StreamError
 from input_client._server_checks import expected_of
 from input_client.proto import pb
 from input_client.wire import PROTOCOL_VERSION
-from tests.attacks import CRAFTED, SEQ_LEN, SIZE, HostileServer, batch, raw
+from input_server.testing.attacks import CRAFTED, SEQ_LEN, SIZE, HostileServer, batch, raw
 from tests.support import serve_servicer
 
 # A refusal comes at once, well before a reconnect would give up: the bound holds on a loaded

@@ -20,7 +20,7 @@ from input_server.data.columnar import ParquetReader
 from input_server.data.records import DECOMPRESSED
 from input_server.errors import OverBudgetError
 from input_server.serving.server import Server, ServerConfig
-from tests.attacks import ids_bomb, text_bomb
+from input_server.testing.attacks import ids_bomb, text_bomb
 from tests.support import flowing_stream, stream_status
 
 _MIB = 1 << 20

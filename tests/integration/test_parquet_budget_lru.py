@@ -60,7 +60,7 @@ def test_a_column_past_the_budget_by_itself_is_refused_without_emptying_the_othe
     from input_server.data.columnar import ParquetReader
     from input_server.data.records import DECOMPRESSED
     from input_server.errors import OverBudgetError
-    from tests.attacks import text_bomb
+    from input_server.testing.attacks import text_bomb
 
     small = _corpus(tmp_path)[0]  # ~1.7 MiB
     big = text_bomb(tmp_path / "big.parquet", rows=8)  # 8 MiB in one row group

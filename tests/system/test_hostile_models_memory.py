@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
-from input_server.tools.corpus import train_sentencepiece, write_jsonl
-from input_server.tools.tokenizer_models import train_hf_tokenizer
+from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from input_server.testing.tokenizer_models import train_hf_tokenizer
 from tests.support import cgroup_server, memory_cgroup
 
 

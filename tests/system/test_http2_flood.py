@@ -5,7 +5,8 @@ RST_STREAM) as fast as they can leave kubelet-style probes passing and the serve
 bounded, and so do token-less StreamBatches calls and health calls themselves on a main TCP
 port (each connection holds few first-request readers, `call_limits.CONNECTION_READERS`: 12 of
 37 probes passed before); 1,100 sockets that send nothing, under a descriptor limit of 1,024,
-leave health answering on both listeners. The peer is `tests/http2_flood.py`, raw sockets."""
+leave health answering on both listeners. The peer is `input_server/testing/http2_flood.py`,
+raw sockets."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.netns import Hosts, Unavailable
 from tests.support import ROOT, ChildProcess, cli_argv, health
 
 PORT = 50052
-PEER = str(ROOT / "tests" / "http2_flood.py")
+PEER = str(ROOT / "input_server" / "testing" / "http2_flood.py")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
-from input_server.tools.corpus import train_sentencepiece, write_jsonl
+from input_server.testing.corpus import train_sentencepiece, write_jsonl
 from tests.support import TINY_MAXTEXT
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]

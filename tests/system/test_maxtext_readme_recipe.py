@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from input_server.tools.corpus import train_sentencepiece, write_jsonl
+from input_server.testing.corpus import train_sentencepiece, write_jsonl
 from tests.support import ROOT
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]

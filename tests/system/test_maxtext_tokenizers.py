@@ -18,8 +18,8 @@ import pytest
 
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizer_kinds import info_of, load_tokenizer
-from input_server.tools.corpus import train_sentencepiece
-from input_server.tools.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.testing.corpus import train_sentencepiece
+from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 

@@ -50,7 +50,7 @@ def test_the_quick_start_uses_one_address_and_names_its_data_root():
 
 
 def test_bring_your_own_data_runs_as_written(tmp_path):
-    from input_server.tools.corpus import stdlib_docstrings, write_jsonl
+    from input_server.testing.corpus import stdlib_docstrings, write_jsonl
 
     blocks = code_blocks(section("Bring your own data"))
     shell = [code for lang, code in blocks if lang == "bash"]

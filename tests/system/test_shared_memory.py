@@ -20,8 +20,8 @@ STREAMS = 50
 
 CHILD = r'''
 import gc, json, os, sys, time
-from absl import flags
-flags.FLAGS.mark_as_parsed()
+from input_server.batching._grain import ensure_absl_flags_parsed
+ensure_absl_flags_parsed()
 
 
 def settled(before, timeout_s=10.0):
@@ -119,8 +119,8 @@ def test_50_streams_with_worker_processes_leave_dev_shm_as_it_was(
 
 EXIT_CODES = r"""
 import json, sys
-from absl import flags
-flags.FLAGS.mark_as_parsed()
+from input_server.batching._grain import ensure_absl_flags_parsed
+ensure_absl_flags_parsed()
 
 if __name__ == "__main__":
     from input_client import PipelineSpec

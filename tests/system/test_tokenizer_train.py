@@ -12,7 +12,7 @@ import sentencepiece as spm
 
 from input_client import InputClient, PipelineSpec
 from input_server.serving.server import Server, ServerConfig
-from input_server.tools.corpus import write_jsonl
+from input_server.testing.corpus import write_jsonl
 from tests.support import run_main
 
 

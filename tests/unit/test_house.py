@@ -181,3 +181,61 @@ def test_nothing_outside_the_client_reads_its_private_parts():
         if private.search(line)
     ]
     assert not found, found
+
+
+def _script_files() -> list[pathlib.Path]:
+    return sorted((ROOT / "scripts").rglob("*.py"))
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    """`sys.path`, or a part of it (`sys.path[0]`, `sys.path[:1]`)."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
+
+
+def test_no_script_imports_the_tests():
+    """Scripts use the installed package (`input_server.testing` for what they share with the
+    tests): `tests/` is no package a user of a script has."""
+    bad = []
+    for path in _script_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bad += [
+                f"{path.relative_to(ROOT)}:{node.lineno} imports {n}"
+                for n in names
+                if n == "tests" or n.startswith("tests.")
+            ]
+    assert not bad, bad
+
+
+def test_no_script_changes_sys_path():
+    """A script runs as a file: its own folder is on the path (for its siblings), the package
+    is installed; a path patched by hand would hide an import that works nowhere else."""
+    bad = []
+    for path in _script_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                changed = any(_is_sys_path(t) for t in targets)
+            elif isinstance(node, ast.Delete):
+                changed = any(_is_sys_path(t) for t in node.targets)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                changed = _is_sys_path(node.func.value) and node.func.attr in {
+                    "append", "extend", "insert", "remove", "pop", "clear", "__setitem__",
+                }  # fmt: skip
+            else:
+                continue
+            if changed:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not bad, bad

@@ -1,4 +1,4 @@
-"""Stand-ins for what lies outside the project, for benchmarks and tests."""
+"""Remote storage's latency, stood in for: a source whose records arrive slowly."""
 
 from __future__ import annotations
 
