@@ -25,6 +25,7 @@ from report import emit_json  # scripts/, beside this file
 from input_client import PipelineSpec
 from input_server import autotune
 from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
 from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
@@ -44,47 +45,46 @@ def corpus(directory: str) -> tuple[str, str]:
     return path, train_sentencepiece(docs, os.path.join(directory, "spm"), vocab_size=1000)
 
 
-def grid(cpus: int, latency: bool) -> list[tuple[int, int]]:
+def grid(cpus: int, latency: bool) -> list[Parallelism]:
     threads = [2**i for i in range(8 if latency else 4)]  # 1..128 or 1..8
-    configs = [(0, t) for t in threads]
+    configs = [Parallelism(0, t) for t in threads]
     for p in sorted({1, 2, cpus, 2 * cpus}):
-        configs += [(p, t) for t in sorted({1, max(1, 32 // p)} if latency else {1})]
+        configs += [Parallelism(p, t) for t in sorted({1, max(1, 32 // p)} if latency else {1})]
     return configs
 
 
 def bench(
-    name: str, pipeline: Pipeline, configs: list[tuple[int, int]], rounds: int, tune_seconds: float
+    name: str, pipeline: Pipeline, configs: list[Parallelism], rounds: int, tune_seconds: float
 ) -> dict:
     print(f"[{name}] tuning ...", file=sys.stderr, flush=True)
     tuning = autotune.tune(
         pipeline, ram_budget_mb=pipeline.spec.workers.ram_budget_mb, tune_seconds=tune_seconds
     )
     print(autotune.table(tuning), file=sys.stderr, flush=True)
-    choice = (tuning.processes, tuning.threads)
+    choice = tuning.parallelism
     grain = autotune.grain_choice(pipeline)
     configs = list(dict.fromkeys([*configs, choice, grain]))
-    best: dict[tuple[int, int], autotune.Measurement] = {}
-    windows: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
+    best: dict[Parallelism, autotune.Measurement] = {}
+    windows: dict[Parallelism, list[float]] = {c: [] for c in configs}
     for r in range(rounds):
         for c in configs:
             print(
-                f"[{name}] round {r + 1}/{rounds}: {c[0]} processes x {c[1]} threads",
+                f"[{name}] round {r + 1}/{rounds}: {c.processes} processes x {c.threads} threads",
                 file=sys.stderr,
                 flush=True,
             )
-            m = autotune.measure(pipeline, *c)
+            m = autotune.measure(pipeline, c)
             if m is not None:
                 windows[c].append(round(m.batches_per_s, 1))
                 if c not in best or m.batches_per_s > best[c].batches_per_s:
                     best[c] = m
     top = max(best.values(), key=lambda m: m.batches_per_s)
 
-    def entry(c: tuple[int, int]) -> dict:
+    def entry(c: Parallelism) -> dict:
         m = best[c]
         return {
-            "processes": c[0],
-            "threads": c[1],
-            "workers": m.workers,
+            **c.to_dict(),
+            "workers": c.workers,
             "batches_per_s": round(m.batches_per_s, 2),
             "tokens_per_s": round(m.tokens_per_s),
             "rss_mb_per_worker": round(m.rss_mb_per_worker, 1),
@@ -98,7 +98,7 @@ def bench(
 
     return {
         "sweep": [entry(c) for c in configs],
-        "best": entry((top.processes, top.threads)),
+        "best": entry(top.parallelism),
         "auto": {
             **entry(choice),
             "reason": tuning.reason,

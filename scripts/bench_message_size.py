@@ -21,7 +21,7 @@ import sys
 def main() -> int:
     from input_client import PipelineSpec
     from input_server.batching._grain import ensure_absl_flags_parsed
-    from input_server.batching.pipeline import Workers, default_threads
+    from input_server.batching.parallelism import Parallelism, default_threads
     from input_server.testing import corpus
     from input_server.tools import bench
 
@@ -52,7 +52,7 @@ def main() -> int:
 
     rounds: list[dict] = []
     for r in range(args.rounds):
-        ours = bench.bench_pipeline(spec, Workers(0, default_threads(0), "bench"))
+        ours = bench.bench_pipeline(spec, Parallelism(0, default_threads(0)))
         row = {"in_process_tokens_per_s": ours["tokens_per_s"], "sizes": {}}
         for size in sizes:
             served = bench.bench_server(spec, "unix", ("--message-tokens", str(size)))

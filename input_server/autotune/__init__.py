@@ -1,17 +1,19 @@
-"""Autotune: measures a pipeline at candidate processes x threads and picks the parallelism.
+"""Autotune: measures a pipeline at candidate parallelisms (processes x threads) and picks one.
 
-`policy` decides on a table of measurements (pure), `search` says what to measure next (pure),
-`measure` runs one candidate offline, `tuner` runs the offline loop and owns the remembered
-choices, `live` and `online` measure and steer a served stream, `report` renders a tuning
-(table, proto, plot).
+`measurements` holds a tuning's table and its choice, `policy` decides on the table (pure),
+`search` says what to measure next (pure), `measure` runs one candidate offline, `offline`
+runs the offline search, `live` and `online` measure and steer a served stream, `openings`
+gives each stream its starting parallelism and keeps the choices (`remembered`: across
+restarts), `report` renders a tuning (table, proto, plot).
 """
 
 from input_server.autotune.measure import measure
+from input_server.autotune.measurements import Measurement, Tuning
+from input_server.autotune.offline import grain_choice, tune
+from input_server.autotune.openings import Opening, Openings
 from input_server.autotune.policy import (
     REASONS,
     TUNE_SECONDS,
-    Measurement,
-    Tuning,
     contenders,
     cpu_count,
     decide,
@@ -19,14 +21,14 @@ from input_server.autotune.policy import (
 )
 from input_server.autotune.report import plot, table
 from input_server.autotune.search import Candidate, next_candidate
-from input_server.autotune.tuner import Tuner, grain_choice, tune
 
 __all__ = [
     "REASONS",
     "TUNE_SECONDS",
     "Candidate",
     "Measurement",
-    "Tuner",
+    "Opening",
+    "Openings",
     "Tuning",
     "contenders",
     "cpu_count",

@@ -1,4 +1,4 @@
-"""Autotune measurement: runs a pipeline at one (processes, threads) and times production.
+"""Autotune measurement: runs a pipeline at one parallelism and times its production.
 
 The batches are counted and dropped, never served; the choice cannot change the data (the
 batches are the same bytes for any processes and threads).
@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 
 from input_client.threads import Prefetcher
 from input_server import cancel
-from input_server.autotune.policy import Measurement
-from input_server.batching.pipeline import Pipeline, Workers
+from input_server.autotune.measurements import Measurement
+from input_server.batching.parallelism import Parallelism
+from input_server.batching.pipeline import Pipeline
 
 # Module-level alias so tests can stand in another clock.
 clock = time.perf_counter
@@ -64,7 +65,7 @@ def wait_closed(timeout: float = CLOSE_WAIT_S) -> bool:
 
 
 def _producer(
-    pipeline: Pipeline, workers: Workers, stopped: Callable[[], bool]
+    pipeline: Pipeline, parallelism: Parallelism, stopped: Callable[[], bool]
 ) -> Callable[[Callable], None]:
     """Runs the stream from its start, again and again for short data, putting each batch's
     (arrival time, real tokens) until stopped."""
@@ -72,7 +73,7 @@ def _producer(
     def produce(put: Callable[[tuple[float, int]], bool]) -> None:
         while not stopped():  # no new pass (and its worker processes) once stopped
             produced = 0
-            with pipeline.stream(None, workers=workers) as stream:
+            with pipeline.stream(None, parallelism=parallelism) as stream:
                 for batch in stream:
                     produced += 1
                     if not put((clock(), batch.num_tokens)):
@@ -153,15 +154,14 @@ def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
 
 def measure(
     pipeline: Pipeline,
-    processes: int,
-    threads: int,
+    parallelism: Parallelism,
     *,
     warmup_s: float = WARMUP_S,
     window_s: float = WINDOW_S,
     max_warmup_s: float = MAX_WARMUP_S,
     deadline: float | None = None,
 ) -> Measurement | None:
-    """Runs the pipeline's stream with `processes` x `threads` and times its production.
+    """Runs the pipeline's stream with `parallelism` and times its production.
 
     The batches are counted and dropped. The stream runs on its own thread, so the deadline
     holds even when one batch takes longer than the time left (that thread then ends, and
@@ -169,7 +169,7 @@ def measure(
 
     Args:
       pipeline: the stream's pipeline; the candidate runs its real stream from the start.
-      processes, threads: the candidate.
+      parallelism: the candidate.
       warmup_s: seconds after the first batch before timing may start; it starts at the
         first wait for a batch after that, or at `max_warmup_s` at the latest.
       window_s: the timed window lasts at least this long and MIN_BATCHES batches (longer,
@@ -189,15 +189,52 @@ def measure(
     opened = clock()
     stop = threading.Event()
     producer = Prefetcher(
-        _producer(pipeline, Workers(processes, threads, "autotune candidate"), stop.is_set),
+        _producer(pipeline, parallelism, stop.is_set),
         depth=256,
-        name=f"autotune-{processes}x{threads}",
+        name=f"autotune-{parallelism.processes}x{parallelism.threads}",
         poll_s=0.05,
     )
+    take = _taker(producer)
+    try:
+        first = take(deadline)
+        if first is None:
+            return None
+        cap = max(warmup_s, min(max_warmup_s, 2 * (first[0] - opened)))
+        warm = _warm_up(take, first, cap=cap, warmup_s=warmup_s, deadline=deadline)
+        if warm is None:
+            return None
+        last, cycle = warm
+        # The window: long enough for BURSTS production cycles when production is bursty;
+        # it starts with the batch that ended the wait, a burst's first.
+        length = min(max(window_s, BURSTS * cycle), MAX_WINDOW * window_s)
+        cpu0 = _process_usage(pids_before)[0]
+        wall0 = clock()
+        times, counts = _window(take, last, length=length, deadline=deadline)
+        rate = _rate(times, counts, aligned=cycle > 0)
+        if rate is None or times[-1] - times[0] < 0.25 * window_s:  # cut short by the deadline
+            return None
+        cpu1, rss, child_rss = _process_usage(pids_before)
+        return Measurement(
+            parallelism=parallelism,
+            batches_per_s=rate[0],
+            tokens_per_s=rate[1],
+            rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
+            cpu_cores=(cpu1 - cpu0) / max(clock() - wall0, 1e-9),
+            startup_s=first[0] - opened,
+            seconds=times[-1] - times[0],
+            batches=len(times) - 1,
+        )
+    finally:
+        _stop(producer, stop, deadline)
 
-    def take(until: float | None) -> tuple[float, int] | None:
-        """The next batch's (time, tokens); None at the deadline or the data's end. Raises
-        what the pipeline raised."""
+
+Arrival = tuple[float, int]  # a batch's arrival time and real tokens
+
+
+def _taker(producer: Prefetcher) -> Callable[[float | None], Arrival | None]:
+    def take(until: float | None) -> Arrival | None:
+        """The next batch; None at `until` (a `clock()` time) or the data's end. Raises what
+        the pipeline raised."""
         while True:
             cancel.check()  # in slices: the client may leave mid-candidate
             if until is not None and until <= clock():
@@ -209,66 +246,71 @@ def measure(
             except StopIteration:
                 return None
 
-    try:
+    return take
+
+
+def _warm_up(
+    take: Callable[[float | None], Arrival | None],
+    first: Arrival,
+    *,
+    cap: float,
+    warmup_s: float,
+    deadline: float | None,
+) -> tuple[Arrival, float] | None:
+    """Drops the batches after `first` until the consumer has waited once after `warmup_s`
+    (the groups the workers finished together before the first batch are drained; timing
+    them would measure packing, not production), or `cap` has passed (smooth flow).
+
+    Returns:
+      The last batch taken and the production cycle found (0 = none), or None at the
+      deadline or the data's end.
+    """
+    last, gaps, cycle = first, [], 0.0
+    while last[0] - first[0] < cap:
         item = take(deadline)
         if item is None:
             return None
-        first = item[0]
-        # Warm-up, dropped: until the consumer has waited once after `warmup_s` (the groups
-        # the workers finished together before the first batch are drained; timing them
-        # would measure packing, not production), or at most the warm-up cap (smooth flow).
-        cap = max(warmup_s, min(max_warmup_s, 2 * (first - opened)))
-        last, gaps, cycle = item, [], 0.0
-        while last[0] - first < cap:
-            item = take(deadline)
-            if item is None:
-                return None
-            gap = item[0] - last[0]
-            waited = len(gaps) >= 2 and _ends_a_wait(gap, gaps[len(gaps) // 2])
-            bisect.insort(gaps, gap)
-            last = item
-            if waited and last[0] - first >= warmup_s:
-                cycle = last[0] - first
-                break
-        # The window: long enough for BURSTS production cycles when production is bursty;
-        # it starts with the batch that ended the wait, a burst's first.
-        length = min(max(window_s, BURSTS * cycle), MAX_WINDOW * window_s)
-        cpu0 = _process_usage(pids_before)[0]
-        wall0 = clock()
-        times, counts = [last[0]], [last[1]]
-        while times[-1] - times[0] < length or len(times) <= MIN_BATCHES:
-            item = take(deadline)
-            if item is None:
-                break
-            times.append(item[0])
-            counts.append(item[1])
-        rate = _rate(times, counts, aligned=cycle > 0)
-        if rate is None or times[-1] - times[0] < 0.25 * window_s:  # cut short by the deadline
-            return None
-        batches_per_s, tokens_per_s = rate
-        cpu1, rss, child_rss = _process_usage(pids_before)
-        return Measurement(
-            processes=processes,
-            threads=threads,
-            batches_per_s=batches_per_s,
-            tokens_per_s=tokens_per_s,
-            rss_mb=(child_rss + max(0, rss - rss_before)) / _MIB,
-            cpu_cores=(cpu1 - cpu0) / max(clock() - wall0, 1e-9),
-            startup_s=first - opened,
-            seconds=times[-1] - times[0],
-            batches=len(times) - 1,
-        )
-    finally:
-        # Unblock the producer's put, then give it a moment to close its workers.
-        stop.set()
-        producer.close(timeout=5.0 if deadline is None else max(0.0, min(5.0, deadline - clock())))
-        with _closing_lock:
-            _closing.difference_update([p for p in _closing if not p.is_alive()])
-            if producer.is_alive():
-                _closing.add(producer)
-                if not _at_exit:
-                    # Also for any other program that tunes and exits (scripts, benchmarks):
-                    # registered after multiprocessing's own exit handler, so it runs first
-                    # (atexit runs in reverse order), while the workers can still stop cleanly.
-                    atexit.register(wait_closed)
-                    _at_exit.append(True)
+        gap = item[0] - last[0]
+        waited = len(gaps) >= 2 and _ends_a_wait(gap, gaps[len(gaps) // 2])
+        bisect.insort(gaps, gap)
+        last = item
+        if waited and last[0] - first[0] >= warmup_s:
+            cycle = last[0] - first[0]
+            break
+    return last, cycle
+
+
+def _window(
+    take: Callable[[float | None], Arrival | None],
+    last: Arrival,
+    *,
+    length: float,
+    deadline: float | None,
+) -> tuple[list[float], list[int]]:
+    """The arrival times and tokens of the batches from `last` on, over at least `length`
+    seconds and MIN_BATCHES batches (fewer at the deadline or the data's end)."""
+    times, counts = [last[0]], [last[1]]
+    while times[-1] - times[0] < length or len(times) <= MIN_BATCHES:
+        item = take(deadline)
+        if item is None:
+            break
+        times.append(item[0])
+        counts.append(item[1])
+    return times, counts
+
+
+def _stop(producer: Prefetcher, stop: threading.Event, deadline: float | None) -> None:
+    """Unblocks the producer's put, then gives it a moment to close its workers; one still
+    closing is left to `wait_closed`."""
+    stop.set()
+    producer.close(timeout=5.0 if deadline is None else max(0.0, min(5.0, deadline - clock())))
+    with _closing_lock:
+        _closing.difference_update([p for p in _closing if not p.is_alive()])
+        if producer.is_alive():
+            _closing.add(producer)
+            if not _at_exit:
+                # Also for any other program that tunes and exits (scripts, benchmarks):
+                # registered after multiprocessing's own exit handler, so it runs first
+                # (atexit runs in reverse order), while the workers can still stop cleanly.
+                atexit.register(wait_closed)
+                _at_exit.append(True)

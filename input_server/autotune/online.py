@@ -25,18 +25,17 @@ import dataclasses
 import math
 
 from input_server.autotune.live import Window
+from input_server.autotune.measurements import Measurement, Tuning
 from input_server.autotune.policy import (
     SERVER_CAP,
     TARGET_HEADROOM,
-    Measurement,
-    Tuning,
     contenders,
-    cost,
     decide,
     over_cap,
     pool,
 )
 from input_server.autotune.search import next_candidate
+from input_server.batching.parallelism import Parallelism
 
 DEMAND_MOVE = 0.25
 # While the loop takes all the stream makes, the trainer waits for data: more workers than
@@ -48,14 +47,13 @@ CONFIRM_WINDOWS = 2
 # Windows a settled stream ignores its triggers after settling: the new parallelism warms up.
 COOLDOWN_WINDOWS = 3
 MAX_COOLDOWN_WINDOWS = 60
-Config = tuple[int, int]  # (processes, threads)
 
 
-def ladder(cpus: int, *, default_threads) -> list[Config]:
+def ladder(cpus: int, *, default_threads) -> list[Parallelism]:
     """The candidates a demand walk moves along, cheapest first: in-process threads doubling
     up to twice the cores, then worker processes doubling up to the cores."""
-    rungs = [(0, t) for t in _doubling(1, max(2, 2 * cpus))]
-    rungs += [(p, default_threads(p)) for p in _doubling(2, cpus)]
+    rungs = [Parallelism(0, t) for t in _doubling(1, max(2, 2 * cpus))]
+    rungs += [Parallelism(p, default_threads(p)) for p in _doubling(2, cpus)]
     return rungs
 
 
@@ -71,7 +69,7 @@ def _doubling(first: int, last: int) -> list[int]:
 class Step:
     """What the search asks for after a window: switch to `to` (None: stay), and why."""
 
-    to: Config | None
+    to: Parallelism | None
     reason: str
 
 
@@ -93,7 +91,7 @@ class OnlineSearch:
 
     def __init__(
         self,
-        start: Config,
+        start: Parallelism,
         *,
         cpus: int,
         default_threads,
@@ -119,7 +117,7 @@ class OnlineSearch:
         )
         self.searches = 0 if remembered else 1
         self._search_started: float | None = None
-        self._unavailable: set[Config] = set()  # over the server's free processes
+        self._unavailable: set[Parallelism] = set()  # over the server's free processes
         self._streak: list[str] = []
         self._cooldown = COOLDOWN_WINDOWS if remembered else 0
         self._now = 0.0
@@ -144,14 +142,12 @@ class OnlineSearch:
             demand = None
         # Memory: the groups in flight (as the server's budget counts them) and the worker
         # processes' measured RSS, so the caps hold for threads too.
-        workers = max(1, self.current[0]) * self.current[1]
         row = Measurement(
-            processes=self.current[0],
-            threads=self.current[1],
+            parallelism=self.current,
             batches_per_s=w.capacity(),
             tokens_per_s=w.tokens_capacity(),
             cpu_cores=cpu_cores,
-            rss_mb=rss_mb + workers * self.mb_per_worker,
+            rss_mb=rss_mb + self.current.workers * self.mb_per_worker,
             seconds=w.seconds,
             batches=w.batches,
         )
@@ -162,27 +158,27 @@ class OnlineSearch:
         self._record(row)
         return self._search(demand, now)
 
-    def switched(self, config: Config) -> None:
-        """The stream now runs `config` (the windows that follow are its)."""
-        self.current = config
+    def switched(self, parallelism: Parallelism) -> None:
+        """The stream now runs `parallelism` (the windows that follow are its)."""
+        self.current = parallelism
 
-    def unavailable(self, config: Config, now: float) -> Step:
-        """The server could not give `config` its worker processes: search without it."""
+    def unavailable(self, parallelism: Parallelism, now: float) -> Step:
+        """The server could not give `parallelism` its worker processes: search without it."""
         self._now = now
         self.settled = False  # a settled choice it cannot run is no choice
-        self._unavailable.add(config)
-        self.rows.append(Measurement(processes=config[0], threads=config[1], skipped=SERVER_CAP))
+        self._unavailable.add(parallelism)
+        self.rows.append(Measurement(parallelism=parallelism, skipped=SERVER_CAP))
         return self._search(self.demand, now)
 
     def _record(self, row: Measurement) -> None:
         for i, r in enumerate(self.rows):
-            if r.ran and (r.processes, r.threads) == self.current:
+            if r.ran and r.parallelism == self.current:
                 self.rows[i] = pool(r, row)
                 return
         self.rows.append(row)
 
-    def _row(self, config: Config) -> Measurement | None:
-        return next((r for r in self.rows if r.ran and (r.processes, r.threads) == config), None)
+    def _row(self, parallelism: Parallelism) -> Measurement | None:
+        return next((r for r in self.rows if r.ran and r.parallelism == parallelism), None)
 
     # --- searching ------------------------------------------------------------------------
 
@@ -193,11 +189,9 @@ class OnlineSearch:
             nxt = next_candidate(self.rows, cpus=self.cpus, **self.caps)
             if out_of_time and nxt is not None and not nxt.skip:
                 # Still gaining when the bound came: the choice says so ("time limit").
-                self.rows.append(
-                    Measurement(processes=nxt.processes, threads=nxt.threads, skipped="time limit")
-                )
+                self.rows.append(Measurement(parallelism=nxt.parallelism, skipped="time limit"))
                 return self._settle(None, "the time bound")
-            while nxt is not None and (nxt.processes, nxt.threads) in self._unavailable:
+            if nxt is not None and nxt.parallelism in self._unavailable:
                 nxt = None
             if nxt is None or nxt.skip:
                 again = self._measure_again()
@@ -205,7 +199,7 @@ class OnlineSearch:
                     return again
                 return self._settle(None, "the loop takes all the stream makes")
             return Step(
-                (nxt.processes, nxt.threads),
+                nxt.parallelism,
                 "searching: the loop takes all the stream makes; trying more workers",
             )
         if out_of_time:
@@ -215,7 +209,7 @@ class OnlineSearch:
         meets = here is not None and here.batches_per_s >= need
         rungs = [c for c in self.ladder if c not in self._unavailable and self._fits(c)]
         if meets:
-            cheaper = [c for c in rungs if cost_of(c) < cost_of(self.current)]
+            cheaper = [c for c in rungs if c < self.current]
             if cheaper and self._row(cheaper[-1]) is None:
                 return Step(
                     cheaper[-1],
@@ -223,7 +217,7 @@ class OnlineSearch:
                     f"({TARGET_HEADROOM:g} x the demand); trying fewer",
                 )
             return self._settle(demand, "the demand")
-        dearer = [c for c in rungs if cost_of(c) > cost_of(self.current)]
+        dearer = [c for c in rungs if c > self.current]
         for c in dearer:
             r = self._row(c)
             if r is None:
@@ -243,8 +237,8 @@ class OnlineSearch:
             r
             for r in self.rows
             if not r.ran  # a skipped row says why, and stays
-            or (r.processes, r.threads) not in self._unavailable
-            or (r.processes, r.threads) == self.current
+            or r.parallelism not in self._unavailable
+            or r.parallelism == self.current
         ]
 
     def _decide(self, demand: float | None) -> Tuning:
@@ -261,23 +255,19 @@ class OnlineSearch:
         takes one: a single window on a busy host is noisy. None when each has had two."""
         tuning = self._decide(None)
         for m in (tuning.chosen, *contenders(self._choosable(), tuning, cpus=self.cpus)):
-            config = (m.processes, m.threads)
-            if m.samples < 2 and config not in self._unavailable:
-                return Step(
-                    None if config == self.current else config,
-                    f"searching: measuring {m.label()} again",
-                )
+            p = m.parallelism
+            if m.samples < 2 and p not in self._unavailable:
+                return Step(None if p == self.current else p, f"searching: measuring {p} again")
         return None
 
-    def _fits(self, c: Config) -> bool:
-        workers = max(1, c[0]) * c[1]
-        measured = [r for r in self.rows if r.ran and r.processes > 0]
+    def _fits(self, c: Parallelism) -> bool:
+        measured = [r for r in self.rows if r.ran and not r.parallelism.in_process]
         # A measured process row's memory holds its groups too; per process, it predicts c's.
         process_mb = 0.0
-        if measured and c[0] > 0:
-            m = measured[-1]
-            process_mb = (m.rss_mb - m.workers * self.mb_per_worker) / m.processes * c[0]
-        return not over_cap(workers, workers * self.mb_per_worker + process_mb, **self.caps)
+        if measured and not c.in_process:
+            m, p = measured[-1], measured[-1].parallelism
+            process_mb = (m.rss_mb - p.workers * self.mb_per_worker) / p.processes * c.processes
+        return not over_cap(c.workers, c.workers * self.mb_per_worker + process_mb, **self.caps)
 
     def _settle(self, demand: float | None, why: str) -> Step:
         tuning = self._decide(demand)
@@ -290,7 +280,7 @@ class OnlineSearch:
         # Each re-tune waits longer before the next (a capacity misread at low load must not
         # make the stream cycle between searches).
         self._cooldown = min(MAX_COOLDOWN_WINDOWS, COOLDOWN_WINDOWS * 2 ** (self.searches - 1))
-        to = (tuning.processes, tuning.threads)
+        to = tuning.parallelism
         return Step(None if to == self.current else to, f"settled for {why}: {tuning.reason}")
 
     def _elapsed(self) -> float:
@@ -320,21 +310,17 @@ class OnlineSearch:
     def _trigger(self, row: Measurement, demand: float | None) -> str:
         """Why the settled choice no longer fits this window, or ""."""
         if self.demand is not None and demand is None:
-            if any(cost_of(c) > cost_of(self.current) for c in self.ladder):
+            if any(c > self.current for c in self.ladder):
                 return "production fell behind the loop"
             return ""
         if demand is None:
             return ""
         if self.demand is None:
             # Chosen while the loop took everything; now it takes less: fewer may do.
-            cheaper = any(cost_of(c) < cost_of(self.current) for c in self.ladder)
+            cheaper = any(c < self.current for c in self.ladder)
             if cheaper and TARGET_HEADROOM * demand < (1 - DEMAND_MOVE) * row.batches_per_s:
                 return "the loop now takes less than the stream makes"
             return ""
         if abs(demand - self.demand) > DEMAND_MOVE * self.demand:
             return f"the demand moved from {self.demand:.1f} to {demand:.1f} batches/s"
         return ""
-
-
-def cost_of(c: Config) -> tuple[int, int]:
-    return cost(Measurement(processes=c[0], threads=c[1]))

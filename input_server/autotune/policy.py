@@ -1,14 +1,13 @@
-"""Autotune policy: which candidate comes next offline and what to choose, as pure functions of
-a table (what the live search measures next is `search.py`).
+"""Autotune policy: what to choose from a table of measured candidates, as pure functions.
 
-A "worker" is one document group being read and tokenized at a time: a candidate has
-`max(1, processes) * threads` of them. Threads in the server process are the cheap knob
-(no memory of their own; each group's sentencepiece call runs on its own C++ threads, and a
-thread waiting on remote storage costs no CPU); processes pay off when per-record Python work
-holds the GIL, so they are tried only when the in-process candidates leave cores idle or fall
-short of the target. `next_candidate` (what to run next), `decide` (what to choose),
-`contenders` (what to look at twice) and `pool` are pure, so the policy is testable on
-synthetic tables as well as on real runs (`measure` makes the rows, `tuner` runs the loop).
+A "worker" is one document group being read and tokenized at a time (`Parallelism.workers`).
+Threads in the server process are the cheap knob (no memory of their own; each group's
+tokenizer call runs outside the GIL, and a thread waiting on remote storage costs no CPU);
+processes pay off when per-record Python work holds the GIL. `decide` (what to choose),
+`contenders` (what to measure twice) and `pool` (two windows as one) are pure, so the policy is
+testable on synthetic tables as well as on real runs. What to measure next is `search`; the
+rows come from `measure` (offline) or a live stream's windows (`online`); the offline search
+runs in `offline`, the online one in `online`, and both decide here.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ import dataclasses
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
 
+from input_server.autotune.measurements import Measurement, Tuning, si_units
 from input_server.autotune.reasons import plateau_words
 
 # Module-level alias so tests can pretend another host (a pure decision's inputs, like
@@ -57,156 +56,6 @@ TUNE_SECONDS = 20.0
 # Why a candidate was skipped when the server's free worker processes could not run it.
 SERVER_CAP = "server's max workers"
 REASONS = ("target met", "plateau", "ram cap", "max workers", "time limit", "fastest")
-
-
-def workers_of(processes: int, threads: int) -> int:
-    """Document groups in flight at once: processes x threads (threads alone in-process)."""
-    return max(1, processes) * threads
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Measurement:
-    """One candidate's measured production, or why it was skipped.
-
-    Attributes:
-      processes: worker processes (0 = inside the server process).
-      threads: threads per process.
-      batches_per_s: packed batches per second after warm-up (0 when skipped).
-      tokens_per_s: real (non-padding) tokens per second after warm-up.
-      rss_mb: memory the candidate added, in MiB: its worker processes' RSS plus the server
-        process's RSS growth while it ran; predicted from a smaller candidate when skipped.
-      cpu_cores: CPU seconds per second of the server process and its worker processes.
-      startup_s: seconds from opening the stream to its first batch.
-      seconds: length of the timed window(s).
-      batches: batches in the timed window(s).
-      samples: timed windows pooled into the rates (2 after the second look).
-      skipped: "" when run, else why not: "ram cap", "max workers" or "time limit".
-    """
-
-    processes: int
-    threads: int
-    batches_per_s: float = 0.0
-    tokens_per_s: float = 0.0
-    rss_mb: float = 0.0
-    cpu_cores: float = 0.0
-    startup_s: float = 0.0
-    seconds: float = 0.0
-    batches: int = 0
-    samples: int = 1
-    skipped: str = ""
-
-    @property
-    def workers(self) -> int:
-        return workers_of(self.processes, self.threads)
-
-    @property
-    def rss_mb_per_worker(self) -> float:
-        return self.rss_mb / self.workers
-
-    @property
-    def ran(self) -> bool:
-        return not self.skipped
-
-    def label(self) -> str:
-        where = f"{self.processes} proc" if self.processes else "in-proc"
-        return f"{where} x {self.threads} thr"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "workers": self.workers,
-            "rss_mb_per_worker": self.rss_mb_per_worker,
-        }
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Tuning:
-    """The autotuner's choice, why, and the measurements behind it.
-
-    Attributes:
-      processes: chosen worker processes (0 = inside the server process).
-      threads: chosen threads per process.
-      reason: one of `REASONS`: "target met" (the fewest workers that meet the demand),
-        "plateau" (more workers gained under PLATEAU_GAIN), "ram cap", "max workers" or
-        "time limit" (the cap or the time bound stopped a search still gaining), "fastest"
-        (every candidate ran; the choice is the fastest).
-      detail: the reason in a sentence, with the figures.
-      measurements: every candidate in the order it ran (or was skipped).
-      target_batches_per_s: the demand the choice had to meet (0 = unknown).
-      ram_budget_mb: the memory budget the candidates were held to.
-      max_workers: the cap on workers (0 = none).
-      tune_seconds: seconds the tuning took.
-    """
-
-    processes: int
-    threads: int
-    reason: str
-    detail: str
-    measurements: tuple[Measurement, ...]
-    target_batches_per_s: float = 0.0
-    ram_budget_mb: float = math.inf
-    max_workers: int = 0
-    tune_seconds: float = 0.0
-
-    @property
-    def workers(self) -> int:
-        return workers_of(self.processes, self.threads)
-
-    @property
-    def chosen(self) -> Measurement:
-        """The measurement of the chosen candidate."""
-        return next(
-            m
-            for m in self.measurements
-            if m.ran and (m.processes, m.threads) == (self.processes, self.threads)
-        )
-
-    def summary(self) -> str:
-        """One line for logs and `StreamInfo.worker_reason`."""
-        return (
-            f"{self.processes} process{'' if self.processes == 1 else 'es'} x {self.threads} "
-            f"thread{'' if self.threads == 1 else 's'} ({self.reason}: "
-            f"{self.detail}; {sum(m.ran for m in self.measurements)} candidates measured "
-            f"in {self.tune_seconds:.1f} s)"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["measurements"] = [m.to_dict() for m in self.measurements]
-        d["workers"] = self.workers
-        if math.isinf(self.ram_budget_mb):
-            d["ram_budget_mb"] = None
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Tuning:
-        """The inverse of `to_dict` (derived fields dropped).
-
-        Raises:
-          TypeError, ValueError, KeyError: `d` is not a tuning's dict.
-        """
-        fields = {f.name for f in dataclasses.fields(Measurement)}
-        measurements = tuple(
-            Measurement(**{k: v for k, v in m.items() if k in fields}) for m in d["measurements"]
-        )
-        keep = {f.name for f in dataclasses.fields(cls)} - {"measurements"}
-        values = {k: v for k, v in d.items() if k in keep}
-        if values.get("ram_budget_mb") is None:
-            values["ram_budget_mb"] = math.inf
-        return cls(measurements=measurements, **values)
-
-
-def si_units(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f}"
-
-
-def cost(m: Measurement) -> tuple[int, int]:
-    # In-process threads before any process (no spawn, no copies, no per-process memory),
-    # then fewer before more.
-    return (m.processes, m.threads)
 
 
 # --- Deciding -------------------------------------------------------------------------------
@@ -253,85 +102,115 @@ def decide(
     Raises:
       ValueError: no candidate was measured.
     """
-    ran = sorted((m for m in measurements if m.ran), key=cost)
+    ran = sorted((m for m in measurements if m.ran), key=lambda m: m.parallelism)
     if not ran:
         raise ValueError(
             "no candidate was measured; give the tuning more time (`workers.tune_seconds`)."
         )
-    common = dict(
-        measurements=tuple(measurements),
-        target_batches_per_s=target_batches_per_s,
-        ram_budget_mb=ram_budget_mb,
-        max_workers=max_workers,
-    )
-
-    def why_out(m: Measurement) -> str:
-        return over_cap(m.workers, m.rss_mb, max_workers=max_workers, ram_budget_mb=ram_budget_mb)
-
-    fits = [m for m in ran if not why_out(m)]
+    caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
+    common = dict(measurements=tuple(measurements), target_batches_per_s=target_batches_per_s)
+    fits = [m for m in ran if not why_out(m, **caps)]
     if not fits:
-        least = min(ran, key=lambda m: (m.workers, m.rss_mb))
+        least = min(ran, key=lambda m: (m.parallelism.workers, m.rss_mb))
         return Tuning(
-            processes=least.processes,
-            threads=least.threads,
-            reason=why_out(least) or "ram cap",
+            parallelism=least.parallelism,
+            reason=why_out(least, **caps) or "ram cap",
             detail=f"no candidate fits (ram_budget_mb={ram_budget_mb:g}, "
-            f"max_workers={max_workers}); the smallest, {least.label()}, "
+            f"max_workers={max_workers}); the smallest, {least.parallelism}, "
             f"adds {least.rss_mb:.0f} MiB",
             **common,
+            **caps,
         )
-    best = max(fits, key=lambda m: m.batches_per_s)
     if target_batches_per_s > 0:
-        need = TARGET_HEADROOM * target_batches_per_s
-        meeting = [m for m in fits if m.batches_per_s >= need]
-        if meeting:
-            c, h = meeting[0], TARGET_HEADROOM
+        met = _target_met(fits, target_batches_per_s)
+        if met is not None:
             return Tuning(
-                processes=c.processes,
-                threads=c.threads,
-                reason="target met",
-                detail=f"the fewest workers ({c.workers}) that give {h:g} x the "
-                f"target {target_batches_per_s:g} batches/s: "
-                f"{c.batches_per_s:.1f} batches/s (best measured "
-                f"{best.batches_per_s:.1f})",
-                **common,
+                parallelism=met[0].parallelism, reason="target met", detail=met[1], **common, **caps
             )
     cpus = cpus or cpu_count() or 1
-    inside = [m for m in fits if m.workers <= cpus] or fits
-    best_in = max(inside, key=lambda m: m.batches_per_s)
-    pool = fits if best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s else inside
-    best = max(pool, key=lambda m: m.batches_per_s)
-    c = next(m for m in pool if m.batches_per_s * (1 + CHOICE_GAIN) >= best.batches_per_s)
-    rate = f"{c.batches_per_s:.1f} batches/s, {si_units(c.tokens_per_s)} tokens/s"
-    # Why nothing beyond the choice: a cap or the time bound cut a search still gaining, or
-    # the rate stopped growing.
-    faster_out = [
-        m for m in ran if why_out(m) and m.batches_per_s > (1 + PLATEAU_GAIN) * c.batches_per_s
-    ]
-    cut = [m.skipped for m in measurements if m.skipped and cost(m) > cost(c)]
-    if faster_out:
-        reason = why_out(faster_out[0])
-        detail = (
-            f"{rate}; {faster_out[0].label()} was faster "
-            f"({faster_out[0].batches_per_s:.1f}) but over the {reason}"
-        )
-    elif any(cost(m) > cost(c) for m in fits):
-        reason = "plateau"
-        more, beyond = [m for m in pool if cost(m) > cost(c)], [m for m in fits if m not in pool]
-        gains = (CHOICE_GAIN, oversubscribe_gain)
-        detail = f"{rate}; {plateau_words(c, more, beyond, cpus=cpus, gains=gains)}"
-    elif cut:
-        reason = cut[0]
-        detail = f"{rate}; the {reason} stopped a search that was still gaining"
-    else:
-        reason = "fastest"
-        detail = f"{rate}; the fastest of every candidate tried"
+    c, pool = _plateau(fits, cpus=cpus, oversubscribe_gain=oversubscribe_gain)
+    reason, detail = _why_no_more(
+        c, measurements, ran, fits, pool, cpus=cpus, oversubscribe_gain=oversubscribe_gain, **caps
+    )
     if target_batches_per_s > 0:
         detail += (
             f"; the target {target_batches_per_s:g} batches/s (x {TARGET_HEADROOM:g} "
             f"headroom) was not reached"
         )
-    return Tuning(processes=c.processes, threads=c.threads, reason=reason, detail=detail, **common)
+    return Tuning(parallelism=c.parallelism, reason=reason, detail=detail, **common, **caps)
+
+
+def why_out(m: Measurement, *, max_workers: int, ram_budget_mb: float) -> str:
+    """`over_cap` of a measured row."""
+    return over_cap(
+        m.parallelism.workers, m.rss_mb, max_workers=max_workers, ram_budget_mb=ram_budget_mb
+    )
+
+
+def _target_met(fits: Sequence[Measurement], target: float) -> tuple[Measurement, str] | None:
+    """The cheapest of `fits` (cheapest first) that gives TARGET_HEADROOM x `target`, and the
+    sentence that says so; None when none does."""
+    need, h = TARGET_HEADROOM * target, TARGET_HEADROOM
+    c = next((m for m in fits if m.batches_per_s >= need), None)
+    if c is None:
+        return None
+    best = max(fits, key=lambda m: m.batches_per_s)
+    return c, (
+        f"the fewest workers ({c.parallelism.workers}) that give {h:g} x the target "
+        f"{target:g} batches/s: {c.batches_per_s:.1f} batches/s (best measured "
+        f"{best.batches_per_s:.1f})"
+    )
+
+
+def _plateau(
+    fits: Sequence[Measurement], *, cpus: int, oversubscribe_gain: float
+) -> tuple[Measurement, list[Measurement]]:
+    """The cheapest of `fits` within CHOICE_GAIN of the fastest, and the rows it was chosen
+    from: those within the cores, unless the best beyond them gains `oversubscribe_gain`."""
+    inside = [m for m in fits if m.parallelism.workers <= cpus] or list(fits)
+    best = max(fits, key=lambda m: m.batches_per_s)
+    best_in = max(inside, key=lambda m: m.batches_per_s)
+    oversubscribe = best.batches_per_s > (1 + oversubscribe_gain) * best_in.batches_per_s
+    pool = list(fits) if oversubscribe else inside
+    best = max(pool, key=lambda m: m.batches_per_s)
+    c = next(m for m in pool if m.batches_per_s * (1 + CHOICE_GAIN) >= best.batches_per_s)
+    return c, pool
+
+
+def _why_no_more(
+    c: Measurement,
+    measurements: Sequence[Measurement],
+    ran: Sequence[Measurement],
+    fits: Sequence[Measurement],
+    pool: Sequence[Measurement],
+    *,
+    cpus: int,
+    oversubscribe_gain: float,
+    **caps,
+) -> tuple[str, str]:
+    """The reason and its sentence for choosing `c` (by `_plateau`) and nothing beyond it: a
+    cap or the time bound cut a search still gaining, or the rate stopped growing."""
+    rate = f"{c.batches_per_s:.1f} batches/s, {si_units(c.tokens_per_s)} tokens/s"
+    faster_out = [
+        m
+        for m in ran
+        if why_out(m, **caps) and m.batches_per_s > (1 + PLATEAU_GAIN) * c.batches_per_s
+    ]
+    cut = [m.skipped for m in measurements if m.skipped and m.parallelism > c.parallelism]
+    if faster_out:
+        reason = why_out(faster_out[0], **caps)
+        return reason, (
+            f"{rate}; {faster_out[0].parallelism} was faster "
+            f"({faster_out[0].batches_per_s:.1f}) but over the {reason}"
+        )
+    if any(m.parallelism > c.parallelism for m in fits):
+        more = [m for m in pool if m.parallelism > c.parallelism]
+        beyond = [m for m in fits if m not in pool]
+        gains = (CHOICE_GAIN, oversubscribe_gain)
+        return "plateau", f"{rate}; {plateau_words(c, more, beyond, cpus=cpus, gains=gains)}"
+    if cut:
+        return cut[0], f"{rate}; the {cut[0]} stopped a search that was still gaining"
+    return "fastest", f"{rate}; the fastest of every candidate tried"
 
 
 def contenders(
@@ -345,19 +224,14 @@ def contenders(
     comparison that let it oversubscribe them).
     """
     c = tuning.chosen
-    fits = [
-        m
-        for m in measurements
-        if m.ran
-        and m is not c
-        and not over_cap(
-            m.workers, m.rss_mb, max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb
-        )
-    ]
+    caps = dict(max_workers=tuning.max_workers, ram_budget_mb=tuning.ram_budget_mb)
+    fits = [m for m in measurements if m.ran and m is not c and not why_out(m, **caps)]
     if tuning.reason == "target met":
         need = TARGET_HEADROOM * tuning.target_batches_per_s
         close = [
-            m for m in fits if cost(m) < cost(c) and m.batches_per_s * (1 + CONFIRM_BAND) >= need
+            m
+            for m in fits
+            if m.parallelism < c.parallelism and m.batches_per_s * (1 + CONFIRM_BAND) >= need
         ]
         key = lambda m: need - m.batches_per_s  # noqa: E731
     else:
@@ -367,8 +241,8 @@ def contenders(
             if abs(m.batches_per_s - c.batches_per_s) <= CONFIRM_BAND * c.batches_per_s
         ]
         key = lambda m: abs(m.batches_per_s - c.batches_per_s)  # noqa: E731
-        inside = [m for m in fits if m.workers <= cpus]
-        if c.workers > cpus and inside:
+        inside = [m for m in fits if m.parallelism.workers <= cpus]
+        if c.parallelism.workers > cpus and inside:
             best_in = max(inside, key=lambda m: m.batches_per_s)
             return [best_in, *[m for m in sorted(close, key=key) if m is not best_in]][:CONFIRM_MAX]
     return sorted(close, key=key)[:CONFIRM_MAX]

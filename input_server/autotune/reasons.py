@@ -1,7 +1,7 @@
 """The words of a tuning's reason that must agree with its table: the gains it measured.
 
-Rows are `policy.Measurement`s (anything with `batches_per_s` and `label()`); this module
-imports none of policy's names, which imports it.
+Rows are `measurements.Measurement`s (anything with `batches_per_s` and a printable
+`parallelism`); this module imports none of policy's names, which imports it.
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ def plateau_words(
     if top is None:
         words = "no more workers within the cores fit"
     elif top.batches_per_s <= c.batches_per_s:
-        words = f"more workers were no faster (best of them {top.label()}: {_bps(top)})"
+        words = f"more workers were no faster (best of them {top.parallelism}: {_bps(top)})"
     else:
         words = (
-            f"more workers gained {_gain(top, c)} ({top.label()}: {_bps(top)}), within the "
+            f"more workers gained {_gain(top, c)} ({top.parallelism}: {_bps(top)}), within the "
             f"{choice_gain:.0%} a choice's noise allows"
         )
     faster = max(beyond, key=lambda m: m.batches_per_s, default=None)
     if faster is not None and faster.batches_per_s > c.batches_per_s:
         words += (
             f"; more workers than the {cpus} cores gained {_gain(faster, c)} "
-            f"({faster.label()}: {_bps(faster)}), under the {oversubscribe_gain:.0%} "
+            f"({faster.parallelism}: {_bps(faster)}), under the {oversubscribe_gain:.0%} "
             f"oversubscribing them must gain"
         )
     return words

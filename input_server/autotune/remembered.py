@@ -22,7 +22,8 @@ from typing import Any
 
 from input_client.spec import PipelineSpec
 from input_server import __version__
-from input_server.autotune.policy import Tuning, cpu_count
+from input_server.autotune.measurements import Tuning
+from input_server.autotune.policy import cpu_count
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from input_client.proto import pb
-from input_server.autotune.policy import Measurement, Tuning, si_units
+from input_server.autotune.measurements import Measurement, Tuning, si_units
 
 
 def table(tuning: Tuning) -> str:
@@ -13,7 +13,8 @@ def table(tuning: Tuning) -> str:
         f"{'tokens/s':>10} {'RSS/worker':>11} {'CPU cores':>9} {'start s':>7}"
     ]
     for m in tuning.measurements:
-        chosen = m.ran and (m.processes, m.threads) == (tuning.processes, tuning.threads)
+        p = m.parallelism
+        chosen = m.ran and p == tuning.parallelism
         if m.ran:
             rates = f"{m.batches_per_s:>10.1f} {si_units(m.tokens_per_s):>10}"
             tail = f" {m.cpu_cores:>9.2f} {m.startup_s:>7.2f}"
@@ -21,7 +22,7 @@ def table(tuning: Tuning) -> str:
             rates = f"{'-':>10} {'-':>10}"
             tail = f"  skipped: {m.skipped}"
         lines.append(
-            f"{'*' if chosen else ' '} {m.workers:>7} {m.processes:>9} {m.threads:>7} "
+            f"{'*' if chosen else ' '} {p.workers:>7} {p.processes:>9} {p.threads:>7} "
             f"{rates} {m.rss_mb_per_worker:>7.1f} MiB{tail}"
         )
     return "\n".join(lines)
@@ -29,8 +30,8 @@ def table(tuning: Tuning) -> str:
 
 def measurement_proto(m: Measurement) -> pb.WorkerMeasurement:
     return pb.WorkerMeasurement(
-        processes=m.processes,
-        threads=m.threads,
+        processes=m.parallelism.processes,
+        threads=m.parallelism.threads,
         batches_per_s=m.batches_per_s,
         tokens_per_s=m.tokens_per_s,
         rss_mb_per_worker=m.rss_mb_per_worker,
@@ -45,8 +46,8 @@ def tuning_proto(tuning: Tuning) -> pb.WorkerTuning:
     return pb.WorkerTuning(
         reason=tuning.reason,
         measurements=[measurement_proto(m) for m in tuning.measurements],
-        processes=tuning.processes,
-        threads=tuning.threads,
+        processes=tuning.parallelism.processes,
+        threads=tuning.parallelism.threads,
         target_batches_per_s=tuning.target_batches_per_s,
         tune_seconds=tuning.tune_seconds,
     )
@@ -76,31 +77,32 @@ def plot(tuning: Tuning, path: str, *, title: str = "") -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ran = [m for m in tuning.measurements if m.ran]
-    for processes in sorted({m.processes for m in ran}):
-        pts = sorted((m for m in ran if m.processes == processes), key=lambda m: m.workers)
+    for processes in sorted({m.parallelism.processes for m in ran}):
+        pts = [m for m in ran if m.parallelism.processes == processes]
+        pts.sort(key=lambda m: m.parallelism.workers)
         label = (
             "in-process threads"
             if processes == 0
             else f"{processes} process{'' if processes == 1 else 'es'}"
         )
-        ax.plot([m.workers for m in pts], [m.batches_per_s for m in pts], "o-", label=label)
-    c = next(
-        (m for m in ran if (m.processes, m.threads) == (tuning.processes, tuning.threads)), None
-    )
+        workers = [m.parallelism.workers for m in pts]
+        ax.plot(workers, [m.batches_per_s for m in pts], "o-", label=label)
+    c = next((m for m in ran if m.parallelism == tuning.parallelism), None)
     if c is not None:  # else nothing was measured in time: the default ran unmeasured
         ax.plot(
-            [c.workers],
+            [c.parallelism.workers],
             [c.batches_per_s],
             "r*",
             markersize=16,
             clip_on=False,  # at the top of the axes, the whole star still shows
-            label=f"choice: {c.label()} ({tuning.reason})",
+            label=f"choice: {c.parallelism} ({tuning.reason})",
         )
     if tuning.target_batches_per_s:
         ax.axhline(tuning.target_batches_per_s, color="gray", linestyle="--", label="target")
     ax.set_xscale("log", base=2)
     # Ticks at the worker counts measured, as integers ("1 2 4", not "1.0 2.0 4.0").
-    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted({m.workers for m in ran})))
+    ticks = sorted({m.parallelism.workers for m in ran})
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     top = max([m.batches_per_s for m in ran] + [tuning.target_batches_per_s], default=0)
@@ -120,10 +122,10 @@ def switch_proto(s) -> pb.WorkerSwitch:
     """One `serving.retune.Switch` as `StreamInfo.switches` carries it."""
     return pb.WorkerSwitch(
         at_s=s.at_s,
-        from_processes=s.before[0],
-        from_threads=s.before[1],
-        to_processes=s.after[0],
-        to_threads=s.after[1],
+        from_processes=s.before.processes,
+        from_threads=s.before.threads,
+        to_processes=s.after.processes,
+        to_threads=s.after.threads,
         reason=s.reason,
         capacity_batches_per_s=s.capacity,
         demand_batches_per_s=s.demand,

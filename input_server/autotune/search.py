@@ -1,4 +1,4 @@
-"""Autotune search: which (processes, threads) to measure next, as a pure function of the table.
+"""Autotune search: which parallelism to measure next, as a pure function of the table.
 
 In-process threads first, doubling, then worker processes when the threads leave cores idle
 (per-record Python work holds the GIL) or fall short of the target; a candidate over a cap is
@@ -11,38 +11,34 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from input_server.autotune.measurements import Measurement
 from input_server.autotune.policy import (
     GIL_BOUND_SHARE,
     MAX_THREADS,
     PLATEAU_GAIN,
     TARGET_HEADROOM,
     THREAD_PATIENCE,
-    Measurement,
-    cost,
     over_cap,
-    workers_of,
+    why_out,
 )
+from input_server.batching.parallelism import Parallelism
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """What to run next; `skip` says why it will not run ("ram cap", "max workers")."""
 
-    processes: int
-    threads: int
+    parallelism: Parallelism
     skip: str = ""
-
-    @property
-    def workers(self) -> int:
-        return workers_of(self.processes, self.threads)
 
 
 def _predicted_rss_mb(c: Candidate, rows: Sequence[Measurement]) -> float:
     """The memory `c` would add: per worker, as the last measured row of its kind (in-process
     threads, or processes), times its workers. 0 before a row of its kind ran: a thread's
     memory says nothing of a process's (a whole interpreter), known only by running one."""
-    same_kind = [m for m in rows if m.ran and (m.processes > 0) == (c.processes > 0)]
-    return same_kind[-1].rss_mb_per_worker * c.workers if same_kind else 0.0
+    p = c.parallelism
+    same_kind = [m for m in rows if m.ran and m.parallelism.in_process == p.in_process]
+    return same_kind[-1].rss_mb_per_worker * p.workers if same_kind else 0.0
 
 
 def capped(
@@ -50,7 +46,10 @@ def capped(
 ) -> Candidate:
     """`c`, with `skip` saying which cap it is over by its workers or predicted memory."""
     skip = over_cap(
-        c.workers, _predicted_rss_mb(c, rows), max_workers=max_workers, ram_budget_mb=ram_budget_mb
+        c.parallelism.workers,
+        _predicted_rss_mb(c, rows),
+        max_workers=max_workers,
+        ram_budget_mb=ram_budget_mb,
     )
     return dataclasses.replace(c, skip=skip) if skip else c
 
@@ -84,38 +83,36 @@ def next_candidate(
     records it), which ends its kind's search.
     """
     caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
-    fits = [m for m in measurements if m.ran and not over_cap(m.workers, m.rss_mb, **caps)]
+    fits = [m for m in measurements if m.ran and not why_out(m, **caps)]
     if target_batches_per_s > 0 and any(
         m.batches_per_s >= TARGET_HEADROOM * target_batches_per_s for m in fits
     ):
         return None
-    inproc = [m for m in measurements if m.processes == 0]
-    procs = [m for m in measurements if m.processes > 0]
+    inproc = [m for m in measurements if m.parallelism.in_process]
+    procs = [m for m in measurements if not m.parallelism.in_process]
 
-    def check(c: Candidate) -> Candidate:
-        return capped(c, measurements, **caps)
+    def check(processes: int, threads: int) -> Candidate:
+        return capped(Candidate(Parallelism(processes, threads)), measurements, **caps)
 
     if not procs:
         ran = [m for m in inproc if m.ran]
         if not inproc:
-            return check(Candidate(0, 1))
-        threads = 2 * inproc[-1].threads
-        patience = THREAD_PATIENCE if inproc[-1].threads < cpus else 1
-        if inproc[-1].ran and threads <= MAX_THREADS and not _stalled(ran, patience):
-            return check(Candidate(0, threads))
+            return check(0, 1)
+        last = inproc[-1].parallelism.threads
+        patience = THREAD_PATIENCE if last < cpus else 1
+        if inproc[-1].ran and 2 * last <= MAX_THREADS and not _stalled(ran, patience):
+            return check(0, 2 * last)
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
         short = target_batches_per_s > 0
         if cpus < 2 or not ran or not (gil_bound or short):
             return None
-        return check(Candidate(2, _threads_per_process(ran, 2)))
+        return check(2, _threads_per_process(ran, 2))
     ran = [m for m in procs if m.ran]
-    processes = 2 * procs[-1].processes
+    processes = 2 * procs[-1].parallelism.processes
     if not procs[-1].ran or processes > cpus or _stalled(ran, 1):
         return None
-    return check(
-        Candidate(processes, _threads_per_process([m for m in inproc if m.ran], processes))
-    )
+    return check(processes, _threads_per_process([m for m in inproc if m.ran], processes))
 
 
 def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
@@ -125,12 +122,12 @@ def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
         return 1
     best = max(m.batches_per_s for m in inproc)
     threads = next(
-        m.threads for m in sorted(inproc, key=cost) if m.batches_per_s * (1 + PLATEAU_GAIN) >= best
+        m.parallelism.threads
+        for m in sorted(inproc, key=lambda m: m.parallelism)
+        if m.batches_per_s * (1 + PLATEAU_GAIN) >= best
     )
     return max(1, threads // processes)
 
 
 def skipped_row(c: Candidate, rows: Sequence[Measurement]) -> Measurement:
-    return Measurement(
-        processes=c.processes, threads=c.threads, rss_mb=_predicted_rss_mb(c, rows), skipped=c.skip
-    )
+    return Measurement(parallelism=c.parallelism, rss_mb=_predicted_rss_mb(c, rows), skipped=c.skip)

@@ -12,7 +12,6 @@ import dataclasses
 import gc
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from input_server.batching._grain import parallel, worker_processes
 from input_server.batching.encode import BUSY_KEY, EncodeGroup
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
+from input_server.batching.parallelism import Parallelism
 from input_server.batching.resume import Position, parse_state
 from input_server.data.ids import IdsOnly, model_specials
 from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
@@ -51,21 +51,11 @@ SAMPLE_DOCS = 64
 # document's first SAMPLE_DOC_CHARS: a 64 MB document tokenized whole would hold gigabytes.
 SAMPLE_CHARS = 16 << 20
 SAMPLE_DOC_CHARS = 64 << 10
-cpu_count = os.cpu_count
 # How long a closed stream waits for the groups its threads began before closing its files
 # (a group of slow, remote records may take seconds; past this they close regardless).
 CLOSE_WAIT_S = 5.0
 MAX_NAMED_COMPONENTS = 64
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Workers:
-    """The parallelism a stream runs with; `reason` says how it was chosen."""
-
-    processes: int
-    threads: int
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,20 +74,6 @@ class Produced:
     def arrays(self) -> dict[str, np.ndarray]:
         """MaxText's six arrays (derived from the compact batch on each access)."""
         return self.batch.arrays()
-
-
-def fixed_workers(processes: int, threads: int = 0) -> Workers:
-    """The parallelism a fixed `workers.count` (and `workers.threads`, 0 = default) runs."""
-    if threads:
-        return Workers(processes, threads, "fixed by workers.count and workers.threads")
-    return Workers(processes, default_threads(processes), "fixed by workers.count")
-
-
-def default_threads(processes: int) -> int:
-    """Grain threads per process, each reading and tokenizing a group: one per core, since
-    sentencepiece's `encode` releases the GIL; more only pay off to overlap slow reads,
-    which the autotuner finds by measuring."""
-    return max(1, min(8, (cpu_count() or 1) // max(1, processes)))
 
 
 class Pipeline:
@@ -265,32 +241,36 @@ class Pipeline:
         self,
         state: Position | bytes | dict[str, Any] | None = None,
         *,
-        workers: Workers,
+        parallelism: Parallelism,
         meter: LiveMeter | None = None,
     ) -> BatchStream:
         """Batches from the start (state None or empty), or right after the batch whose state
-        is given, with the parallelism the caller chose (the server's `Tuner` for "auto");
-        `meter` counts its groups' busy and waiting time."""
+        is given, with the parallelism the caller chose (for "auto", the server's `Openings`
+        and then the stream's live tuning); `meter` counts its groups' busy and waiting time."""
         position = state if isinstance(state, Position) else self.parse_state(state)
-        return BatchStream(self, position, workers, meter)
+        return BatchStream(self, position, parallelism, meter)
 
 
 class BatchStream:
     """An iterator of `Produced` batches; `close()` stops the Grain workers."""
 
     def __init__(
-        self, pipeline: Pipeline, pos: Position, workers: Workers, meter: LiveMeter | None = None
+        self,
+        pipeline: Pipeline,
+        pos: Position,
+        parallelism: Parallelism,
+        meter: LiveMeter | None = None,
     ):
         self.pipeline = pipeline
-        self.workers = workers
+        self.parallelism = parallelism
         self._seq = pos.seq
         self._encode = pipeline.encoder(pipeline.order_at(pos))
         self._mix = getattr(self._encode.order, "at", None)  # a mixture's interleave
         self._it = iter(
             parallel(
                 pipeline.groups(pos.doc, self._encode),
-                processes=workers.processes,
-                threads=workers.threads,
+                processes=parallelism.processes,
+                threads=parallelism.threads,
             )
         )
         b = pipeline.spec.batch
@@ -371,7 +351,7 @@ class BatchStream:
             if not self._encode.in_flight.stop(CLOSE_WAIT_S):
                 log.warning("a closed stream's groups still run after %.0f s", CLOSE_WAIT_S)
             self.pipeline._stream_closed()
-            if self.workers.processes > 0:
+            if not self.parallelism.in_process:
                 # Grain's iterators hold each other in reference cycles, which only the cycle
                 # collector frees; a stream with worker processes closes seldom, so collect
                 # now. In process, no shared memory is at stake.

@@ -15,65 +15,63 @@ from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 
 from input_server.batching.meter import LiveMeter
-from input_server.batching.pipeline import Pipeline, Produced, Workers
+from input_server.batching.parallelism import Parallelism
+from input_server.batching.pipeline import Pipeline, Produced
 from input_server.batching.resume import Position
 
 log = logging.getLogger(__name__)
 
 
 class SwitchingStream:
-    """`BatchStream`'s interface, with `switch(workers)` taking effect at the next batch."""
+    """`BatchStream`'s interface, with `switch(parallelism)` taking effect at the next batch."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         position: Position,
-        workers: Workers,
+        parallelism: Parallelism,
         *,
         meter: LiveMeter | None = None,
     ):
         self.pipeline = pipeline
         self.meter = meter
-        self._stream = pipeline.stream(position, workers=workers, meter=meter)
-        self._pending: Workers | None = None
+        self._stream = pipeline.stream(position, parallelism=parallelism, meter=meter)
+        self._pending: Parallelism | None = None
         self._lock = threading.Lock()
         self.switches = 0  # stages opened after the first (the watchdog's generations)
         self.closed_switches = 0  # of which the old stage is closed
         self.failed_switches = 0  # asked for, but the new stage would not open
 
     @property
-    def workers(self) -> Workers:
-        return self._stream.workers
+    def parallelism(self) -> Parallelism:
+        return self._stream.parallelism
 
     @property
     def next_seq(self) -> int:
         return self._stream.next_seq
 
-    def switch(self, workers: Workers) -> None:
-        """Runs the batches after the next one asked for with `workers` (the last asked wins)."""
+    def switch(self, parallelism: Parallelism) -> None:
+        """Runs the batches after the next one asked for with `parallelism` (the last asked
+        wins)."""
         with self._lock:
-            self._pending = workers
+            self._pending = parallelism
 
     def __iter__(self) -> Iterator[Produced]:
         return self
 
     def __next__(self) -> Produced:
         with self._lock:
-            workers, self._pending = self._pending, None
-        current = self._stream.workers
-        if (
-            workers is not None
-            and not self._stream.closed
-            and (workers.processes, workers.threads) != (current.processes, current.threads)
-        ):
+            wanted, self._pending = self._pending, None
+        current = self._stream.parallelism
+        if wanted is not None and not self._stream.closed and wanted != current:
             old = self._stream
             try:
-                new = self.pipeline.stream(old.position(), workers=workers, meter=self.meter)
+                new = self.pipeline.stream(old.position(), parallelism=wanted, meter=self.meter)
             except Exception:  # noqa: BLE001 - the stream goes on as it was
                 log.warning(
                     "switching to %d processes x %d threads failed; the stream goes on at %d x %d",
-                    workers.processes,
-                    workers.threads,
+                    wanted.processes,
+                    wanted.threads,
                     current.processes,
                     current.threads,
                     exc_info=True,

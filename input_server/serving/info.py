@@ -10,7 +10,7 @@ from input_server.serving.session import StreamSession
 
 
 def stream_info(s: StreamSession, credit: Credit, live: StreamTuner | None) -> pb.StreamInfo:
-    workers = s.stream.workers
+    parallelism = s.stream.parallelism
     # A client that reports what its loop takes gives its real pace; for one that does not
     # (None), what gRPC let the server send is all there is.
     rate = credit.taken_per_s()
@@ -18,9 +18,9 @@ def stream_info(s: StreamSession, credit: Credit, live: StreamTuner | None) -> p
     info = pb.StreamInfo(
         stream_id=s.stream_id,
         pipeline=s.label,
-        worker_processes=workers.processes,
-        worker_threads=workers.threads,
-        worker_reason=live.reason if live else workers.reason,
+        worker_processes=parallelism.processes,
+        worker_threads=parallelism.threads,
+        worker_reason=live.reason if live else s.reason,
         batches_sent=s.batches_sent,
         batches_produced=s.batches_produced,
         worker_tuning=report.tuning_proto(tuning) if tuning else None,

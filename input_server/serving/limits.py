@@ -7,7 +7,7 @@ import dataclasses
 import grpc
 
 from input_client.spec import PipelineSpec
-from input_server.batching.pipeline import fixed_workers
+from input_server.batching.parallelism import Parallelism
 from input_server.data.order import OrderBudget
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError, RefusedError
@@ -122,7 +122,7 @@ def order_budget(
     # "auto" starts in the server's process; its worker processes are held to the copies
     # that fit (`StreamProcesses`).
     processes = 0 if count == "auto" else count
-    threads = 1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads
+    threads = 1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads
     used = stream_memory_mb(
         spec,
         queue_depth=queue_depth,

@@ -16,10 +16,11 @@ from collections.abc import Callable
 
 from input_server.autotune.live import Window, window
 from input_server.autotune.measure import tree_cpu_seconds
-from input_server.autotune.online import Config, OnlineSearch, Step
-from input_server.autotune.policy import SERVER_CAP, Tuning
+from input_server.autotune.measurements import Tuning
+from input_server.autotune.online import OnlineSearch, Step
+from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.meter import LiveMeter, clock
-from input_server.batching.pipeline import Workers
+from input_server.batching.parallelism import Parallelism
 from input_server.batching.switching import SwitchingStream
 from input_server.serving.slots import ProcessPool
 
@@ -43,8 +44,8 @@ class Switch:
     """One change of a stream's parallelism, as `input-server info` lists it."""
 
     at_s: float  # since the stream opened
-    before: Config
-    after: Config
+    before: Parallelism
+    after: Parallelism
     reason: str
     capacity: float  # batches/s measured at `before` in the window that decided
     demand: float  # the loop's batches/s then (0: it took all the stream made)
@@ -59,6 +60,8 @@ class StreamTuner:
       taken: the batches the loop has taken so far (its credit, or what was sent).
       processes: the server's worker processes; `reserved` of them are the stream's now.
       remember: called with a settled choice (not one the server's free processes cut).
+      reason: why the stream runs as it opened (`Opening.reason`), until a switch or a
+        settled choice says otherwise.
     """
 
     def __init__(
@@ -70,13 +73,14 @@ class StreamTuner:
         processes: ProcessPool,
         reserved: int,
         remember: Callable[[Tuning], None],
+        reason: str = "",
     ):
         self.stream = stream
         self.search = search
         self.reserved = reserved
         self.history: list[Switch] = []
         self.demand = 0.0
-        self.reason = stream.workers.reason
+        self.reason = reason
         self._meter: LiveMeter = stream.meter
         self._taken = taken
         self._processes = processes
@@ -117,7 +121,7 @@ class StreamTuner:
                 log.warning("stream tuning failed (%d in a row)", failures, exc_info=True)
                 if failures >= MAX_FAILURES:
                     log.warning(
-                        "stream tuning stopped; the stream goes on at %s", self.stream.workers
+                        "stream tuning stopped; the stream goes on at %s", self.stream.parallelism
                     )
                     return
                 self._stop.wait(WINDOW_S)
@@ -136,9 +140,9 @@ class StreamTuner:
 
     def _follow(self, step: Step, window: Window, demand: float | None) -> None:
         while step.to is not None and not self._stop.is_set():
-            if step.to == (self.stream.workers.processes, self.stream.workers.threads):
+            if step.to == self.stream.parallelism:
                 break
-            if self._take_processes(step.to[0]) and self._switch(step, window, demand):
+            if self._take_processes(step.to.processes) and self._switch(step, window, demand):
                 return
             if self._stop.is_set():
                 return
@@ -168,12 +172,11 @@ class StreamTuner:
     def _switch(self, step: Step, window: Window, demand: float | None) -> bool:
         """Switches to `step.to`; False if the stream stopped first or the stage would not
         open (the stream goes on as it was, and keeps only the processes it runs)."""
-        before = self.stream.workers
-        p, t = step.to
+        before, after = self.stream.parallelism, step.to
         record = Switch(
             clock() - self._opened,
-            (before.processes, before.threads),
-            (p, t),
+            before,
+            after,
             step.reason,
             window.capacity(),
             demand or 0.0,
@@ -182,13 +185,13 @@ class StreamTuner:
             "stream tuning: %d x %d -> %d x %d (%s)",
             before.processes,
             before.threads,
-            p,
-            t,
+            after.processes,
+            after.threads,
             step.reason,
         )
         reason = f"auto: {step.reason}"
         closed, failed = self.stream.closed_switches, self.stream.failed_switches
-        self.stream.switch(Workers(p, t, reason))
+        self.stream.switch(after)
         # The producer switches before its next batch (a loop that is not taking may keep it
         # waiting); the old stage's processes stay the stream's until they are gone.
         while (
@@ -202,8 +205,8 @@ class StreamTuner:
             return False
         self.history.append(record)
         self.reason = reason
-        self.search.switched((p, t))
-        self._keep_processes(p)
+        self.search.switched(after)
+        self._keep_processes(after.processes)
         if self.search.settled:
             self._settled()
         self._warm_up()
@@ -237,8 +240,7 @@ class StreamTuner:
                 break
         else:
             return None
-        w = self.stream.workers
-        measured = window(start, now, max(1, w.processes) * w.threads)
+        measured = window(start, now, self.stream.parallelism.workers)
         cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
         if measured.batches < MIN_BATCHES:
             return None

@@ -18,8 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from input_client.proto import pb
 from input_client.spec import PipelineSpec
 from input_client.wire import MESSAGE_OPTIONS
+from input_server.autotune.openings import Openings
 from input_server.autotune.remembered import TuneCache
-from input_server.autotune.tuner import Tuner
 from input_server.batching.pipeline import Pipeline
 from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
@@ -256,7 +256,7 @@ class Server:
             message_tokens=c.message_tokens,
             draining=self._draining,
             limits=limits,
-            tuner=Tuner(cache=TuneCache(c.tune_cache) if c.tune_cache else None),
+            openings=Openings(cache=TuneCache(c.tune_cache) if c.tune_cache else None),
         )
         # Streams hold a thread each, and a stream whose client left keeps its thread while
         # it closes (its slot already free). Calls still waiting for their request, and calls

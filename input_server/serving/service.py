@@ -20,10 +20,11 @@ from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
 from input_server import __version__, cancel
 from input_server.autotune.online import OnlineSearch
-from input_server.autotune.policy import Tuning, cpu_count
-from input_server.autotune.tuner import Tuner
+from input_server.autotune.openings import Opening, Openings
+from input_server.autotune.policy import cpu_count
 from input_server.batching.meter import LiveMeter
-from input_server.batching.pipeline import Pipeline, Workers, default_threads, fixed_workers
+from input_server.batching.parallelism import Parallelism, default_threads
+from input_server.batching.pipeline import Pipeline
 from input_server.batching.switching import SwitchingStream
 from input_server.data.roots import DataAccess
 from input_server.errors import (
@@ -65,8 +66,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
       queue_depth: batches each stream produces ahead of the sender.
       message_tokens: the most tokens of batches that share a message (see `coalesce`).
       draining: set when the server stops; streams then end with UNAVAILABLE.
-      tuner: resolves each stream's `workers` table (the server's, with its remembered
-        choices); default a new one.
+      openings: how each stream opens, by its `workers` table (the server's, with its
+        remembered choices); default a new one.
       limits: what a request may read and hold; default unlimited, files of any path.
     """
 
@@ -78,7 +79,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         queue_depth: int,
         draining: threading.Event,
         message_tokens: int = MESSAGE_TOKENS,
-        tuner: Tuner | None = None,
+        openings: Openings | None = None,
         limits: Limits | None = None,
     ):
         self._pipelines = dict(pipelines)
@@ -91,7 +92,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         self._queue_depth = queue_depth
         self._message_tokens = message_tokens
         self._draining = draining
-        self._tuner = tuner or Tuner()
+        self._openings = openings or Openings()
         self._ids = itertools.count(1)
         self._sessions: dict[int, tuple[StreamSession, Credit, StreamTuner | None]] = {}
         self._handlers = 0  # StreamBatches calls from their start to their very end
@@ -130,37 +131,22 @@ class InputServicer(pb_grpc.InputServiceServicer):
             queue_depth=self._queue_depth,
             message_tokens=self._message_tokens,
             processes=processes,
-            threads=1 if count == "auto" else fixed_workers(count, spec.workers.threads).threads,
+            threads=1
+            if count == "auto"
+            else Parallelism.fixed(count, spec.workers.threads).threads,
         )
 
-    def _workers(
-        self, pipeline: Pipeline, left: threading.Event, pool: StreamProcesses
-    ) -> tuple[Workers, Tuning | None, int]:
-        """The parallelism the stream opens with, within the server's free worker processes
-        (`pool`, for "auto"), the remembered tuning behind it ("auto"), and the processes
-        reserved for it."""
+    def _opening(self, pipeline: Pipeline, left: threading.Event, pool: StreamProcesses) -> Opening:
+        """How the stream opens; its worker processes are reserved for it: a fixed count's
+        waited for, "auto"'s taken from what is free (`pool`)."""
         w = pipeline.spec.workers
         if w.count != "auto":
             self._processes.take(w.count, left, self._draining)
-            return fixed_workers(w.count, w.threads), None, w.count
-        workers, remembered = self._tuner.start(
+        return self._openings.choose(
             pipeline,
-            max_processes=pool.free(),
+            processes=pool,
             max_threads=max(1, int(self._groups_mb(pipeline) / GROUP_MIB)),
         )
-        got = pool.take_up_to(workers.processes)
-        if got < workers.processes:  # taken by other streams meanwhile: no settled choice
-            return (
-                Workers(
-                    got,
-                    default_threads(got),
-                    f"{workers.reason}; clipped to the {got} free of the server's "
-                    f"--max-workers {self._processes.cap} processes",
-                ),
-                None,
-                got,
-            )
-        return workers, remembered, got
 
     def _groups_mb(self, pipeline: Pipeline) -> float:
         """The memory a stream's groups in flight (and worker processes, measured) may use:
@@ -187,30 +173,30 @@ class InputServicer(pb_grpc.InputServiceServicer):
         stream: SwitchingStream,
         session: StreamSession,
         credit: Credit,
-        remembered: Tuning | None,
-        reserved: int,
+        opening: Opening,
         pool: StreamProcesses,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
         search = OnlineSearch(
-            (stream.workers.processes, stream.workers.threads),
+            stream.parallelism,
             cpus=cpu_count() or 1,
             default_threads=default_threads,
             target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
             ram_budget_mb=self._groups_mb(pipeline),
             tune_seconds=float(w.tune_seconds),
-            remembered=remembered,
+            remembered=opening.remembered,
             mb_per_worker=GROUP_MIB,
         )
         return StreamTuner(
             stream,
             search,
             processes=pool,
-            reserved=reserved,
+            reserved=opening.parallelism.processes,
             taken=lambda: credit.taken_or(session.batches_sent),
-            remember=functools.partial(self._tuner.remember, pipeline),
+            remember=functools.partial(self._openings.remember, pipeline),
+            reason=opening.reason,
         )
 
     @guard_stream
@@ -296,7 +282,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     # An "auto" stream's processes: no more than copies of its order fit.
                     cap = order_process_cap(order_bytes(pipeline), self._groups_mb(pipeline))
                     pool = StreamProcesses(self._processes, cap)
-                    workers, remembered, reserved = self._workers(pipeline, left, pool)
+                    opening = self._opening(pipeline, left, pool)
+                    reserved = opening.parallelism.processes
                     cancel.check()
             except CancelledError:
                 if self._draining.is_set() and not left.is_set():  # the client may resume
@@ -305,18 +292,22 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     ) from None
                 raise
             auto = pipeline.spec.workers.count == "auto"
+            parallelism = opening.parallelism
             stream = (
-                SwitchingStream(pipeline, position, workers, meter=LiveMeter())
+                SwitchingStream(pipeline, position, parallelism, meter=LiveMeter())
                 if auto
-                else pipeline.stream(position, workers=workers)
+                else pipeline.stream(position, parallelism=parallelism)
             )
             session = StreamSession(
-                stream_id, name, stream, self._queue_depth, message_tokens=self._message_tokens
+                stream_id,
+                name,
+                stream,
+                self._queue_depth,
+                message_tokens=self._message_tokens,
+                reason=opening.reason,
             )
             if auto:
-                live = self._live_tuner(
-                    pipeline, stream, session, credit, remembered, reserved, pool
-                ).start()
+                live = self._live_tuner(pipeline, stream, session, credit, opening, pool).start()
             with self._lock:
                 self._sessions[stream_id] = (session, credit, live)
                 self._setting_up.pop(stream_id, None)
@@ -326,9 +317,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 "stream %d (%s): %d worker processes, %d threads (%s)",
                 stream_id,
                 session.label,
-                workers.processes,
-                workers.threads,
-                workers.reason,
+                parallelism.processes,
+                parallelism.threads,
+                opening.reason,
             )
             yield from send_with_credit(session, context, credit, self._draining)
         finally:

@@ -70,9 +70,11 @@ class StreamSession:
         depth: int,
         *,
         message_tokens: int = MESSAGE_TOKENS,
+        reason: str = "",
     ):
         self.stream_id = stream_id
         self.name = name
+        self.reason = reason  # why it opened at its parallelism (`Opening.reason`), for info
         self.label = describe(name, stream.pipeline.spec)
         self.stream = stream
         self.batches_sent = 0
@@ -96,7 +98,7 @@ class StreamSession:
         except BaseException:  # no thread, so no producer to count the end
             memory.stream_ended()
             raise
-        if stream.workers.processes > 0 or hasattr(stream, "switch"):  # may start some later
+        if stream.parallelism.processes > 0 or hasattr(stream, "switch"):  # may start some later
             threading.Thread(
                 target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
             ).start()
@@ -124,7 +126,7 @@ class StreamSession:
             if code not in (None, 0) and not self._closing:
                 return self._worker_died(
                     f"worker process {slot + 1} of "
-                    f"{self.stream.workers.processes} (pid {process.pid})",
+                    f"{self.stream.parallelism.processes} (pid {process.pid})",
                     code,
                 )
         return None
@@ -140,7 +142,7 @@ class StreamSession:
 
     def _watch(self) -> None:
         while not self._producer.wait_stopped(_WATCH_S) and not self._closing:
-            if self.stream.workers.processes == 0:  # in process now: nothing to watch
+            if self.stream.parallelism.in_process:  # nothing to watch now
                 continue
             generation = self._generation()
             try:

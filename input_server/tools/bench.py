@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from input_client.spec import PipelineSpec, SpecError
-from input_server.batching.pipeline import Pipeline, Workers, default_threads
+from input_server.batching.parallelism import Parallelism, default_threads
+from input_server.batching.pipeline import Pipeline
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizer_kinds import info_of, load_tokenizer
 from input_server.tools.bench_kinds import (
@@ -45,10 +46,10 @@ def corpus_texts(spec: PipelineSpec) -> list[str]:
 bench_sentencepiece = bench_limit  # the name bench_mixture.py (sentencepiece specs) calls
 
 
-def bench_pipeline(spec: PipelineSpec, workers: Workers) -> dict:
-    with Pipeline(spec).stream(workers=workers) as stream:
+def bench_pipeline(spec: PipelineSpec, parallelism: Parallelism) -> dict:
+    with Pipeline(spec).stream(parallelism=parallelism) as stream:
         result = _consume((p.arrays for p in stream), lambda b: b["inputs_segmentation"])
-    return {**result, "processes": workers.processes, "threads": workers.threads}
+    return {**result, **parallelism.to_dict()}
 
 
 def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
@@ -65,7 +66,7 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
             slots += seg.size
         return real / slots if slots else 0.0
 
-    with Pipeline(spec).stream(workers=Workers(0, default_threads(0), "bench")) as stream:
+    with Pipeline(spec).stream(parallelism=Parallelism(0, default_threads(0))) as stream:
         ours = [p.arrays for p in stream]
     if ours and int(np.count_nonzero(ours[-1]["inputs_segmentation"].any(axis=1))) < len(
         ours[-1]["inputs"]
@@ -210,7 +211,7 @@ def run(
     served_spec = spec.replace(workers={"count": 0})
     for r in range(rounds):
         samples["limit"].append(bench_limit(texts, spec, min_seconds=min_seconds, call=call))
-        samples["ours"].append(bench_pipeline(spec, Workers(0, default_threads(0), "bench")))
+        samples["ours"].append(bench_pipeline(spec, Parallelism(0, default_threads(0))))
         for t in transports:
             samples[t].append(bench_server(served_spec, t))
         say(

@@ -69,19 +69,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from input_server.autotune import report, tuner
-    from input_server.autotune.policy import cpu_count
+    from input_server.autotune import report
     from input_server.batching.pipeline import Pipeline
     from input_server.errors import InputServerError
+
+    def fail(e: Exception) -> int:
+        print(f"input-server: {e}", file=sys.stderr)
+        return 2
 
     if args.plot:
         try:
             report.check_plotting()
         except ImportError as e:
-            print(f"input-server: {e}", file=sys.stderr)
-            return 2
+            return fail(e)
+    spec = _spec(args)
+    try:
+        tuning = _tune(Pipeline(spec))
+    except InputServerError as e:
+        return fail(e)
+    _print_choice(tuning)
+    if args.json:
+        _write_json(tuning, args)
+    if args.plot:
+        try:
+            report.plot(tuning, args.plot, title=os.path.basename(args.spec))
+        except ImportError as e:
+            return fail(e)
+    return 0
+
+
+def _spec(args: argparse.Namespace) -> PipelineSpec:
+    """The spec file's, with the flags given over its `workers` keys."""
     spec = PipelineSpec.from_toml(args.spec)
     overrides = {
         k: v
@@ -94,13 +112,16 @@ def _run(args: argparse.Namespace) -> int:
     }
     # A bad flag is refused here (the spec validates itself), under its key, e.g.
     # `workers.max_workers`.
-    spec = spec.replace(workers=overrides) if overrides else spec
-    w = spec.workers
-    try:
-        pipeline = Pipeline(spec)
-    except InputServerError as e:
-        print(f"input-server: {e}", file=sys.stderr)
-        return 2
+    return spec.replace(workers=overrides) if overrides else spec
+
+
+def _tune(pipeline):
+    """The offline search on `pipeline`, its progress on a bar that follows the clock."""
+    from tqdm import tqdm
+
+    from input_server.autotune import offline
+
+    w = pipeline.spec.workers
     bar = tqdm(
         total=float(w.tune_seconds),
         desc="tuning",
@@ -117,17 +138,18 @@ def _run(args: argparse.Namespace) -> int:
             bar.refresh()
 
     def progress(c, row) -> None:
+        p = c.parallelism
         if row is None:
-            bar.set_postfix_str(f"{c.processes} proc x {c.threads} thr ...")
+            bar.set_postfix_str(f"{p.processes} proc x {p.threads} thr ...")
         elif row.ran:
             bar.set_postfix_str(
-                f"{c.processes} proc x {c.threads} thr: {row.batches_per_s:.1f} batches/s"
+                f"{p.processes} proc x {p.threads} thr: {row.batches_per_s:.1f} batches/s"
             )
 
     ticker = threading.Thread(target=tick, name="tune-progress", daemon=True)
     ticker.start()
     try:
-        tuning = tuner.tune(
+        return offline.tune(
             pipeline,
             target_batches_per_s=float(w.target_batches_per_s),
             max_workers=w.max_workers,
@@ -135,35 +157,37 @@ def _run(args: argparse.Namespace) -> int:
             tune_seconds=float(w.tune_seconds),
             progress=progress,
         )
-    except InputServerError as e:
-        print(f"input-server: {e}", file=sys.stderr)
-        return 2
     finally:
         done.set()
         ticker.join()
         bar.close()
+
+
+def _print_choice(tuning) -> None:
+    """The table, the choice with its reason, and the keys that fix it."""
+    from input_server.autotune import report
+    from input_server.autotune.policy import cpu_count
+
+    p = tuning.parallelism
     print(report.table(tuning))
     print(
-        f"choice: {plural(tuning.processes, 'process', 'processes')} x "
-        f"{plural(tuning.threads, 'thread')} ({plural(tuning.workers, 'worker')}), "
+        f"choice: {plural(p.processes, 'process', 'processes')} x "
+        f"{plural(p.threads, 'thread')} ({plural(p.workers, 'worker')}), "
         f"{tuning.reason}: {tuning.detail}"
     )
     print(
         f"tuned in {tuning.tune_seconds:.1f} s on {cpu_count()} CPUs; set "
-        f"`workers.count = {tuning.processes}` and `workers.threads = {tuning.threads}` to "
+        f"`workers.count = {p.processes}` and `workers.threads = {p.threads}` to "
         f'fix this choice, or keep "auto".'
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(), **tuning.to_dict()},
-                f,
-                indent=2,
-            )
-    if args.plot:
-        try:
-            report.plot(tuning, args.plot, title=os.path.basename(args.spec))
-        except ImportError as e:
-            print(f"input-server: {e}", file=sys.stderr)
-            return 2
-    return 0
+
+
+def _write_json(tuning, args: argparse.Namespace) -> None:
+    from input_server.autotune.policy import cpu_count
+
+    with open(args.json, "w") as f:
+        json.dump(
+            {"spec": os.path.abspath(args.spec), "cpu_count": cpu_count(), **tuning.to_dict()},
+            f,
+            indent=2,
+        )

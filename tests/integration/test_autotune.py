@@ -14,6 +14,7 @@ import pytest
 
 from input_server import autotune
 from input_server.autotune.policy import OVERSUBSCRIBE_GAIN
+from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
 from input_server.testing.corpus import write_jsonl
@@ -62,14 +63,15 @@ def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
     # More workers than cores only when the table shows them faster than the best within the
     # cores by OVERSUBSCRIBE_GAIN (on a loaded 2-core host, threads beyond the cores sometimes
     # read faster: the choice follows what was measured; the speed itself is the benchmark's).
-    within = max(m.batches_per_s for m in t.measurements if m.ran and m.workers <= cpus)
+    within = max(m.batches_per_s for m in t.measurements if m.ran and m.parallelism.workers <= cpus)
     beyond = max(
-        (m.batches_per_s for m in t.measurements if m.ran and m.workers > cpus), default=0.0
+        (m.batches_per_s for m in t.measurements if m.ran and m.parallelism.workers > cpus),
+        default=0.0,
     )
-    if t.workers > cpus:
+    if t.parallelism.workers > cpus:
         assert beyond > (1 + OVERSUBSCRIBE_GAIN) * within, autotune.table(t)
     else:
-        assert t.workers <= cpus
+        assert t.parallelism.workers <= cpus
     assert t.tune_seconds <= autotune.TUNE_SECONDS + 2
 
 
@@ -77,18 +79,18 @@ def test_latency_bound_choice_exceeds_the_cores(slow_pipeline, slow_tuning):
     # (Its rate against Grain's own choice is measured by scripts/bench_autotune.py:
     # `latency_bound.auto_over_grain`.)
     t = slow_tuning
-    assert t.workers > autotune.cpu_count(), autotune.table(t)
+    assert t.parallelism.workers > autotune.cpu_count(), autotune.table(t)
 
 
 def test_demand_far_below_capacity_gets_fewer_workers(slow_pipeline, slow_tuning):
     target = slow_tuning.chosen.batches_per_s / 10
     t = autotune.tune(slow_pipeline, target_batches_per_s=target, ram_budget_mb=1024)
     assert t.reason == "target met", autotune.table(t)
-    assert t.workers < slow_tuning.workers
+    assert t.parallelism.workers < slow_tuning.parallelism.workers
 
 
 def test_ram_budget_for_k_processes_is_enforced_with_measured_rss(cpu_pipeline):
-    one = autotune.measure(cpu_pipeline, 1, 1, **WINDOW)
+    one = autotune.measure(cpu_pipeline, Parallelism(1, 1), **WINDOW)
     assert one.rss_mb > 20  # a real worker process, measured (imports alone are more)
     k = 2
     budget = (k + 0.5) * one.rss_mb
@@ -97,14 +99,14 @@ def test_ram_budget_for_k_processes_is_enforced_with_measured_rss(cpu_pipeline):
     # could refuse it. The search ends when its three candidates have.
     t = autotune.tune(
         cpu_pipeline,
-        candidates=[(1, 1), (2, 1), (3, 1)],
+        candidates=[Parallelism(p, 1) for p in (1, 2, 3)],
         ram_budget_mb=budget,
         tune_seconds=300,
         **WINDOW,
     )
     table = autotune.table(t)
-    assert t.workers <= k and t.chosen.rss_mb <= budget, table
-    rows = {m.processes: m for m in t.measurements}
+    assert t.parallelism.workers <= k and t.chosen.rss_mb <= budget, table
+    rows = {m.parallelism.processes: m for m in t.measurements}
     assert rows[1].ran and rows[2].ran, table
     three = rows[3]
     assert three.skipped == "ram cap", table  # predicted from the measured ones, never started

@@ -21,7 +21,8 @@ from input_client import InputClient
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server import cancel
-from input_server.batching.pipeline import Pipeline, fixed_workers
+from input_server.batching.parallelism import Parallelism
+from input_server.batching.pipeline import Pipeline
 from input_server.data import jsonl
 from input_server.data.jsonl import JsonlReader
 from input_server.data.records import DECOMPRESSED
@@ -276,7 +277,7 @@ def test_streams_one_after_another_on_one_pipeline_decompress_once(
     held = DECOMPRESSED.held
     assert held - idle == len(jsonl_bytes(docs)) and runs == [1]
     for _ in range(2):
-        with pipeline.stream(None, workers=fixed_workers(0)) as stream:
+        with pipeline.stream(None, parallelism=Parallelism.fixed(0)) as stream:
             for _, _batch in zip(range(3), stream, strict=False):
                 pass
         assert DECOMPRESSED.held == held

@@ -102,10 +102,11 @@ def test_a_fanned_in_state_resumes_exactly_and_is_small_json(pool, make_spec):
 
 def _expected_forever(spec, n):
     """Round robin over endless sub-streams, lazily."""
-    from input_server.batching.pipeline import Pipeline, Workers
+    from input_server.batching.parallelism import Parallelism
+    from input_server.batching.pipeline import Pipeline
 
     streams = [
-        Pipeline(sub_shard(spec, j, n)).stream(None, workers=Workers(0, 2, "test"))
+        Pipeline(sub_shard(spec, j, n)).stream(None, parallelism=Parallelism(0, 2))
         for j in range(n)
     ]
     try:

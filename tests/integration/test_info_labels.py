@@ -34,7 +34,8 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch
     from input_server.batching.meter import LiveMeter
-    from input_server.batching.pipeline import Pipeline, Workers
+    from input_server.batching.parallelism import Parallelism
+    from input_server.batching.pipeline import Pipeline
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
@@ -59,18 +60,26 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
         )
 
     # A choice settled for a slow loop (6 batches/s of the 10 one thread makes), remembered.
-    first = OnlineSearch((0, 1), cpus=8, default_threads=threads)
+    first = OnlineSearch(Parallelism(0, 1), cpus=8, default_threads=threads)
     for _ in range(30):
         first.observe(taking(6, 0.4), demand=6, now=0)
         if first.settled:
             break
-    assert first.settled and first.current == (0, 1)
+    assert first.settled and first.current == Parallelism(0, 1)
     remembered = f"auto, remembered: {first.tuning.summary()}"
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
-    stream = SwitchingStream(pipeline, Position(), Workers(0, 1, remembered), meter=LiveMeter())
-    search = OnlineSearch((0, 1), cpus=8, default_threads=threads, remembered=first.tuning)
+    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
+    search = OnlineSearch(
+        Parallelism(0, 1), cpus=8, default_threads=threads, remembered=first.tuning
+    )
     tuner = StreamTuner(
-        stream, search, taken=lambda: 0, processes=ProcessPool(0), reserved=0, remember=print
+        stream,
+        search,
+        taken=lambda: 0,
+        processes=ProcessPool(0),
+        reserved=0,
+        remember=print,
+        reason=remembered,
     )
     try:
         assert tuner.reason == remembered

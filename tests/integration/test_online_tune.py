@@ -9,7 +9,8 @@ import time
 
 from input_client import InputClient
 from input_server.autotune.online import SERVER_CAP
-from input_server.batching.pipeline import MIN_GROUP, Pipeline, Workers
+from input_server.batching.parallelism import Parallelism, default_threads
+from input_server.batching.pipeline import MIN_GROUP, Pipeline
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
 from tests.support import assert_same_batches, consume_until, run_pipeline
@@ -60,7 +61,7 @@ def slow_pipeline(spec) -> SlowPipeline:
 def one_thread_rate(spec) -> float:
     """Batches a second one in-process thread makes of the slow pipeline (no server)."""
     pipeline = slow_pipeline(spec)
-    with pipeline.stream(workers=Workers(0, 1, "test")) as stream:
+    with pipeline.stream(parallelism=Parallelism(0, 1)) as stream:
         next(stream)
         start, n = time.monotonic(), 0
         for _ in stream:
@@ -154,24 +155,23 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch, Step
     from input_server.batching.meter import LiveMeter
-    from input_server.batching.pipeline import default_threads
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
     from input_server.serving.slots import ProcessPool
 
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
-    stream = SwitchingStream(pipeline, Position(), Workers(0, 1, "start"), meter=LiveMeter())
+    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
     opens = pipeline.stream
 
-    def no_worker_processes(state=None, *, workers, **kwargs):  # e.g. the host's process limit
-        if workers.processes:
+    def no_worker_processes(state=None, *, parallelism, **kwargs):  # e.g. the host's limit
+        if parallelism.processes:
             raise OSError("cannot start a worker process")
-        return opens(state, workers=workers, **kwargs)
+        return opens(state, parallelism=parallelism, **kwargs)
 
     monkeypatch.setattr(pipeline, "stream", no_worker_processes)
     pool = ProcessPool(2)
-    search = OnlineSearch((0, 1), cpus=2, default_threads=default_threads)
+    search = OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads)
     tuner = StreamTuner(
         stream, search, taken=lambda: 0, processes=pool, reserved=0, remember=lambda tuning: None
     )
@@ -195,13 +195,15 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
             workers=1,
         )
         search.observe(measured, demand=None, now=1.0, cpu_cores=1.0, rss_mb=0.0)
-        tuner._follow(Step(to=(1, 1), reason="test: one worker process"), measured, None)
+        tuner._follow(Step(to=Parallelism(1, 1), reason="test: one worker process"), measured, None)
         # The stage that would not open left no trace but a skipped row, held no process,
         # and the search went on to a parallelism that opens.
         assert (pool.free(), tuner.reserved) == (2, 0)
-        assert (1, 1) not in [s.to for s in tuner.history]
-        assert any((m.processes, m.threads, m.skipped) == (1, 1, SERVER_CAP) for m in search.rows)
-        assert stream.workers.processes == 0
+        assert Parallelism(1, 1) not in [s.after for s in tuner.history]
+        assert any(
+            (m.parallelism, m.skipped) == (Parallelism(1, 1), SERVER_CAP) for m in search.rows
+        )
+        assert stream.parallelism.in_process
     finally:
         stop.set()
         consumer.join(timeout=10)

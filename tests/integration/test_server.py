@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from input_client import InputClient, StreamError
-from input_server.batching.pipeline import Workers
+from input_server.batching.parallelism import Parallelism
 from input_server.serving.server import Server, ServerConfig
 from tests.support import (
     TOKENS,
@@ -287,7 +287,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
     pipeline = SlowPipeline(spec, delay_s=0.02)
     pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
-    session = StreamSession(1, "slow", pipeline.stream(workers=Workers(0, 1, "test")), depth=16)
+    session = StreamSession(1, "slow", pipeline.stream(parallelism=Parallelism(0, 1)), depth=16)
     made: dict[int, float] = {}  # batches made so far -> when that count was first seen
 
     def watch():

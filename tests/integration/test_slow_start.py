@@ -8,7 +8,8 @@ import threading
 import time
 
 from input_client import InputClient
-from input_server.batching.pipeline import MIN_GROUP, default_threads
+from input_server.batching.parallelism import default_threads
+from input_server.batching.pipeline import MIN_GROUP
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
 

@@ -7,13 +7,14 @@ import random
 
 import pytest
 
-from input_server.batching.pipeline import Pipeline, Workers
+from input_server.batching.parallelism import Parallelism
+from input_server.batching.pipeline import Pipeline
 from input_server.batching.resume import Position
 from input_server.batching.switching import SwitchingStream
 from tests.support import assert_same_batches, run_pipeline
 
 # In process first (cheap), a few worker-process stages among them (each spawns workers).
-CHOICES = [(0, 1), (0, 2), (0, 4), (1, 1), (2, 1)]
+CHOICES = [Parallelism(p, t) for p, t in ((0, 1), (0, 2), (0, 4), (1, 1), (2, 1))]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -24,26 +25,25 @@ def test_random_switches_give_the_fixed_count_batches(make_spec, seed):
     rng = random.Random(seed)
     points = sorted(rng.sample(range(1, len(want) - 1), 5))
     got = []
-    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         for i, produced in enumerate(stream):
             got.append(produced)
             if i in points:
-                now = (stream.workers.processes, stream.workers.threads)
-                p, t = rng.choice([c for c in CHOICES if c != now])
-                stream.switch(Workers(p, t, "test"))
+                now = stream.parallelism
+                stream.switch(rng.choice([c for c in CHOICES if c != now]))
         assert stream.switches == len(points)
     assert_same_batches(got, want)
 
 
 def test_a_switch_asked_twice_before_a_batch_takes_the_last(make_spec):
     pipeline = Pipeline(make_spec())
-    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         next(stream)
-        stream.switch(Workers(0, 4, "a"))
-        stream.switch(Workers(0, 2, "b"))
+        stream.switch(Parallelism(0, 4))
+        stream.switch(Parallelism(0, 2))
         next(stream)
-        assert (stream.workers.threads, stream.switches) == (2, 1)
-        stream.switch(Workers(0, 2, "same parallelism, another reason"))
+        assert (stream.parallelism.threads, stream.switches) == (2, 1)
+        stream.switch(Parallelism(0, 2))  # the same parallelism again
         next(stream)
         assert stream.switches == 1
 
@@ -52,9 +52,9 @@ def test_a_switch_from_a_resumed_position(make_spec):
     pipeline = Pipeline(make_spec())
     want = run_pipeline(pipeline)
     state = want[6].state
-    with SwitchingStream(pipeline, pipeline.parse_state(state), Workers(0, 2, "start")) as stream:
+    with SwitchingStream(pipeline, pipeline.parse_state(state), Parallelism(0, 2)) as stream:
         got = [next(stream)]
-        stream.switch(Workers(1, 1, "test"))
+        stream.switch(Parallelism(1, 1))
         got += list(stream)
     assert_same_batches(got, want[7:])
 
@@ -62,11 +62,11 @@ def test_a_switch_from_a_resumed_position(make_spec):
 def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monkeypatch, caplog):
     spec = make_spec()
     pipeline = Pipeline(spec)
-    with SwitchingStream(pipeline, Position(), Workers(0, 1, "start")) as stream:
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         got = [next(stream)]
         monkeypatch.setattr(pipeline, "stream", lambda *a, **k: 1 / 0)
-        stream.switch(Workers(0, 4, "cannot open"))
+        stream.switch(Parallelism(0, 4))
         got += [next(stream) for _ in range(5)]
-        assert (stream.workers.threads, stream.switches, stream.failed_switches) == (1, 0, 1)
+        assert (stream.parallelism.threads, stream.switches, stream.failed_switches) == (1, 0, 1)
     assert "switching to 0 processes x 4 threads failed" in caplog.text
     assert_same_batches(got, run_pipeline(spec, limit=len(got)))

@@ -13,16 +13,16 @@ import pytest
 
 from input_client import InputClient
 from input_server.autotune import remembered
-from input_server.autotune.policy import Measurement, Tuning
+from input_server.autotune.measurements import Measurement, Tuning
 from input_server.autotune.remembered import TuneCache
+from input_server.batching.parallelism import Parallelism
 from input_server.serving.server import Server, ServerConfig
 
 
 def a_tuning() -> Tuning:
     rows = (
         Measurement(
-            processes=0,
-            threads=1,
+            parallelism=Parallelism(0, 1),
             batches_per_s=100.0,
             tokens_per_s=4e4,
             rss_mb=3.0,
@@ -32,8 +32,7 @@ def a_tuning() -> Tuning:
             batches=100,
         ),
         Measurement(
-            processes=0,
-            threads=2,
+            parallelism=Parallelism(0, 2),
             batches_per_s=180.0,
             tokens_per_s=7e4,
             rss_mb=5.0,
@@ -42,11 +41,10 @@ def a_tuning() -> Tuning:
             seconds=1.0,
             batches=180,
         ),
-        Measurement(processes=2, threads=1, skipped="max workers"),
+        Measurement(parallelism=Parallelism(2, 1), skipped="max workers"),
     )
     return Tuning(
-        processes=0,
-        threads=2,
+        parallelism=Parallelism(0, 2),
         reason="plateau",
         detail="180 batches/s",
         measurements=rows,
@@ -166,13 +164,11 @@ def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, mak
         served,
         replace(
             a_tuning(),
-            processes=2,
-            threads=1,
+            parallelism=Parallelism(2, 1),
             measurements=(
                 *a_tuning().measurements[:2],
                 Measurement(
-                    processes=2,
-                    threads=1,
+                    parallelism=Parallelism(2, 1),
                     batches_per_s=300.0,
                     tokens_per_s=1e5,
                     rss_mb=90.0,

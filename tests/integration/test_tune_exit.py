@@ -19,11 +19,14 @@ CHILD = textwrap.dedent(
     import sys
     from input_client.spec import PipelineSpec
     from input_server import autotune
+    from input_server.batching.parallelism import Parallelism
     from input_server.batching.pipeline import Pipeline
 
     if __name__ == "__main__":  # Grain spawns its workers: they import this module
         pipeline = Pipeline(PipelineSpec.from_toml(sys.argv[1]))
-        t = autotune.tune(pipeline, candidates=[(2, 1)], tune_seconds=float(sys.argv[2]))
+        t = autotune.tune(
+            pipeline, candidates=[Parallelism(2, 1)], tune_seconds=float(sys.argv[2])
+        )
         print(t.reason)
     """
 )

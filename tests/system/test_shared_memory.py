@@ -39,7 +39,8 @@ def settled(before, timeout_s=10.0):
 if __name__ == "__main__":
     from input_client import InputClient, PipelineSpec
     from input_server.batching import pipeline
-    from input_server.batching.pipeline import Pipeline, Workers
+    from input_server.batching.parallelism import Parallelism
+    from input_server.batching.pipeline import Pipeline
     from input_server.serving.server import Server, ServerConfig
 
     corpus, small, model, sock = sys.argv[1:5]
@@ -57,7 +58,7 @@ if __name__ == "__main__":
     before = sorted(os.listdir("/dev/shm"))
     for i in range(streams // 2):  # in this process, as the server runs them
         count, cancel, s = spec(i)
-        with Pipeline(s).stream(workers=Workers(count, 1, "test")) as stream:
+        with Pipeline(s).stream(parallelism=Parallelism(count, 1)) as stream:
             for n, _ in enumerate(stream):
                 if cancel and n == 1:
                     break
@@ -125,7 +126,8 @@ ensure_absl_flags_parsed()
 if __name__ == "__main__":
     from input_client import PipelineSpec
     from input_server.batching import pipeline
-    from input_server.batching.pipeline import Pipeline, Workers
+    from input_server.batching.parallelism import Parallelism
+    from input_server.batching.pipeline import Pipeline
 
     corpus, model = sys.argv[1:3]
     pipeline.GROUP_CHARS = 16 << 10  # many small groups: workers hold several at a cancel
@@ -133,7 +135,7 @@ if __name__ == "__main__":
     for count in (1, 2, 1, 2):
         spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model},
                             batch={"seq_len": 128, "size": 4}, workers={"count": count})
-        stream = Pipeline(spec).stream(workers=Workers(count, 1, "test"))
+        stream = Pipeline(spec).stream(parallelism=Parallelism(count, 1))
         workers = []
         for n, _ in enumerate(stream):
             workers = stream.worker_processes() or workers

@@ -6,12 +6,12 @@ import pytest
 
 from input_server import autotune
 from input_server.autotune import Measurement, decide, next_candidate
+from input_server.batching.parallelism import Parallelism
 
 
 def row(processes, threads, rate, *, rss=0.0, cpu=1.0) -> Measurement:
     return Measurement(
-        processes=processes,
-        threads=threads,
+        parallelism=Parallelism(processes, threads),
         batches_per_s=rate,
         tokens_per_s=1000.0 * rate,
         rss_mb=rss,
@@ -26,9 +26,9 @@ def search(curve, *, cpus, **settings) -> list[Measurement]:
     rows: list[Measurement] = []
     while (c := next_candidate(rows, cpus=cpus, **settings)) is not None:
         if c.skip:
-            rows.append(Measurement(processes=c.processes, threads=c.threads, skipped=c.skip))
+            rows.append(Measurement(parallelism=c.parallelism, skipped=c.skip))
         else:
-            rows.append(curve(c.processes, c.threads))
+            rows.append(curve(c.parallelism.processes, c.parallelism.threads))
         assert len(rows) < 30, rows
     return rows
 
@@ -39,27 +39,27 @@ def search(curve, *, cpus, **settings) -> list[Measurement]:
 def test_plateau_picks_the_fewest_workers_within_a_few_percent_of_the_best():
     rows = [row(0, 1, 100), row(0, 2, 190), row(0, 4, 392), row(0, 8, 395), row(0, 16, 398)]
     t = decide(rows, cpus=16)
-    assert (t.processes, t.threads, t.reason) == (0, 4, "plateau")
+    assert (t.parallelism.processes, t.parallelism.threads, t.reason) == (0, 4, "plateau")
     assert t.chosen.batches_per_s >= 0.98 * 398
     # 5 % below the best is within the search's plateau but too far to choose: a noisy window
     # hides a real difference that size.
     rows[2] = row(0, 4, 380)
-    assert decide(rows, cpus=16).threads == 8
+    assert decide(rows, cpus=16).parallelism.threads == 8
 
 
 def test_the_plateau_reason_agrees_with_the_table():
     # The fewest workers was the fastest: the more workers were slower, not "at most 2 %".
     t = decide([row(0, 1, 1335.6), row(0, 2, 1244.1)], cpus=2)
-    assert (t.threads, t.reason) == (1, "plateau")
+    assert (t.parallelism.threads, t.reason) == (1, "plateau")
     assert "more workers were no faster (best of them in-proc x 2 thr: 1244.1" in t.detail
     # Past the cores, a row 15 % faster is named with its gain, and why it was not taken.
     t = decide([row(0, 1, 100), row(0, 2, 180), row(0, 4, 207)], cpus=2)
-    assert t.threads == 2
+    assert t.parallelism.threads == 2
     assert "more workers than the 2 cores gained 15.0% (in-proc x 4 thr: 207.0" in t.detail
     assert "under the 20% oversubscribing them must gain" in t.detail
     # Within the noise band: the gain as measured.
     t = decide([row(0, 1, 100), row(0, 2, 101)], cpus=2)
-    assert t.threads == 1 and "more workers gained 1.0% (in-proc x 2 thr" in t.detail
+    assert t.parallelism.threads == 1 and "more workers gained 1.0% (in-proc x 2 thr" in t.detail
 
 
 @pytest.mark.parametrize(
@@ -74,17 +74,17 @@ def test_more_workers_than_cores_need_a_large_gain(gain_past_cores, threads):
         row(0, 4, 180 * gain_past_cores**0.5),
         row(0, 8, 180 * gain_past_cores),
     ]
-    assert decide(rows, cpus=2).threads == threads
+    assert decide(rows, cpus=2).parallelism.threads == threads
 
 
 def test_target_picks_the_fewest_workers_that_meet_it_with_headroom():
     rows = [row(0, 1, 10), row(0, 2, 20), row(0, 4, 40), row(0, 8, 80)]
     t = decide(rows, target_batches_per_s=15, cpus=2)
-    assert (t.threads, t.reason) == (2, "target met")  # 20 >= 1.25 x 15
+    assert (t.parallelism.threads, t.reason) == (2, "target met")  # 20 >= 1.25 x 15
     t = decide(rows, target_batches_per_s=17, cpus=2)
-    assert t.threads == 4  # 20 < 1.2 x 17
+    assert t.parallelism.threads == 4  # 20 < 1.2 x 17
     t = decide(rows, target_batches_per_s=500, cpus=2)
-    assert t.threads == 8 and "not reached" in t.detail
+    assert t.parallelism.threads == 8 and "not reached" in t.detail
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -97,32 +97,35 @@ def test_ram_budget_that_fits_k_workers_yields_at_most_k(k):
         row(8, 1, 700, rss=8 * per_process),
     ]
     t = decide(rows, ram_budget_mb=(k + 0.5) * per_process, cpus=8)
-    assert t.workers <= k
+    assert t.parallelism.workers <= k
     assert t.reason == "ram cap" and "ram cap" in t.detail
 
 
 def test_max_workers_caps_the_choice():
     rows = [row(0, 1, 100), row(0, 2, 200), row(0, 4, 400)]
     t = decide(rows, max_workers=2, cpus=8)
-    assert t.workers == 2 and t.reason == "max workers"
+    assert t.parallelism.workers == 2 and t.reason == "max workers"
 
 
 def test_second_look_takes_close_candidates_and_the_best_within_the_cores():
     rows = [row(0, 1, 100), row(0, 2, 150), row(0, 4, 170), row(0, 8, 260), row(0, 16, 250)]
     t = decide(rows, cpus=2)
-    assert t.threads == 8  # 260 > 1.2 x 150: past the cores, on one window each
+    assert t.parallelism.threads == 8  # 260 > 1.2 x 150: past the cores, on one window each
     again = autotune.contenders(rows, t, cpus=2)
-    assert [m.threads for m in again] == [2, 16]  # the comparison that allowed it, then 16
+    assert [m.parallelism.threads for m in again] == [
+        2,
+        16,
+    ]  # the comparison that allowed it, then 16
     # Pooled with a second, slower window each, more threads no longer beat the cores by 20 %.
     rows[3] = autotune.pool(rows[3], row(0, 8, 100))
     rows[4] = autotune.pool(rows[4], row(0, 16, 100))
     assert rows[3].batches_per_s == 180 and rows[3].samples == 2
-    assert decide(rows, cpus=2).threads == 2
+    assert decide(rows, cpus=2).parallelism.threads == 2
 
 
 def test_nothing_measured_is_an_error_that_says_what_to_do():
     with pytest.raises(ValueError, match="tune_seconds"):
-        decide([Measurement(processes=0, threads=1, skipped="time limit")])
+        decide([Measurement(parallelism=Parallelism(0, 1), skipped="time limit")])
 
 
 # --- The search, on synthetic curves --------------------------------------------------------
@@ -134,8 +137,8 @@ def test_search_on_a_cpu_bound_curve_stops_at_the_cores_without_processes():
         return row(p, t, 100 * min(w, 8), cpu=min(w, 8))
 
     rows = search(curve, cpus=8)
-    assert [(m.processes, m.threads) for m in rows] == [(0, 1), (0, 2), (0, 4), (0, 8), (0, 16)]
-    assert decide(rows, cpus=8).workers == 8
+    assert [m.parallelism for m in rows] == [Parallelism(0, t) for t in (1, 2, 4, 8, 16)]
+    assert decide(rows, cpus=8).parallelism.workers == 8
 
 
 def test_search_on_a_latency_bound_curve_goes_past_the_cores():
@@ -145,8 +148,10 @@ def test_search_on_a_latency_bound_curve_goes_past_the_cores():
 
     rows = search(curve, cpus=2)
     t = decide(rows, cpus=2)
-    assert t.workers == 64 and t.processes == 0
-    assert max(m.threads for m in rows) == 128  # one doubling past the plateau, then stop
+    assert t.parallelism.workers == 64 and t.parallelism.processes == 0
+    assert (
+        max(m.parallelism.threads for m in rows) == 128
+    )  # one doubling past the plateau, then stop
 
 
 def test_search_tries_processes_when_python_work_holds_the_gil():
@@ -156,9 +161,9 @@ def test_search_tries_processes_when_python_work_holds_the_gil():
         return row(p, t, 100 * p, cpu=float(p), rss=150.0 * p)
 
     rows = search(curve, cpus=8)
-    assert [m.processes for m in rows if m.processes] == [2, 4, 8]
+    assert [m.parallelism.processes for m in rows if m.parallelism.processes] == [2, 4, 8]
     t = decide(rows, cpus=8)
-    assert t.processes == 8
+    assert t.parallelism.processes == 8
 
 
 def test_search_skips_processes_predicted_over_the_ram_budget():
@@ -168,14 +173,17 @@ def test_search_skips_processes_predicted_over_the_ram_budget():
         return row(p, t, 100 * p, cpu=float(p), rss=150.0 * p)
 
     rows = search(curve, cpus=8, ram_budget_mb=500)
-    assert [(m.processes, m.skipped) for m in rows if m.processes] == [(2, ""), (4, "ram cap")]
+    assert [(m.parallelism.processes, m.skipped) for m in rows if m.parallelism.processes] == [
+        (2, ""),
+        (4, "ram cap"),
+    ]
     t = decide(rows, cpus=8, ram_budget_mb=500)
-    assert t.processes == 2 and t.reason == "ram cap"
+    assert t.parallelism.processes == 2 and t.reason == "ram cap"
 
 
 def test_search_stops_as_soon_as_the_target_is_met():
     rows = search(lambda p, t: row(p, t, 10 * t, cpu=0.1 * t), cpus=2, target_batches_per_s=30)
-    assert [m.threads for m in rows] == [1, 2, 4]  # 40 >= 1.2 x 30
+    assert [m.parallelism.threads for m in rows] == [1, 2, 4]  # 40 >= 1.2 x 30
 
 
 def test_first_process_candidate_is_measured_not_predicted_from_threads():
@@ -187,6 +195,6 @@ def test_first_process_candidate_is_measured_not_predicted_from_threads():
         row(0, 4, 100, rss=1200.0, cpu=1.0),
     ]
     c = next_candidate(rows, cpus=8, ram_budget_mb=500)  # 2 x 300 from threads: over
-    assert (c.processes, c.skip) == (2, "")
+    assert (c.parallelism.processes, c.skip) == (2, "")
     rows.append(row(2, 1, 200, rss=400.0, cpu=2.0))
     assert next_candidate(rows, cpus=8, ram_budget_mb=500).skip == "ram cap"  # 4 x 200

@@ -135,9 +135,9 @@ def test_no_module_is_named_like_a_standard_library_module():
 def test_the_pipeline_takes_its_parallelism_from_the_caller():
     from input_server.batching.pipeline import Pipeline
 
-    workers = inspect.signature(Pipeline.stream).parameters["workers"]
-    assert workers.kind is inspect.Parameter.KEYWORD_ONLY
-    assert workers.default is inspect.Parameter.empty  # no hidden default that tunes
+    parallelism = inspect.signature(Pipeline.stream).parameters["parallelism"]
+    assert parallelism.kind is inspect.Parameter.KEYWORD_ONLY
+    assert parallelism.default is inspect.Parameter.empty  # no hidden default that tunes
     batching = [m for m in MODULES if m.startswith("input_server.batching")]
     reaches = {i for m in batching for i, _ in _imports(m, MODULES[m])}
     assert not {i for i in reaches if i.startswith("input_server.autotune")}, reaches

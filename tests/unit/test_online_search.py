@@ -7,6 +7,7 @@ import pytest
 
 from input_server.autotune.live import Window
 from input_server.autotune.online import COOLDOWN_WINDOWS, OnlineSearch
+from input_server.batching.parallelism import Parallelism as P
 
 
 def default_threads(processes: int) -> int:
@@ -47,10 +48,8 @@ def capacities(per_thread: float, gil: float = 1.0):
     """Capacity of (processes, threads) for a stage whose threads add `per_thread` each, a
     fraction `gil` of that beyond the first."""
 
-    def capacity(config):
-        p, t = config
-        n = max(1, p) * t
-        return per_thread * (1 + gil * (n - 1))
+    def capacity(parallelism):
+        return per_thread * (1 + gil * (parallelism.workers - 1))
 
     return capacity
 
@@ -59,17 +58,17 @@ def run(
     search: OnlineSearch, capacity, demand: float | None, *, windows: int = 30, now: float = 0.0
 ):
     """Feeds the search the windows its current parallelism would give, switching where it
-    says; returns the configs it ran and the time."""
+    says; returns the parallelisms it ran and the time."""
     path = [search.current]
     for _ in range(windows):
         cap = capacity(search.current)
         if demand is None or demand >= cap:  # the loop takes all it makes
-            w = window(cap, workers=max(1, search.current[0]) * search.current[1])
+            w = window(cap, workers=search.current.workers)
         else:
             busy = demand / cap
             w = window(
                 demand,
-                workers=max(1, search.current[0]) * search.current[1],
+                workers=search.current.workers,
                 blocked=1 - busy,
                 busy=busy,
             )
@@ -82,30 +81,30 @@ def run(
 
 
 def test_a_slow_loop_gets_the_fewest_workers_that_meet_its_demand_with_headroom():
-    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads)
     path, _ = run(s, capacities(10), demand=24)  # needs 1.25 x 24 = 30: three threads' worth
-    assert s.settled and s.current == (0, 4)  # the ladder: 1, 2, 4, 8 threads; 2 give 20
+    assert s.settled and s.current == P(0, 4)  # the ladder: 1, 2, 4, 8 threads; 2 give 20
     assert s.tuning.reason == "target met"
-    assert path[:3] == [(0, 8), (0, 4), (0, 2)] and path[-1] == (0, 4)
+    assert path[:3] == [P(0, 8), P(0, 4), P(0, 2)] and path[-1] == P(0, 4)
 
 
 def test_a_loop_that_takes_everything_gets_the_plateau():
-    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads)
     # Threads add 10 each up to 4, nothing after.
-    run(s, lambda c: 10 * min(4, max(1, c[0]) * c[1]), demand=None)
-    assert s.settled and s.current == (0, 4) and s.tuning.reason == "plateau"
+    run(s, lambda c: 10 * min(4, c.workers), demand=None)
+    assert s.settled and s.current == P(0, 4) and s.tuning.reason == "plateau"
 
 
 def test_a_spec_target_overrides_the_measured_demand():
-    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads, target=8)
+    s = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads, target=8)
     run(s, capacities(10), demand=None)  # a loop that takes everything, but the target is 8
-    assert s.settled and s.current == (0, 1)
+    assert s.settled and s.current == P(0, 1)
 
 
 def test_a_demand_that_moves_by_more_than_a_quarter_re_tunes_after_two_windows():
-    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads)
     run(s, capacities(10), demand=6)
-    assert s.settled and s.current == (0, 1) and s.searches == 1
+    assert s.settled and s.current == P(0, 1) and s.searches == 1
     # A 10 % move, for long: nothing. One window of a big move: nothing (hysteresis).
     run(s, capacities(10), demand=6.6, windows=COOLDOWN_WINDOWS + 5)
     assert s.settled and s.searches == 1
@@ -115,11 +114,11 @@ def test_a_demand_that_moves_by_more_than_a_quarter_re_tunes_after_two_windows()
     assert s.observe(window(6, blocked=0.4, busy=0.6), demand=6, now=101).to is None
     # The loop speeds up 4 x: the stream falls behind, then re-tunes up to meet it.
     path, _ = run(s, capacities(10), demand=24, now=102)
-    assert s.searches == 2 and s.settled and s.current == (0, 4), path
+    assert s.searches == 2 and s.settled and s.current == P(0, 4), path
 
 
 def test_the_time_bound_settles_on_what_was_measured():
-    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, tune_seconds=2.5)
+    s = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads, tune_seconds=2.5)
     run(s, capacities(10), demand=None, windows=6)
     assert s.settled
     assert s.tuning.reason == "time limit"  # the search was still gaining
@@ -128,13 +127,13 @@ def test_the_time_bound_settles_on_what_was_measured():
 
 
 def test_caps_bound_the_walk():
-    s = OnlineSearch((0, 1), cpus=8, default_threads=default_threads, max_workers=2)
+    s = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads, max_workers=2)
     run(s, capacities(10), demand=100)  # never enough: the cap stops it
-    assert s.settled and s.current == (0, 2)
+    assert s.settled and s.current == P(0, 2)
 
 
 def test_a_remembered_choice_starts_settled_and_watches():
-    first = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    first = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads)
     run(first, capacities(10), demand=6)
     again = OnlineSearch(
         first.current, cpus=8, default_threads=default_threads, remembered=first.tuning
@@ -145,61 +144,61 @@ def test_a_remembered_choice_starts_settled_and_watches():
 
 
 def test_processes_the_server_cannot_give_are_passed_over():
-    s = OnlineSearch((0, 16), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 16), cpus=8, default_threads=default_threads)
     # The loop wants more than 16 threads give; the next rung is 2 processes.
     step = s.observe(window(160, workers=16, blocked=0.5), demand=10_000, now=1)
-    assert step.to == (2, 4)
+    assert step.to == P(2, 4)
     asked = []
     while step.to is not None:  # a server with no worker processes to give
         asked.append(step.to)
         step = s.unavailable(step.to, now=1)
-    assert asked == [(2, 4), (4, 2), (8, 1)]
-    assert s.settled and s.current == (0, 16)
+    assert asked == [P(2, 4), P(4, 2), P(8, 1)]
+    assert s.settled and s.current == P(0, 16)
     assert any(m.skipped == "server's max workers" for m in s.tuning.measurements)
 
 
 def test_a_loop_near_capacity_whose_windows_alternate_still_re_tunes():
-    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads)
     run(s, capacities(10), demand=6)
     run(s, capacities(10), demand=6, windows=COOLDOWN_WINDOWS)
-    assert s.settled and s.current == (0, 1)
+    assert s.settled and s.current == P(0, 1)
     # One window it took all 10 a second, the next 9.5 of them: both say "more".
     assert s.observe(window(10), demand=10, now=200).to is None
     step = s.observe(window(9.5, blocked=0.2, busy=0.95), demand=9.5, now=201)
-    assert not s.settled and step.to == (0, 2), step
+    assert not s.settled and step.to == P(0, 2), step
 
 
 def test_a_measured_parallelism_whose_processes_went_elsewhere_is_not_chosen_again():
     """Measured once, then its processes taken by another stream: the search must not keep
     settling on it (each refusal would search again, forever)."""
-    s = OnlineSearch((0, 2), cpus=2, default_threads=lambda p: 1)
+    s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
     s.observe(window(10, workers=2), demand=None, now=1)  # took all: plateau search
-    s.switched((0, 4))
+    s.switched(P(0, 4))
     s.observe(window(11, workers=4), demand=None, now=2)
-    s.switched((2, 1))
+    s.switched(P(2, 1))
     s.observe(window(30, workers=2), demand=None, now=3)  # processes: far faster
-    s.switched((0, 2))  # say the search went back to measure again
-    step = s.unavailable((2, 1), now=4)
+    s.switched(P(0, 2))  # say the search went back to measure again
+    step = s.unavailable(P(2, 1), now=4)
     for _ in range(10):
         if step.to is None:
             break
-        assert step.to != (2, 1)
+        assert step.to != P(2, 1)
         s.switched(step.to)
         step = s.observe(window(10, workers=2), demand=None, now=5)
-    assert (s.tuning.processes, s.tuning.threads) != (2, 1)
+    assert s.tuning.parallelism != P(2, 1)
 
 
 def test_threads_are_held_to_the_memory_budget():
     s = OnlineSearch(
-        (0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40, mb_per_worker=8
+        P(0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40, mb_per_worker=8
     )
     run(s, capacities(10), demand=None)  # 4 threads hold 32 MiB, 8 would hold 64
-    assert s.settled and s.current == (0, 4), s.tuning
+    assert s.settled and s.current == P(0, 4), s.tuning
 
 
 def test_each_re_tune_waits_longer_before_the_next():
     """The windows ignored after a settle double with each search (no cycling searches)."""
-    s = OnlineSearch((0, 8), cpus=8, default_threads=default_threads)
+    s = OnlineSearch(P(0, 8), cpus=8, default_threads=default_threads)
     at_settle = []
     for demand in (6, 24, 96):  # each 4 x the last: a re-tune once the cool-down has passed
         searches = s.searches

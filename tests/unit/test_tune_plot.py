@@ -7,7 +7,8 @@ import matplotlib
 import pytest
 
 from input_server.autotune import policy, report
-from input_server.autotune.policy import Measurement, Tuning
+from input_server.autotune.measurements import Measurement, Tuning
+from input_server.batching.parallelism import Parallelism
 
 matplotlib.use("Agg")
 
@@ -20,12 +21,11 @@ def drawn(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
     tuning = Tuning(
-        processes=0,
-        threads=4,
+        parallelism=Parallelism(0, 4),
         reason="fastest",
         detail="",
         measurements=tuple(
-            Measurement(processes=0, threads=t, batches_per_s=r, tokens_per_s=r * 1000)
+            Measurement(parallelism=Parallelism(0, t), batches_per_s=r, tokens_per_s=r * 1000)
             for t, r in ((1, 10.0), (2, 19.0), (4, 30.0))
         ),
     )
@@ -48,17 +48,17 @@ def test_the_choice_star_is_inside_the_axes(drawn):
 
 def test_the_plateau_detail_states_the_choice_rule():
     ms = [
-        Measurement(processes=0, threads=t, batches_per_s=r, tokens_per_s=r, samples=2)
+        Measurement(parallelism=Parallelism(0, t), batches_per_s=r, tokens_per_s=r, samples=2)
         for t, r in ((1, 10.0), (2, 20.0), (4, 20.2))
     ]
     tuning = policy.decide(ms, cpus=4)
-    assert tuning.reason == "plateau" and tuning.threads == 2
+    assert tuning.reason == "plateau" and tuning.parallelism.threads == 2
     # README: "within 2 %"; the gain itself as the table shows it.
     assert (
         f"gained 1.0% (in-proc x 4 thr: 20.2 batches/s), within the {policy.CHOICE_GAIN:.0%}"
         in (tuning.detail)
     )
-    one = Tuning(processes=1, threads=1, reason="fastest", detail="", measurements=())
+    one = Tuning(parallelism=Parallelism(1, 1), reason="fastest", detail="", measurements=())
     assert one.summary().startswith("1 process x 1 thread (")
 
 

@@ -1,0 +1,122 @@
+"""The parallelism each stream opens with, and the choices "auto" streams settled on.
+
+A fixed `workers.count` opens as it is. "auto" opens at once: at the choice remembered for the
+spec (in memory, else in the on-disk cache, `remembered.TuneCache`), or in process with the
+default threads; the stream then tunes while it serves (`online`, `serving/retune.py`) and
+hands its settled choice back (`Openings.remember`). One `Openings` belongs to one server.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Protocol
+
+from input_client.spec import PipelineSpec
+from input_server.autotune.measurements import Tuning
+from input_server.autotune.policy import MAX_THREADS
+from input_server.autotune.remembered import TuneCache
+from input_server.batching.parallelism import Parallelism, default_threads
+from input_server.batching.pipeline import Pipeline
+
+
+class Processes(Protocol):
+    """The server's worker processes as one stream may take them (`serving.limits`)."""
+
+    cap: int  # the server's --max-workers, for messages
+
+    def take_up_to(self, n: int) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Opening:
+    """The parallelism a stream opens with, why, and the remembered tuning behind it (None:
+    fixed, nothing remembered, or a remembered choice this stream could not have)."""
+
+    parallelism: Parallelism
+    reason: str
+    remembered: Tuning | None = None
+
+    @classmethod
+    def fixed(cls, count: int, threads: int = 0) -> Opening:
+        """A fixed `workers.count` (and `workers.threads`, 0 = default)."""
+        by = "workers.count and workers.threads" if threads else "workers.count"
+        return cls(Parallelism.fixed(count, threads), f"fixed by {by}")
+
+    def clipped(self, processes: int, *, cap: int) -> Opening:
+        """This opening cut to the `processes` free of the server's `cap` (--max-workers), with
+        their default threads; what was remembered does not hold for it."""
+        return Opening(
+            Parallelism(processes, default_threads(processes)),
+            f"{self.reason}; clipped to the {processes} free of the server's --max-workers "
+            f"{cap} processes",
+        )
+
+
+class Openings:
+    """Opens each stream of a spec's `workers` table, and keeps the choices "auto" settled on.
+
+    Args:
+      max_remembered: choices kept in memory, the oldest forgotten first.
+      cache: where choices persist across restarts (`remembered.TuneCache`); None = nowhere.
+    """
+
+    def __init__(self, *, max_remembered: int = 64, cache: TuneCache | None = None):
+        self._cache = cache
+        self._lock = threading.Lock()
+        # By the pipeline's kind and spec: a stand-in source (testing.SlowPipeline) over the
+        # same files is another pipeline.
+        self._decided: collections.OrderedDict[tuple[type, PipelineSpec], Tuning] = (
+            collections.OrderedDict()
+        )
+        self._max_remembered = max_remembered
+
+    def choose(
+        self, pipeline: Pipeline, *, processes: Processes, max_threads: int = MAX_THREADS
+    ) -> Opening:
+        """How a new stream of `pipeline` opens. For "auto", the worker processes it opens with
+        are taken from `processes` here (none for a fixed count: the caller waits for those);
+        a remembered choice over what is free is clipped to it, and tuned from there like a
+        new one. The provisional in-process start keeps to `max_workers` and `max_threads`
+        (what memory allows)."""
+        w = pipeline.spec.workers
+        if w.count != "auto":
+            return Opening.fixed(w.count, w.threads)
+        remembered = self._recall(pipeline)
+        if remembered is None:
+            threads = min(default_threads(0), w.max_workers or MAX_THREADS, max_threads)
+            return Opening(
+                Parallelism(0, threads),
+                f"auto: started at once in process with {threads} threads; tuning on the "
+                f"live stream",
+            )
+        opening = Opening(
+            remembered.parallelism, f"auto, remembered: {remembered.summary()}", remembered
+        )
+        wanted = opening.parallelism.processes
+        got = processes.take_up_to(wanted) if wanted else 0
+        return opening if got == wanted else opening.clipped(got, cap=processes.cap)
+
+    def remember(self, pipeline: Pipeline, tuning: Tuning) -> None:
+        """Keeps a settled choice for the spec's later streams (and restarts, with a cache)."""
+        self._keep((type(pipeline), pipeline.spec), tuning)
+        if self._cache is not None:
+            self._cache.put(pipeline.spec, tuning)
+
+    def _recall(self, pipeline: Pipeline) -> Tuning | None:
+        key = (type(pipeline), pipeline.spec)
+        with self._lock:
+            remembered = self._decided.get(key)
+        if remembered is None and self._cache is not None:
+            remembered = self._cache.get(pipeline.spec)
+            if remembered is not None:
+                self._keep(key, remembered)
+        return remembered
+
+    def _keep(self, key: tuple[type, PipelineSpec], tuning: Tuning) -> None:
+        with self._lock:
+            self._decided[key] = tuning
+            self._decided.move_to_end(key)
+            while len(self._decided) > self._max_remembered:
+                self._decided.popitem(last=False)
