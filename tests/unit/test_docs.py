@@ -96,3 +96,32 @@ def test_every_relative_link_reaches_a_file_and_heading(doc: Path):
 )
 def test_anchors_follow_githubs_rule(heading: str, expected: str):
     assert anchor(heading) == expected
+
+
+PACKAGES = ("input_server", "client/input_client")
+GENERATED = "client/input_client/_proto/"  # one row for the generated stubs
+
+
+def module_table() -> list[str]:
+    """The paths in the first column of docs/architecture.md's module table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Modules, one stage each\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+
+
+def test_the_module_table_lists_every_module_once():
+    rows = module_table()
+    modules = sorted(
+        str(p.relative_to(ROOT))
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if "__pycache__" not in p.parts and not str(p.relative_to(ROOT)).startswith(GENERATED)
+    )
+    missing = [m for m in modules if m not in rows]
+    gone = [r for r in rows if not (ROOT / r).exists()]
+    twice = sorted({r for r in rows if rows.count(r) > 1})
+    assert not (missing or gone or twice), (
+        "docs/architecture.md, 'Modules, one stage each': one row per module, "
+        f"`path` | what it owns. Missing: {missing}; no longer there: {gone}; twice: {twice}"
+    )
+    assert GENERATED in rows
