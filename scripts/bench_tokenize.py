@@ -57,7 +57,7 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     from input_client import PipelineSpec
     from input_server.batching.pipeline import Pipeline
     from input_server.data.sources import DocumentSource
-    from input_server.data.tokenizer import Tokenizer
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 
     spec = PipelineSpec(
         source={"paths": [corpus]}, tokenizer={"model": model}, batch={"seq_len": seq_len}
@@ -100,10 +100,10 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
             sp.encode(texts[i : i + size], return_type="numpy") for i in range(0, len(texts), size)
         ]
 
-    tokenizer = Tokenizer(spec.tokenizer)
+    tokenizer = SentencepieceTokenizer(spec.tokenizer)
     tokenizer.learn_chars_per_token(texts[:64])
     tokenized = 0
-    real = tokenizer.processor()
+    real = tokenizer.model()
 
     class Counting:  # counts the characters handed to sentencepiece
         def __getattr__(self, name):
@@ -114,12 +114,12 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
             tokenized += sum(map(len, batch))
             return real.encode(batch, **kwargs)
 
-    tokenizer._sp = Counting()
+    tokenizer._model = Counting()
     for i in range(0, len(texts), group_size):
         tokenizer.encode(texts[i : i + group_size], trim_to=seq_len)
     kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
 
-    tokenizer._sp = real
+    tokenizer._model = real
 
     def read_all():
         source.read_many(range(len(source)))

@@ -24,6 +24,7 @@ from input_client.spec import PipelineSpec
 from input_server import __version__
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.policy import cpu_count
+from input_server.data.tokenizers import KINDS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,13 @@ def _version(package: str) -> str:
         return "none"
 
 
+def _tokenizer_library(spec: PipelineSpec) -> str:
+    """The kind and version of the library that tokenizes (none for pre-tokenized data)."""
+    if not spec.tokenizer.model:
+        return "none"
+    return f"{spec.tokenizer.kind} {KINDS[spec.tokenizer.kind].library_version()}"
+
+
 def key_fields(spec: PipelineSpec) -> dict[str, Any]:
     """What decides a tuning's choice, besides the measurements themselves."""
     workers = dataclasses.asdict(spec.workers)
@@ -54,7 +62,7 @@ def key_fields(spec: PipelineSpec) -> dict[str, Any]:
         "cpus": cpu_count(),
         "input_server": __version__,
         "grain": _version("grain"),
-        "sentencepiece": _version("sentencepiece"),
+        "tokenizer": _tokenizer_library(spec),
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
     }
 

@@ -1,6 +1,6 @@
-"""The parallel stage: one group of the ordered documents read and tokenized (texts in one
-sentencepiece call, pre-tokenized ids checked and passed through), in whichever worker
-thread or process Grain runs it."""
+"""The parallel stage: one group of the ordered documents read and tokenized (texts by the
+tokenizer's `encode` of the whole group, pre-tokenized ids checked and passed through), in
+whichever worker thread or process Grain runs it."""
 
 from __future__ import annotations
 
@@ -86,9 +86,10 @@ class EncodeGroup:
         indices = self.order.source_indices(first, first + self.size).tolist()
         read_many = getattr(self.source, "read_many", None)
         items = read_many(indices) if read_many else [self.source[i] for i in indices]
-        # One sentencepiece thread: the call releases the GIL, so Grain's threads (and
-        # processes) are the tokenizing parallelism, which the autotuner sizes (threads x 1
-        # against x 2: docs/benchmarks.md, "Tokenizer side").
+        # The tokenizer encodes on this thread and releases the GIL while its library works
+        # (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads (and processes)
+        # are the tokenizing parallelism, which the autotuner sizes (sentencepiece on one of
+        # its threads against two: docs/benchmarks.md, "Tokenizer side").
         element = encode_documents(
             self.tokenizer,
             self.specials,

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from input_client.wire import compact_arrays, expand_packed
-from input_server.data.tokenizer import TokenGroup
+from input_server.data.tokenizers import TokenGroup
 from input_server.errors import InvalidSpecError
 
 LONG_DOCUMENTS = ("trim", "chunk", "split")

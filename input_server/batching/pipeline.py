@@ -34,10 +34,9 @@ from input_server.data.mixture import MixtureOrder, component_fingerprints, orde
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
-from input_server.data.tokenizer import TokenGroup
-from input_server.data.tokenizer_kinds import load_tokenizer
+from input_server.data.tokenizers import TokenGroup, load_tokenizer
 
-# Text to tokenize per group (after long documents are cut, see tokenizer.CUT_MARGIN_*): bigger
+# Text to tokenize per group (after long documents are cut, see groups.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
 # docs/benchmarks.md, "Tokenizer side"). But a group's
 # records are read one after another, so from slow (remote) storage a bigger group is a longer

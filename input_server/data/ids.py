@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer import TokenGroup
-from input_server.data.tokenizer_kinds import info_of
+from input_server.data.tokenizers import TokenGroup
 from input_server.errors import RecordError
 
 
@@ -53,7 +52,7 @@ class IdsOnly:
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         return text_chars
 
-    def encode(self, texts, first_doc=0, num_threads=1, trim_to=None) -> TokenGroup:
+    def encode(self, texts, first_doc=0, trim_to=None) -> TokenGroup:
         raise TypeError("a spec without `tokenizer.model` has no text to tokenize")
 
 
@@ -61,7 +60,7 @@ def model_specials(tokenizer) -> Specials:
     """The specials of a model's tokenizer, of any kind (an id the model lacks, -1, adds
     nothing, as sentencepiece's own `add_bos` does and transformers' does for an unset
     `bos_token`)."""
-    info, t = info_of(tokenizer), tokenizer.spec
+    info, t = tokenizer.info(), tokenizer.spec
     return Specials(
         vocab_size=info.vocab_size,
         bos=info.bos_id if t.add_bos and info.bos_id >= 0 else None,
@@ -137,7 +136,7 @@ def encode_documents(
     the documents' order. `where(i)` names item i's record for messages."""
     text_at = [i for i, x in enumerate(items) if isinstance(x, str)]
     if len(text_at) == len(items):
-        return tokenizer.encode(list(items), first_doc=first_doc, num_threads=1, trim_to=trim_to)
+        return tokenizer.encode(list(items), first_doc=first_doc, trim_to=trim_to)
     if not text_at:  # all pre-tokenized: no per-document work but appending views
         parts, lengths = id_parts(items, specials, trim_to=trim_to, where=where)
         tokens = _joined(parts)
@@ -145,9 +144,7 @@ def encode_documents(
             _check_range(tokens, lengths, specials, lambda i: where(i), around=True)
         return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
     pieces: list[list[np.ndarray]] = [[] for _ in items]
-    texts = tokenizer.encode(
-        [items[i] for i in text_at], first_doc=0, num_threads=1, trim_to=trim_to
-    )
+    texts = tokenizer.encode([items[i] for i in text_at], first_doc=0, trim_to=trim_to)
     for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
         pieces[i] = [texts.tokens[start : start + n]]
     lengths = np.zeros(len(items), np.int64)

@@ -6,11 +6,10 @@ A trainer checks its own settings against it (input_client.maxtext: MaxText's pa
 
 from __future__ import annotations
 
-from input_client import model_files
 from input_client.proto import pb
 from input_client.spec import TOKENIZER_KINDS, SpecError, TokenizerSpec
 from input_server.data.roots import DataAccess
-from input_server.data.tokenizer_kinds import files_of, info_of, load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.errors import InvalidSpecError
 
 KINDS_REASON = f"must be one of {', '.join(TOKENIZER_KINDS)}"
@@ -29,12 +28,12 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     if "\0" in request.model:
         raise InvalidSpecError("`tokenizer.model` must not contain a NUL character.")
     tokenizer = load_tokenizer(spec, access)
-    info = info_of(tokenizer)
+    info = tokenizer.info()
     return pb.TokenizerInfo(
         vocab_size=info.vocab_size,
         bos_id=info.bos_id,
         eos_id=info.eos_id,
         pad_id=info.pad_id,
         unk_id=info.unk_id,
-        sha256=model_files.digest(files_of(tokenizer)),
+        sha256=tokenizer.digest(),
     )

@@ -20,7 +20,7 @@ from input_client.spec import PipelineSpec, SpecError
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
 from input_server.data.sources import DocumentSource
-from input_server.data.tokenizer_kinds import info_of, load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.tools.bench_kinds import (
     KINDS,
     REFERENCE_ENCODE,
@@ -239,7 +239,7 @@ def run(
         },
         "spec": dataclasses.asdict(spec.batch),
         "kind": kind,
-        "vocab_size": info_of(load_tokenizer(spec.tokenizer)).vocab_size,
+        "vocab_size": load_tokenizer(spec.tokenizer).info().vocab_size,
         "cores": cores,
         "rounds": rounds,
         "limit": limit,

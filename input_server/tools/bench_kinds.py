@@ -9,102 +9,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from input_client.spec import PipelineSpec, TokenizerSpec
 from input_client.wire import shift_left
-from input_server.data.tokenizer_kinds import info_of, load_tokenizer
+from input_server.data.tokenizers import KINDS as TOKENIZERS
+from input_server.data.tokenizers import load_tokenizer
 from input_server.tools.bench_server import _consume, _rate
 
-KINDS = ("sentencepiece", "huggingface", "tiktoken")
+KINDS = tuple(TOKENIZERS)
 
 # What the reference runs per document for each kind, said in each result: for Hugging Face,
 # also what it leaves out of MaxText's.
-REFERENCE_ENCODE = {
-    "sentencepiece": "SentencePieceProcessor.encode(text) per document, as MaxText's "
-    "SentencePieceTokenizer",
-    "huggingface": "tokenizers.Tokenizer.encode(text).ids per document with the same "
-    "post-processor; MaxText calls transformers' AutoTokenizer.encode, whose Python overhead "
-    "(not installed here) this leaves out, so it flatters the reference",
-    "tiktoken": "MaxText's split_runs loop over each document's characters, then "
-    "tiktoken.Encoding.encode per piece, as MaxText's TikTokenTokenizer",
-}
+REFERENCE_ENCODE = {kind: cls.REFERENCE for kind, cls in TOKENIZERS.items()}
 # Training text for the models `--kinds` makes: enough for a 1000s-piece vocabulary, bounded
 # so a large corpus does not spend minutes training.
 TRAIN_CHARS = 20_000_000
-
-
-def _over_slices(call: Callable[[list[str]], list[int]], threads: int):
-    """`call` on `threads` threads, one contiguous slice of the texts each: no future per
-    document, no Python ints."""
-
-    def run(texts: list[str]) -> list[int]:
-        step = -(-len(texts) // threads) or 1
-        with ThreadPoolExecutor(threads) as pool:
-            done = pool.map(call, [texts[i : i + step] for i in range(0, len(texts), step)])
-            return [n for lengths in done for n in lengths]
-
-    return run
-
-
-def limit_calls(tokenizer, threads: int) -> dict[str, Callable[[list[str]], list[int]]]:
-    """The kind's own batch calls over a list of texts on `threads` threads, named, each
-    returning the tokens of each text (BOS/EOS included as the spec adds them), in the output
-    form that costs least. `tokenizer` is `load_tokenizer(spec)`'s."""
-    spec = tokenizer.spec
-    if spec.kind == "huggingface":
-        tok = tokenizer.model()  # shared by every flag pair: BOS/EOS are added per use
-        extra = sum(map(len, tokenizer.specials()))
-
-        # Rayon's threads: all cores, unless TOKENIZERS_PARALLELISM=false, which the server's
-        # loader sets (its parallelism is Grain's threads); then threads over slices.
-        def hf(texts):
-            return [len(e) + extra for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
-
-        return {
-            "Tokenizer.encode_batch_fast": hf,
-            f"{threads} threads x Tokenizer.encode_batch_fast": _over_slices(hf, threads),
-        }
-    if spec.kind == "tiktoken":
-        enc = tokenizer.model()
-        core = enc._core_bpe  # what Encoding's own calls run, without their per-call checks
-        extra = int(spec.add_bos) + int(spec.add_eos)
-
-        def batch(texts):
-            return [len(x) + extra for x in enc.encode_ordinary_batch(texts, num_threads=threads)]
-
-        def buffer(text):
-            try:
-                return core.encode_to_tiktoken_buffer(text, set())
-            except UnicodeEncodeError:  # lone surrogates: tiktoken's own repair
-                text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-                return core.encode_to_tiktoken_buffer(text, set())
-
-        def part(texts):
-            return [memoryview(buffer(t)).nbytes // 4 + extra for t in texts]
-
-        return {
-            f"Encoding.encode_ordinary_batch(num_threads={threads})": batch,
-            f"{threads} threads x Encoding._core_bpe.encode_to_tiktoken_buffer": _over_slices(
-                part, threads
-            ),
-        }
-    sp = tokenizer.processor()
-
-    def spm(texts):
-        ids = sp.encode(
-            texts,
-            add_bos=spec.add_bos,
-            add_eos=spec.add_eos,
-            num_threads=threads,
-            return_type="numpy",
-        )
-        return [len(x) for x in ids]
-
-    return {"SentencePieceProcessor.encode(batch, numpy)": spm}
 
 
 def time_call(call: Callable, texts: list[str], min_seconds: float) -> dict:
@@ -125,7 +47,7 @@ def time_call(call: Callable, texts: list[str], min_seconds: float) -> dict:
 def pick_limit_call(tokenizer, texts: list[str], threads: int, seconds: float) -> tuple[str, dict]:
     """The fastest of the kind's batch calls here, by a short run of each; (its name, every
     call's short run)."""
-    calls = limit_calls(tokenizer, threads)
+    calls = tokenizer.limit_calls(threads)
     tried = {name: time_call(call, texts, seconds) for name, call in calls.items()}
     return max(tried, key=lambda n: tried[n]["tokens_per_s"]), tried
 
@@ -148,40 +70,14 @@ class DocumentEncoder:
         return self._encode(text)
 
     def _open(self) -> Callable[[str], list[int]]:
-        spec, tokenizer = self.spec, load_tokenizer(self.spec)
-        if spec.kind == "huggingface":
-            # transformers' encode: [BOS] $A [EOS] as the flags say (its post-processor).
-            tok, (head, tail) = tokenizer.model(), tokenizer.specials()
-            return lambda text: [*head, *tok.encode(text).ids, *tail]
-        if spec.kind == "tiktoken":
-            from input_server.data.tiktoken_tokenizer import MAX_ENCODE_CHARS, MAX_RUN, split_runs
-
-            enc, info = tokenizer.model(), tokenizer.info()
-
-            def tiktoken_encode(s: str) -> list[int]:  # TikTokenTokenizer.encode, as written
-                substrs = (
-                    substr
-                    for i in range(0, len(s), MAX_ENCODE_CHARS)
-                    for substr in split_runs(s[i : i + MAX_ENCODE_CHARS], MAX_RUN)
-                )
-                t: list[int] = []
-                for substr in substrs:
-                    t.extend(enc.encode(substr, allowed_special=set(), disallowed_special=()))
-                if spec.add_bos:
-                    t.insert(0, info.bos_id)
-                if spec.add_eos:
-                    t.append(info.eos_id)
-                return t
-
-            return tiktoken_encode
-        sp = tokenizer.processor()
-        return lambda text: sp.encode(text, add_bos=spec.add_bos, add_eos=spec.add_eos)
+        return load_tokenizer(self.spec).maxtext_encoder()
 
 
 def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
     """Tokens in one epoch of `texts`, and those the batches keep (a document trimmed to
     `seq_len` counts only what is kept), to size runs by the tokens they deliver."""
-    call = next(iter(limit_calls(load_tokenizer(spec.tokenizer), os.cpu_count() or 1).values()))
+    tokenizer = load_tokenizer(spec.tokenizer)
+    call = next(iter(tokenizer.limit_calls(os.cpu_count() or 1).values()))
     lengths = call(texts)
     if spec.batch.packing == "concat_then_split":
         return sum(lengths), sum(lengths)
@@ -193,9 +89,9 @@ def bench_limit(
 ) -> dict:
     """The limit: the tokenizer kind's own batch call over the corpus on all cores, in its
     fastest output form (sentencepiece's: numpy arrays, see scripts/bench_tokenize.py);
-    `call` names one of `bench_kinds.limit_calls` (default its first)."""
+    `call` names one of the tokenizer's `limit_calls` (default its first)."""
     threads = os.cpu_count() or 1
-    calls = limit_calls(load_tokenizer(spec.tokenizer), threads)
+    calls = load_tokenizer(spec.tokenizer).limit_calls(threads)
     call = call or next(iter(calls))
     return {**time_call(calls[call], texts, min_seconds), "threads": threads, "call": call}
 
@@ -273,11 +169,10 @@ def parse_kinds(value: str) -> tuple[str, ...]:
 
 
 def base_vocab_size(spec: TokenizerSpec) -> int:
-    """The spec's model's vocabulary, less tiktoken's 256 special tokens (not in its file)."""
-    from input_server.data.tiktoken_tokenizer import RESERVED
-
-    size = info_of(load_tokenizer(spec)).vocab_size
-    return size - RESERVED if spec.kind == "tiktoken" else size
+    """The spec's model's vocabulary, less the ids its kind adds beyond its file (tiktoken's
+    256 special tokens): what a trainer's `vocab_size` makes."""
+    tokenizer = load_tokenizer(spec)
+    return tokenizer.info().vocab_size - tokenizer.ADDED_IDS
 
 
 def make_models(

@@ -199,7 +199,7 @@ def train(
       TrainError: no text, or a vocabulary the corpus cannot give.
     """
     from input_client.spec import TokenizerSpec
-    from input_server.data.tokenizer import Tokenizer
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
@@ -241,8 +241,8 @@ def train(
     finally:
         progress.close()
         shutil.rmtree(work, ignore_errors=True)
-    tok = Tokenizer(TokenizerSpec(model=os.path.abspath(output)))
-    sp = tok.processor()
+    tok = SentencepieceTokenizer(TokenizerSpec(model=os.path.abspath(output)))
+    sp = tok.model()
     return {
         "model": output,
         "model_type": model_type,

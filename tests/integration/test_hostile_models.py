@@ -20,7 +20,7 @@ import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer_kinds import load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.testing.corpus import write_jsonl
 from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
@@ -189,7 +189,7 @@ def test_a_tiktoken_file_past_the_ranks_cap_is_refused_naming_the_cap(server, tm
     """Measured: a 209 MB ranks file of 10 M lines grew the server past 3 GB on one
     DescribeTokenizer. Here 2^20 + 1 lines (13 MB), refused at the cap; and one line with no
     newline is refused at MAX_LINE_BYTES, never read whole."""
-    from input_server.data import tiktoken_tokenizer
+    from input_server.data.tokenizers import tiktoken as tiktoken_tokenizer
 
     cap = 1 << 20
     many = tmp_path / "many.tiktoken"
@@ -227,7 +227,7 @@ def test_a_hugging_face_model_is_loaded_once_for_every_bos_eos_pair(models, tmp_
 def test_a_tokenizer_json_too_large_to_load_is_refused_before_reading(server, tmp_path):
     """A tokenizer.json loads to about 16 x its bytes: one past the loaded-model budget is
     refused from its size, before any byte is read (sparse: no disk is used)."""
-    from input_server.data import tokenizer_kinds
+    from input_server.data.tokenizers.huggingface import HuggingFaceTokenizer
 
     limit = 128 << 20  # a 2 GB budget over the 16 x estimate
     (tmp_path / "big").mkdir()
@@ -235,7 +235,7 @@ def test_a_tokenizer_json_too_large_to_load_is_refused_before_reading(server, tm
         f.truncate(limit + 1)
     err = _describe_error(server, str(tmp_path / "big"), "huggingface")
     _names(err, str(tmp_path / "big"), "loaded models")
-    assert tokenizer_kinds.MAX_MODEL_BYTES_OF_KIND["huggingface"] == limit
+    assert HuggingFaceTokenizer.MAX_FILE_BYTES == limit
 
 
 def test_a_sentencepiece_model_too_large_to_load_is_refused_before_reading(server, tmp_path):
@@ -307,7 +307,7 @@ def test_the_hugging_face_cache_is_bounded_by_the_size_of_what_it_holds(
     """Loaded models are kept within MAX_LOADED_BYTES by their estimated size (16 x their
     files), the least recently used dropped first; the budget is made small here, the
     models stay real."""
-    from input_server.data import hf_tokenizer
+    from input_server.data.tokenizers import huggingface as hf_tokenizer
 
     folders = [str(shutil.copytree(models["hf"], tmp_path / f"hf{i}")) for i in range(3)]
     files = ("tokenizer.json", "tokenizer_config.json")

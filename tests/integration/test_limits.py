@@ -89,21 +89,21 @@ def test_a_long_document_is_not_tokenized_whole_to_learn_from_the_sample(make_sp
     path = write_docs(tmp_path / "long.jsonl", ["word " * 2_000_000, *docs[:100]])  # 10 MB
     spec = make_spec(source={"paths": [path]})
     pipeline = Pipeline.__new__(Pipeline)
-    from input_server.data import tokenizer as tokenizer_module
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 
     counting = {}
-    original = tokenizer_module.Tokenizer.processor
+    original = SentencepieceTokenizer.model
 
-    def processor(self):
+    def model(self):
         sp = original(self)
         counting.setdefault(id(self), _CountingProcessor(sp))
         return counting[id(self)]
 
-    tokenizer_module.Tokenizer.processor = processor
+    SentencepieceTokenizer.model = model
     try:
         pipeline.__init__(spec)
     finally:
-        tokenizer_module.Tokenizer.processor = original
+        SentencepieceTokenizer.model = original
     encoded = sum(c.chars for c in counting.values())
     assert 0 < encoded < 2_000_000, encoded
 

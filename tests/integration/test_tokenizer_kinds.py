@@ -14,7 +14,7 @@ import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer_kinds import load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 from tests.support import assert_same_batches, run_pipeline
 
@@ -226,3 +226,37 @@ def test_extra_special_tokens_are_tokens_in_the_text(models, tmp_path):
     ids = tok.encode(["a <|tool|> b"]).tokens.tolist()
     tool = tok.model().token_to_id("<|tool|>")
     assert tool == 800 and tool in ids and len(ids) <= 5
+
+
+def test_the_registry_holds_every_kind_a_spec_may_name_each_behind_the_interface(
+    docs, models, spm_model
+):
+    """Adding a kind is a module and a line in the registry: it holds exactly the kinds a spec
+    may name, and each one's tokenizer, loaded from a real model, is a `Tokenizer` whose limit
+    calls count the tokens `encode` gives, and whose library keys the tune cache."""
+    from importlib import metadata
+
+    from input_client import model_files
+    from input_client.spec import TOKENIZER_KINDS
+    from input_server.autotune.remembered import key_fields
+    from input_server.data.tokenizers import KINDS, Tokenizer
+
+    assert tuple(KINDS) == TOKENIZER_KINDS
+    texts = docs[:40]
+    for kind, model in {"sentencepiece": spm_model, **models}.items():
+        tok = load_tokenizer(TokenizerSpec(model=model, kind=kind))
+        assert type(tok) is KINDS[kind] and isinstance(tok, Tokenizer), kind
+        assert tok.info().vocab_size == tok.vocab_size
+        files = model_files.hf_files(model) if kind == "huggingface" else {"": model}
+        assert tok.digest() == model_files.digest(files), kind
+        lengths = tok.encode(texts).lengths.tolist()
+        for name, call in tok.limit_calls(2).items():
+            assert call(texts) == lengths, (kind, name)
+        assert tok.maxtext_encoder()(texts[0]) == tok.encode(texts[:1]).tokens.tolist(), kind
+        spec = PipelineSpec(source={"paths": ["x.jsonl"]}, tokenizer={"model": model, "kind": kind})
+        library = metadata.version(KINDS[kind].LIBRARY)
+        assert (
+            key_fields(spec)["tokenizer"]
+            == f"{kind} {library}"
+            == f"{kind} {tok.library_version()}"
+        )

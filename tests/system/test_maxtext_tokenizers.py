@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer_kinds import info_of, load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.testing.corpus import train_sentencepiece
 from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
 
@@ -97,7 +97,7 @@ def test_ids_equal_maxtexts_own_tokenizer(maxtext_python, docs, tmp_path, kind):
         ]
         for i, (a, b) in enumerate(zip(got, theirs["ids"], strict=True)):
             assert a == b, (flags, i, texts[i][:80], a[:20], b[:20])
-        info = info_of(ours)
+        info = ours.info()
         assert (info.bos_id, info.eos_id) == (theirs["bos_id"], theirs["eos_id"])
         # MaxText's pad: the tokenizer's pad id, else its unk id, else 0.
         pad = (

@@ -103,10 +103,12 @@ def test_bpe_and_no_pad(capsys, tmp_path, docs):
     assert sp.pad_id() == -1
 
     from input_client.spec import TokenizerSpec
-    from input_server.data.tokenizer import CUT_MARGIN_GROW_ADDED, Tokenizer
+    from input_server.data.tokenizers.groups import CUT_MARGIN_GROW_ADDED
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 
     # The server grows a cut BPE document's tokens instead of tokenizing it again.
-    assert Tokenizer(TokenizerSpec(model=str(model))).cut_margin == CUT_MARGIN_GROW_ADDED
+    tokenizer = SentencepieceTokenizer(TokenizerSpec(model=str(model)))
+    assert tokenizer.cut_margin == CUT_MARGIN_GROW_ADDED
 
 
 def test_the_refusals_name_a_vocabulary_that_then_trains(capsys, tmp_path, docs):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from input_server.data.model_checks import (
+from input_server.data.tokenizers.checks import (
     MAX_NORMALIZER_EXPANSION,
     charsmap_expansion,
     hf_normalizer_expansion,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from input_client.wire import FIELDS
 from input_server.batching.pack import DocCursor, pack_batch
 from input_server.batching.resume import parse_state
-from input_server.data.tokenizer import TokenGroup
+from input_server.data.tokenizers import TokenGroup
 from input_server.errors import InvalidSpecError
 
 docs_strategy = st.lists(

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from input_server.data import tiktoken_tokenizer as tt
+from input_server.data.tokenizers import tiktoken as tt
 from input_server.errors import InvalidSpecError
 
 

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizer import CUT_CHARS_PER_TOKEN, Tokenizer
+from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN
+from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 
 
 def doc_tokens(group, i):
@@ -18,7 +19,7 @@ def doc_tokens(group, i):
 
 @pytest.fixture(scope="module")
 def tokenizer(spm_model):
-    return Tokenizer(TokenizerSpec(model=spm_model))
+    return SentencepieceTokenizer(TokenizerSpec(model=spm_model))
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +35,14 @@ def bpe_model(docs, tmp_path_factory):
 def any_tokenizer(request, spm_model, bpe_model):
     """A fresh tokenizer of each model type: unigram grows a short cut by tokenizing the longer
     prefix again, BPE by tokenizing only the added text."""
-    return Tokenizer(TokenizerSpec(model=spm_model if request.param == "unigram" else bpe_model))
+    return SentencepieceTokenizer(
+        TokenizerSpec(model=spm_model if request.param == "unigram" else bpe_model)
+    )
 
 
 def test_only_models_that_segment_each_word_alone_grow_by_the_added_text(tokenizer, bpe_model):
     assert tokenizer.word_local and not tokenizer.extendable  # unigram: ties read the prefix
-    bpe = Tokenizer(TokenizerSpec(model=bpe_model))
+    bpe = SentencepieceTokenizer(TokenizerSpec(model=bpe_model))
     assert bpe.word_local and bpe.extendable
 
 
@@ -60,13 +63,13 @@ def test_unigram_ties_that_depend_on_the_text_before_them_keep_the_whole_documen
         if sp.encode(f"{p} {r}")[len(sp.encode(p)) :] != sp.encode(f" {r}")
     ]
     assert len(cases) >= 5  # the model has such ties, so the check below means something
-    tokenizer = Tokenizer(TokenizerSpec(model=spm_model))
+    tokenizer = SentencepieceTokenizer(TokenizerSpec(model=spm_model))
     for p, r in cases:
         text = f"{p} {r}" + " word" * 60
         trim_to = len(sp.encode(f"{p} {r}")) + 4
         full = doc_tokens(tokenizer.encode([text]), 0)[:trim_to]
         for rate in np.linspace(0.1, 3.0, 12):  # cuts, and growths, at every few spaces
-            tokenizer._chars_per_token = rate
+            tokenizer.cutter.chars_per_token = rate
             cut = tokenizer.encode([text], trim_to=trim_to)
             np.testing.assert_array_equal(doc_tokens(cut, 0), full, err_msg=f"{text[:60]!r}")
 
@@ -75,7 +78,7 @@ def test_group_holds_each_documents_tokens(tokenizer, docs):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=tokenizer.spec.model)
-    group = tokenizer.encode(docs[:50], first_doc=100, num_threads=2)
+    group = tokenizer.encode(docs[:50], first_doc=100)
     assert group.first_doc == 100 and len(group.lengths) == 50
     for i, text in enumerate(docs[:50]):
         assert doc_tokens(group, i).tolist() == sp.encode(text, add_bos=True, add_eos=True)
@@ -87,8 +90,8 @@ def test_cut_documents_keep_their_first_tokens(tokenizer, docs, trim_to):
     texts = docs[:200] + [" ".join(docs[i : i + 30]) for i in range(0, 300, 30)]
     assert tokenizer.word_local
     assert any(len(t) > trim_to * CUT_CHARS_PER_TOKEN for t in texts)
-    full = tokenizer.encode(texts, num_threads=2)
-    cut = tokenizer.encode(texts, num_threads=2, trim_to=trim_to)
+    full = tokenizer.encode(texts)
+    cut = tokenizer.encode(texts, trim_to=trim_to)
     assert cut.tokens.size < full.tokens.size  # work was saved
     for i in range(len(texts)):
         np.testing.assert_array_equal(doc_tokens(cut, i)[:trim_to], doc_tokens(full, i)[:trim_to])

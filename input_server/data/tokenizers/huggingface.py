@@ -29,20 +29,24 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
-from input_server.data.model_checks import (
+from input_client.model_files import HF_FILES
+from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
+from input_server.data.tokenizers.checks import (
     MAX_NORMALIZER_EXPANSION,
+    bounded,
+    check_readable,
     expansion_refusal,
     hf_member_expansion,
     hf_normalizer_expansion,
     kind_hint,
     model_faults,
 )
-from input_server.data.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
-from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
-from input_server.errors import InvalidSpecError, shorten
+from input_server.data.tokenizers.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
+from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,8 @@ LOAD_BYTES_PER_FILE_BYTE = 16
 # What the loaded models may take together, by that estimate: older ones are dropped past it
 # (a model still used by a stream stays alive through it, then goes).
 MAX_LOADED_BYTES = 2 << 30
+# The most a tokenizer_config.json or special_tokens_map.json may hold (real ones: a few KB).
+MAX_CONFIG_BYTES = 16 << 20
 # (model, flag) pairs already warned of: a client describing a model over and over must not
 # grow the log by a line a call.
 _WARNED: set = set()
@@ -85,15 +91,54 @@ def _content(token) -> str | None:
 PLAIN_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
 
-class HuggingFaceTokenizer(WholeDocumentTokenizer):
+class HuggingFaceTokenizer(ModelTokenizer):
     """A `tokenizer.json` with the named tokens of the `tokenizer_config.json` beside it.
 
     `sidecars`: the files beside it that exist and may be read (`tokenizer_config.json`,
-    `special_tokens_map.json`; `tokenizer_kinds.resolve_model` finds them)."""
+    `special_tokens_map.json`; `resolve` finds them)."""
 
-    def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
-        self.sidecars = dict(sidecars or {})
-        super().__init__(spec, written=written)
+    KIND = "huggingface"
+    LIBRARY = "tokenizers"
+    REFERENCE = (
+        "tokenizers.Tokenizer.encode(text).ids per document with the same post-processor; "
+        "MaxText calls transformers' AutoTokenizer.encode, whose Python overhead (not installed "
+        "here) this leaves out, so it flatters the reference"
+    )
+    # A file may hold what fills the loaded-model budget, at about 14 x its bytes loaded.
+    MAX_FILE_BYTES = MAX_LOADED_BYTES // LOAD_BYTES_PER_FILE_BYTE
+
+    @classmethod
+    def resolve(cls, access, spec) -> tuple[str, dict[str, str]]:
+        """The tokenizer.json (`model` is the file itself, or the folder holding it, as
+        MaxText's `tokenizer_path` is) and the files beside it that name its tokens
+        (`input_client.model_files.HF_FILES`), those that exist, inside the data roots."""
+        model = _json_file(access, spec.model)
+        try:
+            found = access.file(model, "tokenizer.model")
+        except DataNotFoundError as e:
+            raise DataNotFoundError(
+                f"{str(e).rstrip('.')}: a Hugging Face `tokenizer.model` is the folder holding "
+                f"tokenizer.json (as MaxText's `tokenizer_path`) or the tokenizer.json file "
+                f"itself."
+            ) from None
+        why = (
+            f" (loaded, it would take about {LOAD_BYTES_PER_FILE_BYTE} x that, past the "
+            f"{MAX_LOADED_BYTES >> 20} MB the server gives loaded models)"
+        )
+        path = bounded(found, cls.MAX_FILE_BYTES, model, why)
+        sidecars = {}
+        for name in HF_FILES[1:]:
+            written = os.path.join(os.path.dirname(model), name)
+            try:
+                found = access.file(written, "tokenizer.model")
+            except DataNotFoundError:
+                continue
+            if os.path.isfile(found):  # the operator's own tools see every path
+                sidecars[name] = bounded(found, MAX_CONFIG_BYTES, written)
+        return path, sidecars
+
+    def files(self) -> dict[str, str]:
+        return {"tokenizer.json": self.spec.model, **self.sidecars}
 
     def _folder(self) -> str:
         """The folder of the model as written: `model` names the folder, or the file itself
@@ -156,7 +201,7 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
         return named, extra, added
 
     def _load(self):
-        self._open_check(self.spec.model)
+        check_readable(self.spec.model, self.written)
         key = (
             _identity(self.spec.model),
             *sorted((n, _identity(p)) for n, p in self.sidecars.items()),
@@ -288,23 +333,57 @@ class HuggingFaceTokenizer(WholeDocumentTokenizer):
             ids["unk_token"],
         )
 
-    def specials(self) -> tuple[list[int], list[int]]:
-        """The ids put before and after each document's own (BOS, EOS as the spec's flags say
-        and the model names them): the loaded model, shared by every flag pair, adds none."""
+    def specials(self, add_bos: bool | None = None, add_eos: bool | None = None):
+        """The ids put before and after each document's own (BOS, EOS as the flags say, the
+        spec's by default, and the model names them): the loaded model, shared by every flag
+        pair, adds none."""
         self.model()
+        add_bos = self.spec.add_bos if add_bos is None else add_bos
+        add_eos = self.spec.add_eos if add_eos is None else add_eos
         bos, eos = self._ids["bos_token"], self._ids["eos_token"]
-        head = [bos] if self.spec.add_bos and bos >= 0 else []
-        tail = [eos] if self.spec.add_eos and eos >= 0 else []
+        head = [bos] if add_bos and bos >= 0 else []
+        tail = [eos] if add_eos and eos >= 0 else []
         return head, tail
 
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode(self, texts: list[str], *, add_bos: bool, add_eos: bool) -> list[np.ndarray]:
         encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
-        head, tail = self.specials()
+        head, tail = self.specials(add_bos, add_eos)
         if not head and not tail:
             return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
         return [np.asarray([*head, *e.ids, *tail], dtype=np.int32) for e in encodings]
+
+    def limit_calls(self, threads: int) -> dict[str, LimitCall]:
+        tok = self.model()
+        extra = sum(map(len, self.specials()))
+
+        # Rayon's threads: all cores, unless TOKENIZERS_PARALLELISM=false, which the loader
+        # sets (the server's parallelism is Grain's threads); then threads over slices.
+        def batch(texts):
+            return [len(e) + extra for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
+
+        return {
+            "Tokenizer.encode_batch_fast": batch,
+            f"{threads} threads x Tokenizer.encode_batch_fast": over_slices(batch, threads),
+        }
+
+    def maxtext_encoder(self) -> Callable[[str], list[int]]:
+        # transformers' encode: [BOS] $A [EOS] as the flags say (its post-processor).
+        tok, (head, tail) = self.model(), self.specials()
+        return lambda text: [*head, *tok.encode(text).ids, *tail]
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_ids", None)
         return state
+
+
+def _json_file(access, model: str) -> str:
+    """A Hugging Face `model` as written: the tokenizer.json itself (a name ending in .json,
+    or a regular file of another name), else the folder holding it."""
+    if model.endswith(".json"):
+        return model
+    try:
+        found = access.file(model, "tokenizer.model")
+    except (DataNotFoundError, UnreadableError):  # a folder, or nothing: the folder's file
+        return os.path.join(model, "tokenizer.json")
+    return model if os.path.isfile(found) else os.path.join(model, "tokenizer.json")

@@ -1,6 +1,6 @@
 """Measuring a Hugging Face normalizer's expansion when its static bound is too loose.
 
-The static bound (model_checks.hf_normalizer_expansion) multiplies each member's worst case,
+The static bound (checks.hf_normalizer_expansion) multiplies each member's worst case,
 which no real chain reaches: ALBERT's NFKD (18) then nmt_nfkc (18) then Lowercase (3) scores
 1,944, though no character becomes more than a handful. When that product passes
 MAX_NORMALIZER_EXPANSION, the server runs the loaded normalizer on probes instead and
@@ -16,7 +16,7 @@ import json
 import math
 import struct
 
-from input_server.data.model_checks import MAX_NORMALIZER_EXPANSION
+from input_server.data.tokenizers.checks import MAX_NORMALIZER_EXPANSION
 
 # Past this product even a measurement is not worth its memory (the largest intermediate
 # string of a one-character probe could be this long); real chains are far below it
@@ -161,7 +161,7 @@ def _measure(normalize, node, static: int) -> int:
     more than the limit for each member) are probed with runs of what their patterns name.
     What no probe covers: a Regex matching only text its pattern does not spell out, and a
     charsmap key of several characters: each of those members alone is still bounded by its
-    static figure (model_checks), only their products are measured.
+    static figure (checks.py), only their products are measured.
     """
     worst = 1
     probes = _code_point_probes(_chunk_len(static), False)

@@ -1,7 +1,8 @@
-"""What a model file may cost and what its faults become: any failure while loading or using a
-model is INVALID_ARGUMENT naming the model file, a normalizer that could multiply a document's
-length is refused at load, and a file given under the wrong kind is named by the kind it looks
-like.
+"""What a model file may cost and what its faults become, for every kind: a missing,
+unreadable or oversized file is refused by name before it is read, any failure while loading
+or using a model is INVALID_ARGUMENT naming the model file, a normalizer that could multiply a
+document's length is refused at load, and a file given under the wrong kind is named by the
+kind it looks like.
 
 A model inside a data root may come from anywhere (a downloaded tokenizer), and one request
 loads it: its cost must be known before the work, not found out by the server's memory.
@@ -13,10 +14,17 @@ import base64
 import binascii
 import contextlib
 import math
+import os
 import re
 import struct
 
-from input_server.errors import InputServerError, InvalidSpecError, shorten
+from input_server.errors import (
+    DataNotFoundError,
+    InputServerError,
+    InvalidSpecError,
+    UnreadableError,
+    shorten,
+)
 
 # The most characters a model's normalizer may make of one character of a document. Real ones
 # stay far below: NFKC's longest is 18 (U+FDFA), sentencepiece's nmt_nfkc charsmap 18, a Bert
@@ -39,6 +47,36 @@ _HF_FACTORS = {
     "StripAccents": 1,
     "Nmt": 1,
 }
+
+
+def check_readable(path: str, written: str, key: str = "tokenizer.model") -> None:
+    """Refuses a missing or unreadable model file by the name the client wrote (`written`):
+    the libraries would say only "not found", or name the resolved path."""
+    shown = shorten(written)
+    if not os.path.isfile(path):
+        raise DataNotFoundError(f"`{key}`: no such file {shown!r}.")
+    try:
+        open(path, "rb").close()
+    except PermissionError as e:
+        raise UnreadableError(
+            f"`{key}`: the server may not read {shown!r} (permission denied)."
+        ) from e
+
+
+def bounded(path: str | None, limit: int, written: str, why: str = "") -> str | None:
+    """`path`, refused if it holds more than `limit` bytes (each kind reads its model file
+    whole); a missing one is named when it is opened."""
+    try:
+        size = os.stat(path).st_size if path is not None else 0
+    except OSError:
+        return path
+    if size > limit:
+        raise InvalidSpecError(
+            f"`tokenizer.model` {shorten(written)!r} holds {size} bytes, more than the "
+            f"{limit >> 20} MB a model file may{why}."
+        )
+    return path
+
 
 # Errors an interpreter must keep: a stop asked for, not a model's fault.
 _NOT_THE_MODEL = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)

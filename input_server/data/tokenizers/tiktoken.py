@@ -15,11 +15,12 @@ import base64
 import binascii
 import os
 import re
+from collections.abc import Callable
 
 import numpy as np
 
-from input_server.data.model_checks import kind_hint
-from input_server.data.tokenizer_base import IdsInfo, WholeDocumentTokenizer
+from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
+from input_server.data.tokenizers.checks import check_readable, kind_hint
 from input_server.errors import InvalidSpecError, shorten
 
 # MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.
@@ -155,13 +156,38 @@ def _too_many_ranks(shown: str) -> InvalidSpecError:
     )
 
 
-class TiktokenTokenizer(WholeDocumentTokenizer):
-    """A tiktoken BPE model with MaxText's Llama 3 pattern and special tokens."""
+def _buffer(core, text: str):
+    """tiktoken's Rust encode of `text` (Encoding.encode_to_numpy's call, without its per-call
+    special-token checks), which releases the GIL; lone surrogates repaired as tiktoken's own
+    calls repair them."""
+    try:
+        return core.encode_to_tiktoken_buffer(text, set())
+    except UnicodeEncodeError:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return core.encode_to_tiktoken_buffer(text, set())
+
+
+class TiktokenTokenizer(ModelTokenizer):
+    """A tiktoken BPE model with MaxText's Llama 3 pattern and special tokens.
+
+    tiktoken has no batch call of its own (`Encoding.encode_batch` is a Python thread pool), so
+    a group is one Rust call per document (per piece, see `pieces`), each releasing the GIL."""
+
+    KIND = "tiktoken"
+    LIBRARY = "tiktoken"
+    REFERENCE = (
+        "MaxText's split_runs loop over each document's characters, then "
+        "tiktoken.Encoding.encode per piece, as MaxText's TikTokenTokenizer"
+    )
+    # Its ranks are read into a dict and copied by tiktoken (Llama 3's file is 2.2 MB, o200k's
+    # 3.6 MB).
+    MAX_FILE_BYTES = 64 << 20
+    ADDED_IDS = RESERVED  # the special tokens, numbered after the file's ranks
 
     def _load(self):
         import tiktoken
 
-        self._open_check(self.spec.model)
+        check_readable(self.spec.model, self.written)
         ranks = read_ranks(self.spec.model, self.written)
         if len(set(ranks.values())) != len(ranks):
             raise InvalidSpecError(
@@ -186,23 +212,56 @@ class TiktokenTokenizer(WholeDocumentTokenizer):
         bos, eos = self._ids
         return IdsInfo(enc.n_vocab, bos, eos, -1, -1)
 
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        enc = self.model()
-        core = enc._core_bpe  # encode_to_numpy without its per-call special-token checks
+    def _encode(self, texts: list[str], *, add_bos: bool, add_eos: bool) -> list[np.ndarray]:
+        core = self.model()._core_bpe  # see _buffer
         info = self.info()
         # Made once a group: each document's parts are its own arrays, not copies of these.
-        head = np.asarray([info.bos_id] if self.spec.add_bos else [], np.int32)
-        tail = np.asarray([info.eos_id] if self.spec.add_eos else [], np.int32)
+        head = np.asarray([info.bos_id] if add_bos else [], np.int32)
+        tail = np.asarray([info.eos_id] if add_eos else [], np.int32)
         out = []
         for text in texts:
             parts = [head]
             for piece in pieces(text):
-                try:
-                    buf = core.encode_to_tiktoken_buffer(piece, set())
-                except UnicodeEncodeError:  # lone surrogates: tiktoken's own repair
-                    piece = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-                    buf = core.encode_to_tiktoken_buffer(piece, set())
+                buf = _buffer(core, piece)
                 parts.append(np.frombuffer(buf, dtype=np.uint32).astype(np.int32))
             parts.append(tail)
             out.append(np.concatenate(parts))
         return out
+
+    def limit_calls(self, threads: int) -> dict[str, LimitCall]:
+        enc = self.model()
+        core = enc._core_bpe  # see _buffer
+        extra = int(self.spec.add_bos) + int(self.spec.add_eos)
+
+        def batch(texts):
+            return [len(x) + extra for x in enc.encode_ordinary_batch(texts, num_threads=threads)]
+
+        def part(texts):
+            return [memoryview(_buffer(core, t)).nbytes // 4 + extra for t in texts]
+
+        return {
+            f"Encoding.encode_ordinary_batch(num_threads={threads})": batch,
+            f"{threads} threads x Encoding._core_bpe.encode_to_tiktoken_buffer": over_slices(
+                part, threads
+            ),
+        }
+
+    def maxtext_encoder(self) -> Callable[[str], list[int]]:
+        enc, info, spec = self.model(), self.info(), self.spec
+
+        def encode(s: str) -> list[int]:  # TikTokenTokenizer.encode, as written
+            substrs = (
+                substr
+                for i in range(0, len(s), MAX_ENCODE_CHARS)
+                for substr in split_runs(s[i : i + MAX_ENCODE_CHARS], MAX_RUN)
+            )
+            t: list[int] = []
+            for substr in substrs:
+                t.extend(enc.encode(substr, allowed_special=set(), disallowed_special=()))
+            if spec.add_bos:
+                t.insert(0, info.bos_id)
+            if spec.add_eos:
+                t.append(info.eos_id)
+            return t
+
+        return encode

@@ -1,0 +1,151 @@
+"""What every tokenizer kind makes of a group of documents (`TokenGroup`), and cutting long
+documents before tokenizing them (`Cutter`), for any kind whose pieces never span a space."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenGroup:
+    """The tokens of consecutive documents: `tokens[starts[i]:starts[i] + lengths[i]]` is doc i.
+
+    `first_doc` is the ordinal of doc 0 in the stream, used to resume mid-group.
+    """
+
+    first_doc: int
+    tokens: np.ndarray  # int32, all documents concatenated
+    lengths: np.ndarray  # int64, tokens per document
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    def to_element(self) -> dict[str, np.ndarray]:
+        """A Grain element: a dict of arrays, which Grain's worker processes hand over through
+        shared memory (a dataclass would be pickled through a pipe, and a group of several MB
+        left in a pipe keeps a worker from exiting when its stream closes)."""
+        return {
+            "first_doc": np.int64(self.first_doc),
+            "tokens": self.tokens,
+            "lengths": self.lengths,
+        }
+
+    @classmethod
+    def from_element(cls, element: dict[str, np.ndarray]) -> TokenGroup:
+        return cls(
+            first_doc=int(element["first_doc"]),
+            tokens=element["tokens"],
+            lengths=element["lengths"],
+        )
+
+
+def group_of(ids: list[np.ndarray], first_doc: int, trim_to: int | None) -> TokenGroup:
+    """The group of documents whose int32 ids are `ids`, each trimmed to `trim_to` tokens."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if trim_to is not None:
+        for i in np.flatnonzero(lengths > trim_to).tolist():
+            ids[i] = ids[i][:trim_to]
+        np.minimum(lengths, trim_to, out=lengths)
+    tokens = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, np.int32)
+    return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
+
+
+# A document that will be trimmed to `n` tokens is cut (at a space) before tokenizing: a
+# tokenizer's time is per character (sentencepiece's, measured), and a long document's tail
+# would be thrown away. The cut keeps a margin times the characters that `n` tokens took on
+# average (learned from a sample of the data, then from every group; CUT_CHARS_PER_TOKEN before
+# any). A prefix that proves to hold too few tokens grows at a further space, sized from its own
+# characters per token. The cut only saves work: the tokens kept are the same either way.
+# Growing by tokenizing only the added text (BPE, word and char models) is cheap, so a small
+# margin pays; growing by tokenizing the longer prefix again (unigram models) costs more per
+# miss. Each margin tokenized the fewest characters per epoch of pydoc topics in a sweep done
+# while writing this (scripts/bench_tokenize.py reports the characters tokenized).
+CUT_CHARS_PER_TOKEN = 8.0
+CUT_MARGIN_GROW_ADDED = 1.05
+CUT_MARGIN_RETOKENIZE = 1.25
+
+# A kind's batch call: texts in, each text's int32 ids out, BOS and EOS as the flags say.
+Encode = Callable[..., list[np.ndarray]]
+
+
+class Cutter:
+    """Cuts long documents at a space before tokenizing, for a model whose pieces never span a
+    space (so the tokens of a text's whole words do not depend on the words after them), and
+    learns the data's characters per token to size the cuts.
+
+    Args:
+      extendable: the text after a space, tokenized alone, gives the tokens it has inside the
+        whole text: a prefix that proved too short grows by tokenizing only what follows it
+        (else the longer prefix is tokenized again).
+      bos, eos: whether the kind adds BOS and EOS to each document; `eos_id` is the EOS.
+    """
+
+    def __init__(self, *, extendable: bool, bos: bool, eos: bool, eos_id: int):
+        self.extendable = extendable
+        self.bos, self.eos, self.eos_id = bos, eos, eos_id
+        self.chars_per_token = CUT_CHARS_PER_TOKEN
+        self._groups_learned = 0
+
+    @property
+    def margin(self) -> float:
+        return CUT_MARGIN_GROW_ADDED if self.extendable else CUT_MARGIN_RETOKENIZE
+
+    def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
+        """About how many of a document's `text_chars` characters get tokenized when the
+        packer keeps `trim_to` of its tokens (see CUT_MARGIN_*)."""
+        if trim_to is None:
+            return text_chars
+        return min(text_chars, int(trim_to * self.margin * self.chars_per_token))
+
+    def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
+        """Folds this group's characters per token into the running estimate."""
+        tokens = sum(map(len, ids)) - (self.bos + self.eos) * len(ids)
+        if tokens > 1000:
+            self._groups_learned += 1
+            w = max(0.2, 1 / self._groups_learned)
+            self.chars_per_token += w * (sum(map(len, texts)) / tokens - self.chars_per_token)
+
+    def encode(self, encode: Encode, texts: list[str], trim_to: int) -> list[np.ndarray]:
+        """Encodes `texts` with `encode(texts, add_bos=..., add_eos=...)`, each long one cut at
+        a space first (see CUT_MARGIN_*). A prefix that proves to hold fewer than `trim_to`
+        tokens grows, at a further space, until it holds enough or the document is whole."""
+        limit = int(trim_to * self.margin * self.chars_per_token)
+        work = list(texts)
+        ends: dict[int, int] = {}  # documents cut short: where their tokenized text ends
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                space = text.rfind(" ", 0, limit)
+                if space > 0:
+                    work[i], ends[i] = text[:space], space
+        ids = encode(work, add_bos=self.bos, add_eos=self.eos)
+        self.learn(work, ids)
+        if not ends:
+            return ids
+        bos, eos = int(self.bos), int(self.eos)
+        # A cut document's tokens so far, without the EOS its prefix was given: all of them
+        # are the whole document's first tokens.
+        body = {i: ids[i][: len(ids[i]) - eos] for i in ends}
+        short = [i for i in ends if len(body[i]) < trim_to]
+        while short:
+            pieces = []
+            for i in short:
+                text, start = texts[i], ends[i]
+                # Characters for the missing tokens at this prefix's own rate, with margin.
+                rate = start / max(1, len(body[i]) - bos)
+                end = start + max(64, int((trim_to - len(body[i])) * self.margin * rate))
+                if end < len(text):
+                    space = text.rfind(" ", start + 1, end)
+                    end = space if space > start else text.find(" ", end)
+                ends[i] = end = len(text) if end < 0 or end >= len(text) else end
+                pieces.append(text[start:end] if self.extendable else text[:end])
+            add_bos = bool(bos) and not self.extendable
+            for i, x in zip(short, encode(pieces, add_bos=add_bos, add_eos=False), strict=True):
+                body[i] = np.concatenate([body[i], x]) if self.extendable else x
+            short = [i for i in short if len(body[i]) < trim_to and ends[i] < len(texts[i])]
+        for i, b in body.items():
+            ids[i] = np.append(b, np.int32(self.eos_id)) if eos and ends[i] == len(texts[i]) else b
+        return ids
