@@ -13,7 +13,7 @@ from tests.support import ROOT
 README = ROOT / "README.md"
 README_MAX_LINES = 400  # issue 28: past the first screen, a newcomer needs a map, not a book
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
-FENCE = re.compile(r"^```.*?^```$", flags=re.S | re.M)
+FENCE = re.compile(r"^ *```.*?^ *```$", flags=re.S | re.M)
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 
 
@@ -67,6 +67,16 @@ def test_the_readme_opens_with_a_contents_list_of_its_sections():
         listed,
         sections,
     )
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_block_is_closed(doc: Path):
+    fences = [
+        n
+        for n, line in enumerate(doc.read_text().splitlines(), 1)
+        if line.lstrip().startswith("```")
+    ]
+    assert len(fences) % 2 == 0, f"{doc.relative_to(ROOT)}: a ``` fence is not closed: {fences}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
