@@ -28,7 +28,8 @@ def main() -> int:
     corpus.add_corpus_arguments(parser)
     # MaxText's default max_target_length, and rows for a small TPU host's share of a global
     # batch: 65,536 tokens a batch. gRPC's cost per message is mostly fixed, so smaller
-    # batches pay more per token through the server (see README "Speed").
+    # batches pay more per token through the server (docs/benchmarks.md, "What `bench`
+    # measures").
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--min-tokens", type=int, default=8_000_000)

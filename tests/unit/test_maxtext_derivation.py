@@ -176,7 +176,8 @@ def test_pre_tokenized_data_reads_ids_and_adds_no_specials(model):
     assert spec.source.token_field == "ids"
     assert (spec.tokenizer.add_bos, spec.tokenizer.add_eos) == (False, False)
     assert spec.tokenizer.model == model  # MaxText still takes its pad id from the tokenizer
-    assert spec.batch.long_documents_policy == "trim"  # first_fit: MaxText would fail; see README
+    # first_fit: MaxText would fail (docs/maxtext.md)
+    assert spec.batch.long_documents_policy == "trim"
     split = _train(
         model,
         tokenize_train_data=False,

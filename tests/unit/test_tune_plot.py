@@ -1,5 +1,6 @@
 """`tune --plot`: integer worker ticks, and the choice's star drawn whole at the top; the
-choice's wording (counts in the singular, the 2 % rule README states); bench's up-front time."""
+choice's wording (counts in the singular, the 2 % rule docs/spec.md states); bench's up-front
+time."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_the_plateau_detail_states_the_choice_rule():
     ]
     tuning = policy.decide(ms, cpus=4)
     assert tuning.reason == "plateau" and tuning.parallelism.threads == 2
-    # README: "within 2 %"; the gain itself as the table shows it.
+    # docs/spec.md: "within 2 %"; the gain itself as the table shows it.
     assert (
         f"gained 1.0% (in-proc x 4 thr: 20.2 batches/s), within the {policy.CHOICE_GAIN:.0%}"
         in (tuning.detail)
