@@ -143,10 +143,10 @@ def test_a_restarted_server_starts_at_the_remembered_choice_at_once(tmp_path, ma
 
 @pytest.mark.parametrize("value, expected", [("off", None), (None, "default")])
 def test_serve_tune_cache_flag(value, expected, monkeypatch, tmp_path):
-    from input_server import cli
+    from input_server.cli import serve
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    got = cli._tune_cache(value)
+    got = serve.tune_cache(value)
     assert got == (None if expected is None else str(tmp_path / "input-server" / "tune"))
 
 

@@ -154,7 +154,7 @@ def test_missing_required_key_is_named():
 
 
 def test_pipelines_file_names_specs_and_errors(tmp_path):
-    from input_server.cli import load_pipelines
+    from input_server.cli.serve import load_pipelines
 
     path = tmp_path / "pipelines.toml"
     path.write_text(

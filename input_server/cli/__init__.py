@@ -1,0 +1,48 @@
+"""The `input-server` command: serve, demo, info, tune, bench, tokenizer train."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+# Before grpc's import: its core logs (INFO) every failed TLS handshake, an unbounded log.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from input_client.spec import SpecError  # noqa: E402
+from input_server.cli import bench, demo, info, serve, tokenizer, tune  # noqa: E402
+from input_server.errors import InputServerError  # noqa: E402
+
+# One module per command, named for it: `register(subparsers)` adds the command's parser,
+# `run(args)` runs it and returns the exit status.
+COMMANDS = {m.__name__.rpartition(".")[2]: m for m in (serve, demo, bench, info, tune, tokenizer)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    parser = argparse.ArgumentParser(prog="input-server", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS.values():
+        command.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `input-server ARGV`; a mistake the user can fix is one line on stderr, exit 2."""
+    # Grain reads absl flags; this entry point does not use absl's parser.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return COMMANDS[args.command].run(args)
+    except (SpecError, ConnectionError, OSError, InputServerError) as e:
+        print(f"input-server: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,191 @@
+"""`input-server serve`: run the server until SIGTERM or SIGINT; its flags are
+`ServerConfig`'s fields, with their help and defaults."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import tomllib
+
+from input_client.spec import PipelineSpec, SpecError
+from input_server.cli.arguments import positive
+from input_server.serving.config import ServerConfig
+from input_server.tools.report import plural
+
+# What a flag takes beyond its field's help and default: a metavar, another name, more help,
+# or a stricter type (refused by argparse, with the usage, before ServerConfig's own checks).
+FLAG_EXTRAS: dict[str, dict] = {
+    "listen": {"metavar": "ADDRESS"},
+    "data_roots": {"flag": "--data-root", "metavar": "DIR"},
+    "token_file": {"metavar": "FILE"},
+    "tls_cert": {"metavar": "FILE"},
+    "tls_key": {"metavar": "FILE"},
+    "tls_client_ca": {"metavar": "FILE"},
+    "health_port": {"metavar": "PORT"},
+    "socket_group": {"metavar": "GROUP"},
+    "stream_memory_mb": {"type": positive(float)},
+    "max_document_mb": {"type": positive(float)},
+    "max_files": {"type": positive(int)},
+    "max_decompressed_mb": {"type": positive(float)},
+    "max_open_files": {"type": positive(int), "metavar": "N"},
+    "max_workers": {"metavar": "N"},
+    # The CLI's default differs from ServerConfig's (kept in memory): see `tune_cache`.
+    "tune_cache": {
+        "metavar": "DIR|off",
+        "more": " (default $XDG_CACHE_HOME/input-server/tune); off = tune again each start",
+    },
+    "message_tokens": {"metavar": "N"},
+}
+# How a flag parses its field's annotation; a field of any other type needs a line here.
+PARSES = {"int": int, "int | None": int, "float": float, "str | None": str, "Sequence[str]": str}
+# ServerConfig's fields the CLI reads otherwise: specs from --pipelines FILEs.
+NOT_FLAGS = ("pipelines",)
+FIELDS = [f for f in dataclasses.fields(ServerConfig) if f.name not in NOT_FLAGS]
+# After SIGTERM, the process exits within --grace-s and this margin, drained or not.
+EXIT_MARGIN_S = 3.0
+
+
+def register(subparsers) -> None:
+    serve = subparsers.add_parser("serve", help="run the server")
+    for field in dataclasses.fields(ServerConfig):
+        if field.name == "pipelines":
+            serve.add_argument(
+                "--pipelines",
+                action="append",
+                metavar="FILE",
+                help="TOML file of named pipelines ([NAME.source] ...), repeatable",
+            )
+        else:
+            _add_flag(serve, field)
+
+
+def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+    """`--NAME` for the field `NAME`: its help, and no default of its own (an absent flag
+    leaves the field's default to ServerConfig)."""
+    extras = dict(FLAG_EXTRAS.get(field.name, {}))
+    flag = extras.pop("flag", "--" + field.name.replace("_", "-"))
+    about = field.metadata["help"] + extras.pop("more", "")
+    if field.type == "bool":
+        parser.add_argument(flag, dest=field.name, action="store_true", help=about)
+        return
+    extras.setdefault("type", PARSES[field.type])
+    if field.type.startswith("Sequence["):
+        extras["action"] = "append"
+    parser.add_argument(flag, dest=field.name, help=about, **extras)
+
+
+def load_pipelines(path: str) -> dict[str, PipelineSpec]:
+    """Reads a pipelines file: each top-level table is one named spec, e.g. `[wiki.source]`.
+
+    Relative data and model paths resolve against the file's folder.
+    """
+    with open(path, "rb") as f:
+        try:
+            tables = tomllib.load(f)
+        except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError, int-digit limit
+            raise SpecError("(file)", path, f"is not valid TOML: {e}") from e
+    base = os.path.dirname(os.path.abspath(path))
+    pipelines = {}
+    for name, spec_tables in tables.items():
+        if not isinstance(spec_tables, dict):
+            raise SpecError(name, spec_tables, "must be a table of spec tables ([NAME.source] ...)")
+        try:
+            pipelines[name] = PipelineSpec.from_dict(spec_tables).resolve_paths(base)
+        except SpecError as e:
+            # The reason alone: SpecError adds ", got VALUE." again.
+            tail = str(SpecError(e.key, e.value, ""))[len(f"`{e.key}` ") :]
+            reason = str(e)[len(f"`{e.key}` ") : len(str(e)) - len(tail)]
+            raise SpecError(f"{name}.{e.key}", e.value, reason) from e
+    return pipelines
+
+
+def tune_cache(value: str | None) -> str | None:
+    """--tune-cache's folder: `off` none, absent the default folder."""
+    from input_server.autotune.remembered import default_folder
+
+    if value == "off":
+        return None
+    return os.path.abspath(value) if value else default_folder()
+
+
+def config_of(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of `serve`'s flags; a flag not given keeps the field's default."""
+    pipelines = {}
+    for path in args.pipelines or []:
+        pipelines.update(load_pipelines(path))
+    given = {f.name: getattr(args, f.name) for f in FIELDS if getattr(args, f.name) is not None}
+    given["tune_cache"] = tune_cache(args.tune_cache)
+    return ServerConfig(pipelines=pipelines, **given)
+
+
+def run(args: argparse.Namespace) -> int:
+    from input_server.errors import InputServerError
+    from input_server.serving.server import Server
+
+    try:
+        server = Server(config_of(args))
+    except (InputServerError, OSError, ValueError) as e:
+        print(f"input-server: {e}", file=sys.stderr)
+        return 2
+    return _serve_until_stopped(server)
+
+
+def _serve_until_stopped(server) -> int:
+    """Serves until SIGTERM or SIGINT, drains, and exits the process: 0 drained, 1 not."""
+
+    def on_signal(signum, frame):
+        if stopping.is_set():
+            return
+        stopping.set()
+        ending.update(signame=signal.Signals(signum).name, streams=server.active_streams())
+        logging.info("%s: draining %d streams", ending["signame"], ending["streams"])
+        threading.Thread(target=server.stop, name="stop", daemon=True).start()
+        # Whatever a handler is doing (a stuck read, Grain closing a worker), the process
+        # is gone within the drain and a few seconds: interpreter exit would otherwise join
+        # every RPC thread, for as long as the slowest takes.
+        line = _stopped_line(ending["signame"], ending["streams"], False, grace_s)
+        threading.Timer(grace_s + EXIT_MARGIN_S, _exit_now, (server, line)).start()
+
+    grace_s = server.config.grace_s
+    stopping = threading.Event()
+    ending: dict = {}
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"input-server: serving on {' '.join(server.targets)}", flush=True)
+    if server.health_port is not None:
+        print(f"input-server: health (plaintext, health only) on port {server.health_port}")
+    while not server.wait(timeout=1.0):
+        pass
+    if ending:  # as "serving on", on stdout; a drain cut short, on stderr
+        print(
+            _stopped_line(ending["signame"], ending["streams"], server.drained, grace_s),
+            file=sys.stdout if server.drained else sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Stopped: the RPC threads have ended, or are past help (exit 1: the drain was cut
+    # short); interpreter exit would wait for them.
+    os._exit(0 if server.drained else 1)
+
+
+def _stopped_line(signame: str, ended: int, drained: bool, grace_s: float) -> str:
+    """The one line `serve` ends with after SIGINT or SIGTERM."""
+    streams = plural(ended, "stream")
+    if drained:
+        return f"input-server: {signame}: drained, {streams} ended; stopped."
+    return (
+        f"input-server: {signame}: the drain did not finish within --grace-s {grace_s:g} "
+        f"({streams} to end); stopped."
+    )
+
+
+def _exit_now(server, line: str) -> None:
+    server.remove_sockets()
+    print(line, file=sys.stderr, flush=True)
+    os._exit(1)
