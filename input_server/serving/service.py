@@ -25,6 +25,7 @@ from input_server.autotune.policy import cpu_count
 from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
+from input_server.batching.resume import Position
 from input_server.batching.switching import SwitchingStream
 from input_server.data.roots import DataAccess
 from input_server.errors import (
@@ -167,16 +168,36 @@ class InputServicer(pb_grpc.InputServiceServicer):
             ),
         )
 
+    def _session(
+        self, stream_id: int, name: str, pipeline: Pipeline, position: Position, opening: Opening
+    ) -> StreamSession:
+        """The stream's session, over a batch stream that can switch its parallelism when
+        its spec says "auto"."""
+        p = opening.parallelism
+        stream = (
+            SwitchingStream(pipeline, position, p, meter=LiveMeter())
+            if pipeline.spec.workers.count == "auto"
+            else pipeline.stream(position, parallelism=p)
+        )
+        return StreamSession(
+            stream_id,
+            name,
+            stream,
+            self._queue_depth,
+            message_tokens=self._message_tokens,
+            reason=opening.reason,
+        )
+
     def _live_tuner(
         self,
         pipeline: Pipeline,
-        stream: SwitchingStream,
         session: StreamSession,
         credit: Credit,
         opening: Opening,
         pool: StreamProcesses,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
+        stream = session.stream
         w = pipeline.spec.workers
         search = OnlineSearch(
             stream.parallelism,
@@ -291,23 +312,9 @@ class InputServicer(pb_grpc.InputServiceServicer):
                         grpc.StatusCode.UNAVAILABLE, "the server is shutting down."
                     ) from None
                 raise
-            auto = pipeline.spec.workers.count == "auto"
-            parallelism = opening.parallelism
-            stream = (
-                SwitchingStream(pipeline, position, parallelism, meter=LiveMeter())
-                if auto
-                else pipeline.stream(position, parallelism=parallelism)
-            )
-            session = StreamSession(
-                stream_id,
-                name,
-                stream,
-                self._queue_depth,
-                message_tokens=self._message_tokens,
-                reason=opening.reason,
-            )
-            if auto:
-                live = self._live_tuner(pipeline, stream, session, credit, opening, pool).start()
+            session = self._session(stream_id, name, pipeline, position, opening)
+            if pipeline.spec.workers.count == "auto":  # tuned while it serves
+                live = self._live_tuner(pipeline, session, credit, opening, pool).start()
             with self._lock:
                 self._sessions[stream_id] = (session, credit, live)
                 self._setting_up.pop(stream_id, None)
@@ -317,8 +324,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 "stream %d (%s): %d worker processes, %d threads (%s)",
                 stream_id,
                 session.label,
-                parallelism.processes,
-                parallelism.threads,
+                opening.parallelism.processes,
+                opening.parallelism.threads,
                 opening.reason,
             )
             yield from send_with_credit(session, context, credit, self._draining)
