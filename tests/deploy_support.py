@@ -365,8 +365,9 @@ class _Parsed(BaseException):
 
 
 def _parse(main: Callable[[list[str]], object], argv: list[str], where: str) -> argparse.Namespace:
-    """`main(argv)` up to its `parse_args`, which raises the namespace: the parser is built
-    inside `main` (the modules expose no parser of their own)."""
+    """`main(argv)` up to its `parse_args`, which raises the namespace: run through `main`
+    rather than the parser it builds (`input_server.cli.build_parser`), so what is checked is
+    the parsing `main` itself does."""
     real = argparse.ArgumentParser.parse_args
 
     def spy(self, args=None, namespace=None):

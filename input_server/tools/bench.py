@@ -122,6 +122,131 @@ def check_benchable(spec: PipelineSpec) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """How `run` measures (its arguments of the same names) and whether it reports progress."""
+
+    rounds: int
+    min_seconds: float
+    transports: tuple[str, ...]
+    packing: bool
+    progress: bool
+
+    def say(self, msg: str) -> None:
+        if self.progress:
+            print(f"[bench] {msg}", flush=True)
+
+
+def _planned(
+    spec: PipelineSpec, texts: list[str], min_tokens: int, say
+) -> tuple[PipelineSpec, dict]:
+    """`spec` with enough epochs for `min_tokens` kept tokens a run, and the corpus figures."""
+    epoch_tokens, kept = epoch_token_counts(spec, texts)
+    epochs = max(1, -(-min_tokens // max(1, kept)))
+    say(
+        f"{len(texts)} documents, {epoch_tokens} {spec.tokenizer.kind} tokens per epoch "
+        f"({kept} kept), {epochs} epochs per run"
+    )
+    corpus = {
+        "paths": list(spec.source.paths),
+        "documents": len(texts),
+        "tokens_per_epoch": epoch_tokens,
+        "kept_tokens_per_epoch": kept,
+        "epochs": epochs,
+    }
+    return spec.replace(order={"epochs": epochs}), corpus
+
+
+def _pick_limit(spec: PipelineSpec, texts: list[str], cores: int, min_seconds: float, say):
+    """The fastest of the kind's batch calls (a short run of each) and every one's figures."""
+    call, tried = pick_limit_call(
+        load_tokenizer(spec.tokenizer), texts, cores, min(0.5, min_seconds)
+    )
+    if len(tried) > 1:
+        say(
+            "limit: "
+            + ", ".join(f"{n} {r['tokens_per_s'] / 1e6:.2f}" for n, r in tried.items())
+            + f" M tokens/s: {call}"
+        )
+    return call, tried
+
+
+def _say_estimate(
+    o: _Options, kind: str, rate: float, corpus: dict, cores: int, processes_tried: list[int]
+) -> None:
+    """Tells how long the whole run will take, from the limit's rate measured here."""
+    kept, epochs = corpus["kept_tokens_per_epoch"], corpus["epochs"]
+    t = estimate_s(
+        limit_tokens_per_s=rate,
+        kept=kept,
+        epochs=epochs,
+        rounds=o.rounds,
+        min_seconds=o.min_seconds,
+        cores=cores,
+    )
+    # (estimate_s counts two served runs a round and the packing comparison.)
+    t["round"] -= (2 - len(o.transports)) * (
+        SERVER_START_S + kept * epochs / (PIPELINE_SHARE * max(rate, 1.0))
+    )
+    t["reference"] *= len(processes_tried) / len({0, 1, cores})
+    t["packing"] = t["packing"] if o.packing else 0.0
+    t["total"] = t["reference"] + o.rounds * t["round"] + t["packing"]
+    o.say(
+        f"this takes about {minutes(t['total'])}: the MaxText-style reference "
+        f"~{minutes(t['reference'])}, {plural(o.rounds, 'round')} of ~{minutes(t['round'])}"
+        + (f", the packing comparison ~{minutes(t['packing'])}" if o.packing else "")
+        + f" (from the {kind} limit's {rate / 1e6:.1f} M tokens/s here and shares of it "
+        "measured with sentencepiece; --min-tokens and --rounds change it)"
+    )
+
+
+def _bench_references(
+    spec: PipelineSpec, texts: list[str], epochs: int, processes_tried: list[int], say
+) -> dict[int, dict]:
+    """The slow reference once per worker count, on a quarter of the tokens."""
+    reference = {}
+    ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
+    for processes in processes_tried:
+        reference[processes] = bench_reference(ref_spec, texts, processes)
+        say(
+            f"MaxText-style reference, {plural(processes, 'process', 'processes')}: "
+            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
+        )
+    return reference
+
+
+def _bench_rounds(
+    spec: PipelineSpec, texts: list[str], call: str, o: _Options
+) -> dict[str, list[dict]]:
+    """The limit, this pipeline and each served transport, back to back in every round."""
+    rounds, min_seconds, transports, say = o.rounds, o.min_seconds, o.transports, o.say
+    samples: dict[str, list[dict]] = {"limit": [], "ours": [], **{t: [] for t in transports}}
+    served_spec = spec.replace(workers={"count": 0})
+    for r in range(rounds):
+        samples["limit"].append(bench_limit(texts, spec, min_seconds=min_seconds, call=call))
+        samples["ours"].append(bench_pipeline(spec, Parallelism(0, default_threads(0))))
+        for t in transports:
+            samples[t].append(bench_server(served_spec, t))
+        say(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f}" for k, v in samples.items())
+            + " M tokens/s"
+        )
+    return samples
+
+
+def _add_packing(result: dict[str, Any], spec: PipelineSpec, texts: list[str], say) -> None:
+    """Adds the packing comparison's figures and ratios to `result`."""
+    same = compare_packing(spec, texts)
+    say(
+        f"first_fit packing efficiency, same order: ours {same['ours']:.4f}, "
+        f"reference {same['reference']:.4f}"
+    )
+    result["ratios"]["packing_efficiency_same_order"] = same["ours"]
+    result["ratios"]["reference_packing_efficiency_same_order"] = same["reference"]
+    result["packing_same_order"] = same
+
+
 def run(
     spec: PipelineSpec,
     *,
@@ -149,117 +274,41 @@ def run(
         with its tokenizer (scripts/bench_mixture.py measures the others).
     """
     check_benchable(spec)
-
-    def say(msg: str) -> None:
-        if progress:
-            print(f"[bench] {msg}", flush=True)
-
+    o = _Options(rounds, min_seconds, transports, packing, progress)
     kind = spec.tokenizer.kind
     texts = corpus_texts(spec) if texts is None else texts
-    epoch_tokens, kept = epoch_token_counts(spec, texts)
-    epochs = max(1, -(-min_tokens // max(1, kept)))
-    spec = spec.replace(order={"epochs": epochs})
-    say(
-        f"{len(texts)} documents, {epoch_tokens} {kind} tokens per epoch ({kept} kept), "
-        f"{epochs} epochs per run"
-    )
-
+    spec, corpus = _planned(spec, texts, min_tokens, o.say)
     cores = os.cpu_count() or 1
     processes_tried = sorted(set(reference_processes or (0, 1, cores)))
-    call, tried = pick_limit_call(
-        load_tokenizer(spec.tokenizer), texts, cores, min(0.5, min_seconds)
-    )
-    if len(tried) > 1:
-        say(
-            "limit: "
-            + ", ".join(f"{n} {r['tokens_per_s'] / 1e6:.2f}" for n, r in tried.items())
-            + f" M tokens/s: {call}"
-        )
-    rate = tried[call]["tokens_per_s"]
-    t = estimate_s(
-        limit_tokens_per_s=rate,
-        kept=kept,
-        epochs=epochs,
-        rounds=rounds,
-        min_seconds=min_seconds,
-        cores=cores,
-    )
-    # (estimate_s counts two served runs a round and the packing comparison.)
-    t["round"] -= (2 - len(transports)) * (
-        SERVER_START_S + kept * epochs / (PIPELINE_SHARE * max(rate, 1.0))
-    )
-    t["reference"] *= len(processes_tried) / len({0, 1, cores})
-    t["packing"] = t["packing"] if packing else 0.0
-    t["total"] = t["reference"] + rounds * t["round"] + t["packing"]
-    say(
-        f"this takes about {minutes(t['total'])}: the MaxText-style reference "
-        f"~{minutes(t['reference'])}, {plural(rounds, 'round')} of ~{minutes(t['round'])}"
-        + (f", the packing comparison ~{minutes(t['packing'])}" if packing else "")
-        + f" (from the {kind} limit's {rate / 1e6:.1f} M tokens/s here and shares of it "
-        "measured with sentencepiece; --min-tokens and --rounds change it)"
-    )
-    reference = {}
-    ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
-    for processes in processes_tried:
-        reference[processes] = bench_reference(ref_spec, texts, processes)
-        say(
-            f"MaxText-style reference, {plural(processes, 'process', 'processes')}: "
-            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
-        )
-
-    samples: dict[str, list[dict]] = {"limit": [], "ours": [], **{t: [] for t in transports}}
-    served_spec = spec.replace(workers={"count": 0})
-    for r in range(rounds):
-        samples["limit"].append(bench_limit(texts, spec, min_seconds=min_seconds, call=call))
-        samples["ours"].append(bench_pipeline(spec, Parallelism(0, default_threads(0))))
-        for t in transports:
-            samples[t].append(bench_server(served_spec, t))
-        say(
-            f"round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f}" for k, v in samples.items())
-            + " M tokens/s"
-        )
-    limit, ours = _best(samples["limit"]), _best(samples["ours"])
-    served = {t: _best(samples[t]) for t in transports}
-
+    call, tried = _pick_limit(spec, texts, cores, min_seconds, o.say)
+    _say_estimate(o, kind, tried[call]["tokens_per_s"], corpus, cores, processes_tried)
+    reference = _bench_references(spec, texts, corpus["epochs"], processes_tried, o.say)
+    samples = _bench_rounds(spec, texts, call, o)
+    ours = _best(samples["ours"])
     best_ref = max(reference.values(), key=lambda r: r["tokens_per_s"])
     per_round = _round_ratios(samples, transports)
-    ratios = {
-        **{k: float(np.median(v)) for k, v in per_round.items()},
-        "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
-        "best_reference_processes": best_ref["processes"],
-    }
     result = {
-        "corpus": {
-            "paths": list(spec.source.paths),
-            "documents": len(texts),
-            "tokens_per_epoch": epoch_tokens,
-            "kept_tokens_per_epoch": kept,
-            "epochs": epochs,
-        },
+        "corpus": corpus,
         "spec": dataclasses.asdict(spec.batch),
         "kind": kind,
         "vocab_size": load_tokenizer(spec.tokenizer).info().vocab_size,
         "cores": cores,
         "rounds": rounds,
-        "limit": limit,
+        "limit": _best(samples["limit"]),
         "limit_calls_tried": {n: r["tokens_per_s"] for n, r in tried.items()},
         "reference": {str(k): v for k, v in reference.items()},
         "reference_encode": REFERENCE_ENCODE[kind],
         "pipeline_in_process": ours,
-        "server": served,
-        "ratios": ratios,
+        "server": {t: _best(samples[t]) for t in transports},
+        "ratios": {
+            **{k: float(np.median(v)) for k, v in per_round.items()},
+            "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
+            "best_reference_processes": best_ref["processes"],
+        },
         "ratios_per_round": per_round,
     }
     if packing:
-        same = compare_packing(spec, texts)
-        say(
-            f"first_fit packing efficiency, same order: ours {same['ours']:.4f}, "
-            f"reference {same['reference']:.4f}"
-        )
-        ratios["packing_efficiency_same_order"] = same["ours"]
-        ratios["reference_packing_efficiency_same_order"] = same["reference"]
-        result["packing_same_order"] = same
+        _add_packing(result, spec, texts, o.say)
     return result
 
 

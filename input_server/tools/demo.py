@@ -42,6 +42,101 @@ def _workers_of(client: Any) -> tuple[str, str, str]:
     return str(s.worker_processes), str(s.worker_threads), s.worker_reason
 
 
+def _check_sizes(steps: int, seq_len: int, batch_size: int) -> None:
+    """Raises ValueError for a size under its least (`LEAST`)."""
+    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
+        least = LEAST[name]
+        if value < least:
+            raise ValueError(f"`{name}` must be at least {least}, got {value}.")
+
+
+def _demo_spec(assets_dir, seq_len: int, batch_size: int, say) -> tuple[Any, str, str]:
+    """The demo's spec, corpus and model (built once, then cached)."""
+    from input_client import PipelineSpec
+    from input_server.testing.corpus import ensure_demo_assets
+
+    say("building the corpus and tokenizer (cached after the first run)...")
+    corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)
+    spec = PipelineSpec(
+        source={"paths": [corpus_jsonl]},
+        tokenizer={"model": spm_model},
+        batch={"seq_len": seq_len, "size": batch_size},
+        order={"epochs": 0},
+    )
+    return spec, corpus_jsonl, spm_model
+
+
+def _model(seq_len: int, batch_size: int) -> dict[str, Any]:
+    """The decoder's initial train state, its size, its compiled step and its FLOPs a step."""
+    import jax
+
+    params = init_params(jax.random.PRNGKey(0), seq_len=seq_len)
+    num_params = count_params(params)
+    tokens_per_step = batch_size * seq_len
+    return {
+        "state": {"params": params, "opt": adam_init(params)},
+        "num_params": num_params,
+        "tokens_per_step": tokens_per_step,
+        # The usual dense-transformer estimate (forward + backward = 6 FLOPs per parameter
+        # per token); it leaves out attention's seq_len^2 term, small at this length.
+        "flops_per_step": 6.0 * num_params * tokens_per_step,
+        "train_step": jax.jit(train_step),
+    }
+
+
+def _serve(stack: contextlib.ExitStack, workdir, corpus_jsonl: str, spm_model: str, say) -> str:
+    """Starts the demo's server on a Unix socket in `workdir` (default a temporary folder,
+    closed with `stack`, as the server is) and returns its target."""
+    from input_server.serving.server import Server, ServerConfig
+
+    if workdir is None:
+        workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="input-server-"))
+    sock_path = os.path.join(os.fspath(workdir), "demo.sock")
+    # The demo's corpus and model are the only data its server may read.
+    server = stack.enter_context(
+        Server(
+            ServerConfig(
+                listen=[f"unix://{sock_path}"],
+                data_roots=[
+                    os.path.dirname(os.path.abspath(corpus_jsonl)),
+                    os.path.dirname(os.path.abspath(spm_model)),
+                ],
+            )
+        )
+    )
+    target = server.targets[0]
+    say(f"server listening on {target}")
+    return target
+
+
+def _train(stack, client, it, timer, model: dict[str, Any], steps: int, progress: bool):
+    """Trains `steps` steps on the stream `it`; returns the losses and the server's workers."""
+    from tqdm import tqdm
+
+    losses: list[float] = []
+    state = model["state"]
+    workers = ("unknown", "unknown", "")
+    bar = stack.enter_context(
+        tqdm(
+            total=steps,
+            desc="train",
+            unit="step",
+            disable=not (progress and sys.stderr.isatty()),
+        )
+    )
+    for i in range(steps):
+        batch = next(it)
+        if i == 0:
+            # Asked while the stream runs, so the server lists it with its worker count.
+            workers = _workers_of(client)
+        inputs = {k: batch[k] for k in MODEL_KEYS}
+        state, metrics = timer.step(model["train_step"], state, inputs)
+        losses.append(float(metrics["loss"]))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.update()
+    return losses, workers
+
+
 def run_demo(
     *,
     steps: int = 50,
@@ -70,10 +165,7 @@ def run_demo(
       ValueError: fewer than 2 steps (the loss of the first and the last are compared), or a
         size that is not positive.
     """
-    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
-        least = LEAST[name]
-        if value < least:
-            raise ValueError(f"`{name}` must be at least {least}, got {value}.")
+    _check_sizes(steps, seq_len, batch_size)
     start = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -82,90 +174,35 @@ def run_demo(
 
     from input_server.batching._grain import ensure_absl_flags_parsed
 
-    ensure_absl_flags_parsed()
-    import jax
-    from tqdm import tqdm
+    ensure_absl_flags_parsed()  # before jax and Grain are imported (by the steps below)
+    from input_client import InputClient, StepTimer
 
-    from input_client import InputClient, PipelineSpec, StepTimer
-    from input_server.serving.server import Server, ServerConfig
-    from input_server.testing.corpus import ensure_demo_assets
-
-    say("building the corpus and tokenizer (cached after the first run)...")
-    corpus_jsonl, spm_model = ensure_demo_assets(assets_dir)
-    spec = PipelineSpec(
-        source={"paths": [corpus_jsonl]},
-        tokenizer={"model": spm_model},
-        batch={"seq_len": seq_len, "size": batch_size},
-        order={"epochs": 0},
-    )
-
-    params = init_params(jax.random.PRNGKey(0), seq_len=seq_len)
-    num_params = count_params(params)
-    state = {"params": params, "opt": adam_init(params)}
-    tokens_per_step = batch_size * seq_len
-    # The usual dense-transformer estimate (forward + backward = 6 FLOPs per parameter per
-    # token); it leaves out attention's seq_len^2 term, small at this length.
-    flops_per_step = 6.0 * num_params * tokens_per_step
-    p_train_step = jax.jit(train_step)
-
-    losses: list[float] = []
+    spec, corpus_jsonl, spm_model = _demo_spec(assets_dir, seq_len, batch_size, say)
+    model = _model(seq_len, batch_size)
     with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="input-server-"))
-        sock_path = os.path.join(os.fspath(workdir), "demo.sock")
-        # The demo's corpus and model are the only data its server may read.
-        server = stack.enter_context(
-            Server(
-                ServerConfig(
-                    listen=[f"unix://{sock_path}"],
-                    data_roots=[
-                        os.path.dirname(os.path.abspath(corpus_jsonl)),
-                        os.path.dirname(os.path.abspath(spm_model)),
-                    ],
-                )
-            )
-        )
-        target = server.targets[0]
-        say(f"server listening on {target}")
+        target = _serve(stack, workdir, corpus_jsonl, spm_model, say)
         client = stack.enter_context(InputClient(target))
         it = stack.enter_context(client.batches(spec, prefetch=2))
         timer = StepTimer(
-            tokens_per_step=tokens_per_step, flops_per_step=flops_per_step, data_source=it
+            tokens_per_step=model["tokens_per_step"],
+            flops_per_step=model["flops_per_step"],
+            data_source=it,
         )
         say(
-            f"training a {num_params:,}-parameter decoder for {steps} steps "
+            f"training a {model['num_params']:,}-parameter decoder for {steps} steps "
             f"(batch {batch_size} x {seq_len} tokens)..."
         )
-        workers = ("unknown", "unknown", "")
-        bar = stack.enter_context(
-            tqdm(
-                total=steps,
-                desc="train",
-                unit="step",
-                disable=not (progress and sys.stderr.isatty()),
-            )
-        )
-        for i in range(steps):
-            batch = next(it)
-            if i == 0:
-                # Asked while the stream runs, so the server lists it with its worker count.
-                workers = _workers_of(client)
-            inputs = {k: batch[k] for k in MODEL_KEYS}
-            state, metrics = timer.step(p_train_step, state, inputs)
-            losses.append(float(metrics["loss"]))
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            bar.update()
+        losses, workers = _train(stack, client, it, timer, model, steps, progress)
 
     window = min(LOSS_WINDOW, max(1, steps // 2))
     first_loss = sum(losses[:window]) / window
     last_loss = sum(losses[-window:]) / window
-    summary = timer.summary()
     return {
-        **summary,
+        **timer.summary(),
         "steps_run": steps,
         "seq_len": seq_len,
         "batch_size": batch_size,
-        "num_params": num_params,
+        "num_params": model["num_params"],
         "worker_processes": workers[0],
         "worker_threads": workers[1],
         "worker_reason": workers[2],

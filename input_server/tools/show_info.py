@@ -143,7 +143,6 @@ def add_parser(sub, *, positive) -> None:
         help="a file holding the server's token (its abstract sockets and TCP need it)",
     )
     add_tls_arguments(info)
-    info.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 from input_server.data.records import loads_json, text_of
 from input_server.errors import DataNotFoundError, InputServerError, RecordError
@@ -198,9 +199,34 @@ def train(
       RecordError: a record without the text field, or not JSON (file and line named).
       TrainError: no text, or a vocabulary the corpus cannot give.
     """
-    from input_client.spec import TokenizerSpec
-    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
+    folder = _output_folder(corpora, output)
+    _check_first_records(corpora, fmt, text_field)
+    progress = Progress(progress_every_s)
+    corpus = _Corpus(corpora, fmt=fmt, text_field=text_field, progress=progress)
+    work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename
+    options = {
+        "model_type": model_type,
+        "with_pad": with_pad,
+        "normalization": normalization,
+        "keep_whitespace": keep_whitespace,
+        "byte_fallback": byte_fallback,
+    }
+    try:
+        model = _train_corpus(corpus, os.path.join(work, "spm"), text_field, vocab_size, options)
+        os.replace(model, output)
+    finally:
+        progress.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return _made(output, corpus, options)
 
+
+def _output_folder(corpora: list[str], output: str) -> str:
+    """The folder `output` is written in, after checking `output` names a model file.
+
+    Raises:
+      DataNotFoundError: no such folder.
+      TrainError: `output` is a folder or one of `corpora`.
+    """
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
         raise DataNotFoundError(f"-o {output}: no such folder {folder}.")
@@ -209,43 +235,46 @@ def train(
     for path in corpora:
         if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
             raise TrainError(f"-o {output}: is one of the corpus files; name another model file.")
-    _check_first_records(corpora, fmt, text_field)
-    progress = Progress(progress_every_s)
-    corpus = _Corpus(corpora, fmt=fmt, text_field=text_field, progress=progress)
-    work = tempfile.mkdtemp(prefix=".spm-", dir=folder)  # same file system: an atomic rename
+    return folder
+
+
+def _train_corpus(
+    corpus: _Corpus, prefix: str, text_field: str, vocab_size: int, options: dict[str, Any]
+) -> str:
+    """Trains on `corpus` into `prefix`.model and returns its path; a corpus that could not
+    be read, or sentencepiece's refusal, raised as the error that says why."""
     try:
-        try:
-            model = train_sentencepiece(
-                corpus,
-                os.path.join(work, "spm"),
-                vocab_size=vocab_size,
-                model_type=model_type,
-                with_pad=with_pad,
-                exact_vocab=True,  # the vocabulary asked for, or a clear no
-                num_threads=os.cpu_count() or 1,
-                normalization=normalization,
-                keep_whitespace=keep_whitespace,
-                byte_fallback=byte_fallback,
-            )
-        except RuntimeError as e:
-            if corpus.error is not None:
-                raise corpus.error from None
-            if not corpus.lines:
-                raise TrainError(
-                    f"no text in {' '.join(corpora)} (field {text_field!r})."
-                ) from None
-            raise TrainError(_sentencepiece_says(e, vocab_size)) from None
+        model = train_sentencepiece(
+            corpus,
+            prefix,
+            vocab_size=vocab_size,
+            exact_vocab=True,  # the vocabulary asked for, or a clear no
+            num_threads=os.cpu_count() or 1,
+            **options,  # as `train` was given them
+        )
+    except RuntimeError as e:
         if corpus.error is not None:
-            raise corpus.error
-        os.replace(model, output)
-    finally:
-        progress.close()
-        shutil.rmtree(work, ignore_errors=True)
+            raise corpus.error from None
+        if not corpus.lines:
+            raise TrainError(
+                f"no text in {' '.join(corpus.paths)} (field {text_field!r})."
+            ) from None
+        raise TrainError(_sentencepiece_says(e, vocab_size)) from None
+    if corpus.error is not None:
+        raise corpus.error
+    return model
+
+
+def _made(output: str, corpus: _Corpus, options: dict[str, Any]) -> dict:
+    """What `train` made, read back by loading the model as the server does."""
+    from input_client.spec import TokenizerSpec
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
+
     tok = SentencepieceTokenizer(TokenizerSpec(model=os.path.abspath(output)))
     sp = tok.model()
     return {
         "model": output,
-        "model_type": model_type,
+        "model_type": options["model_type"],
         "vocab_size": tok.vocab_size,
         "pad_id": sp.pad_id(),
         "bos_id": sp.bos_id(),
@@ -253,10 +282,10 @@ def train(
         "unk_id": sp.unk_id(),
         "documents": corpus.documents,
         "lines": corpus.lines,
-        "files": len(corpora),
-        "normalization": normalization,
-        "keep_whitespace": keep_whitespace,
-        "byte_fallback": byte_fallback,
+        "files": len(corpus.paths),
+        "normalization": options["normalization"],
+        "keep_whitespace": options["keep_whitespace"],
+        "byte_fallback": options["byte_fallback"],
     }
 
 
@@ -339,7 +368,6 @@ def add_parser(sub) -> None:
         metavar="S",
         help=f"a progress line on stderr every S seconds (default {PROGRESS_EVERY_S:g}; 0 = none)",
     )
-    p.set_defaults(run=run_from_args)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

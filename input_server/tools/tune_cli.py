@@ -48,7 +48,6 @@ def add_parser(sub) -> None:
         metavar="OUT.png",
         help="draw batches/s against workers, choice marked (needs matplotlib)",
     )
-    tune.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

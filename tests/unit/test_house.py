@@ -248,9 +248,6 @@ LONG_FUNCTIONS = {
     "input_server.serving.service.InputServicer._stream": (
         "issue 28 item 1: the stream owner (serving/stream.py) takes its steps apart"
     ),
-    "input_server.tools.bench.run": "being split into named steps (issue 28)",
-    "input_server.tools.demo.run_demo": "being split into named steps (issue 28)",
-    "input_server.tools.tokenizer_train.train": "being split into named steps (issue 28)",
 }
 
 
