@@ -194,6 +194,14 @@ def run_demo(
         )
         losses, workers = _train(stack, client, it, timer, model, steps, progress)
 
+    return {
+        **_result(timer, model, losses, workers, steps=steps, seq_len=seq_len, batch=batch_size),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def _result(timer, model, losses, workers, *, steps: int, seq_len: int, batch: int) -> dict:
+    """`run_demo`'s figures but its wall time: the timer's, the workers', the losses'."""
     window = min(LOSS_WINDOW, max(1, steps // 2))
     first_loss = sum(losses[:window]) / window
     last_loss = sum(losses[-window:]) / window
@@ -201,7 +209,7 @@ def run_demo(
         **timer.summary(),
         "steps_run": steps,
         "seq_len": seq_len,
-        "batch_size": batch_size,
+        "batch_size": batch,
         "num_params": model["num_params"],
         "worker_processes": workers[0],
         "worker_threads": workers[1],
@@ -212,7 +220,6 @@ def run_demo(
         "loss_window": window,
         "loss_decreased": last_loss < first_loss,
         "timing_table": timer.format_summary(),
-        "wall_s": time.perf_counter() - start,
     }
 
 
