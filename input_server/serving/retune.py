@@ -22,6 +22,7 @@ from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.switching import SwitchingStream
+from input_server.serving.session import UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool
 
 log = logging.getLogger(__name__)
@@ -258,3 +259,16 @@ class StreamTuner:
         except (RuntimeError, psutil.Error):
             pass
         return total / (1 << 20)
+
+
+def end_stream(session: StreamSession | None, live: StreamTuner | None, reserved: int) -> int:
+    """Stops a stream's live tuner, then its producer, whatever point its set-up reached;
+    returns the worker processes it holds then (`reserved` unless its tuner switched)."""
+    if live is not None:
+        live.stop()
+        live.join()  # it waits on nothing but its stop event
+        reserved = live.reserved  # what the stream holds after its switches
+    if session is not None:
+        session.stop()
+        session.join(None if session.failure is None else UNSTICK_S)
+    return reserved

@@ -51,8 +51,8 @@ from input_server.serving.limits import (
     order_process_cap,
     stream_memory_mb,
 )
-from input_server.serving.retune import StreamTuner
-from input_server.serving.session import UNSTICK_S, StreamSession
+from input_server.serving.retune import StreamTuner, end_stream
+from input_server.serving.session import StreamSession
 from input_server.serving.slots import ProcessPool, Slot
 
 log = logging.getLogger(__name__)
@@ -296,8 +296,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 with cancel.scope(left, self._draining):
                     cancel.check()
                     name, pipeline = self._pipeline_of(request)
-                    # The state first: a request refused for it must not wait for (or hold) a
-                    # tuning.
+                    # The state first: a request refused for it never waits for (or holds) a tuning.
                     position = pipeline.parse_state(request.resume_state)
                     self._set_up(stream_id, shown, "choosing its workers")
                     # An "auto" stream's processes: no more than copies of its order fit.
@@ -331,17 +330,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
             yield from send_with_credit(session, context, credit, self._draining)
         finally:
             slot.give()
+            reserved = end_stream(session, live, reserved)
             with self._lock:
                 self._setting_up.pop(stream_id, None)
-            if live is not None:
-                live.stop()
-                live.join()  # it waits on nothing but its stop event
-                reserved = live.reserved  # what the stream holds after its switches
-            if session is not None:
-                session.stop()
-                session.join(None if session.failure is None else UNSTICK_S)
-                with self._lock:
-                    self._sessions.pop(session.stream_id, None)
+                self._sessions.pop(stream_id, None)
             self._processes.give(reserved)
             if pipeline is not None and request.WhichOneof("pipeline") == "spec":
                 pipeline.close()  # a request's own pipeline ends here; a named one keeps its text
