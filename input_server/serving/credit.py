@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -28,10 +28,13 @@ class Credit:
     Args:
       window: batches the client may hold untaken (0 = no limit: a client that sends no
         credit).
+      on_fail: called when a report breaks the contract (`failure`), so that a stream waiting
+        for its next batch, not for credit, hears of it at once.
     """
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, on_fail: Callable[[], None] = lambda: None):
         self.window = window
+        self._on_fail = on_fail
         self.taken = 0
         self.open_ended = window <= 0  # no credit will come: send as gRPC allows
         # Batches the server has handed to gRPC, the message in flight included: a loop cannot
@@ -76,6 +79,7 @@ class Credit:
         if self.failure is None:
             self.failure = InvalidSpecError(message)
         self._cond.notify_all()
+        self._on_fail()
 
     def end(self) -> None:
         """No more reports will come (the client half-closed): nothing holds the stream back."""

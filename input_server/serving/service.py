@@ -98,6 +98,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
         """Streams being set up, running or closing."""
         return self._streams.active_requests()
 
+    def drain(self) -> None:
+        """Ends the running streams with UNAVAILABLE now; call after setting `draining`."""
+        self._streams.drain()
+
     @guard_unary(pb.Tokenizer)
     def DescribeTokenizer(
         self, request: pb.Tokenizer, context: grpc.ServicerContext

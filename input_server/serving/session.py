@@ -21,7 +21,10 @@ from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_me
 
 log = logging.getLogger(__name__)
 
-_POLL_S = 0.1
+# The longest the sender waits for a batch before it looks again at the client, the server
+# and the watchdog: a safety net, not a poll (`Stream` stops the producer, which wakes the
+# sender, when the client leaves, the server drains or a credit report breaks the contract).
+TICK_S = 1.0
 # How often a stream with worker processes checks that they are alive, and how long after
 # finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
 _WATCH_S = 0.5
@@ -95,9 +98,7 @@ class StreamSession:
         self._workers_seen: dict[int, tuple[int, int, BaseProcess]] = {}
         memory.stream_started()  # ended by the producer: the last end gives memory back
         try:
-            self._producer = Prefetcher(
-                self._produce, depth=depth, name=f"stream-{stream_id}", poll_s=_POLL_S
-            )
+            self._producer = Prefetcher(self._produce, depth=depth, name=f"stream-{stream_id}")
         except BaseException:  # no thread, so no producer to count the end
             memory.stream_ended()
             raise
@@ -213,6 +214,13 @@ class StreamSession:
             finally:
                 memory.stream_ended()
 
+    def _tick_s(self) -> float:
+        """How long to wait for the next item: TICK_S, or until a stuck producer's failure is
+        due (UNSTICK_S after the watchdog found it)."""
+        if self.failure is None:
+            return TICK_S
+        return max(0.0, min(TICK_S, self._failed_at + UNSTICK_S - time.monotonic()) + 0.01)
+
     def _take(self, timeout: float) -> Queued | BaseException | None:
         """The next queued item, the producer's error or StopIteration, or None (a tick)."""
         try:
@@ -231,7 +239,9 @@ class StreamSession:
         """
         pending = None  # taken while coalescing, but not joined
         while True:
-            item, pending = (pending, None) if pending is not None else (self._take(_POLL_S), None)
+            item, pending = (
+                (pending, None) if pending is not None else (self._take(self._tick_s()), None)
+            )
             if isinstance(item, StopIteration):
                 return
             if isinstance(item, BaseException):

@@ -50,14 +50,10 @@ from input_server.serving.limits import (
     order_process_cap,
 )
 from input_server.serving.retune import StreamTuner
-from input_server.serving.session import REQUEST, UNSTICK_S, StreamSession
+from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool
 
 log = logging.getLogger(__name__)
-
-# How often a sender waiting for the client's credit or for its next batch checks that the
-# client is still there and the server not draining.
-TICK_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,7 +116,7 @@ class Stream:
         self._opening: Opening | None = None
         self.session: StreamSession | None = None
         self._live: StreamTuner | None = None
-        self.credit = Credit(request.window)
+        self.credit = Credit(request.window, on_fail=self._interrupt)
         self.credit.follow(requests)
         if not context.add_callback(self._leave):
             self._leave()
@@ -128,10 +124,20 @@ class Stream:
     def _leave(self) -> None:
         self._left.set()
         self._on_leave()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Stops the producer and wakes the sender: the client left, the server drains, or a
+        credit report broke the contract (`messages` then ends with the status that says so)."""
         session = self.session
         if session is not None:
             session.stop()
         self.credit.wake()
+
+    def drain(self) -> None:
+        """The server drains (its `draining` event is set): the stream ends with UNAVAILABLE
+        now, not at its next batch."""
+        self._interrupt()
 
     def _set_up(self, doing: str) -> None:
         with self._lock:
@@ -189,7 +195,7 @@ class Stream:
             self._held.callback(self._end_tuner, live)
         with self._lock:
             self._opening, self._live, self.session = opening, live, session
-        if self._left.is_set():
+        if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
         p = opening.parallelism
         log.info(
@@ -302,6 +308,13 @@ class Stream:
             credit.offer(credit.sent + batches)
             yield msg
             credit.sent_message(batches)
+            if msg.end_of_data:
+                return
+        # The producer was stopped before its end (`_interrupt`): say why, unless the client
+        # left (nobody reads it).
+        credit.check()
+        if draining.is_set():
+            raise _draining_refusal()
 
     def info(self) -> pb.StreamInfo:
         """What `input-server info` shows of the stream, the one source of its figures."""

@@ -88,6 +88,13 @@ class Streams:
             with self._lock:
                 self._handlers -= 1
 
+    def drain(self) -> None:
+        """Ends every stream now with UNAVAILABLE (the server's `draining` is set)."""
+        with self._lock:
+            streams = list(self._open.values())
+        for stream in streams:
+            stream.drain()
+
     def active_requests(self) -> int:
         """Streams being set up, running or closing."""
         with self._lock:
