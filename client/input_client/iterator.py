@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 # A first batch slower than this gets one log line saying what the server is doing.
 FIRST_BATCH_NOTICE_S = 2.0
 
-_POLL_S = 0.1
 _END = object()
 
 
@@ -102,7 +101,7 @@ class BatchIterator:
         self._noticed = False  # the slow-first-batch line was logged
         self.tokens_yielded = 0
         self._fetcher = Prefetcher(
-            self._fetch, depth=prefetch, name="input-client-fetch", poll_s=_POLL_S, on_put=on_item
+            self._fetch, depth=prefetch, name="input-client-fetch", on_put=on_item
         )
 
     def _open(self) -> Any:

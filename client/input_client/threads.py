@@ -7,32 +7,16 @@ exception is re-raised to the consumer; `stop()` unblocks a producer waiting for
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 _ITEM, _END, _ERROR = range(3)
-
-
-def put_unless_stopped(
-    q: queue.Queue, item: Any, stop: threading.Event, poll_s: float = 0.1
-) -> bool:
-    """Puts `item`, waiting for room; returns False, without putting it, once `stop` is set.
-
-    A producer blocked on a full queue must still notice that its consumer is gone, so it
-    waits in short slices rather than forever.
-    """
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=poll_s)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 class Prefetcher(Generic[T]):
@@ -43,11 +27,13 @@ class Prefetcher(Generic[T]):
     raises StopIteration after the last item; when it raises, `get()` re-raises its exception
     after the items put before it.
 
+    A waiting `put` and a waiting `get` sleep on one condition that every put, get and `stop`
+    notifies: neither wakes on a clock (a stream whose consumer is slow costs no wake-ups).
+
     Args:
       produce: the producer, called once on the thread.
       depth: the most items queued (the backpressure that bounds memory).
       name: the thread's name (shown by py-spy, faulthandler and thread dumps).
-      poll_s: how often a waiting `put` looks at the stop event.
       on_put: called after each item, the end or the error is queued (e.g. to wake a consumer
         that watches several prefetchers: `ready()`).
     """
@@ -58,16 +44,17 @@ class Prefetcher(Generic[T]):
         *,
         depth: int,
         name: str,
-        poll_s: float = 0.1,
         on_put: Callable[[], None] | None = None,
     ):
         if depth < 1:
             raise ValueError(f"`depth` must be at least 1, got {depth}.")
         self._produce = produce
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._depth = depth
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._poll_s = poll_s
         self._on_put = on_put
+        self._exited = False  # the producer's thread is done (its end or error queued, or not)
         self._finished = False  # the end or the error was taken
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -77,23 +64,34 @@ class Prefetcher(Generic[T]):
         return self._put((_ITEM, item))
 
     def _put(self, entry: tuple) -> bool:
-        queued = put_unless_stopped(self._queue, entry, self._stop, self._poll_s)
-        if queued and self._on_put is not None:
+        with self._cond:
+            while len(self._items) >= self._depth and not self._stop.is_set():
+                self._cond.wait()
+            if self._stop.is_set():
+                return False
+            self._items.append(entry)
+            self._cond.notify_all()
+        if self._on_put is not None:
             self._on_put()
-        return queued
+        return True
 
     def _run(self) -> None:
         try:
-            self._produce(self.put)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
-            self._put((_ERROR, e))
-        else:
-            self._put((_END, None))
+            try:
+                self._produce(self.put)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
+                self._put((_ERROR, e))
+            else:
+                self._put((_END, None))
+        finally:
+            with self._cond:
+                self._exited = True
+                self._cond.notify_all()
 
     def ready(self) -> bool:
         """Whether `get()` would return (or raise) at once: an item, the end or the error is
         queued, or the producer is gone."""
-        return not self._queue.empty() or self._finished or not self._thread.is_alive()
+        return bool(self._items) or self._finished or self._exited
 
     def get(self, timeout: float | None = None) -> T:
         """The next item.
@@ -105,21 +103,21 @@ class Prefetcher(Generic[T]):
           Exception: the producer's, after the items it put before raising.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._finished:
-                raise StopIteration
-            wait = (
-                self._poll_s if deadline is None else min(self._poll_s, deadline - time.monotonic())
-            )
-            try:
-                kind, value = self._queue.get(timeout=max(0.0, wait))
-                break
-            except queue.Empty:
-                if self._stop.is_set() or not self._thread.is_alive() and self._queue.empty():
+        with self._cond:
+            while True:
+                if self._finished:
+                    raise StopIteration
+                if self._items:
+                    kind, value = self._items.popleft()
+                    self._cond.notify_all()  # room for a waiting put
+                    break
+                if self._stop.is_set() or self._exited:
                     self._finished = True
-                    raise StopIteration from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
+                    raise StopIteration
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise queue.Empty
+                self._cond.wait(left)
         if kind == _ITEM:
             return value
         self._finished = True
@@ -140,8 +138,10 @@ class Prefetcher(Generic[T]):
         return self._stop.wait(timeout)
 
     def stop(self) -> None:
-        """Tells the producer to stop; its waiting `put` returns False within `poll_s`."""
+        """Tells the producer to stop: its waiting `put` returns False at once."""
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stops the producer, frees what it queued, and waits up to `timeout` for it to end."""
@@ -154,8 +154,6 @@ class Prefetcher(Generic[T]):
         self._thread.join(timeout)
 
     def _drain(self) -> None:
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
+        with self._cond:
+            self._items.clear()
+            self._cond.notify_all()

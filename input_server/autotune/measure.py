@@ -192,7 +192,6 @@ def measure(
         _producer(pipeline, parallelism, stop.is_set),
         depth=256,
         name=f"autotune-{parallelism.processes}x{parallelism.threads}",
-        poll_s=0.05,
     )
     take = _taker(producer)
     try:

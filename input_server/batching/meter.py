@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 # Module-level alias so tests can stand in another clock.
 clock = time.perf_counter
@@ -17,7 +18,8 @@ class LiveMeter:
     `Window`s by the stream's tuner."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        # Its tuner waits on it for batches (`wait_batches`), woken by each one, not polling.
+        self._lock = threading.Condition()
         self._batches = 0
         self._tokens = 0
         self._groups = 0
@@ -36,6 +38,21 @@ class LiveMeter:
             self._batches += 1
             self._tokens += tokens
             self._blocked_s += blocked_s
+            self._lock.notify_all()
+
+    def wait_batches(
+        self, at_least: int, timeout: float | None, until: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """Waits up to `timeout` for `at_least` batches in all, or for `until()` to hold (call
+        `wake` after making it hold); whether the batches came."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._batches >= at_least or until(), timeout)
+            return self._batches >= at_least
+
+    def wake(self) -> None:
+        """Wakes every `wait_batches` to look at its `until` again."""
+        with self._lock:
+            self._lock.notify_all()
 
     def totals(self) -> Totals:
         with self._lock:

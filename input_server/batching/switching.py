@@ -4,7 +4,9 @@ The batches are the same bytes for any processes x threads, and a stream opened 
 yields exactly the batches that follow it (`resume.Position`). So a switch is: note where the
 next batch starts, open the new parallel stage there, close the old one. Nothing is lost or
 repeated; the groups the old stage had read ahead are read again by the new one. The switch
-is asked for from any thread and made by the consuming thread before its next batch.
+is asked for from any thread and made by the consuming thread before its next batch; the
+asker waits on what `switch` returns. The server runs every stream as one of these: a fixed
+count's is one that is never asked to switch.
 """
 
 from __future__ import annotations
@@ -22,8 +24,31 @@ from input_server.batching.resume import Position
 log = logging.getLogger(__name__)
 
 
+class PendingSwitch:
+    """A switch asked for: `wait()` returns once the consuming thread made it, could not (the
+    new stage would not open, a later switch replaced it, it was withdrawn) or the stream
+    closed; `made` says which."""
+
+    def __init__(self, to: Parallelism):
+        self.to = to
+        self.made = False
+        self._done = threading.Event()
+
+    def _end(self, made: bool) -> None:
+        self.made = made
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the switch has ended, made or not, within `timeout`."""
+        return self._done.wait(timeout)
+
+
 class SwitchingStream:
-    """`BatchStream`'s interface, with `switch(parallelism)` taking effect at the next batch."""
+    """`BatchStream`'s interface, with `switch(parallelism)` taking effect at the next batch.
+
+    Every stream has a meter (`meter`: a live-tuned one's tuner reads it) and counts the stages
+    it opened after its first (`switches`: the watchdog's generations).
+    """
 
     def __init__(
         self,
@@ -34,12 +59,11 @@ class SwitchingStream:
         meter: LiveMeter | None = None,
     ):
         self.pipeline = pipeline
-        self.meter = meter
-        self._stream = pipeline.stream(position, parallelism=parallelism, meter=meter)
-        self._pending: Parallelism | None = None
+        self.meter = meter if meter is not None else LiveMeter()
+        self._stream = pipeline.stream(position, parallelism=parallelism, meter=self.meter)
+        self._pending: PendingSwitch | None = None
         self._lock = threading.Lock()
         self.switches = 0  # stages opened after the first (the watchdog's generations)
-        self.closed_switches = 0  # of which the old stage is closed
         self.failed_switches = 0  # asked for, but the new stage would not open
 
     @property
@@ -50,20 +74,52 @@ class SwitchingStream:
     def next_seq(self) -> int:
         return self._stream.next_seq
 
-    def switch(self, parallelism: Parallelism) -> None:
+    @property
+    def closed(self) -> bool:
+        """Whether the stream has ended or was closed: it switches no more."""
+        return self._stream.closed
+
+    def switch(self, parallelism: Parallelism) -> PendingSwitch:
         """Runs the batches after the next one asked for with `parallelism` (the last asked
-        wins)."""
+        wins); wait on the returned `PendingSwitch` for it to be made."""
+        asked = PendingSwitch(parallelism)
         with self._lock:
-            self._pending = parallelism
+            replaced, self._pending = self._pending, asked
+        if replaced is not None:
+            replaced._end(False)
+        if self.closed:
+            self.withdraw(asked)
+        return asked
+
+    def withdraw(self, asked: PendingSwitch) -> None:
+        """Takes back `asked` unless the consuming thread is already making it (then wait for
+        it): the one who asked stops waiting for a stream that may never take another batch."""
+        with self._lock:
+            if self._pending is not asked:
+                return
+            self._pending = None
+        asked._end(False)
 
     def __iter__(self) -> Iterator[Produced]:
         return self
 
     def __next__(self) -> Produced:
         with self._lock:
-            wanted, self._pending = self._pending, None
+            asked, self._pending = self._pending, None
+        if asked is None:
+            return next(self._stream)
+        made = False
+        try:
+            made = self._switch(asked.to)
+        finally:
+            asked._end(made)
+        return next(self._stream)
+
+    def _switch(self, wanted: Parallelism) -> bool:
+        """Opens the stage at `wanted` where the next batch starts and closes the old one;
+        whether it did."""
         current = self._stream.parallelism
-        if wanted is not None and not self._stream.closed and wanted != current:
+        if not self._stream.closed and wanted != current:
             old = self._stream
             try:
                 new = self.pipeline.stream(old.position(), parallelism=wanted, meter=self.meter)
@@ -77,7 +133,7 @@ class SwitchingStream:
                     exc_info=True,
                 )
                 self.failed_switches += 1
-                return next(self._stream)
+                return False
             self._stream = new
             # Counted before the old stage stops: its workers' exits are not deaths.
             self.switches += 1
@@ -85,14 +141,18 @@ class SwitchingStream:
                 old.close()
             except Exception:  # noqa: BLE001 - e.g. Grain's teardown tripping over its pipe
                 log.warning("closing the stage switched from failed", exc_info=True)
-            self.closed_switches += 1  # its worker processes are gone
-        return next(self._stream)
+            return True  # and the old stage's worker processes are gone
+        return False
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:
         return self._stream.worker_processes()
 
     def close(self) -> None:
         self._stream.close()
+        with self._lock:
+            asked, self._pending = self._pending, None
+        if asked is not None:
+            asked._end(False)
 
     def __enter__(self) -> SwitchingStream:
         return self

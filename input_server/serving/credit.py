@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from input_client.proto import pb
-from input_server.errors import InvalidSpecError, RefusedError
+from input_server.errors import InvalidSpecError
 
 
 class Credit:
@@ -29,15 +28,20 @@ class Credit:
     Args:
       window: batches the client may hold untaken (0 = no limit: a client that sends no
         credit).
+      on_fail: called when a report breaks the contract (`failure`), so that a stream waiting
+        for its next batch, not for credit, hears of it at once.
     """
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, on_fail: Callable[[], None] = lambda: None):
         self.window = window
+        self._on_fail = on_fail
         self.taken = 0
         self.open_ended = window <= 0  # no credit will come: send as gRPC allows
         # Batches the server has handed to gRPC, the message in flight included: a loop cannot
         # have taken more, so a report above it is a lie that would end flow control.
         self.offered = 0
+        self.sent = 0  # batches gRPC took from the stream
+        self._first_sent: tuple[float, int] | None = None  # (time, sent) at the first message
         self.failure: InvalidSpecError | None = None  # a report that broke the contract
         self._first: tuple[float, int] | None = None  # (time, taken) of the first report
         self._last: tuple[float, int] | None = None
@@ -75,6 +79,7 @@ class Credit:
         if self.failure is None:
             self.failure = InvalidSpecError(message)
         self._cond.notify_all()
+        self._on_fail()
 
     def end(self) -> None:
         """No more reports will come (the client half-closed): nothing holds the stream back."""
@@ -98,18 +103,35 @@ class Credit:
     def _ahead(self, sent: int) -> bool:
         return self.failure is None and not self.open_ended and sent - self.taken >= self.window
 
-    def taken_or(self, sent: int) -> int:
-        """The batches the loop has taken: its reports, or for a client that sends none,
-        `sent` (what gRPC let the server send)."""
-        return self.taken if self.window > 0 else sent
-
-    def taken_per_s(self) -> float | None:
-        """Batches the loop took per second between its first and latest report; None before
-        two reports (or for a client that sends none)."""
+    def wake(self) -> None:
+        """Wakes a sender waiting in `allows` (the client left: it need not wait its turn)."""
         with self._cond:
-            if self._first is None or self._last is None or self._last[0] <= self._first[0]:
-                return None
-            return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+            self._cond.notify_all()
+
+    def sent_message(self, batches: int) -> None:
+        """gRPC took a message of `batches` batches."""
+        with self._cond:
+            self.sent += batches
+            if self._first_sent is None:
+                self._first_sent = (time.monotonic(), self.sent)
+
+    def taken_so_far(self) -> int:
+        """The batches the loop has taken: its reports, or for a client that sends none,
+        what gRPC let the server send."""
+        return self.taken if self.window > 0 else self.sent
+
+    def pace(self) -> float:
+        """The loop's pace, batches/s: between its first and latest report; before two
+        reports (or for a client that sends none), what it took since the first message,
+        once fed (that message's batches came before the clock started)."""
+        with self._cond:
+            if self._first is not None and self._last is not None:
+                if self._last[0] > self._first[0]:
+                    return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+            if self._first_sent is None or self.sent <= self._first_sent[1]:
+                return 0.0
+            at, first = self._first_sent
+            return (self.sent - first) / max(time.monotonic() - at, 1e-9)
 
     def follow(self, requests: Iterator[Any]) -> None:
         """Reads the client's later requests on a thread of its own, until the stream ends."""
@@ -135,45 +157,3 @@ class Credit:
             self.end()
 
         threading.Thread(target=read, name="stream-credit", daemon=True).start()
-
-
-# How often a stream waiting for the client's credit checks for cancellation and draining.
-CREDIT_WAIT_S = 0.1
-
-
-def _draining_refusal() -> RefusedError:
-    return RefusedError(
-        grpc.StatusCode.UNAVAILABLE, "the server is shutting down; resume from the last state."
-    )
-
-
-def send_with_credit(
-    session, context: grpc.ServicerContext, credit: Credit, draining: threading.Event
-) -> Iterator:
-    """A session's messages as the client's credit allows them (`Credit`), ending when the
-    client leaves, refusing with UNAVAILABLE once the server drains; counts what was sent on
-    `session`."""
-    for msg, error in session:
-        if draining.is_set():
-            raise _draining_refusal()
-        if error is not None:
-            if not isinstance(error, Exception):  # e.g. SystemExit from a library
-                raise RuntimeError(f"{type(error).__name__}: {error}") from error
-            raise error
-        if msg is None:
-            if not context.is_active():
-                return
-            credit.check()
-            continue
-        while not credit.allows(session.batches_sent, CREDIT_WAIT_S):
-            if draining.is_set():
-                raise _draining_refusal()
-            if not context.is_active():
-                return
-        credit.check()  # a report that broke the contract ends the stream here
-        credit.offer(session.batches_sent + 1 + len(msg.following))
-        yield msg
-        session.batches_sent += 1 + len(msg.following)
-        if session.first_sent_s is None:
-            session.first_sent_s = time.monotonic()
-            session.first_message_batches = session.batches_sent

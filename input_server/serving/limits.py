@@ -100,6 +100,41 @@ class StreamProcesses:
         self._pool.give(n)
 
 
+def check_fits(spec: PipelineSpec, limits: Limits, *, queue_depth: int, message_tokens: int):
+    """Refuses a spec over the server's worker cap, or over its memory budget with the
+    parallelism it asks for ("auto": the least; tuning then keeps within the rest)."""
+    check_workers(spec, limits.max_workers)
+    count = spec.workers.count
+    check_memory(
+        spec,
+        limits.stream_memory_mb,
+        queue_depth=queue_depth,
+        message_tokens=message_tokens,
+        processes=0 if count == "auto" else count,
+        threads=1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads,
+    )
+
+
+def groups_mb(pipeline, limits: Limits, *, queue_depth: int, message_tokens: int) -> float:
+    """The memory a stream's groups in flight (and worker processes, measured) may use: its
+    spec's `ram_budget_mb`, within what the batches and the server's copy of its document
+    order leave of the server's budget for a stream."""
+    spec = pipeline.spec
+    order_mb = order_bytes(pipeline) / _MIB
+    return min(
+        spec.workers.ram_budget_mb,
+        limits.stream_memory_mb
+        - order_mb
+        - stream_memory_mb(
+            spec,
+            queue_depth=queue_depth,
+            message_tokens=message_tokens,
+            processes=0,
+            threads=0,
+        ),
+    )
+
+
 def order_process_cap(order_bytes: int, left_mb: float) -> int | None:
     """The worker processes whose copies of a document order of `order_bytes` fit in
     `left_mb` (what the stream's budget leaves); None when the order holds nothing."""

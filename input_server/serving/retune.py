@@ -21,8 +21,7 @@ from input_server.autotune.online import OnlineSearch, Step
 from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.switching import SwitchingStream
-from input_server.serving.session import UNSTICK_S, StreamSession
+from input_server.batching.switching import PendingSwitch, SwitchingStream
 from input_server.serving.slots import ProcessPool
 
 log = logging.getLogger(__name__)
@@ -34,10 +33,8 @@ MIN_BATCHES = 4
 MAX_WINDOW_S = 10.0
 # After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
 WARMUP_S = 1.0
-_POLL_S = 0.05
 # Windows in a row whose tuning failed before it stops for the stream (the stream goes on).
 MAX_FAILURES = 3
-_SETTLED_POLL_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +85,7 @@ class StreamTuner:
         self._remember = remember
         self._opened = clock()
         self._stop = threading.Event()
+        self._asked: PendingSwitch | None = None  # the latest switch asked of the stream
         self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
 
     def start(self) -> StreamTuner:
@@ -96,6 +94,9 @@ class StreamTuner:
 
     def stop(self) -> None:
         self._stop.set()
+        self._meter.wake()
+        if self._asked is not None:
+            self.stream.withdraw(self._asked)
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.ident is not None:
@@ -145,7 +146,7 @@ class StreamTuner:
                 break
             if self._take_processes(step.to.processes) and self._switch(step, window, demand):
                 return
-            if self._stop.is_set():
+            if self._stop.is_set() or self.stream.closed:
                 return
             # The server's processes are taken, or the stage would not open: search without it.
             step = self.search.unavailable(step.to, clock())
@@ -191,17 +192,14 @@ class StreamTuner:
             step.reason,
         )
         reason = f"auto: {step.reason}"
-        closed, failed = self.stream.closed_switches, self.stream.failed_switches
-        self.stream.switch(after)
         # The producer switches before its next batch (a loop that is not taking may keep it
-        # waiting); the old stage's processes stay the stream's until they are gone.
-        while (
-            self.stream.closed_switches == closed
-            and self.stream.failed_switches == failed
-            and not self._stop.wait(_POLL_S)
-        ):
-            pass
-        if self.stream.closed_switches == closed:  # stopped meanwhile, or it would not open
+        # waiting); the old stage's processes stay the stream's until they are gone. `stop`
+        # withdraws the switch, or waits here for the one being made.
+        self._asked = self.stream.switch(after)
+        if self._stop.is_set():
+            self.stream.withdraw(self._asked)
+        self._asked.wait()
+        if not self._asked.made:  # stopped meanwhile, the stream ended, or it would not open
             self._keep_processes(before.processes)
             return False
         self.history.append(record)
@@ -222,25 +220,24 @@ class StreamTuner:
     def _warm_up(self) -> None:
         """Waits for the stage's first batch and WARMUP_S more."""
         start = self._meter.totals().batches
-        while self._meter.totals().batches == start and not self._stop.wait(_POLL_S):
-            pass
+        self._meter.wait_batches(start + 1, None, until=self._stop.is_set)
         self._stop.wait(WARMUP_S)
 
     def _window(self) -> tuple[Window, float, float] | None:
         """The next window: what the stream did, the loop's pace and the CPU cores busy."""
         start, taken0 = self._meter.totals(), self._taken()
         cpu0 = tree_cpu_seconds()
-        # Settled, it looks less often: a loop at a few batches a second should not pay for it.
-        poll_s = _SETTLED_POLL_S if self.search.settled else _POLL_S
-        while not self._stop.wait(poll_s):
-            now = self._meter.totals()
-            long_enough = (
-                now.at - start.at >= WINDOW_S and now.batches - start.batches >= MIN_BATCHES
-            )
-            if long_enough or now.at - start.at >= MAX_WINDOW_S:
-                break
-        else:
+        # Long enough in time first (a sleep), then in batches (woken by the meter's batches,
+        # not by a clock): a loop at a few batches a second pays for no polling.
+        if self._stop.wait(WINDOW_S):
             return None
+        left_s = MAX_WINDOW_S - (clock() - start.at)
+        self._meter.wait_batches(
+            start.batches + MIN_BATCHES, max(0.0, left_s), until=self._stop.is_set
+        )
+        if self._stop.is_set():
+            return None
+        now = self._meter.totals()
         measured = window(start, now, self.stream.parallelism.workers)
         cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
         if measured.batches < MIN_BATCHES:
@@ -259,16 +256,3 @@ class StreamTuner:
         except (RuntimeError, psutil.Error):
             pass
         return total / (1 << 20)
-
-
-def end_stream(session: StreamSession | None, live: StreamTuner | None, reserved: int) -> int:
-    """Stops a stream's live tuner, then its producer, whatever point its set-up reached;
-    returns the worker processes it holds then (`reserved` unless its tuner switched)."""
-    if live is not None:
-        live.stop()
-        live.join()  # it waits on nothing but its stop event
-        reserved = live.reserved  # what the stream holds after its switches
-    if session is not None:
-        session.stop()
-        session.join(None if session.failure is None else UNSTICK_S)
-    return reserved

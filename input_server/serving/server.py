@@ -259,8 +259,9 @@ class Server:
         grace = self.config.grace_s if grace is None else grace
         self._health.enter_graceful_shutdown()  # NOT_SERVING for the whole drain
         self._draining.set()
-        # Streams end with UNAVAILABLE at their next batch or tick; health and info still
+        # Streams end with UNAVAILABLE now (`drain` wakes them); health and info still
         # answer meanwhile (gRPC's own stop refuses every new call at once).
+        self._servicer.drain()
         deadline = time.monotonic() + grace
         while self._servicer.active_requests() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -14,14 +14,17 @@ from multiprocessing.process import BaseProcess
 from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.wire import encode_state
-from input_server.batching.pipeline import BatchStream
+from input_server.batching.switching import SwitchingStream
 from input_server.errors import WorkerDiedError, exit_words
 from input_server.serving import memory
 from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
 
 log = logging.getLogger(__name__)
 
-_POLL_S = 0.1
+# The longest the sender waits for a batch before it looks again at the client, the server
+# and the watchdog: a safety net, not a poll (`Stream` stops the producer, which wakes the
+# sender, when the client leaves, the server drains or a credit report breaks the contract).
+TICK_S = 1.0
 # How often a stream with worker processes checks that they are alive, and how long after
 # finding a dead one it waits for the pipeline to unwind before ending the stream regardless.
 _WATCH_S = 0.5
@@ -60,30 +63,33 @@ class StreamSession:
     stream with a `WorkerDiedError` naming it (Grain's own error names neither worker nor pid)
     and, should Grain's reader never notice (a worker killed halfway through writing an
     element into its pipe leaves the reader waiting for the rest), the stream still ends.
+
+    Args:
+      stream_id, name: the stream's id and pipeline name (`describe` makes its label).
+      stream: its batches (a fixed count's stream is one that is never switched).
+      depth: batches produced ahead of the sender.
+      message_tokens: the most tokens of batches that share a message (see `coalesce`).
+      switched: whether the stream may be switched (an "auto" one): then it is watched even
+        while it runs no worker process, since a switch may start some.
     """
 
     def __init__(
         self,
         stream_id: int,
         name: str,
-        stream: BatchStream,
+        stream: SwitchingStream,
         depth: int,
         *,
         message_tokens: int = MESSAGE_TOKENS,
-        reason: str = "",
+        switched: bool = False,
     ):
         self.stream_id = stream_id
         self.name = name
-        self.reason = reason  # why it opened at its parallelism (`Opening.reason`), for info
         self.label = describe(name, stream.pipeline.spec)
         self.stream = stream
-        self.batches_sent = 0
         shape = stream.pipeline.spec.batch
         self.per_message = batches_per_message(shape.size, shape.seq_len, message_tokens)
-        self.first_sent_s: float | None = None  # time.monotonic() when the first message went
-        self.first_message_batches = 0  # the batches that message held
         self.batches_produced = 0
-        self.meter = getattr(stream, "meter", None)  # a live-tuned stream's (`SwitchingStream`)
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
         self._failure_lock = threading.Lock()  # the watchdog and the producer both record
@@ -92,13 +98,11 @@ class StreamSession:
         self._workers_seen: dict[int, tuple[int, int, BaseProcess]] = {}
         memory.stream_started()  # ended by the producer: the last end gives memory back
         try:
-            self._producer = Prefetcher(
-                self._produce, depth=depth, name=f"stream-{stream_id}", poll_s=_POLL_S
-            )
+            self._producer = Prefetcher(self._produce, depth=depth, name=f"stream-{stream_id}")
         except BaseException:  # no thread, so no producer to count the end
             memory.stream_ended()
             raise
-        if stream.parallelism.processes > 0 or hasattr(stream, "switch"):  # may start some later
+        if stream.parallelism.processes > 0 or switched:
             threading.Thread(
                 target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
             ).start()
@@ -113,7 +117,7 @@ class StreamSession:
     def _generation(self) -> int:
         """Which parallel stage runs now: a live-tuned stream's switches so far (the workers
         of a stage it switched away from are stopped, not dead)."""
-        return getattr(self.stream, "switches", 0)
+        return self.stream.switches
 
     def _dead_worker(self) -> WorkerDiedError | None:
         generation = self._generation()
@@ -177,8 +181,8 @@ class StreamSession:
                 waited = time.perf_counter()
                 if not put(item):
                     return
-                if self.meter is not None:  # the time it waited for room: the loop's pace
-                    self.meter.batch(produced.num_tokens, time.perf_counter() - waited)
+                # The time it waited for room: the loop's pace, for a live tuner.
+                self.stream.meter.batch(produced.num_tokens, time.perf_counter() - waited)
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker
@@ -210,6 +214,13 @@ class StreamSession:
             finally:
                 memory.stream_ended()
 
+    def _tick_s(self) -> float:
+        """How long to wait for the next item: TICK_S, or until a stuck producer's failure is
+        due (UNSTICK_S after the watchdog found it)."""
+        if self.failure is None:
+            return TICK_S
+        return max(0.0, min(TICK_S, self._failed_at + UNSTICK_S - time.monotonic()) + 0.01)
+
     def _take(self, timeout: float) -> Queued | BaseException | None:
         """The next queued item, the producer's error or StopIteration, or None (a tick)."""
         try:
@@ -228,7 +239,9 @@ class StreamSession:
         """
         pending = None  # taken while coalescing, but not joined
         while True:
-            item, pending = (pending, None) if pending is not None else (self._take(_POLL_S), None)
+            item, pending = (
+                (pending, None) if pending is not None else (self._take(self._tick_s()), None)
+            )
             if isinstance(item, StopIteration):
                 return
             if isinstance(item, BaseException):
@@ -246,14 +259,6 @@ class StreamSession:
                 return
             msg, pending = coalesce(item, self._take, limit=self.per_message)
             yield msg, None
-
-    def consumed_batches_per_s(self) -> float:
-        """Batches the client took per second since the first message: its demand, once fed."""
-        if self.first_sent_s is None or self.batches_sent <= self.first_message_batches:
-            return 0.0
-        return (self.batches_sent - self.first_message_batches) / max(
-            time.monotonic() - self.first_sent_s, 1e-9
-        )
 
     def stop(self) -> None:
         self._producer.stop()

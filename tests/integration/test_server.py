@@ -224,11 +224,11 @@ def test_disconnect_tears_down_stream_and_worker_processes(server, make_spec):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         alive = still_running(workers)
-        if not alive and not server._servicer._sessions:
+        if not alive and not server._servicer._streams.info():
             break
         time.sleep(0.2)
     assert not alive, alive
-    assert not server._servicer._sessions
+    assert not server._servicer._streams.info()
 
 
 def test_health_reports_serving(target):
@@ -280,6 +280,8 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     """Batches that come slower than COALESCE_WAIT_S apart go without waiting for company:
     each message leaves within the bound (plus scheduling) of its first batch being made."""
     from input_server.batching.pipeline import MIN_GROUP
+    from input_server.batching.resume import Position
+    from input_server.batching.switching import SwitchingStream
     from input_server.serving.coalesce import COALESCE_WAIT_S
     from input_server.serving.session import StreamSession
     from input_server.testing import SlowPipeline
@@ -287,7 +289,8 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
     pipeline = SlowPipeline(spec, delay_s=0.02)
     pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
-    session = StreamSession(1, "slow", pipeline.stream(parallelism=Parallelism(0, 1)), depth=16)
+    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1))  # one never switched
+    session = StreamSession(1, "slow", stream, depth=16)
     made: dict[int, float] = {}  # batches made so far -> when that count was first seen
 
     def watch():

@@ -273,3 +273,61 @@ def test_no_function_is_over_the_limit():
     # An excuse outlives its function's length: drop it (the list only shrinks).
     stale = [n for n in LONG_FUNCTIONS if functions.get(n, 0) <= MAX_FUNCTION_LINES]
     assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines (or gone): {stale}"
+
+
+SERVING = PACKAGES["input_server"] / "serving"
+
+
+def test_serving_never_probes_a_stream_for_attributes():
+    """Every stream is one type (a fixed count's is a switching stream never switched): code
+    that asks a stream what it has (`getattr`/`hasattr`) is code for a second kind."""
+    bad = []
+    for path in sorted(SERVING.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"getattr", "hasattr"}
+                and node.args
+                and "stream" in ast.unparse(node.args[0]).lower()
+            ):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, bad
+
+
+_CONTAINERS = {"dict", "list", "set", "defaultdict", "deque", "OrderedDict", "Counter", "count"}
+
+
+def _holds_per_item_state(value: ast.AST) -> bool:
+    """A container, or a counter of ids: what state kept per stream looks like."""
+    if isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp):
+        return True
+    if isinstance(value, ast.Call):
+        f = value.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        return name in _CONTAINERS
+    return False
+
+
+def test_the_servicer_keeps_no_per_stream_state():
+    """The servicer is glue: a stream's state is its `Stream`'s, the list of them `Streams`'.
+    None of its methods assigns a container (the named pipelines aside) or counts anything."""
+    tree = ast.parse((SERVING / "service.py").read_text())
+    (servicer,) = [
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InputServicer"
+    ]
+    bad = []
+    for node in ast.walk(servicer):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute):
+            bad.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if (
+                    isinstance(t, ast.Attribute)
+                    and ast.unparse(t.value) == "self"
+                    and t.attr != "_pipelines"
+                    and _holds_per_item_state(node.value)
+                ):
+                    bad.append(f"line {node.lineno}: {ast.unparse(node)}")
+    assert not bad, bad

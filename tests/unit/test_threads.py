@@ -50,7 +50,7 @@ def test_the_queue_is_bounded_and_stop_unblocks_a_waiting_put():
                 break
         done.set()
 
-    p = Prefetcher(produce, depth=2, name="t", poll_s=0.01)
+    p = Prefetcher(produce, depth=2, name="t")
     time.sleep(0.3)
     assert put_results == [True, True]  # the third put waits for room
     p.stop()
