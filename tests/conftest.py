@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 # Eight CPU devices for sharding tests; must be set before jax is first imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -26,6 +27,24 @@ def _in_basetemp(tmp_path_factory):
     os.chdir(tmp_path_factory.getbasetemp())
     yield
     os.chdir(before)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests run in parallel (pytest-xdist), but one marked `alone` runs with no other test
+    beside it: it measures time or load, which another test's work would move. The share is
+    taken around the whole protocol (the fixtures a test sets up included) and outside
+    pytest-timeout's timer, so waiting for it counts against no test's time limit."""
+    from tests.support import machine_share
+
+    workers = getattr(item.config, "workerinput", None)
+    if workers is None:  # one process: nothing runs beside
+        yield
+        return
+    # Each worker's basetemp is a folder of the run's: the lock files lie there.
+    folder = pathlib.Path(item.config.option.basetemp).parent
+    with machine_share(folder, alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

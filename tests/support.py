@@ -338,3 +338,39 @@ def clean_copy(source, destination) -> pathlib.Path:
         ),
     )
     return pathlib.Path(destination)
+
+
+# --- Tests in parallel (pytest-xdist): what the workers of one run share ------------------------
+
+
+def run_dir(tmp_path_factory) -> pathlib.Path:
+    """The folder every pytest-xdist worker of this run shares (the run's basetemp alone)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def file_lock(path: pathlib.Path, *, shared: bool = False) -> Iterator[None]:
+    """`path` locked (flock) for the block: alone, or `shared` with other shared holders."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def machine_share(folder: pathlib.Path, *, alone: bool) -> Iterator[None]:
+    """The machine for one test: `alone` (no other worker's test runs meanwhile) or beside
+    others. A test that waits to run alone holds the gate, so the tests that start after it
+    wait too and it is not starved by a stream of shared holders."""
+    with file_lock(folder / "gate.lock"):
+        entered = file_lock(folder / "machine.lock", shared=not alone)
+        entered.__enter__()
+    try:
+        yield
+    finally:
+        entered.__exit__(None, None, None)

@@ -11,6 +11,9 @@ import textwrap
 
 import pytest
 
+# Time limits set inside the children's start-up: a measure of time, run alone.
+pytestmark = pytest.mark.alone
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The public API, then a plain exit: what scripts and benchmarks do. One candidate of worker
 # processes, its time limit well inside their start (a spawned interpreter imports Grain).

@@ -7,21 +7,27 @@ import subprocess
 
 import pytest
 
-from tests.support import ROOT, python_or_skip
+from tests.support import ROOT, file_lock, python_or_skip, run_dir
 
 SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
 PREFIX = "maxtext_venv: "  # the script's progress lines on stderr
 
 
 @pytest.fixture(scope="session")
-def maxtext_python(request) -> str:
+def maxtext_python(request, tmp_path_factory) -> str:
     """The python of the cached MaxText 0.2.5 venv (scripts/maxtext_venv.sh builds it once).
     A build (~2 GB, minutes) is said on the terminal, with its steps, past pytest's capture:
     a suite that goes quiet for minutes looks hung."""
     python_or_skip("3.12", "the MaxText venv")
+    with file_lock(run_dir(tmp_path_factory) / "maxtext-venv.lock"):  # one worker builds it
+        return _built_venv(request)
+
+
+def _built_venv(request) -> str:
     check = subprocess.run(["bash", SCRIPT, "--check"], capture_output=True, text=True)
-    building = check.returncode != 0
-    with _terminal(request.config) if building else contextlib.nullcontext() as say:
+    # A pytest-xdist worker has no terminal of its own: the run's other tests show progress.
+    shown = check.returncode != 0 and request.config.pluginmanager.has_plugin("terminalreporter")
+    with _terminal(request.config) if shown else contextlib.nullcontext() as say:
         proc = subprocess.Popen(
             ["bash", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

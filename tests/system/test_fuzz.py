@@ -13,8 +13,12 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.support import ChildProcess, script
+
+# Health and info must answer within 2.5 s throughout: a measure of time, run alone.
+pytestmark = pytest.mark.alone
 
 # Seeded, so a failure reproduces with the same command; enough requests that each hostile
 # value is drawn a few times (about 10 s of sending on the 2-core development host).

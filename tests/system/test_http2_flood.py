@@ -23,6 +23,9 @@ import pytest
 from tests.netns import Hosts, Unavailable
 from tests.support import ROOT, ChildProcess, cli_argv, health
 
+# 1 s probes must pass under a flood: a measure of time, run alone.
+pytestmark = pytest.mark.alone
+
 PORT = 50052
 PEER = str(ROOT / "input_server" / "testing" / "http2_flood.py")
 
