@@ -80,7 +80,7 @@ class SwitchingStream:
         return self._stream.closed
 
     def switch(self, parallelism: Parallelism) -> PendingSwitch:
-        """Runs the batches after the next one asked for with `parallelism` (the last asked
+        """Runs the stream with `parallelism` from the next batch taken on (the last asked
         wins); wait on the returned `PendingSwitch` for it to be made."""
         asked = PendingSwitch(parallelism)
         with self._lock:
@@ -148,11 +148,13 @@ class SwitchingStream:
         return self._stream.worker_processes()
 
     def close(self) -> None:
-        self._stream.close()
-        with self._lock:
-            asked, self._pending = self._pending, None
-        if asked is not None:
-            asked._end(False)
+        try:
+            self._stream.close()
+        finally:  # even a failing close ends the switch waited on: its asker must not hang
+            with self._lock:
+                asked, self._pending = self._pending, None
+            if asked is not None:
+                asked._end(False)
 
     def __enter__(self) -> SwitchingStream:
         return self

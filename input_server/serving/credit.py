@@ -46,6 +46,7 @@ class Credit:
         self._first: tuple[float, int] | None = None  # (time, taken) of the first report
         self._last: tuple[float, int] | None = None
         self._cond = threading.Condition()
+        self._woken = False  # `wake` came while no sender waited: its next wait returns at once
 
     def offer(self, sent: int) -> None:
         """The stream is about to hand gRPC the message that brings it to `sent` batches."""
@@ -92,7 +93,11 @@ class Credit:
         with self._cond:
             if not self._ahead(sent):
                 return True
+            if self._woken:  # a wake that came before this wait: the caller looks again now
+                self._woken = False
+                return False
             self._cond.wait(timeout)
+            self._woken = False
             return not self._ahead(sent)
 
     def check(self) -> None:
@@ -104,8 +109,10 @@ class Credit:
         return self.failure is None and not self.open_ended and sent - self.taken >= self.window
 
     def wake(self) -> None:
-        """Wakes a sender waiting in `allows` (the client left: it need not wait its turn)."""
+        """Wakes a sender waiting in `allows` (the client left: it need not wait its turn),
+        or, between two waits, makes its next wait return at once."""
         with self._cond:
+            self._woken = True
             self._cond.notify_all()
 
     def sent_message(self, batches: int) -> None:

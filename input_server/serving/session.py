@@ -103,9 +103,14 @@ class StreamSession:
             memory.stream_ended()
             raise
         if stream.parallelism.processes > 0 or switched:
-            threading.Thread(
-                target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._watch, name=f"stream-{stream_id}-watch", daemon=True
+                ).start()
+            except BaseException:  # no watchdog ("can't start new thread"): no producer either
+                self.stop()
+                self.join()  # its end closes the stream
+                raise
 
     def _worker_died(self, which: str, code: int) -> WorkerDiedError:
         return WorkerDiedError(

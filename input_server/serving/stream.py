@@ -1,12 +1,12 @@
 """One stream, end to end: `Stream` makes what a StreamBatches call holds, sends its messages,
 reports its figures and gives it all back, in one place, once.
 
-What one stream holds, in the order it is made (and closed in reverse by `close`): its
-credit (the client's later requests, read on a thread), its pipeline (a request's own, closed
-at the end; a named one is the server's), the worker processes reserved for it, its
-producer (`session.StreamSession`, over a `SwitchingStream`: a fixed count's is one that is
-never switched) and, for "auto", its live tuner (`retune.StreamTuner`). Its stream slot is
-the registry's (`streams.Streams.admit`).
+What one stream holds, in the order it is made: its credit (the client's later requests,
+read on a thread, which ends with the call), its pipeline (a request's own, closed at the end;
+a named one is the server's), the worker processes reserved for it, its producer
+(`session.StreamSession`, over a `SwitchingStream`: a fixed count's is one that is never
+switched) and, for "auto", its live tuner (`retune.StreamTuner`); `close` gives back all but
+the credit, in reverse. Its stream slot is the registry's (`streams.Streams.admit`).
 """
 
 from __future__ import annotations
@@ -347,7 +347,7 @@ class Stream:
 
     def _end_tuner(self, live: StreamTuner) -> None:
         live.stop()
-        live.join()  # it waits on nothing but its stop event and a switch it withdrew
+        live.join()  # it waits on its stop event, and on a switch being made (not withdrawable)
         self._reserved = live.reserved  # what the stream holds after its switches
 
     @staticmethod
