@@ -47,6 +47,18 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+@pytest.fixture
+def short_tmp():
+    """A new folder with a short path (/tmp/is-XXXXXXXX), for a default Unix socket inside it:
+    a socket path holds at most 107 bytes, and pytest-xdist's tmp_path can leave too few."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="is-", dir="/tmp")
+    yield pathlib.Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def docs() -> list[str]:
     """Real English: the standard library's docstrings (offline, the same on every machine)."""

@@ -239,15 +239,18 @@ class Refusals:
     def __init__(self, every_s: float = REFUSAL_LOG_S, peers: int = REFUSAL_PEERS):
         self._every_s, self._peers = every_s, peers
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, int]] = {}  # host: (last line's time, since then)
+        # host: (last line's time, refusals since then)
+        self._seen: dict[str, tuple[float | None, int]] = {}
 
     def add(self, peer: str) -> None:
         host = peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
         now = time.monotonic()
         with self._lock:
-            logged, count = self._seen.pop(host, (now - self._every_s, 0))
+            # A new host's first refusal is logged at once (`now - (now - every_s)` can round
+            # below `every_s`: the first line went missing).
+            logged, count = self._seen.pop(host, (None, 0))
             count += 1
-            due = now - logged >= self._every_s
+            due = logged is None or now - logged >= self._every_s
             if len(self._seen) >= self._peers:  # forget the oldest (dicts keep their order)
                 self._seen.pop(next(iter(self._seen)))
             self._seen[host] = (now, 0) if due else (logged, count)

@@ -9,6 +9,10 @@ import socket
 import stat
 
 
+# Linux's sun_path holds 108 bytes, the last a NUL: a longer path cannot be bound.
+MAX_SOCKET_PATH = 107
+
+
 @dataclasses.dataclass(frozen=True)
 class Address:
     """A listen address: what gRPC binds and how clients reach it.
@@ -44,6 +48,13 @@ def parse_address(address: str) -> Address:
                 f"(unix:///abs/path.sock); a relative one is unix:path.sock."
             )
         kind = "abstract" if address.startswith("unix-abstract:") else "file"
+        path = os.fsencode(address.removeprefix("unix://").removeprefix("unix:"))
+        if kind == "file" and len(path) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"--listen {address!r}: the socket path is {len(path)} bytes, more than the "
+                f"{MAX_SOCKET_PATH} a Unix socket allows; choose a shorter path (the default "
+                f"one lies under $XDG_RUNTIME_DIR, else $TMPDIR)."
+            )
         return Address(bind=address, is_unix=True, kind=kind)
     if "://" in address:  # a URL (http://, grpc://, dns:///): its host read as a remote name
         rest = address.split("://", 1)[1].lstrip("/").split("/", 1)[0] or "localhost:50051"

@@ -319,11 +319,11 @@ def default_env(tmpdir) -> dict[str, str]:
     return env
 
 
-def test_the_default_socket_lives_in_a_private_folder_that_info_finds(tmp_path):
-    env = default_env(tmp_path)
+def test_the_default_socket_lives_in_a_private_folder_that_info_finds(tmp_path, short_tmp):
+    env = default_env(short_tmp)
     child, targets = serve_cli(log=str(tmp_path / "serve.log"), env=env)
     try:
-        folder = tmp_path / f"input-server-{os.geteuid()}"
+        folder = short_tmp / f"input-server-{os.geteuid()}"
         assert targets == [f"unix://{folder}/{auth.SOCKET_NAME}"]
         st = folder.stat()
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
@@ -460,7 +460,27 @@ def test_refusals_past_the_interval_are_logged_with_their_count(caplog):
     assert len(lines) == 2 + 5 and len(refusals._seen) <= 2
 
 
+def test_a_hosts_first_refusal_is_logged_whatever_the_clock_reads(caplog, monkeypatch):
+    # At 34000.1 s, `now - (now - 0.2)` rounds below 0.2: the first line went missing once.
+    monkeypatch.setattr(auth.time, "monotonic", lambda: 34000.1)
+    with caplog.at_level("WARNING", logger="input_server.serving.auth"):
+        auth.Refusals(every_s=0.2).add("ipv4:10.0.0.8:4000")
+    assert [r.getMessage()[:33] for r in caplog.records] == ["refused 1 call from ipv4:10.0.0.8"]
+
+
 def test_serve_says_a_url_is_not_an_address_form(capsys):
     code, err = serve_main(capsys, "--listen", "http://localhost:50051")
     assert_one_line(code, err, "http://", "not an address form", "(localhost:50051)")
     assert "TLS" not in err
+
+
+def test_serve_refuses_a_socket_path_too_long_to_bind_naming_its_length(capsys, tmp_path):
+    sock = tmp_path / ("d" * (120 - len(str(tmp_path)))) / "s.sock"
+    code, err = serve_main(capsys, "--listen", f"unix://{sock}")
+    assert_one_line(code, err, str(sock), f"{len(str(sock))} bytes", "107")
+    long_tmp = tmp_path / ("t" * 100)
+    long_tmp.mkdir()
+    default = default_env(long_tmp)  # the default socket's folder under a long $TMPDIR
+    out = subprocess.run(cli_argv("serve"), env=default, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "107" in out.stderr and "$TMPDIR" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

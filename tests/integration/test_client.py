@@ -227,11 +227,11 @@ def test_server_replaced_by_another_wire_protocol_while_reconnecting_is_refused(
 # --- Addresses: the default, and saying at once what no waiting can fix -----------------------
 
 
-def test_a_client_without_an_address_finds_a_plain_server(tmp_path, monkeypatch, make_spec):
+def test_a_client_without_an_address_finds_a_plain_server(short_tmp, monkeypatch, make_spec):
     import tempfile
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
     with Server(ServerConfig()) as srv, InputClient(connect_timeout_s=10) as client:
         assert client.address == srv.targets[0]
         assert next(iter(client.batches(make_spec())))["inputs"].shape == (4, 128)

@@ -4,6 +4,7 @@ reference's (docs/spec.md) examples are valid specs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -51,7 +52,7 @@ def test_the_quick_start_uses_one_address_and_names_its_data_root():
     assert "InputClient()" in loop and "/tmp/input.sock" not in loop
 
 
-def test_bring_your_own_data_runs_as_written(tmp_path):
+def test_bring_your_own_data_runs_as_written(tmp_path, short_tmp):
     from input_server.testing.corpus import stdlib_docstrings, write_jsonl
 
     blocks = code_blocks(section("Bring your own data"))
@@ -64,7 +65,7 @@ def test_bring_your_own_data_runs_as_written(tmp_path):
     # Enough real text for the README's vocabulary.
     write_jsonl(stdlib_docstrings(5000), tmp_path / "my-data" / "docs.jsonl")
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    env["TMPDIR"] = str(tmp_path)  # the default address: a fresh private folder in here
+    env["TMPDIR"] = str(short_tmp)  # the default address: a fresh private folder in there
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # `input-server` as this interpreter runs it: no installed entry point needed.
     prelude = f'input-server() {{ "{sys.executable}" -m input_server.cli "$@"; }}\nset -e\n'
@@ -93,7 +94,8 @@ def test_bring_your_own_data_runs_as_written(tmp_path):
         assert [s for s, _ in steps] == ["0", "1", "2", "3", "4"], client.stdout
         assert all(int(n) > 8 * 512 * 0.8 for _, n in steps)  # packed rows, mostly real tokens
     finally:
-        os.killpg(shell_proc.pid, signal.SIGTERM)  # as `kill %1` would
+        with contextlib.suppress(ProcessLookupError):  # a shell that failed is gone already
+            os.killpg(shell_proc.pid, signal.SIGTERM)  # as `kill %1` would
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and _group_alive(shell_proc.pid):
             time.sleep(0.2)
