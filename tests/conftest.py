@@ -29,6 +29,14 @@ def _in_basetemp(tmp_path_factory):
     os.chdir(before)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The long tests first (system, then integration, then unit; the order within each kept):
+    the parallel workers end together, short tests filling the gaps, rather than waiting
+    on one worker's last MaxText run."""
+    rank = {"system": 0, "integration": 1}
+    items.sort(key=lambda item: rank.get(pathlib.Path(str(item.path)).parent.name, 2))
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """Tests run in parallel (pytest-xdist), but one marked `alone` runs with no other test

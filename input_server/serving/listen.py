@@ -8,7 +8,6 @@ import os
 import socket
 import stat
 
-
 # Linux's sun_path holds 108 bytes, the last a NUL: a longer path cannot be bound.
 MAX_SOCKET_PATH = 107
 

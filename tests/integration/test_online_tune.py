@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from input_client import InputClient
 from input_server.autotune.online import SERVER_CAP
 from input_server.batching.parallelism import Parallelism, default_threads
@@ -14,6 +16,9 @@ from input_server.batching.pipeline import MIN_GROUP, Pipeline
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
 from tests.support import assert_same_batches, consume_until, run_pipeline
+
+# The tuner measures throughput and the loop's pace: another test's load moves what it picks.
+pytestmark = pytest.mark.alone
 
 DELAY_S = 0.004  # per record: remote storage's latency, which threads overlap without CPU
 

@@ -314,7 +314,7 @@ def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_
     out = subprocess.run(
         [
             sys.executable, script("bench_mixture.py"), "--corpus", corpus, "--model", spm_model,
-            "--components", "4", "--rounds", "1", "--min-tokens", "50000", "--seq-len", "256",
+            "--components", "6", "--rounds", "1", "--min-tokens", "50000", "--seq-len", "256",
             "--batch-size", "8", "--json", str(out_json),
         ],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
@@ -328,8 +328,10 @@ def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_
         assert r[name]["server_rss_mb"] > 0 and r[name]["server_threads"] > 0, name
     assert r["mixture"]["server_worker_processes"] == 0
     assert r["mixture_2_processes"]["server_worker_processes"] >= 1
-    # The mixture's components share the stream's threads: none of its own per component.
-    assert r["mixture"]["server_threads"] <= r["one_source"]["server_threads"] + 2
+    # The mixture's components share the stream's threads: none of its own per component (6
+    # components would add 5 or more). The peaks are sampled, and a call answered meanwhile
+    # (a gRPC pool thread, started on demand) can add a few to either.
+    assert r["mixture"]["server_threads"] <= r["one_source"]["server_threads"] + 4
     assert set(result["median_ratios"]) >= {
         "mixture_over_one_source",
         "ids_parquet_over_tokenizer_limit",

@@ -107,10 +107,10 @@ def test_a_flood_of_calls_leaves_probes_passing_and_threads_bounded(
         address = host.addresses[0] if port == PORT else "127.0.0.1"
         rst = ["rst"] if reset else []
         flood = _peer(
-            host, "flood", address, str(port), "4", "14", *rst, *([method] if method else [])
+            host, "flood", address, str(port), "4", "10", *rst, *([method] if method else [])
         )
         time.sleep(2.0)  # the flood under way before the first probe
-        probes = _peer(host, "probe", address, str(port), "37", "0.25")
+        probes = _peer(host, "probe", address, str(port), "25", "0.25")
         most, stop = 0, threading.Event()
 
         def sample() -> None:
@@ -129,7 +129,7 @@ def test_a_flood_of_calls_leaves_probes_passing_and_threads_bounded(
             flood.kill()
         server.kill()
     assert calls > 10_000, "the flood never got going"
-    assert result["passed"] >= 36, result
+    assert result["passed"] >= 24, result  # of 25
     assert most < 200, f"the server reached {most} threads under the flood"
 
 
