@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import typing
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 
@@ -41,6 +42,38 @@ class PendingSwitch:
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the switch has ended, made or not, within `timeout`."""
         return self._done.wait(timeout)
+
+
+@typing.runtime_checkable
+class ServedStream(typing.Protocol):
+    """What the server asks of every stream it serves (`serving/session.py`'s producer,
+    `serving/retune.py`'s live tuner): one type for all, so nothing asks a stream what it has.
+    `SwitchingStream` is the one implementation; a fixed count's stream is never switched."""
+
+    pipeline: Pipeline
+    meter: LiveMeter  # the producer's waits: a live tuner reads the loop's pace from it
+    switches: int  # stages opened after the first (the watchdog's generations)
+
+    @property
+    def parallelism(self) -> Parallelism: ...
+
+    @property
+    def next_seq(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def switch(self, parallelism: Parallelism) -> PendingSwitch: ...
+
+    def withdraw(self, asked: PendingSwitch) -> None: ...
+
+    def __iter__(self) -> Iterator[Produced]: ...
+
+    def __next__(self) -> Produced: ...
+
+    def worker_processes(self) -> list[tuple[int, BaseProcess]]: ...
+
+    def close(self) -> None: ...
 
 
 class SwitchingStream:

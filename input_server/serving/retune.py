@@ -21,7 +21,7 @@ from input_server.autotune.online import OnlineSearch, Step
 from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.switching import PendingSwitch, SwitchingStream
+from input_server.batching.switching import PendingSwitch, ServedStream
 from input_server.serving.slots import ProcessPool
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class StreamTuner:
 
     def __init__(
         self,
-        stream: SwitchingStream,
+        stream: ServedStream,
         search: OnlineSearch,
         *,
         taken: Callable[[], int],

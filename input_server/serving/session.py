@@ -14,7 +14,7 @@ from multiprocessing.process import BaseProcess
 from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.wire import encode_state
-from input_server.batching.switching import SwitchingStream
+from input_server.batching.switching import ServedStream
 from input_server.errors import WorkerDiedError, exit_words
 from input_server.serving import memory
 from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
@@ -77,7 +77,7 @@ class StreamSession:
         self,
         stream_id: int,
         name: str,
-        stream: SwitchingStream,
+        stream: ServedStream,
         depth: int,
         *,
         message_tokens: int = MESSAGE_TOKENS,

@@ -10,7 +10,7 @@ import pytest
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.batching.resume import Position
-from input_server.batching.switching import SwitchingStream
+from input_server.batching.switching import ServedStream, SwitchingStream
 from tests.support import assert_same_batches, run_pipeline
 
 # In process first (cheap), a few worker-process stages among them (each spawns workers).
@@ -70,3 +70,14 @@ def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monke
         assert (stream.parallelism.threads, stream.switches, stream.failed_switches) == (1, 0, 1)
     assert "switching to 0 processes x 4 threads failed" in caplog.text
     assert_same_batches(got, run_pipeline(spec, limit=len(got)))
+
+
+def test_every_served_stream_is_a_served_stream_and_a_plain_one_is_not(make_spec):
+    """The server's one stream type: a switching stream has every member `ServedStream`
+    declares; the pipeline's plain stream (it cannot switch) has not."""
+    pipeline = Pipeline(make_spec())
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+        next(stream)
+        assert isinstance(stream, ServedStream)
+    with pipeline.stream(parallelism=Parallelism(0, 1)) as plain:
+        assert not isinstance(plain, ServedStream)
