@@ -31,8 +31,8 @@ def _in_basetemp(tmp_path_factory):
 
 def pytest_collection_modifyitems(session, config, items):
     """The long tests first (system, then integration, then unit; the order within each kept):
-    the parallel workers end together, short tests filling the gaps, rather than waiting
-    on one worker's last MaxText run."""
+    the workers that finish early take the rest of the long ones (xdist's work stealing), and
+    short tests fill the gaps at the end."""
     rank = {"system": 0, "integration": 1}
     items.sort(key=lambda item: rank.get(pathlib.Path(str(item.path)).parent.name, 2))
 

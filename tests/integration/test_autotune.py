@@ -19,6 +19,9 @@ from input_server.batching.pipeline import Pipeline
 from input_server.testing import SlowPipeline
 from input_server.testing.corpus import write_jsonl
 
+# The tuner measures throughput: another test's load moves what it picks.
+pytestmark = pytest.mark.alone
+
 # Shorter windows than the server's defaults, to bound test time.
 WINDOW = {"warmup_s": 0.2, "window_s": 0.6}
 DELAY_S = 0.002  # per record: remote storage's latency, scaled down
