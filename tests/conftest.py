@@ -43,15 +43,13 @@ def pytest_runtest_protocol(item, nextitem):
     beside it: it measures time or load, which another test's work would move. The share is
     taken around the whole protocol (the fixtures a test sets up included) and outside
     pytest-timeout's timer, so waiting for it counts against no test's time limit."""
-    from tests.support import machine_share
+    from tests.support import machine_share, run_dir
 
-    workers = getattr(item.config, "workerinput", None)
-    if workers is None:  # one process: nothing runs beside
+    if getattr(item.config, "workerinput", None) is None:  # one process: nothing runs beside
         yield
         return
-    # Each worker's basetemp is a folder of the run's: the lock files lie there.
-    folder = pathlib.Path(item.config.option.basetemp).parent
-    with machine_share(folder, alone=item.get_closest_marker("alone") is not None):
+    alone = item.get_closest_marker("alone") is not None
+    with machine_share(run_dir(item.config), alone=alone):
         yield
 
 

@@ -343,10 +343,14 @@ def clean_copy(source, destination) -> pathlib.Path:
 # --- Tests in parallel (pytest-xdist): what the workers of one run share ------------------------
 
 
-def run_dir(tmp_path_factory) -> pathlib.Path:
-    """The folder every pytest-xdist worker of this run shares (the run's basetemp alone)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+def run_dir(config) -> pathlib.Path:
+    """The folder every pytest-xdist worker of this run shares (each worker's basetemp lies in
+    it); in one process, the machine's temporary folder."""
+    import tempfile
+
+    if getattr(config, "workerinput", None) is None:
+        return pathlib.Path(tempfile.gettempdir())
+    return pathlib.Path(config.option.basetemp).parent
 
 
 @contextlib.contextmanager
@@ -367,10 +371,7 @@ def machine_share(folder: pathlib.Path, *, alone: bool) -> Iterator[None]:
     """The machine for one test: `alone` (no other worker's test runs meanwhile) or beside
     others. A test that waits to run alone holds the gate, so the tests that start after it
     wait too and it is not starved by a stream of shared holders."""
-    with file_lock(folder / "gate.lock"):
-        entered = file_lock(folder / "machine.lock", shared=not alone)
-        entered.__enter__()
-    try:
+    with contextlib.ExitStack() as held:
+        with file_lock(folder / "gate.lock"):
+            held.enter_context(file_lock(folder / "machine.lock", shared=not alone))
         yield
-    finally:
-        entered.__exit__(None, None, None)

@@ -8,6 +8,8 @@ import os
 import socket
 import stat
 
+from input_client.addresses import socket_path
+
 # Linux's sun_path holds 108 bytes, the last a NUL: a longer path cannot be bound.
 MAX_SOCKET_PATH = 107
 
@@ -47,7 +49,7 @@ def parse_address(address: str) -> Address:
                 f"(unix:///abs/path.sock); a relative one is unix:path.sock."
             )
         kind = "abstract" if address.startswith("unix-abstract:") else "file"
-        path = os.fsencode(address.removeprefix("unix://").removeprefix("unix:"))
+        path = os.fsencode(socket_path(address) or "")
         if kind == "file" and len(path) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"--listen {address!r}: the socket path is {len(path)} bytes, more than the "

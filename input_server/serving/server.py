@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from input_client.addresses import socket_path
 from input_client.proto import pb
 from input_client.wire import MESSAGE_OPTIONS
 from input_server.autotune.openings import Openings
@@ -204,7 +205,7 @@ class Server:
     def _listen_on(self, a: Address, credentials, gid) -> None:
         """Binds `a` (TLS on TCP with `credentials`; a socket file born 0600, then shared with
         `gid`) and adds its target; on a failure, releases what was bound before raising."""
-        path = a.bind.removeprefix("unix://").removeprefix("unix:") if a.kind == "file" else None
+        path = socket_path(a.bind) if a.kind == "file" else None
         try:
             if path is None and credentials is not None and not a.is_unix:
                 port = self._server.add_secure_port(a.bind, credentials)

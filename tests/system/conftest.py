@@ -14,12 +14,12 @@ PREFIX = "maxtext_venv: "  # the script's progress lines on stderr
 
 
 @pytest.fixture(scope="session")
-def maxtext_python(request, tmp_path_factory) -> str:
+def maxtext_python(request) -> str:
     """The python of the cached MaxText 0.2.5 venv (scripts/maxtext_venv.sh builds it once).
     A build (~2 GB, minutes) is said on the terminal, with its steps, past pytest's capture:
     a suite that goes quiet for minutes looks hung."""
     python_or_skip("3.12", "the MaxText venv")
-    with file_lock(run_dir(tmp_path_factory) / "maxtext-venv.lock"):  # one worker builds it
+    with file_lock(run_dir(request.config) / "maxtext-venv.lock"):  # one worker (or run) builds it
         return _built_venv(request)
 
 

@@ -32,10 +32,10 @@ OLD_CLIENT = r"""
 import json, sys
 import input_client
 from input_client import InputClient, PipelineSpec
-target, old, spec, state = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+target, old, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 assert input_client.__file__.startswith(old), input_client.__file__  # the old release's
 with InputClient(target, connect_timeout_s=30) as client:
-    with client.batches(PipelineSpec(**spec), state=json.loads(state) or None) as it:
+    with client.batches(PipelineSpec(**spec)) as it:
         batches = [
             {k: [str(v.dtype), list(v.shape), v.tobytes().hex()] for k, v in next(it).items()}
             for _ in range(TAKE)
@@ -74,6 +74,20 @@ def _spec_table(corpus: str, model: str) -> dict:
     )
 
 
+def _old_client(previous: pathlib.Path, target: str, table: dict) -> dict:
+    """The previous release's client run on `target`: its batches and state (OLD_CLIENT)."""
+    out = subprocess.run(
+        [sys.executable, "-c", OLD_CLIENT, target, str(previous), json.dumps(table)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(previous / "client"),
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _arrays(batches: list[dict]) -> list[dict]:
     import numpy as np
 
@@ -96,18 +110,8 @@ def _new_batches(target: str, spec, state=None, take: int = TAKE) -> tuple[list,
 def test_the_previous_client_streams_from_this_server_and_resumes_here(
     previous, server, corpus, spm_model, make_spec
 ):
-    table = _spec_table(corpus, spm_model)
     target = server.targets[0]  # the Unix socket
-    out = subprocess.run(
-        [sys.executable, "-c", OLD_CLIENT, target, str(previous), json.dumps(table), "null"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(previous / "client"),
-        stdin=subprocess.DEVNULL,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    old = json.loads(out.stdout.strip().splitlines()[-1])
+    old = _old_client(previous, target, _spec_table(corpus, spm_model))
     spec = make_spec()
     whole, _ = _new_batches(target, spec, take=2 * TAKE)
     assert_same_batches(_arrays(old["batches"]), whole[:TAKE])
@@ -143,17 +147,8 @@ def test_this_client_streams_from_the_previous_server_and_resumes_on_this_one(
         spec = make_spec()
         from_old, state = _new_batches(targets[0], spec)
         # The previous server's own client gives the same batches: this client reads them right.
-        out = subprocess.run(
-            [sys.executable, "-c", OLD_CLIENT, targets[0], str(previous)]
-            + [json.dumps(_spec_table(corpus, spm_model)), "null"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=_env(previous / "client"),
-            stdin=subprocess.DEVNULL,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert_same_batches(from_old, _arrays(json.loads(out.stdout.splitlines()[-1])["batches"]))
+        old = _old_client(previous, targets[0], _spec_table(corpus, spm_model))
+        assert_same_batches(from_old, _arrays(old["batches"]))
     finally:
         child.kill()
     whole, _ = _new_batches(server.targets[0], spec, take=2 * TAKE)
