@@ -124,20 +124,22 @@ class PipelineSpec(_message.Message):
     def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., batch: _Optional[_Union[BatchShape, _Mapping]] = ..., order: _Optional[_Union[Order, _Mapping]] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., workers: _Optional[_Union[Workers, _Mapping]] = ..., mixture: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version", "batches_taken", "window")
+    __slots__ = ("spec", "pipeline_name", "resume_state", "protocol_version", "batches_taken", "window", "data_wait_s")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUME_STATE_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCHES_TAKEN_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    DATA_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     spec: PipelineSpec
     pipeline_name: str
     resume_state: bytes
     protocol_version: int
     batches_taken: int
     window: int
-    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ..., protocol_version: _Optional[int] = ..., batches_taken: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+    data_wait_s: float
+    def __init__(self, spec: _Optional[_Union[PipelineSpec, _Mapping]] = ..., pipeline_name: _Optional[str] = ..., resume_state: _Optional[bytes] = ..., protocol_version: _Optional[int] = ..., batches_taken: _Optional[int] = ..., window: _Optional[int] = ..., data_wait_s: _Optional[float] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape", "data")
@@ -172,7 +174,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state", "stats")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +188,7 @@ class StreamInfo(_message.Message):
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     DEMAND_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
     TUNING_STATE_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -199,7 +202,44 @@ class StreamInfo(_message.Message):
     switches: _containers.RepeatedCompositeFieldContainer[WorkerSwitch]
     demand_batches_per_s: float
     tuning_state: str
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ...) -> None: ...
+    stats: StreamStats
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ..., stats: _Optional[_Union[StreamStats, _Mapping]] = ...) -> None: ...
+
+class StageTime(_message.Message):
+    __slots__ = ("stage", "seconds")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    seconds: float
+    def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class StreamStats(_message.Message):
+    __slots__ = ("age_s", "stages", "real_tokens", "padding_tokens", "bytes_sent", "queue_fill", "queue_depth", "client_wait_s", "client_wait_share", "production_batches_per_s", "verdict_kind", "verdict")
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    REAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PADDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FILL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_WAIT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTION_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_KIND_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    age_s: float
+    stages: _containers.RepeatedCompositeFieldContainer[StageTime]
+    real_tokens: int
+    padding_tokens: int
+    bytes_sent: int
+    queue_fill: int
+    queue_depth: int
+    client_wait_s: float
+    client_wait_share: float
+    production_batches_per_s: float
+    verdict_kind: str
+    verdict: str
+    def __init__(self, age_s: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_fill: _Optional[int] = ..., queue_depth: _Optional[int] = ..., client_wait_s: _Optional[float] = ..., client_wait_share: _Optional[float] = ..., production_batches_per_s: _Optional[float] = ..., verdict_kind: _Optional[str] = ..., verdict: _Optional[str] = ...) -> None: ...
 
 class WorkerSwitch(_message.Message):
     __slots__ = ("at_s", "from_processes", "from_threads", "to_processes", "to_threads", "reason", "capacity_batches_per_s", "demand_batches_per_s")
@@ -258,7 +298,7 @@ class WorkerTuning(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[WorkerMeasurement, _Mapping]]] = ..., processes: _Optional[int] = ..., threads: _Optional[int] = ..., target_batches_per_s: _Optional[float] = ..., tune_seconds: _Optional[float] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("server_version", "pipelines", "streams", "protocol_version")
+    __slots__ = ("server_version", "pipelines", "streams", "protocol_version", "totals")
     class PipelinesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -270,8 +310,37 @@ class GetInfoResponse(_message.Message):
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     pipelines: _containers.MessageMap[str, PipelineSpec]
     streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
     protocol_version: int
-    def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    totals: ServerTotals
+    def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., protocol_version: _Optional[int] = ..., totals: _Optional[_Union[ServerTotals, _Mapping]] = ...) -> None: ...
+
+class ServerTotals(_message.Message):
+    __slots__ = ("batches_sent", "real_tokens", "padding_tokens", "bytes_sent", "stages", "client_wait_s", "stream_ends", "streams_opened")
+    class StreamEndsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
+    REAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PADDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ENDS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_OPENED_FIELD_NUMBER: _ClassVar[int]
+    batches_sent: int
+    real_tokens: int
+    padding_tokens: int
+    bytes_sent: int
+    stages: _containers.RepeatedCompositeFieldContainer[StageTime]
+    client_wait_s: float
+    stream_ends: _containers.ScalarMap[str, int]
+    streams_opened: int
+    def __init__(self, batches_sent: _Optional[int] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., client_wait_s: _Optional[float] = ..., stream_ends: _Optional[_Mapping[str, int]] = ..., streams_opened: _Optional[int] = ...) -> None: ...
