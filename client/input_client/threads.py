@@ -88,6 +88,10 @@ class Prefetcher(Generic[T]):
                 self._exited = True
                 self._cond.notify_all()
 
+    def queued(self) -> int:
+        """Items waiting to be taken now (at most `depth`)."""
+        return len(self._items)
+
     def ready(self) -> bool:
         """Whether `get()` would return (or raise) at once: an item, the end or the error is
         queued, or the producer is gone."""

@@ -9,13 +9,16 @@ import time
 
 import numpy as np
 
+from input_server import stages
 from input_server.data.ids import Specials, encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
 from input_server.errors import CancelledError
 
-# The element key of a group's wall time in its worker.
+# The element keys of a group's wall time in its worker, and of its seconds in each worker
+# stage (`stages.WORKER_STAGES`, in that order).
 BUSY_KEY = "busy_s"
+STAGES_KEY = "stage_s"
 
 
 class InFlight:
@@ -81,24 +84,33 @@ class EncodeGroup:
             self.in_flight.exit()
 
     def _encode(self, g: int) -> dict[str, np.ndarray]:
-        started = time.perf_counter()
-        first = g * self.size
-        indices = self.order.source_indices(first, first + self.size).tolist()
-        read_many = getattr(self.source, "read_many", None)
-        items = read_many(indices) if read_many else [self.source[i] for i in indices]
-        # The tokenizer encodes on this thread and releases the GIL while its library works
-        # (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads (and processes)
-        # are the tokenizing parallelism, which the autotuner sizes (sentencepiece on one of
-        # its threads against two: docs/benchmarks.md, "Tokenizer side").
-        element = encode_documents(
-            self.tokenizer,
-            self.specials,
-            items,
-            first_doc=first,
-            trim_to=self.trim_to,
-            where=lambda i: self.source.where(indices[i]),
-        ).to_element()
+        with stages.counting() as tally:
+            started = time.perf_counter()
+            first = g * self.size
+            indices = self.order.source_indices(first, first + self.size).tolist()
+            read_many = getattr(self.source, "read_many", None)
+            items = read_many(indices) if read_many else [self.source[i] for i in indices]
+            read = time.perf_counter()
+            # The tokenizer encodes on this thread and releases the GIL while its library
+            # works (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads (and
+            # processes) are the tokenizing parallelism, which the autotuner sizes
+            # (sentencepiece on one of its threads against two: docs/benchmarks.md,
+            # "Tokenizer side").
+            element = encode_documents(
+                self.tokenizer,
+                self.specials,
+                items,
+                first_doc=first,
+                trim_to=self.trim_to,
+                where=lambda i: self.source.where(indices[i]),
+            ).to_element()
+            done = time.perf_counter()
         # How long the group took in its worker: what a live stream's tuner measures the
-        # parallel stage's utilization by (`autotune/live.py`).
-        element[BUSY_KEY] = np.float64(time.perf_counter() - started)
+        # parallel stage's utilization by (`autotune/live.py`); and where that time went.
+        element[BUSY_KEY] = np.float64(done - started)
+        tally["read"] += read - started - tally["decompress"]
+        tally["tokenize"] += done - read
+        element[STAGES_KEY] = np.fromiter(
+            (tally[s] for s in stages.WORKER_STAGES), np.float64, len(stages.WORKER_STAGES)
+        )
         return element

@@ -1,6 +1,7 @@
 """A stream's production counters: what its parallel stage and its producer did, added to
 from any thread and read by the stream's live tuner (`autotune/live.py` turns two readings
-into a window, `serving/retune.py` reads them)."""
+into a window, `serving/retune.py` reads them) and by its accounting (`stages`: the seconds
+of each stage, what `input-server stats` and the metrics show)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+
+import numpy as np
+
+from input_server.stages import STAGES, WORKER_STAGES
 
 # Module-level alias so tests can stand in another clock.
 clock = time.perf_counter
@@ -26,19 +31,54 @@ class LiveMeter:
         self._group_s = 0.0  # wall time the groups took in their workers
         self._waiting_s = 0.0  # the in-order part waiting for the next group
         self._blocked_s = 0.0  # the producer waiting for room in the send queue
+        self._stages = dict.fromkeys(STAGES, 0.0)
+        self._sent_real = self._sent_padding = self._bytes_sent = 0
 
-    def group(self, busy_s: float, waited_s: float) -> None:
+    def group(self, busy_s: float, waited_s: float, stage_s: np.ndarray | None = None) -> None:
+        """A tokenized group reached the packer after `waited_s`, having taken `busy_s` in
+        its worker, `stage_s` of it in each worker stage (`stages.WORKER_STAGES`)."""
         with self._lock:
             self._groups += 1
             self._group_s += busy_s
             self._waiting_s += waited_s
+            self._stages["wait_workers"] += waited_s
+            if stage_s is not None:
+                for stage, seconds in zip(WORKER_STAGES, stage_s.tolist(), strict=True):
+                    self._stages[stage] += seconds
 
     def batch(self, tokens: int, blocked_s: float) -> None:
+        """A batch of `tokens` real tokens went into the send queue, after waiting `blocked_s`
+        for room."""
         with self._lock:
             self._batches += 1
             self._tokens += tokens
             self._blocked_s += blocked_s
+            self._stages["queue_full"] += blocked_s
             self._lock.notify_all()
+
+    def add(self, stage: str, seconds: float) -> None:
+        """`seconds` more in one of the stream's own stages (`stages.STREAM_STAGES`)."""
+        with self._lock:
+            self._stages[stage] += seconds
+
+    def sent(self, nbytes: int, seconds: float, *, real: int, padding: int) -> None:
+        """gRPC took a message of `nbytes` bytes in `seconds`, of batches holding `real` real
+        tokens and `padding` pad ones."""
+        with self._lock:
+            self._bytes_sent += nbytes
+            self._sent_real += real
+            self._sent_padding += padding
+            self._stages["send"] += seconds
+
+    def sent_totals(self) -> tuple[int, int, int]:
+        """(real tokens, pad tokens, bytes) of the messages sent so far."""
+        with self._lock:
+            return self._sent_real, self._sent_padding, self._bytes_sent
+
+    def stage_seconds(self) -> dict[str, float]:
+        """The seconds in each stage so far, every stage named."""
+        with self._lock:
+            return dict(self._stages)
 
     def wait_batches(
         self, at_least: int, timeout: float | None, until: Callable[[], bool] = lambda: False

@@ -24,7 +24,7 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
-from input_server.batching.encode import BUSY_KEY, EncodeGroup
+from input_server.batching.encode import BUSY_KEY, STAGES_KEY, EncodeGroup
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.parallelism import Parallelism
@@ -273,6 +273,8 @@ class BatchStream:
             )
         )
         b = pipeline.spec.batch
+        self._meter = meter
+        self._waited_s = 0.0  # the packer waiting for groups (`_groups`)
         self._cursor = DocCursor(
             self._groups(meter),
             pos.doc,
@@ -291,8 +293,10 @@ class BatchStream:
                 element = next(it)
             except StopIteration:
                 return
+            waited = time.perf_counter() - waited
+            self._waited_s += waited
             if meter is not None:
-                meter.group(float(element[BUSY_KEY]), time.perf_counter() - waited)
+                meter.group(float(element[BUSY_KEY]), waited, element[STAGES_KEY])
             yield TokenGroup.from_element(element)
 
     @property
@@ -316,7 +320,11 @@ class BatchStream:
         if self._closed:
             raise StopIteration
         b = self.pipeline.spec.batch
+        started, waited = time.perf_counter(), self._waited_s
         batch = pack_batch(self._cursor, size=b.size, seq_len=b.seq_len, packing=b.packing)
+        if self._meter is not None:  # packing is what the packer did not spend waiting
+            spent = time.perf_counter() - started - (self._waited_s - waited)
+            self._meter.add("pack", spent)
         if batch is None:
             self.close()
             raise StopIteration

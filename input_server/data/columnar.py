@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from input_server import stages
 from input_server.data.jsonl import ids_of
 from input_server.data.parquet_load import ColumnLoad, Texts
 from input_server.data.records import (
@@ -231,6 +232,7 @@ class ParquetReader:
                 column, _ = stack.enter_context(DECODED.use(self, self._load, _free))
             yield column
 
+    @stages.timed("decompress")  # a Parquet column is decompressed and decoded in one go
     def _load(self):
         """(column, its reservation), each row group reserved before it is decoded
         (`parquet_load`)."""

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 import orjson
 
-from input_server import cancel
+from input_server import cancel, stages
 from input_server.data.records import (
     DECOMPRESSED,
     OPEN_FILES,
@@ -191,6 +191,7 @@ class JsonlReader:
         """What the file takes in memory once decompressed (0 for a plain, mapped file)."""
         return self._size if self._compressed else 0
 
+    @stages.timed("decompress")
     def _decompress(self, expect: int | None = None) -> tuple[bytearray, Reservation]:
         """The file decompressed, each chunk reserved in the process's budget before it is
         kept; `expect`: its size when the stream opened it (any other size: it changed)."""

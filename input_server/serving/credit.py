@@ -11,6 +11,7 @@ real demand.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,8 +44,10 @@ class Credit:
         self.sent = 0  # batches gRPC took from the stream
         self._first_sent: tuple[float, int] | None = None  # (time, sent) at the first message
         self.failure: InvalidSpecError | None = None  # a report that broke the contract
-        self._first: tuple[float, int] | None = None  # (time, taken) of the first report
-        self._last: tuple[float, int] | None = None
+        # (time, taken, the trainer's data wait so far) of the first report and the latest
+        self._first: tuple[float, int, float] | None = None
+        self._last: tuple[float, int, float] | None = None
+        self._wait_reported = False  # a report said the trainer waited (a client that says)
         self._cond = threading.Condition()
         self._woken = False  # `wake` came while no sender waited: its next wait returns at once
 
@@ -53,8 +56,9 @@ class Credit:
         with self._cond:
             self.offered = max(self.offered, sent)
 
-    def grant(self, taken: int) -> None:
-        """The client's loop has taken `taken` batches of this stream in all.
+    def grant(self, taken: int, data_wait_s: float = 0.0) -> None:
+        """The client's loop has taken `taken` batches of this stream in all, having waited
+        `data_wait_s` seconds for them (0 from a client that does not say).
 
         A count above what the stream has offered is refused: the stream then ends with
         INVALID_ARGUMENT (`failure`), since its flow control and its demand would both be
@@ -62,6 +66,12 @@ class Credit:
         """
         now = time.monotonic()
         with self._cond:
+            if not math.isfinite(data_wait_s) or data_wait_s < 0:
+                self._fail(
+                    f"`data_wait_s` {data_wait_s!r} in a credit report is not a finite number "
+                    f"of seconds >= 0."
+                )
+                return
             if taken <= self.taken:
                 return
             if taken > self.offered:
@@ -71,10 +81,29 @@ class Credit:
                 )
                 return
             self.taken = taken
+            wait = max(data_wait_s, self._last[2]) if self._last else data_wait_s
+            self._wait_reported = self._wait_reported or wait > 0
             if self._first is None:
-                self._first = (now, taken)
-            self._last = (now, taken)
+                self._first = (now, taken, wait)
+            self._last = (now, taken, wait)
             self._cond.notify_all()
+
+    def latest_report(self) -> tuple[float, int, float] | None:
+        """(monotonic time, batches taken, the trainer's wait so far) of the latest report."""
+        with self._cond:
+            return self._last
+
+    def exposed_wait(self) -> tuple[float, float]:
+        """The trainer's exposed data wait its client reported: seconds in all, and their share
+        of the loop's time between its first and latest report; (-1, -1) from a client that
+        does not report it (or a trainer that never waited, which a prefetching client's first
+        batch rules out)."""
+        with self._cond:
+            if not self._wait_reported or self._first is None or self._last is None:
+                return -1.0, -1.0
+            span = self._last[0] - self._first[0]
+            share = (self._last[2] - self._first[2]) / span if span > 0 else 0.0
+            return self._last[2], min(1.0, max(0.0, share))
 
     def _fail(self, message: str) -> None:
         if self.failure is None:
@@ -158,7 +187,7 @@ class Credit:
                                 f"a credit report is not a valid StreamBatchesRequest ({e})."
                             )
                         return
-                    self.grant(msg.batches_taken)
+                    self.grant(msg.batches_taken, msg.data_wait_s)
             except Exception:  # noqa: BLE001 - the call ended (cancelled, deadline)
                 pass  # the stream's own end (or the sender's next wait) decides what follows
             self.end()

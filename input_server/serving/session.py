@@ -89,6 +89,7 @@ class StreamSession:
         self.stream = stream
         shape = stream.pipeline.spec.batch
         self.per_message = batches_per_message(shape.size, shape.seq_len, message_tokens)
+        self.depth = depth
         self.batches_produced = 0
         self.failure: WorkerDiedError | None = None
         self._failed_at = 0.0
@@ -175,8 +176,10 @@ class StreamSession:
         last_state = b""
         next_seq = self.stream.next_seq
         vocab_size = self.stream.pipeline.tokenizer.vocab_size
+        meter = self.stream.meter
         try:
             for produced in self.stream:
+                started = time.perf_counter()
                 last_state = encode_state(produced.state)
                 next_seq = produced.seq + 1
                 msg = pb.Batch(
@@ -184,10 +187,11 @@ class StreamSession:
                 )
                 item = (msg, produced.batch.compact(vocab_size))
                 waited = time.perf_counter()
+                meter.add("encode", waited - started)
                 if not put(item):
                     return
                 # The time it waited for room: the loop's pace, for a live tuner.
-                self.stream.meter.batch(produced.num_tokens, time.perf_counter() - waited)
+                meter.batch(produced.num_tokens, time.perf_counter() - waited)
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker
@@ -262,8 +266,30 @@ class StreamSession:
             if arrays is None:  # the end marker
                 yield msg, None
                 return
-            msg, pending = coalesce(item, self._take, limit=self.per_message)
+            msg, pending = self._coalesce(item)
             yield msg, None
+
+    def _coalesce(self, item: Queued) -> tuple[pb.Batch, Queued | BaseException | None]:
+        """`coalesce`, its time making the message counted as "encode" (waiting for company
+        apart)."""
+        waited = 0.0
+
+        def take(timeout: float) -> Queued | BaseException | None:
+            nonlocal waited
+            started = time.perf_counter()
+            try:
+                return self._take(timeout)
+            finally:
+                waited += time.perf_counter() - started
+
+        started = time.perf_counter()
+        msg, pending = coalesce(item, take, limit=self.per_message)
+        self.stream.meter.add("encode", time.perf_counter() - started - waited)
+        return msg, pending
+
+    def queued(self) -> int:
+        """Batches in the send queue now."""
+        return self._producer.queued()
 
     def stop(self) -> None:
         self._producer.stop()

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from input_server.errors import (
     RefusedError,
     shorten,
 )
+from input_server.serving.accounting import Accounting
 from input_server.serving.credit import Credit
 from input_server.serving.limits import (
     GROUP_MIB,
@@ -115,6 +117,7 @@ class Stream:
         self._reserved = 0  # the server's worker processes it holds
         self._opening: Opening | None = None
         self.session: StreamSession | None = None
+        self.accounting: Accounting | None = None  # its figures, once it runs
         self._live: StreamTuner | None = None
         self.credit = Credit(request.window, on_fail=self._interrupt)
         self.credit.follow(requests)
@@ -193,8 +196,14 @@ class Stream:
         live = self._live_tuner(pipeline, batches, opening, pool).start() if auto else None
         if live is not None:
             self._held.callback(self._end_tuner, live)
+        most = min(
+            pipeline.spec.workers.max_workers or shared.limits.max_workers,
+            shared.limits.max_workers,
+        )
+        accounting = Accounting(self.id, session, self.credit, max_workers=most)
         with self._lock:
             self._opening, self._live, self.session = opening, live, session
+            self.accounting = accounting
         if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
         p = opening.parallelism
@@ -286,6 +295,9 @@ class Stream:
         session, credit = self.session, self.credit
         assert session is not None, "open() first"
         draining, context = self._shared.draining, self._context
+        meter = session.stream.meter
+        shape = session.stream.pipeline.spec.batch
+        per_batch = shape.size * shape.seq_len
         for msg, error in session:
             if draining.is_set():
                 raise _draining_refusal()
@@ -298,6 +310,7 @@ class Stream:
                     return
                 credit.check()
                 continue
+            started = time.perf_counter()
             while not credit.allows(credit.sent, TICK_S):
                 if draining.is_set():
                     raise _draining_refusal()
@@ -306,7 +319,17 @@ class Stream:
             credit.check()  # a report that broke the contract ends the stream here
             batches = 1 + len(msg.following)
             credit.offer(credit.sent + batches)
+            yielded = time.perf_counter()
+            meter.add("credit_wait", yielded - started)
+            self.accounting.tick()
             yield msg
+            real = msg.num_tokens + sum(b.num_tokens for b in msg.following)
+            meter.sent(
+                msg.ByteSize(),
+                time.perf_counter() - yielded,
+                real=real,
+                padding=0 if msg.end_of_data else batches * per_batch - real,
+            )
             credit.sent_message(batches)
             if msg.end_of_data:
                 return
@@ -339,6 +362,7 @@ class Stream:
             consumed_batches_per_s=credit.pace(),
             batches_taken=credit.taken_so_far(),
         )
+        info.stats.CopyFrom(self.accounting.stats())
         if live is not None:
             info.tuning_state = live.state
             info.demand_batches_per_s = live.demand
