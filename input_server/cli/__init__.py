@@ -1,4 +1,4 @@
-"""The `input-server` command: serve, demo, info, tune, bench, tokenizer train."""
+"""The `input-server` command: serve, demo, info, stats, tune, bench, tokenizer train."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import sys
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from input_client.spec import SpecError  # noqa: E402
-from input_server.cli import bench, demo, info, serve, tokenizer, tune  # noqa: E402
+from input_server.cli import bench, demo, info, serve, stats, tokenizer, tune  # noqa: E402
 from input_server.errors import InputServerError  # noqa: E402
 
 # One module per command, named for it: `register(subparsers)` adds the command's parser,
 # `run(args)` runs it and returns the exit status.
-COMMANDS = {m.__name__.rpartition(".")[2]: m for m in (serve, demo, bench, info, tune, tokenizer)}
+COMMANDS = {
+    m.__name__.rpartition(".")[2]: m for m in (serve, demo, bench, info, stats, tune, tokenizer)
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

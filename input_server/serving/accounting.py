@@ -144,3 +144,47 @@ class Accounting:
             verdict_kind=self.kind,
             verdict=self.line,
         )
+
+
+class ServerTotals:
+    """What every stream the server ran did: the ended streams' figures kept, the running
+    ones' added when read (so the metrics' counters never go back)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ended = pb.ServerTotals()
+        self._stages = dict.fromkeys(STAGES, 0.0)
+
+    def opened(self) -> None:
+        with self._lock:
+            self._ended.streams_opened += 1
+
+    def ended(self, info: pb.StreamInfo | None, code: str) -> None:
+        """A stream ended with status `code` ("OK" for a clean end), `info` its last figures
+        (None when it never ran)."""
+        with self._lock:
+            self._ended.stream_ends[code] += 1
+            if info is not None:
+                _add(self._ended, self._stages, info)
+
+    def read(self, running: list[pb.StreamInfo]) -> pb.ServerTotals:
+        """The totals with the `running` streams' figures added."""
+        with self._lock:
+            totals = pb.ServerTotals()
+            totals.CopyFrom(self._ended)
+            stages = dict(self._stages)
+        for info in running:
+            _add(totals, stages, info)
+        totals.stages.extend(pb.StageTime(stage=s, seconds=stages[s]) for s in STAGES)
+        return totals
+
+
+def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo) -> None:
+    s = info.stats
+    totals.batches_sent += info.batches_sent
+    totals.real_tokens += s.real_tokens
+    totals.padding_tokens += s.padding_tokens
+    totals.bytes_sent += s.bytes_sent
+    totals.client_wait_s += max(0.0, s.client_wait_s)
+    for t in s.stages:
+        stages[t.stage] += t.seconds

@@ -60,6 +60,7 @@ class StreamTuner:
       remember: called with a settled choice (not one the server's free processes cut).
       reason: why the stream runs as it opened (`Opening.reason`), until a switch or a
         settled choice says otherwise.
+      stream_id: the stream's id, in its log lines.
     """
 
     def __init__(
@@ -72,8 +73,10 @@ class StreamTuner:
         reserved: int,
         remember: Callable[[Tuning], None],
         reason: str = "",
+        stream_id: int = 0,
     ):
         self.stream = stream
+        self.stream_id = stream_id  # what its log lines name
         self.search = search
         self.reserved = reserved
         self.history: list[Switch] = []
@@ -184,12 +187,24 @@ class StreamTuner:
             demand or 0.0,
         )
         log.info(
-            "stream tuning: %d x %d -> %d x %d (%s)",
+            "stream %d tuning: %d x %d -> %d x %d (%s)",
+            self.stream_id,
             before.processes,
             before.threads,
             after.processes,
             after.threads,
             step.reason,
+            extra={
+                "event": "stream_switch",
+                "fields": {
+                    "stream": self.stream_id,
+                    "from_processes": before.processes,
+                    "from_threads": before.threads,
+                    "to_processes": after.processes,
+                    "to_threads": after.threads,
+                    "reason": step.reason,
+                },
+            },
         )
         reason = f"auto: {step.reason}"
         # The producer switches before its next batch (a loop that is not taking may keep it

@@ -112,11 +112,18 @@ class InputServicer(pb_grpc.InputServiceServicer):
     def GetInfo(
         self, request: pb.GetInfoRequest, context: grpc.ServicerContext
     ) -> pb.GetInfoResponse:
+        return self.info()
+
+    def info(self) -> pb.GetInfoResponse:
+        """What GetInfo answers (and the metrics read): the server, its pipelines, its streams
+        and the totals over every stream it ran."""
+        streams, totals = self._streams.info()
         return pb.GetInfoResponse(
             server_version=__version__,
             protocol_version=PROTOCOL_VERSION,
             pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
-            streams=self._streams.info(),
+            streams=streams,
+            totals=totals,
         )
 
 

@@ -206,14 +206,30 @@ class Stream:
             self.accounting = accounting
         if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
+        self._log_open(pipeline, session.label, opening)
+
+    def _log_open(self, pipeline: Pipeline, label: str, opening: Opening) -> None:
         p = opening.parallelism
         log.info(
             "stream %d (%s): %d worker processes, %d threads (%s)",
             self.id,
-            session.label,
+            label,
             p.processes,
             p.threads,
             opening.reason,
+            extra={
+                "event": "stream_open",
+                "fields": {
+                    "stream": self.id,
+                    # A pipeline's name, or for a request's spec its first file and model
+                    # (bounded: `describe` keeps base names).
+                    "pipeline": label,
+                    "fingerprint": pipeline.fingerprint,
+                    "processes": p.processes,
+                    "threads": p.threads,
+                    "reason": opening.reason,
+                },
+            },
         )
 
     def _pipeline(self) -> Pipeline:
@@ -287,6 +303,7 @@ class Stream:
             taken=self.credit.taken_so_far,
             remember=functools.partial(self._shared.openings.remember, pipeline),
             reason=opening.reason,
+            stream_id=self.id,
         )
 
     def messages(self) -> Iterator[pb.Batch]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -11,9 +12,19 @@ from typing import Any
 import grpc
 
 from input_client.proto import pb
-from input_server.errors import RefusedError
+from input_server.errors import RefusedError, status_of
+from input_server.serving.accounting import ServerTotals
 from input_server.serving.slots import Slot
 from input_server.serving.stream import Shared, Stream
+
+log = logging.getLogger("input_server.serving.stream")
+
+
+def _code_of(e: BaseException) -> str:
+    """The status a stream that raised `e` ends with, by name ("CANCELLED": the client left)."""
+    if isinstance(e, GeneratorExit):
+        return "CANCELLED"
+    return status_of(e)[0].name
 
 
 class Streams:
@@ -36,6 +47,7 @@ class Streams:
         # always find one of the server's threads.
         self.max_handlers = 2 * max_streams + 2
         self._lock = threading.Lock()
+        self.totals = ServerTotals()  # every stream's figures, ended ones kept
 
     @contextlib.contextmanager
     def admit(
@@ -76,17 +88,42 @@ class Streams:
                 raise
             with self._lock:  # listed by info from its first moment
                 self._open[stream.id] = stream
+            self.totals.opened()
+            code = "OK"
             try:
                 stream.open()
                 yield stream
+            except BaseException as e:
+                code = _code_of(e)
+                raise
             finally:
                 slot.give()  # at once: the teardown goes on in this thread
                 stream.close()
-                with self._lock:
-                    self._open.pop(stream.id, None)
+                self._ended(stream, code)
         finally:
             with self._lock:
                 self._handlers -= 1
+
+    def _ended(self, stream: Stream, code: str) -> None:
+        """Its figures kept in the totals, and its end logged, as it leaves the list."""
+        info = None if stream.setting_up else stream.info()
+        with self._lock:
+            self._open.pop(stream.id, None)
+            self.totals.ended(info, code)
+        log.info(
+            "stream %d ended: %s after %d batches",
+            stream.id,
+            code,
+            info.batches_sent if info else 0,
+            extra={
+                "event": "stream_end",
+                "fields": {
+                    "stream": stream.id,
+                    "code": code,
+                    "batches": info.batches_sent if info else 0,
+                },
+            },
+        )
 
     def drain(self) -> None:
         """Ends every stream now with UNAVAILABLE (the server's `draining` is set)."""
@@ -100,8 +137,13 @@ class Streams:
         with self._lock:
             return self._handlers
 
-    def info(self) -> list[pb.StreamInfo]:
-        """Each stream's info: those setting up first, then those that run, by id."""
+    def info(self) -> tuple[list[pb.StreamInfo], pb.ServerTotals]:
+        """Each stream's info (those setting up first, then those that run, by id) and the
+        totals over every stream, these included."""
         with self._lock:
             streams = sorted(self._open.values(), key=lambda s: (not s.setting_up, s.id))
-        return [s.info() for s in streams]
+        infos = [s.info() for s in streams]
+        # A stream that ended meanwhile is in the totals already: count each once.
+        with self._lock:
+            running = [i for s, i in zip(streams, infos, strict=True) if s.id in self._open]
+            return infos, self.totals.read([i for i in running if i.HasField("stats")])

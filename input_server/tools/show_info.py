@@ -4,8 +4,11 @@ people or (`--json`) as the `GetInfoResponse` proto's JSON for machines."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from input_client.tls_flags import add_tls_arguments, tls_options
 
@@ -127,25 +130,33 @@ def format_table(info, address: str) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub, *, positive) -> None:
-    """`info` under the CLI's sub-commands; `positive` parses `--timeout-s`."""
-    info = sub.add_parser("info", help="print a running server's info")
-    info.add_argument(
+def add_connection_arguments(parser: argparse.ArgumentParser, *, positive) -> None:
+    """The server to ask and how (`info`, `stats`); `positive` parses `--timeout-s`."""
+    parser.add_argument(
         "address",
         nargs="?",
         help="the server's gRPC target (default the address a plain `serve` listens on)",
     )
-    info.add_argument("--json", action="store_true", help="the GetInfoResponse proto as JSON")
-    info.add_argument("--timeout-s", type=positive, default=10.0)
-    info.add_argument(
+    parser.add_argument("--timeout-s", type=positive, default=10.0)
+    parser.add_argument(
         "--token-file",
         metavar="FILE",
         help="a file holding the server's token (its abstract sockets and TCP need it)",
     )
-    add_tls_arguments(info)
+    add_tls_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def add_parser(sub, *, positive) -> None:
+    """`info` under the CLI's sub-commands; `positive` parses `--timeout-s`."""
+    info = sub.add_parser("info", help="print a running server's info")
+    add_connection_arguments(info, positive=positive)
+    info.add_argument("--json", action="store_true", help="the GetInfoResponse proto as JSON")
+
+
+@contextlib.contextmanager
+def connected(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
+    """(a ready client of the server `args` name, its address); a server that cannot be
+    reached raises `Unreachable` with the line to print."""
     from input_client import InputClient, StreamError
     from input_client.addresses import check_private_dir, default_socket, default_socket_dir
 
@@ -160,10 +171,22 @@ def run(args: argparse.Namespace) -> int:
             **tls_options(args),
         ) as client:
             client.wait_ready()
-            info = client.info()
+            yield client, address
     except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
         said = "" if args.address or address in str(e) else f" (the default address {address})"
-        print(f"input-server: {e}{said}", file=sys.stderr)
+        raise Unreachable(f"input-server: {e}{said}") from None
+
+
+class Unreachable(Exception):
+    """The server named cannot be asked; the message is the line to print."""
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with connected(args) as (client, address):
+            info = client.info()
+    except Unreachable as e:
+        print(e, file=sys.stderr)
         return 2
     print(to_json(info) if args.json else format_table(info, address))
     return 0
