@@ -26,7 +26,7 @@ MIN_BATCHES = 10
 INPUT_BOUND_WAIT = 0.05
 FINE_WAIT = 0.01
 CLIENT_BOUND_CREDIT = 0.30
-STAGE_BOUND = 0.50
+STAGE_BOUND = 0.60  # of two shares, the larger is always at least half
 FINE_HEADROOM = 1.2
 # Where README sends an operator whose input is the bottleneck.
 MORE_CPU = "add CPU or pool servers (README: Sizing a pool)"
@@ -118,4 +118,4 @@ def verdict(w: Window) -> tuple[str, str]:
         if shares[stage] >= STAGE_BOUND:
             head = f"{kind}, fine" if fine else kind
             return kind, f"{head}: {_largest_stage(w)}; {tail}"
-    return "balanced", f"balanced: no worker stage takes half the time; {tail}"
+    return "balanced", f"balanced: neither tokenizing nor reading takes 60 % of the worker time; {tail}"
