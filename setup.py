@@ -33,6 +33,12 @@ SERVER_REQUIRES = [
     "tokenizers>=0.20",  # tokenizer.kind "huggingface": encode_batch_fast releases the GIL
     "tiktoken>=0.8",  # tokenizer.kind "tiktoken": encode_to_tiktoken_buffer (numpy, no lists)
     "grpcio-health-checking>=1.66",
+    # `grpcurl -unix -plaintext SOCKET list`: server reflection (its v1alpha service, which
+    # grpcurl and grpc_cli ask first).
+    "grpcio-reflection>=1.66",
+    # `serve --metrics-port`: a custom collector on a registry of its own (`Collector` in
+    # prometheus_client.registry, and `make_wsgi_app(registry)`), both in 0.20.
+    "prometheus-client>=0.20",
     "absl-py>=2.1",
     "zstandard>=0.22",
     "pyarrow>=15",

@@ -15,6 +15,7 @@ import tomllib
 from input_client.spec import PipelineSpec, SpecError
 from input_server.cli.arguments import positive
 from input_server.serving.config import ServerConfig
+from input_server.serving.logs import FORMATS, configure
 from input_server.tools.report import plural
 
 # What a flag takes beyond its field's help and default: a metavar, another name, more help,
@@ -27,6 +28,8 @@ FLAG_EXTRAS: dict[str, dict] = {
     "tls_key": {"metavar": "FILE"},
     "tls_client_ca": {"metavar": "FILE"},
     "health_port": {"metavar": "PORT"},
+    "metrics_port": {"metavar": "PORT"},
+    "metrics_host": {"metavar": "HOST"},
     "socket_group": {"metavar": "GROUP"},
     "stream_memory_mb": {"type": positive(float)},
     "max_document_mb": {"type": positive(float)},
@@ -62,6 +65,13 @@ def register(subparsers) -> None:
             )
         else:
             _add_flag(serve, field)
+    serve.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text (default) or json: one JSON object a line (time, level, logger, message; "
+        "stream events with their event and fields; add -v for them, they are INFO)",
+    )
 
 
 def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
@@ -127,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
     from input_server.serving.server import Server
 
+    configure(args.log_format)
     try:
         server = Server(config_of(args))
     except (InputServerError, OSError, ValueError) as e:
@@ -160,6 +171,9 @@ def _serve_until_stopped(server) -> int:
     print(f"input-server: serving on {' '.join(server.targets)}", flush=True)
     if server.health_port is not None:
         print(f"input-server: health (plaintext, health only) on port {server.health_port}")
+    if server.metrics_port is not None:
+        host = server.config.metrics_host or "127.0.0.1"
+        print(f"input-server: metrics on http://{host}:{server.metrics_port}/metrics", flush=True)
     while not server.wait(timeout=1.0):
         pass
     if ending:  # as "serving on", on stdout; a drain cut short, on stderr

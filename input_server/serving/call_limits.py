@@ -57,7 +57,9 @@ ACTIVE_CAPS = {
     "/grpc.health.v1.Health/Check": 16,
     "/grpc.health.v1.Health/Watch": 2,
 }
-OTHER_CAP = 2  # any method not named above (reflection, should it be added)
+# Any method not named above: reflection's one (ServerReflectionInfo, a stream of lookups, each
+# answered at once), the single other method `threads` counts.
+OTHER_CAP = 2
 HEALTH = "/grpc.health.v1.Health/"
 # Readers reserved for health calls: its methods' silent and active calls.
 HEALTH_READERS = WAITING_CAP * 2 + sum(n for m, n in ACTIVE_CAPS.items() if m.startswith(HEALTH))

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from input_server.serving.coalesce import MESSAGE_TOKENS
+from input_server.serving.listen import is_loopback
 
 if TYPE_CHECKING:
     from input_client.spec import PipelineSpec
@@ -80,6 +81,24 @@ class ServerConfig:
         doc="serve gRPC health alone, plaintext, no token, on PORT of every interface, for "
         "probes that cannot use TLS or a token (Kubernetes' grpc: probe dials the pod IP) and a "
         "Unix-socket sidecar's; other methods are UNIMPLEMENTED there; NOT_SERVING in a drain",
+    )
+    # `metrics.py`: prometheus-client's own HTTP server, read from GetInfo at each scrape.
+    metrics_port: int | None = _setting(
+        None,
+        doc="serve Prometheus metrics (input_server_*) over plain HTTP on PORT of --metrics-host "
+        "(0 picks a free port); counts and seconds only, no data and no names from requests",
+    )
+    # None: 127.0.0.1. Off loopback the page is open to anyone who reaches the port (no TLS,
+    # no token: a scraper sends neither by default), hence the explicit --insecure-metrics.
+    metrics_host: str | None = _setting(
+        None,
+        doc="the address --metrics-port binds (default 127.0.0.1); any other than loopback "
+        "needs --insecure-metrics",
+    )
+    insecure_metrics: bool = _setting(
+        False,
+        doc="let --metrics-host be off loopback (a pod IP, 0.0.0.0): the metrics are then open "
+        "to anyone who can reach the port",
     )
     # Without it the socket files are 0600.
     socket_group: str | None = _setting(
@@ -166,10 +185,32 @@ class ServerConfig:
             raise ValueError(
                 f"--health-port {self.health_port}: out of range (0 to 65535; 0 picks a free port)."
             )
+        self._check_metrics()
         if self.socket_group is not None and not any(a.startswith("unix:") for a in self.listen):
             # The default socket's folder is 0700: the group could not reach the socket.
             raise ValueError(
                 f"--socket-group {self.socket_group!r} applies to socket files: "
                 f"add --listen unix:///PATH.sock in a folder the group can enter "
                 f"(the default socket's folder is private to you)."
+            )
+
+    def _check_metrics(self) -> None:
+        """--metrics-*: a port in range, a host only with a port, off loopback only when asked."""
+        if self.metrics_port is None:
+            if self.metrics_host is not None or self.insecure_metrics:
+                flag = "--metrics-host" if self.metrics_host is not None else "--insecure-metrics"
+                raise ValueError(f"{flag} applies to the metrics page: add --metrics-port PORT.")
+            return
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(
+                f"--metrics-port {self.metrics_port}: out of range (0 to 65535; 0 picks a free "
+                f"port)."
+            )
+        host = self.metrics_host or "127.0.0.1"
+        if not self.insecure_metrics and not is_loopback(host):
+            raise ValueError(
+                f"--metrics-host {host}: not a loopback address; the metrics page has no TLS "
+                f"and no token, so anyone who reaches the port reads it: pass "
+                f"--insecure-metrics too if that is meant (a scraper in the pod's network), or "
+                f"keep the default 127.0.0.1."
             )

@@ -73,15 +73,22 @@ def parse_address(address: str) -> Address:
         raise ValueError(
             f"--listen {address!r}: port {port} is out of range (0 to 65535; 0 picks a free port)."
         )
+    return Address(
+        bind=address, is_unix=False, host=host, port=int(port), loopback=is_loopback(host)
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an IP, `[IPv6]` or a name) is reachable from this host only: a
+    loopback address or `localhost`; a name other than localhost counts as reachable off the
+    host whatever it resolves to."""
     bare = host.strip("[]")
-    loopback = bare == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(bare).is_loopback
-        except ValueError:
-            loopback = False
-    # A name other than localhost counts as reachable off the host whatever it resolves to.
-    return Address(bind=address, is_unix=False, host=host, port=int(port), loopback=loopback)
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
 
 
 def claim_socket_path(path: str, address: str) -> None:

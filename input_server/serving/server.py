@@ -12,6 +12,7 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from input_client.addresses import socket_path
 from input_client.proto import pb
@@ -58,6 +59,7 @@ IDLE_S = 60.0
 # client: at 16, 16 clients starting at once in one process were refused so).
 CONNECTION_CALLS_PCT = 75
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InputService"].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
 def max_connections() -> int:
@@ -106,8 +108,16 @@ class Server:
         add_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        # `grpcurl -unix -plaintext SOCKET list`: behind the token like InputService (only
+        # health is open, `auth.OPEN_METHODS`), and under `call_limits.OTHER_CAP`.
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, HEALTH_SERVICE, reflection.SERVICE_NAME), self._server
+        )
+        self._metrics = self._metrics_endpoint()
         self._probes: grpc.Server | None = None
         self.health_port: int | None = None  # bound, on every interface, when configured
+        # The metrics page's port, bound (`--metrics-port`; 0 picks one).
+        self.metrics_port = self._metrics.port if self._metrics else None
         self.targets: list[str] = []
         self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         credentials = self.certificates and self.certificates.credentials()
@@ -153,6 +163,22 @@ class Server:
             name: spec if isinstance(spec, Pipeline) else Pipeline(spec, operator)
             for name, spec in c.pipelines.items()
         }
+
+    def _metrics_endpoint(self):
+        """The metrics page (`--metrics-port`), bound now: a port in use fails the start.
+        prometheus-client is imported only for it."""
+        c = self.config
+        if c.metrics_port is None:
+            return None
+        from input_server.serving.metrics import MetricsEndpoint
+
+        try:
+            return MetricsEndpoint(
+                self._servicer.info, host=c.metrics_host or "127.0.0.1", port=c.metrics_port
+            )
+        except OSError:
+            self._server.stop(None)
+            raise
 
     def _make_servicer(self, pipelines: dict[str, Pipeline]) -> InputServicer:
         c = self.config
@@ -234,6 +260,8 @@ class Server:
     def _unbind(self) -> None:
         """Releases the addresses already bound, for a start that failed."""
         self._server.stop(None)
+        if self._metrics is not None:
+            self._metrics.stop()
         self._remove_own_sockets()
 
     def start(self) -> None:
@@ -242,6 +270,8 @@ class Server:
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self._probes is not None:
             self._probes.start()
+        if self._metrics is not None:
+            self._metrics.start()
         log.info(
             "serving on %s%s%s",
             ", ".join(self.targets),
@@ -270,6 +300,8 @@ class Server:
         self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
         if self._probes is not None:
             self._probes.stop(None).wait()
+        if self._metrics is not None:
+            self._metrics.stop()
         self._remove_own_sockets()
         self._stopped.set()
 

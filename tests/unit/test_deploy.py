@@ -39,7 +39,11 @@ DOCS = load_docs()
 # The oldest Kubernetes the manifests are for (native sidecars are on by default from 1.29) and
 # the newest whose schemas kubernetes-validate bundles.
 VERSIONS = ("1.29", kubernetes_validate.latest_version())
-CORE = [d for d in DOCS if not d.body.get("apiVersion", "").startswith("jobset.x-k8s.io/")]
+# Custom resources have no schema in kubernetes-validate: JobSets and PodMonitors get checks of
+# their own fields below.
+CUSTOM = ("jobset.x-k8s.io/", "monitoring.coreos.com/")
+CORE = [d for d in DOCS if not d.body.get("apiVersion", "").startswith(CUSTOM)]
+PODMONITORS = [d for d in DOCS if d.kind == "PodMonitor"]
 JOBSETS = [d for d in DOCS if d.kind == "JobSet"]
 CONTAINERS = [c for d in DOCS for p in d.pods() for c in p.containers()]
 SERVERS = [c for c in CONTAINERS if c.role == "server"]
@@ -358,3 +362,57 @@ def test_the_image_builds_and_runs_the_server():
             assert want in run.stdout, f"{shlex.join(argv)} printed:\n{run.stdout[-2000:]}"
     finally:
         subprocess.run([docker, "rmi", "-f", tag], capture_output=True, timeout=300)
+
+
+@each("c", SERVERS)
+def test_metrics_are_served_where_prometheus_scrapes(c):
+    port = c.flag("--metrics-port")
+    assert port, f"{c}: no --metrics-port (Prometheus scrapes every server)"
+    ports = {p.get("name"): p["containerPort"] for p in c.body.get("ports", [])}
+    assert ports.get("metrics") == int(port), f"{c}: no port named metrics at {port}: {ports}"
+    notes = c.pod.owner["template"].get("metadata", {}).get("annotations", {})
+    assert notes.get("prometheus.io/scrape") == "true", f"{c.pod}: prometheus.io/scrape"
+    assert notes.get("prometheus.io/port") == port, f"{c.pod}: prometheus.io/port is not {port}"
+    assert notes.get("prometheus.io/path") == "/metrics", f"{c.pod}: prometheus.io/path"
+
+
+# The Prometheus Operator's PodMonitor (monitoring.coreos.com/v1), the fields used here and
+# their JSON types: from prometheus-operator's pkg/apis/monitoring/v1 (PodMonitorSpec,
+# PodMetricsEndpoint). No schema of it is bundled, so a misspelt field fails here instead.
+PODMONITOR = {"apiVersion": str, "kind": str, "metadata": dict, "spec": dict}
+PODMONITOR_SPEC = {"selector": dict, "podMetricsEndpoints": list, "namespaceSelector": dict}
+POD_ENDPOINT = {"port": str, "path": str, "interval": str, "scheme": str, "scrapeTimeout": str}
+
+
+def _typed(body: dict, fields: dict, where: str) -> list[str]:
+    return [
+        f"{where}.{k}: unknown field" if k not in fields else f"{where}.{k}: not a {fields[k]}"
+        for k, v in body.items()
+        if k not in fields or not isinstance(v, fields[k])
+    ]
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    wanted = selector.get("matchLabels", {}).items() <= labels.items()
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", f"operator {e['operator']} not checked here"
+        wanted = wanted and labels.get(e["key"]) in e["values"]
+    return wanted
+
+
+@each("doc", PODMONITORS)
+def test_podmonitors_select_the_servers_by_their_metrics_port(doc):
+    assert doc.body.get("apiVersion") == "monitoring.coreos.com/v1", doc
+    problems = _typed(doc.body, PODMONITOR, "")
+    problems += _typed(doc.spec, PODMONITOR_SPEC, "spec")
+    for i, e in enumerate(doc.spec.get("podMetricsEndpoints", [])):
+        problems += _typed(e, POD_ENDPOINT, f"spec.podMetricsEndpoints[{i}]")
+    assert not problems, f"{doc}:\n  " + "\n  ".join(problems)
+    meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc.body["metadata"]}
+    schema_check(meta, VERSIONS[-1], f"{doc}: metadata (ObjectMeta)")
+    selected = [c for c in SERVERS if _selects(doc.spec["selector"], c.pod.labels)]
+    assert {id(c) for c in selected} == {id(c) for c in SERVERS}, f"{doc}: not every server"
+    for c in selected:
+        names = {p.get("name") for p in c.body.get("ports", [])}
+        for e in doc.spec["podMetricsEndpoints"]:
+            assert e["port"] in names, f"{doc}: {c} has no port named {e['port']}"

@@ -1,0 +1,244 @@
+"""Seeing inside a real server: its Prometheus page scraped while a stream runs, gRPC
+reflection listing its services on a Unix socket (behind the token on TCP), the metrics port's
+mistakes in one line, and `serve --log-format json` read back from a real process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import (
+    ChildProcess,
+    assert_one_line,
+    cli_argv,
+    dial,
+    free_port,
+    run_main,
+    write_token_file,
+)
+
+SERVICES = {
+    "input_server.v1.InputService",
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+}
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, tuple], float]:
+    """The page's samples: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def wait_for(check, what: str = "", timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def metrics_server(short_tmp):
+    from input_server.serving.server import Server, ServerConfig
+
+    config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"], metrics_port=0)
+    with Server(config) as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def held_stream(target: str, spec):
+    """A raw stream that has sent its first message and is then left unread (the server
+    holds it open, its queue full); cancelled when the block ends. Yields the messages read
+    so far and a function that reads one more."""
+    from input_client.proto import pb, pb_grpc
+    from input_client.wire import PROTOCOL_VERSION
+
+    with grpc.insecure_channel(target) as channel:
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(
+            iter(
+                [pb.StreamBatchesRequest(spec=spec.to_proto(), protocol_version=PROTOCOL_VERSION)]
+            ),
+            timeout=60,
+        )
+        read = [next(call)]
+        try:
+            yield read, lambda: read.append(next(call))
+        finally:
+            call.cancel()
+
+
+def _batches(messages) -> int:
+    return sum(1 + len(m.following) for m in messages)
+
+
+def test_live_streams_show_as_gauges_and_go_when_they_end(metrics_server, make_spec):
+    port, target = metrics_server.metrics_port, metrics_server.targets[0]
+    spec = make_spec(workers={"count": 0, "threads": 2})
+    assert scrape(port)[("input_server_active_streams", ())] == 0
+    with held_stream(target, spec):
+        page = scrape(port)
+        assert page[("input_server_active_streams", ())] == 1
+        assert page[("input_server_parallelism", (("kind", "processes"),))] == 0
+        assert page[("input_server_parallelism", (("kind", "threads"),))] == 2
+    wait_for(lambda: scrape(port)[("input_server_active_streams", ())] == 0)
+    assert ("input_server_build_info", (("version", _version()),)) in scrape(port)
+
+
+def _version() -> str:
+    from input_server import __version__
+
+    return __version__
+
+
+def test_counters_move_with_the_batches(metrics_server, make_spec):
+    """Needs GetInfo's `totals` (filled by the server's accounting)."""
+    port, target = metrics_server.metrics_port, metrics_server.targets[0]
+    with held_stream(target, make_spec()) as (read, more):
+        first = wait_for(
+            lambda: (p := scrape(port))[("input_server_batches_sent_total", ())] and p,
+            "input_server_batches_sent_total stayed 0 (are GetInfo's totals filled?)",
+        )
+        assert first[("input_server_batches_sent_total", ())] >= _batches(read)
+        for _ in range(5):
+            more()
+        later = wait_for(
+            lambda: (
+                (p := scrape(port))[("input_server_batches_sent_total", ())]
+                > first[("input_server_batches_sent_total", ())]
+                and p
+            )
+        )
+        for name in ("input_server_bytes_sent_total", "input_server_streams_opened_total"):
+            assert later[(name, ())] > 0, name
+        assert later[("input_server_tokens_sent_total", (("kind", "real"),))] > 0
+        stages = {
+            k[1][0][1]: v for k, v in later.items() if k[0] == "input_server_stage_seconds_total"
+        }
+        assert stages["tokenize"] > 0, stages
+
+
+def test_stop_releases_the_metrics_port(short_tmp):
+    from input_server.serving.server import Server, ServerConfig
+
+    port = free_port()
+    config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"], metrics_port=port)
+    with Server(config):
+        assert scrape(port)
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+    with Server(config):  # the same port again: released, not left in use
+        assert scrape(port)
+
+
+def test_a_metrics_port_in_use_is_one_line(capsys, short_tmp):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, err = run_main(
+            capsys, "serve", "--listen", f"unix://{short_tmp}/s.sock", "--metrics-port", str(port)
+        )
+    assert_one_line(code, err, f"--metrics-port {port}", "in use")
+    assert not os.path.exists(short_tmp / "s.sock"), "the socket bound before is removed"
+
+
+def test_grains_port_is_refused_while_grains_telemetry_is_on(capsys, short_tmp, monkeypatch):
+    monkeypatch.setenv("ENABLE_PYGRAIN_PROMETHEUS_TELEMETRY", "true")
+    argv = ("serve", "--listen", f"unix://{short_tmp}/s.sock", "--metrics-port", "9431")
+    assert_one_line(*run_main(capsys, *argv), "Grain serves its own metrics there")
+
+
+def _services(channel) -> set[str]:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    return set(ProtoReflectionDescriptorDatabase(channel).get_services())
+
+
+def test_reflection_lists_the_services_on_a_unix_socket(metrics_server):
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(metrics_server.targets[0]) as channel:
+        assert _services(channel) == SERVICES
+        pool = DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
+        service = pool.FindServiceByName("input_server.v1.InputService")
+        assert {"StreamBatches", "GetInfo", "DescribeTokenizer"} <= set(service.methods_by_name)
+
+
+def test_reflection_is_behind_the_token(tmp_path):
+    from input_server.serving.server import Server, ServerConfig
+
+    token_file, token = write_token_file(tmp_path)
+    with Server(ServerConfig(listen=["127.0.0.1:0"], token_file=token_file)) as srv:
+        with dial(srv.targets[0], token="") as channel, pytest.raises(grpc.RpcError) as e:
+            _services(channel)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with dial(srv.targets[0], token=token) as channel:
+            assert _services(channel) == SERVICES
+
+
+@pytest.fixture(scope="module")
+def json_log(tmp_path_factory, corpus, spm_model):
+    """`input-server -v serve --log-format json`, one stream of 3 messages run against it,
+    then SIGTERM: its stderr lines."""
+    from input_client.spec import PipelineSpec
+    from tests.support import stream_status
+
+    folder = tmp_path_factory.mktemp("jsonlog")
+    sock, log = f"unix://{folder}/s.sock", str(folder / "serve.log")
+    argv = cli_argv("-v", "serve", "--listen", sock, "--log-format", "json")
+    child = ChildProcess([*argv, "--data-root", os.path.dirname(corpus)], log=log, read_lines=True)
+    try:
+        assert "serving on" in (child.lines.get(timeout=60) or ""), open(log).read()[-2000:]
+        spec = PipelineSpec(
+            source={"paths": [corpus]},
+            tokenizer={"model": spm_model},
+            batch={"seq_len": 128, "size": 4},
+            workers={"count": 0},
+        )
+        assert stream_status(sock, spec.to_proto(), take=3)[0] == grpc.StatusCode.OK
+        time.sleep(0.5)  # the stream's end is logged as it closes
+        child.p.send_signal(signal.SIGTERM)
+        assert child.p.wait(timeout=30) == 0
+    finally:
+        child.kill()
+    with open(log) as f:
+        return [line for line in f.read().splitlines() if line.strip()]
+
+
+def test_every_json_log_line_is_an_object_with_the_standard_keys(json_log):
+    assert json_log, "the server logged nothing at -v"
+    for line in json_log:
+        record = json.loads(line)  # a line that is not JSON fails here, named
+        assert {"time", "level", "logger", "message"} <= set(record), line
+    assert any("serving on" in json.loads(line)["message"] for line in json_log)
+
+
+def test_a_stream_open_is_one_json_event_with_its_fields(json_log):
+    """Needs the server's stream events (`extra={"event": ..., "fields": ...}`)."""
+    events = [r for r in map(json.loads, json_log) if r.get("event") == "stream_open"]
+    assert len(events) == 1, json_log
+    fields = {"stream", "pipeline", "fingerprint", "processes", "threads", "reason"}
+    assert fields <= set(events[0]), events[0]
+    assert events[0]["processes"] == 0
