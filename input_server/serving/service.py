@@ -126,11 +126,6 @@ class InputServicer(pb_grpc.InputServiceServicer):
             totals=totals,
         )
 
-    def info(self) -> pb.GetInfoResponse:
-        """What GetInfo answers, for the server's own readers (metrics); unguarded: an error
-        raises here instead of becoming a status."""
-        return type(self).GetInfo.__wrapped__(self, pb.GetInfoRequest(), None)
-
 
 def add_to_server(servicer: InputServicer, server: grpc.Server) -> None:
     """Registers `servicer` taking its requests as bytes, parsed inside its guard: gRPC's own
