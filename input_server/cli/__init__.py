@@ -1,4 +1,4 @@
-"""The `input-server` command: serve, demo, info, tune, bench, tokenizer train."""
+"""The `input-server` command: serve, demo, info, tune, bench, tokenizer train, plot-steps."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ import sys
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from input_client.spec import SpecError  # noqa: E402
-from input_server.cli import bench, demo, info, serve, tokenizer, tune  # noqa: E402
+from input_server.cli import bench, demo, info, plot_steps, serve, tokenizer, tune  # noqa: E402
 from input_server.errors import InputServerError  # noqa: E402
 
-# One module per command, named for it: `register(subparsers)` adds the command's parser,
-# `run(args)` runs it and returns the exit status.
-COMMANDS = {m.__name__.rpartition(".")[2]: m for m in (serve, demo, bench, info, tune, tokenizer)}
+# One module per command, named for it (`_` in a module's name is `-` in the command's):
+# `register(subparsers)` adds the command's parser, `run(args)` runs it and returns the exit
+# status.
+COMMANDS = {
+    m.__name__.rpartition(".")[2].replace("_", "-"): m
+    for m in (serve, demo, bench, info, tune, tokenizer, plot_steps)
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
