@@ -206,7 +206,8 @@ class FanInIterator:
       order: "round_robin" or "arrival".
 
     Attributes, as `BatchIterator`'s: wait_time_s, longest_stall_s, reconnects (all
-    sub-streams'), batches_yielded, tokens_yielded.
+    sub-streams'), batches_yielded, tokens_yielded. Each sub-stream's `wait_time_s` (what its
+    server is told) is the part of the fan-in's wait spent on a batch of that server.
     """
 
     def __init__(
@@ -268,15 +269,18 @@ class FanInIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        start = time.perf_counter()
+        start = since = time.perf_counter()
         try:
             while not self._done:
                 j = self._choose()
                 sub = self._subs[j]
                 try:
-                    batch = next(sub)
+                    # The time spent choosing is a wait for this server's batch: each server
+                    # is told its own consumer's wait, and theirs add up to the fan-in's.
+                    batch = sub._take(time.perf_counter() - since)
                 except StopIteration:
                     self._ended(j)
+                    since = time.perf_counter()
                     continue
                 except ReconnectError:
                     self.close()  # its message names the server already

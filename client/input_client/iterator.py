@@ -45,7 +45,8 @@ class BatchIterator:
     each carries its sequence number, and the caller's checks see one unbroken sequence.
 
     Attributes:
-      wait_time_s: total seconds the caller spent blocked in `next()` (data-wait time).
+      wait_time_s: total seconds the caller spent blocked in `next()` (data-wait time); each
+        credit report sends it to the server as `data_wait_s`.
       longest_stall_s: the longest single wait in `next()`, e.g. across a server restart (the
         first wait includes the pipeline's start-up).
       reconnects: how many times a broken stream was reopened and delivered again.
@@ -268,9 +269,14 @@ class BatchIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        return self._take()
+
+    def _take(self, waited_s: float = 0.0) -> dict[str, Any]:
+        """`next()`; `waited_s`: seconds the caller already waited for this batch elsewhere (a
+        fan-in choosing among servers), counted as this stream's wait: it is the loop's."""
         if self._done:
             raise StopIteration
-        start = time.perf_counter()
+        start = time.perf_counter() - waited_s
         try:
             arrays, seq, state, num_tokens, taken = self._next_item()
         except StopIteration:
@@ -293,7 +299,8 @@ class BatchIterator:
             self.close()
             raise StopIteration
         if taken is not None:
-            taken.took()  # the server may send one more
+            # The server may send one more; the wait, counted above, goes with the report.
+            taken.took(self.wait_time_s)
         self._expected_seq += 1
         self._state = state
         self.batches_yielded += 1

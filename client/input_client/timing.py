@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -50,6 +52,20 @@ class StepRecord:
     tflops_per_device: float | None
 
 
+def _json_line(record: StepRecord) -> str:
+    """One record as a line of JSON, its keys the record's fields (`input-server plot-steps`
+    reads them)."""
+    return json.dumps(dataclasses.asdict(record)) + "\n"
+
+
+def _wall_tokens_per_s(records: list[StepRecord]) -> float | None:
+    """Tokens over the time the loop spent on them, data wait included: what the run delivers,
+    where the per-step rates on device time alone say nothing of an input-bound loop."""
+    known = [r for r in records if r.num_tokens is not None]
+    spent = sum(r.step_s + r.data_wait_s for r in known)
+    return sum(r.num_tokens for r in known) / spent if known and spent > 0 else None
+
+
 def _percentile(sorted_values: list[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default), without importing numpy."""
     if len(sorted_values) == 1:
@@ -73,12 +89,16 @@ class StepTimer:
     input pipeline. So `step` dispatches the step, waits with `jax.block_until_ready` for its
     outputs, and records that span alone; the data wait before the step is recorded beside it.
     TFLOP/s and tokens/s are computed on device time; the input-bound fraction is
-    wait / (wait + device). Named steps (the first, compiling one; profiler start/stop) can be
-    left out of summaries.
+    wait / (wait + device); the wall-clock tokens/s counts the data wait too (not the host's
+    other work between steps, which the timer does not see). Named steps (the first, compiling
+    one; profiler start/stop) can be left out of summaries.
+
+    With `records_path`, each record is appended to that file as a line of JSON as soon as it
+    is made (`input-server plot-steps FILE` draws them), so a run killed midway keeps its steps.
 
     Usage:
       timer = StepTimer(tokens_per_step=B * L, flops_per_step=6 * n_params * B * L,
-                        data_source=batches)
+                        data_source=batches, records_path="steps.jsonl")
       for batch in batches:
         state, metrics = timer.step(p_train_step, state, batch)
       print(timer.format_summary())
@@ -92,6 +112,7 @@ class StepTimer:
         num_devices: int | None = None,
         exclude: Iterable[str] = DEFAULT_EXCLUDE,
         data_source: WaitSource | None = None,
+        records_path: str | os.PathLike[str] | None = None,
     ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
@@ -105,6 +126,9 @@ class StepTimer:
           data_source: an object whose float `wait_time_s` counts seconds blocked in the data
             iterator; each step records its increase since the previous step as that step's
             data wait.
+          records_path: a file each record is appended to as one line of JSON (its fields:
+            index, name, step_s, data_wait_s, num_tokens, tokens_per_s, tflops_per_device),
+            written and flushed when the step is recorded; lines already there are kept.
 
         Raises:
           ValueError: a count is not positive.
@@ -130,6 +154,7 @@ class StepTimer:
         # Waits that happened before the timer existed belong to no step.
         self._last_wait_s = self._read_wait()
         self.records: list[StepRecord] = []
+        self.records_path = os.fspath(records_path) if records_path is not None else None
 
     @property
     def num_devices(self) -> int:
@@ -195,18 +220,27 @@ class StepTimer:
         tflops = None
         if self.flops_per_step is not None and step_s > 0:
             tflops = self.flops_per_step / step_s / self.num_devices / 1e12
-        self.records.append(
-            StepRecord(
-                index=index,
-                name=name,
-                step_s=step_s,
-                data_wait_s=wait,
-                num_tokens=tokens,
-                tokens_per_s=tokens_per_s,
-                tflops_per_device=tflops,
-            )
+        record = StepRecord(
+            index=index,
+            name=name,
+            step_s=step_s,
+            data_wait_s=wait,
+            num_tokens=tokens,
+            tokens_per_s=tokens_per_s,
+            tflops_per_device=tflops,
         )
+        self.records.append(record)
+        if self.records_path is not None:
+            # Opened per line: nothing to close, and each line is on disk when the step ends.
+            with open(self.records_path, "a", encoding="utf-8") as f:
+                f.write(_json_line(record))
         return out
+
+    def write_jsonl(self, path: str | os.PathLike[str]) -> None:
+        """Writes every record so far to `path` (replacing it), one line of JSON each, as
+        `records_path` appends them."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(_json_line(r) for r in self.records)
 
     def summary(self, exclude: Iterable[str] | None = None) -> dict[str, Any]:
         """Aggregates the records, leaving out steps by name.
@@ -218,8 +252,9 @@ class StepTimer:
           A dict: `steps` (counted), `excluded` (left out), `median_step_s`, `p90_step_s`,
           `total_step_s`, `total_data_wait_s`, `input_bound_fraction` (wait / (wait + step)
           over counted steps), `mean_tokens_per_s`, `mean_tflops_per_device` (means of the
-          per-step rates); and, whether counted or not, the first step's data wait
-          (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers
+          per-step rates, on device time), `wall_tokens_per_s` (tokens over device time plus
+          data wait: what the loop delivered); and, whether counted or not, the first step's
+          data wait (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers
           makes long) and its device time (`first_step_s`: compilation, for a jitted step).
           Figures are None where no step was counted or the inputs are unknown.
         """
@@ -239,6 +274,7 @@ class StepTimer:
             "input_bound_fraction": total_wait / busy if busy > 0 else None,
             "mean_tokens_per_s": _mean([r.tokens_per_s for r in counted]),
             "mean_tflops_per_device": _mean([r.tflops_per_device for r in counted]),
+            "wall_tokens_per_s": _wall_tokens_per_s(counted),
             "first_data_wait_s": self.records[0].data_wait_s if self.records else None,
             "first_step_s": self.records[0].step_s if self.records else None,
         }
@@ -267,7 +303,8 @@ class StepTimer:
             ("total step time", f"{s['total_step_s']:.3f} s"),
             ("total data wait", f"{s['total_data_wait_s']:.3f} s"),
             ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
-            ("tokens/s", num(s["mean_tokens_per_s"], ",.0f")),
+            ("tokens/s, device time", num(s["mean_tokens_per_s"], ",.0f")),
+            ("tokens/s, wall clock", num(s["wall_tokens_per_s"], ",.0f")),
             ("TFLOP/s/device", num(s["mean_tflops_per_device"], ".4g")),
             (
                 "first step's data wait",

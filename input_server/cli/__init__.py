@@ -1,4 +1,5 @@
-"""The `input-server` command: serve, demo, info, stats, tune, bench, tokenizer train."""
+"""The `input-server` command: serve, demo, info, stats, tune, bench, tokenizer train,
+plot-steps."""
 
 from __future__ import annotations
 
@@ -11,13 +12,24 @@ import sys
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from input_client.spec import SpecError  # noqa: E402
-from input_server.cli import bench, demo, info, serve, stats, tokenizer, tune  # noqa: E402
+from input_server.cli import (  # noqa: E402
+    bench,
+    demo,
+    info,
+    plot_steps,
+    serve,
+    stats,
+    tokenizer,
+    tune,
+)
 from input_server.errors import InputServerError  # noqa: E402
 
-# One module per command, named for it: `register(subparsers)` adds the command's parser,
-# `run(args)` runs it and returns the exit status.
+# One module per command, named for it (`_` in a module's name is `-` in the command's):
+# `register(subparsers)` adds the command's parser, `run(args)` runs it and returns the exit
+# status.
 COMMANDS = {
-    m.__name__.rpartition(".")[2]: m for m in (serve, demo, bench, info, stats, tune, tokenizer)
+    m.__name__.rpartition(".")[2].replace("_", "-"): m
+    for m in (serve, demo, bench, info, stats, tune, tokenizer, plot_steps)
 }
 
 

@@ -118,4 +118,5 @@ def verdict(w: Window) -> tuple[str, str]:
         if shares[stage] >= STAGE_BOUND:
             head = f"{kind}, fine" if fine else kind
             return kind, f"{head}: {_largest_stage(w)}; {tail}"
-    return "balanced", f"balanced: neither tokenizing nor reading takes 60 % of the worker time; {tail}"
+    lead = f"neither tokenizing nor reading takes {_pct(STAGE_BOUND)} of the worker time"
+    return "balanced", f"balanced: {lead}; {tail}"

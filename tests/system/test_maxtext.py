@@ -36,6 +36,7 @@ EVAL_LINE = re.compile(
     r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
     r"total_weights=([\d.]+)"
 )
+DATA_WAIT_LINE = re.compile(r"data_wait: [\d.]+ s, step: (\d+)")
 MODEL = [*TINY_MAXTEXT, f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}"]
 ONE_HOST = ["skip_jax_distributed_system=true"]
 EVAL_PASS = {"shuffle": False, "epochs": 1}  # what the adapter makes of any eval spec
@@ -151,10 +152,19 @@ def _one_line(out, code, *needles):
 
 def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     d, train, evals, model = specs
-    a = _launch(maxtext_python, server, d, model, "whole", *ONE_HOST)  # async checkpoints
+    metrics_file = d / "whole-metrics.jsonl"
+    a = _launch(  # async checkpoints
+        maxtext_python, server, d, model, "whole", *ONE_HOST, f"metrics_file={metrics_file}"
+    )
     assert a.returncode == 0, a.stderr[-4000:]
     whole = _steps(a.stderr)
     assert sorted(whole) == list(range(STEPS))
+    # Each step's wait for its batch, in MaxText's log and in its own metrics file.
+    assert sorted(int(s) for s in DATA_WAIT_LINE.findall(a.stderr)) == list(range(STEPS))
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    train_rows = [r for r in rows if "learning/loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(STEPS))
+    assert all(r["perf/data_wait_seconds"] >= 0 for r in train_rows)
     # MaxText trained on the server's batches, in order, weighted by MaxText's rule.
     assert [whole[s][0] for s in range(STEPS)] == _weights(train, server, STEPS)
     # Eval after steps 0 and 10: the same single pass in order both times (within eval_steps).

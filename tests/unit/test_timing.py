@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 
 import jax
@@ -275,3 +277,55 @@ def test_the_first_steps_data_wait_is_reported_apart_from_its_compile_time(clock
     assert "first step's data wait  11.500 s" in text
     assert "first step (compile)    9.000 s" in text
     assert StepTimer().summary()["first_data_wait_s"] is None
+
+
+def test_records_path_appends_each_step_as_it_is_recorded(clock, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"index": 0, "name": "earlier run"}\n')  # kept: the file is appended to
+    timer = StepTimer(tokens_per_step=1000, flops_per_step=4e12, num_devices=2, records_path=path)
+    timer.step(_step_taking(clock, 2.0), jnp.ones(2), data_wait_s=3.0)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2  # on disk before the next step: a killed run keeps it
+    timer.step(_step_taking(clock, 0.5), jnp.ones(2), data_wait_s=0.25)
+    records = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert records == [dataclasses.asdict(r) for r in timer.records]
+    assert records[1] == {
+        "index": 1,
+        "name": "train",
+        "step_s": 0.5,
+        "data_wait_s": 0.25,
+        "num_tokens": 1000,
+        "tokens_per_s": 2000.0,
+        "tflops_per_device": 4.0,
+    }
+
+
+def test_write_jsonl_writes_every_record(clock, tmp_path):
+    timer = StepTimer()
+    for seconds in (3.0, 1.0, 2.0):
+        timer.step(_step_taking(clock, seconds), jnp.ones(2))
+    path = tmp_path / "all.jsonl"
+    path.write_text("old\n")  # replaced
+    timer.write_jsonl(path)
+    got = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["index"], r["name"], r["step_s"]) for r in got] == [
+        (0, "compile", 3.0),
+        (1, "train", 1.0),
+        (2, "train", 2.0),
+    ]
+
+
+def test_wall_clock_tokens_per_s_counts_the_data_wait(clock):
+    """An input-bound loop: fast on device, slow in all. The per-device-second rate alone
+    (what a user read as 16.7 M tokens/s against a real ~21 k) says nothing of the wait."""
+    timer = StepTimer(tokens_per_step=1000)
+    timer.step(_step_taking(clock, 5.0), jnp.ones(2), data_wait_s=10.0)  # compile: excluded
+    for _ in range(4):
+        timer.step(_step_taking(clock, 0.001), jnp.ones(2), data_wait_s=0.999)
+    s = timer.summary()
+    assert s["mean_tokens_per_s"] == pytest.approx(1e6)
+    assert s["wall_tokens_per_s"] == pytest.approx(1000.0)
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    assert rows["tokens/s, device time"].strip() == "1,000,000"
+    assert rows["tokens/s, wall clock"].strip() == "1,000"
+    assert StepTimer().summary()["wall_tokens_per_s"] is None

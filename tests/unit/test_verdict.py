@@ -69,7 +69,7 @@ def test_waiting_for_credit_while_the_trainer_does_not_wait_is_client_bound():
             "read-bound",
             "70 % of worker time reading",
         ),
-        ({"read": 40, "decompress": 15, "tokenize": 45}, "balanced", "neither tokenizing nor reading"),
+        ({"read": 40, "decompress": 15, "tokenize": 45}, "balanced", "neither tokenizing"),
     ],
 )
 def test_the_largest_worker_stage_names_the_bound(stages, kind, needle):

@@ -38,6 +38,7 @@ from input_client.client import InputClient
 from input_client.errors import StreamError
 from input_client.fanin import ORDERS
 from input_client.maxtext import derive
+from input_client.maxtext._data_wait import report_train_wait
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
 from input_client.maxtext.check import (
     MaxTextConfigError,
@@ -238,6 +239,8 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
 
     source = ServerSource(open_stream, pad_id=pad_id, packing=spec.batch.packing)
     weakref.finalize(source, client.close)
+    if train:  # each step's wait for its batch, in MaxText's own step metrics
+        report_train_wait(source)
     padding = config.generate_padding_batch_train if train else config.generate_padding_batch_eval
     return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))
 

@@ -74,6 +74,21 @@ def multihost_dataloading() -> ModuleType:
     return _module_with("maxtext.input_pipeline.multihost_dataloading", "MultiHostDataLoadIterator")
 
 
+def metric_logger() -> ModuleType:
+    """MaxText's per-step metrics writer (`MetricLogger`: log, TensorBoard, metrics file)."""
+    module = _module_with("maxtext.common.metric_logger", "MetricLogger")
+    logger = module.MetricLogger
+    if not all(hasattr(logger, n) for n in ("record_train_metrics", "write_metrics")) or not (
+        hasattr(module, "max_logging")
+    ):
+        raise MaxTextHookError(
+            f"MaxText {maxtext_version()}'s MetricLogger no longer has record_train_metrics "
+            f"and write_metrics; input_client.maxtext was tested with MaxText "
+            f"{', '.join(TESTED_VERSIONS)}."
+        )
+    return module
+
+
 def trainer_module() -> ModuleType:
     """`maxtext.trainers.pre_train.train`, MaxText's pre-training entry point (`main(argv)`)."""
     return _module_with("maxtext.trainers.pre_train.train", "main")

@@ -99,10 +99,17 @@ class ServerSource:
         self._pad_id = pad_id
         self._packing = packing
         self._current: ServerIterator | None = None
+        self._waited_before = 0.0
+
+    @property
+    def wait_time_s(self) -> float:
+        """Seconds MaxText's loop waited for this source's batches, over every pass."""
+        return self._waited_before + (self._current.wait_time_s if self._current else 0.0)
 
     def __iter__(self) -> ServerIterator:
         if self._current is not None:
             self._current.close()  # a reset: the old pass's stream is not needed any more
+            self._waited_before += self._current.wait_time_s
         self._current = ServerIterator(
             self._open_stream, pad_id=self._pad_id, packing=self._packing
         )
