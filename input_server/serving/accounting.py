@@ -104,8 +104,10 @@ class Accounting:
             demand = (new.report[1] - old.report[1]) / span
             if self._credit.exposed_wait()[0] >= 0:
                 wait_share = min(1.0, max(0.0, (new.report[2] - old.report[2]) / span))
-        elif new.report is not None and self._credit.exposed_wait()[0] >= 0:
-            wait_share = self._credit.exposed_wait()[1]
+        elif new.report is not None:  # the window starts before the first report
+            demand = self._credit.pace()
+            if self._credit.exposed_wait()[0] >= 0:
+                wait_share = self._credit.exposed_wait()[1]
         p = self._session.stream.parallelism
         return Window(
             seconds=seconds,
@@ -188,3 +190,29 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
     totals.client_wait_s += max(0.0, s.client_wait_s)
     for t in s.stages:
         stages[t.stage] += t.seconds
+
+
+def log_open(stream_id: int, pipeline, label: str, opening) -> None:
+    """The log line (and JSON event `stream_open`) of a stream that starts to serve."""
+    p = opening.parallelism
+    log.info(
+        "stream %d (%s): %d worker processes, %d threads (%s)",
+        stream_id,
+        label,
+        p.processes,
+        p.threads,
+        opening.reason,
+        extra={
+            "event": "stream_open",
+            "fields": {
+                "stream": stream_id,
+                # A pipeline's name, or for a request's spec its first file and model
+                # (bounded: `describe` keeps base names).
+                "pipeline": label,
+                "fingerprint": pipeline.fingerprint,
+                "processes": p.processes,
+                "threads": p.threads,
+                "reason": opening.reason,
+            },
+        },
+    )

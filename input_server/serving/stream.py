@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +38,7 @@ from input_server.errors import (
     RefusedError,
     shorten,
 )
-from input_server.serving.accounting import Accounting
+from input_server.serving.accounting import Accounting, log_open
 from input_server.serving.credit import Credit
 from input_server.serving.limits import (
     GROUP_MIB,
@@ -54,8 +53,6 @@ from input_server.serving.limits import (
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,31 +203,7 @@ class Stream:
             self.accounting = accounting
         if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
-        self._log_open(pipeline, session.label, opening)
-
-    def _log_open(self, pipeline: Pipeline, label: str, opening: Opening) -> None:
-        p = opening.parallelism
-        log.info(
-            "stream %d (%s): %d worker processes, %d threads (%s)",
-            self.id,
-            label,
-            p.processes,
-            p.threads,
-            opening.reason,
-            extra={
-                "event": "stream_open",
-                "fields": {
-                    "stream": self.id,
-                    # A pipeline's name, or for a request's spec its first file and model
-                    # (bounded: `describe` keeps base names).
-                    "pipeline": label,
-                    "fingerprint": pipeline.fingerprint,
-                    "processes": p.processes,
-                    "threads": p.threads,
-                    "reason": opening.reason,
-                },
-            },
-        )
+        log_open(self.id, pipeline, session.label, opening)
 
     def _pipeline(self) -> Pipeline:
         """The pipeline the request names, or one made of its spec (closed with the stream)."""
