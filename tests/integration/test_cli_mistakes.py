@@ -28,13 +28,15 @@ def spec_file(tmp_path, corpus, spm_model):
     return write
 
 
-def test_info_on_an_unreachable_tcp_address(capsys):
-    code, err = run_main(capsys, "info", "127.0.0.1:1", "--timeout-s", "1")
+@pytest.mark.parametrize("verb", ["info", "stats"])
+def test_info_on_an_unreachable_tcp_address(capsys, verb):
+    code, err = run_main(capsys, verb, "127.0.0.1:1", "--timeout-s", "1")
     assert_one_line(code, err, "no input server reachable", "127.0.0.1:1")
 
 
-def test_info_on_a_unix_path_with_no_socket_suggests_serve(capsys):
-    code, err = run_main(capsys, "info", "unix:///nonexistent/input.sock", "--timeout-s", "1")
+@pytest.mark.parametrize("verb", ["info", "stats"])
+def test_info_on_a_unix_path_with_no_socket_suggests_serve(capsys, verb):
+    code, err = run_main(capsys, verb, "unix:///nonexistent/input.sock", "--timeout-s", "1")
     assert_one_line(code, err, "no socket at /nonexistent/input.sock", "`input-server serve`")
 
 

@@ -161,3 +161,26 @@ def test_arrival_order_waits_add_up_to_the_fan_ins(proxies, make_spec):
         total = it.wait_time_s
     assert all(w > 0 for w in reported), reported
     assert sum(reported) == pytest.approx(total, rel=0.05, abs=0.02)
+
+
+@pytest.mark.parametrize("wait", [float("nan"), float("inf"), -1.0])
+def test_a_report_with_a_wait_that_is_no_duration_ends_its_stream(server, make_spec, wait):
+    """A credit report whose `data_wait_s` is not a finite number of seconds >= 0 ends the
+    stream with INVALID_ARGUMENT naming the field and the value (the server's figures and
+    verdict would be the client's invention)."""
+    from input_client.proto import pb
+    from input_client.wire import PROTOCOL_VERSION
+
+    first = pb.StreamBatchesRequest(
+        spec=make_spec(order={"epochs": 0}).to_proto(),
+        protocol_version=PROTOCOL_VERSION,
+        window=4,
+    )
+    reports = [first, pb.StreamBatchesRequest(batches_taken=1, data_wait_s=wait)]
+    with grpc.insecure_channel(server.targets[0], options=MESSAGE_OPTIONS) as channel:
+        call = pb_grpc.InputServiceStub(channel).StreamBatches(iter(reports), timeout=60)
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in call:
+                pass
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "`data_wait_s`" in e.value.details() and repr(wait) in e.value.details()

@@ -6,6 +6,7 @@ worker stages scraped from the metrics endpoint add up to the time the workers s
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 
@@ -15,6 +16,7 @@ import pytest
 from input_client import InputClient
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
+from input_server import cli
 from input_server.batching.pipeline import MIN_GROUP
 from input_server.serving.server import Server, ServerConfig
 from input_server.serving.verdict import MORE_CPU
@@ -135,3 +137,21 @@ def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):
     assert read.calls == tokenize.calls == pipeline.docs_per_epoch  # every document once
     assert read.seconds <= stage["read"] + stage["decompress"] <= 1.1 * read.seconds, stage
     assert tokenize.seconds <= stage["tokenize"] <= 1.1 * tokenize.seconds, stage
+
+
+def test_stats_shows_the_verdict_and_where_the_time_goes(serve, make_spec, capsys):
+    srv = serve(reads=slow(make_spec(order={"epochs": 0}), read_s=DELAY_S))
+    with silent_client(srv.targets[0], "reads"), InputClient(srv.targets[0]) as client:
+        settled(client)
+        assert cli.main(["stats", srv.targets[0]]) == 0
+        table = capsys.readouterr().out
+        assert "verdict   read-bound: " in table, table
+        assert "workers   read " in table and "stream    wait_workers " in table, table
+        watch = ["--json", "--watch", "--count", "2", "--interval-s", "0.2"]
+        assert cli.main(["stats", srv.targets[0], *watch]) == 0
+    readings = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(readings) == 2 and readings[1]["at"] > readings[0]["at"]
+    for r in readings:
+        (stream,) = r["streams"]
+        assert stream["stats"]["verdictKind"] == "read-bound"
+        assert int(r["totals"]["streamsOpened"]) == 1
