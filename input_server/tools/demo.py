@@ -145,6 +145,7 @@ def run_demo(
     workdir: str | os.PathLike | None = None,
     progress: bool = True,
     assets_dir: str | os.PathLike | None = None,
+    records: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Serves the demo corpus, streams it through the client and trains on it.
 
@@ -155,6 +156,8 @@ def run_demo(
       workdir: folder for the server's Unix socket; default a fresh temporary folder.
       progress: show a progress bar (only on a terminal) and stage messages on stderr.
       assets_dir: where the corpus and tokenizer are built; default the user's cache.
+      records: a file each step's `StepTimer` record is appended to, as a JSON line
+        (`input-server plot-steps` draws it).
 
     Returns:
       What was measured: the `StepTimer` summary's figures, the worker counts the server
@@ -187,6 +190,7 @@ def run_demo(
             tokens_per_step=model["tokens_per_step"],
             flops_per_step=model["flops_per_step"],
             data_source=it,
+            records_path=records,
         )
         say(
             f"training a {model['num_params']:,}-parameter decoder for {steps} steps "
@@ -271,11 +275,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=_at_least(LEAST["batch_size"]), default=8, help="rows per batch"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--records",
+        metavar="FILE.jsonl",
+        help="append each step's record to FILE as a JSON line (input-server plot-steps FILE)",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the demo and prints its report; 0 if the loss went down, 1 if it did not."""
+    if args.records:  # a file that cannot be written is said before the demo runs (OSError)
+        open(args.records, "a", encoding="utf-8").close()
     result = run_demo(
+        records=args.records,
         steps=args.steps,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
