@@ -2,19 +2,23 @@
 
 Read from a window of the stream's accounting (`Window`: what changed between two readings of
 its stage seconds, its batches and its client's reports). The rules, in order (the first that
-holds decides; docs/observability.md lists them with the figures behind each):
+holds decides; docs/architecture.md, "Where a stream's time goes", says why each figure):
 
 1. "starting": the window is shorter than MIN_WINDOW_S or holds fewer than MIN_BATCHES batches.
-2. "input-bound": the trainer waited at least INPUT_BOUND_WAIT of its time (its client
+2. "delivery-bound": the trainer waited at least INPUT_BOUND_WAIT of its time while the stream
+   spent at least CLIENT_BOUND_CREDIT of the window waiting for its credit: the batches were
+   made and sent but had not reached the loop, so the network or the client's process (its
+   CPU, decoding batches) is the bottleneck, not the pipeline.
+3. "input-bound": the trainer waited at least INPUT_BOUND_WAIT of its time (its client
    reports its exposed wait): the input is the bottleneck; the largest worker stage is named,
    and what to do (more CPU, pool servers).
-3. "client-bound": the stream spent at least CLIENT_BOUND_CREDIT of the window waiting for
+4. "client-bound": the stream spent at least CLIENT_BOUND_CREDIT of the window waiting for
    the client's credit while the trainer waited under FINE_WAIT (or its client does not say):
    the trainer, not the input, sets the pace; nothing to do here.
-4. "tokenizer-bound" / "read-bound": one worker stage (tokenizing; reading with decompressing)
+5. "tokenizer-bound" / "read-bound": one worker stage (tokenizing; reading with decompressing)
    takes at least STAGE_BOUND of the workers' time; ", fine" when the trainer waits under
    FINE_WAIT or production is at least FINE_HEADROOM x demand.
-5. "balanced": none of the above.
+6. "balanced": none of the above.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ CLIENT_BOUND_CREDIT = 0.30
 STAGE_BOUND = 0.60  # of two shares, the larger is always at least half
 FINE_HEADROOM = 1.2
 # Where README sends an operator whose input is the bottleneck.
-MORE_CPU = "add CPU or pool servers (README: Sizing a pool)"
+MORE_CPU = "add CPU or pool servers (deploy/README.md: Sizing a pool)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +102,19 @@ def verdict(w: Window) -> tuple[str, str]:
     """(kind, the one-line verdict) of a stream's window (the module's rules)."""
     if w.seconds < MIN_WINDOW_S or w.batches < MIN_BATCHES:
         return "starting", f"starting: {w.batches} batches in {w.seconds:.0f} s; a verdict soon"
-    if w.wait_share is not None and w.wait_share >= INPUT_BOUND_WAIT:
+    credit = w.stages["credit_wait"] / w.seconds
+    waits = w.wait_share is not None and w.wait_share >= INPUT_BOUND_WAIT
+    if waits and credit >= CLIENT_BOUND_CREDIT:
+        return "delivery-bound", (
+            f"delivery-bound: {_waited(w)} of its time while the stream waited {_pct(credit)} "
+            "for its credit, its batches sent — the network or the client's process (its CPU, "
+            "decoding batches) is the bottleneck, not the input pipeline"
+        )
+    if waits:
         at = f"{w.processes} processes x {w.threads} threads (--max-workers {w.max_workers})"
         parts = [f"input-bound: {_waited(w)} of its time", _headroom(w), f"at {at}"]
         line = "; ".join(p for p in parts if p)
         return "input-bound", f"{line}; {_largest_stage(w)} — {MORE_CPU}"
-    credit = w.stages["credit_wait"] / w.seconds
     if credit >= CLIENT_BOUND_CREDIT and (w.wait_share is None or w.wait_share < FINE_WAIT):
         return "client-bound", (
             f"client-bound: {_pct(credit)} of the time waiting for credit while {_waited(w)}"

@@ -21,7 +21,9 @@ from input_server.batching.pipeline import MIN_GROUP
 from input_server.serving.server import Server, ServerConfig
 from input_server.serving.verdict import MORE_CPU
 from input_server.testing import SlowPipeline
+from tests.integration.test_exposed_wait import _RecordingProxy
 from tests.integration.test_observability import scrape, wait_for
+from tests.support import serve_servicer
 
 DELAY_S = 0.004  # a record's, or a document's tokenizing: far above the real work of either
 
@@ -120,6 +122,23 @@ def test_a_trainer_slower_than_its_input_is_client_bound(serve, make_spec):
     assert stats.verdict_kind == "client-bound", stats.verdict
     assert "nothing to do here" in stats.verdict
     assert 0 <= stats.client_wait_share < 0.01
+
+
+def test_a_slow_way_between_server_and_trainer_is_delivery_bound(serve, make_spec, short_tmp):
+    """A proxy that holds each batch 40 ms stands in for a far network (or a client's busy
+    process): the trainer waits while the server, its batches sent, waits for credit."""
+    srv = serve(fast=slow(make_spec(order={"epochs": 0})))
+    proxy = _RecordingProxy(srv.targets[0], delay_s=0.04)
+    target = f"unix://{short_tmp}/p.sock"
+    with (
+        serve_servicer(proxy, target),
+        InputClient(target) as client,
+        client.batches("fast") as it,
+    ):
+        stats = settled(client, it)
+    proxy.close()
+    assert stats.verdict_kind == "delivery-bound", stats.verdict
+    assert "not the input pipeline" in stats.verdict
 
 
 def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):

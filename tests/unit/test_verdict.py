@@ -42,9 +42,19 @@ def test_a_waiting_trainer_is_input_bound_and_told_what_to_do():
 
 
 def test_input_bound_wins_over_every_stage_rule():
-    # The trainer waits: whatever else holds, the input is the bottleneck.
-    assert v.verdict(window(wait=0.05, credit_wait=20.0, read=40))[0] == "input-bound"
+    # The trainer waits and the server does not wait on it: the input is the bottleneck.
+    assert v.verdict(window(wait=0.05, credit_wait=8.0, read=40))[0] == "input-bound"
     assert v.verdict(window(wait=0.049, read=40))[0] == "read-bound"
+
+
+def test_a_trainer_that_waits_while_the_server_waits_for_its_credit_is_delivery_bound():
+    # Batches made and sent, not yet at the loop: between the two is the bottleneck.
+    kind, line = v.verdict(window(wait=0.58, credit_wait=17.1, tokenize=45, read=5))
+    assert kind == "delivery-bound"
+    assert line.startswith("delivery-bound: the trainer waited 58 % of its time")
+    assert "waited 57 % for its credit" in line and "not the input pipeline" in line
+    assert v.verdict(window(wait=0.58, credit_wait=8.9, tokenize=45))[0] == "input-bound"
+    assert v.verdict(window(wait=0.005, credit_wait=17.1))[0] == "client-bound"
 
 
 def test_waiting_for_credit_while_the_trainer_does_not_wait_is_client_bound():
