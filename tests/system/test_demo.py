@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -44,10 +45,25 @@ def test_demo_command_trains_through_the_server_and_loss_goes_down(tmp_path):
 
 
 def test_demo_options_set_steps_and_shape(cache_home):
-    out = demo(cache_home, "--steps", "12", "--batch-size", "4", "--seq-len", "64", "--no-progress")
+    records = cache_home / "steps.jsonl"
+    out = demo(
+        cache_home, "--steps", "12", "--batch-size", "4", "--seq-len", "64", "--no-progress",
+        "--records", str(records),
+    )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"steps timed +11 \(1 excluded\)", out.stdout), out.stdout
     assert "[demo" not in out.stderr  # no progress lines
+    # Each step's record, as `plot-steps` reads it: every step once, its tokens the batch's.
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(12))
+    assert all(r["num_tokens"] == 4 * 64 and r["data_wait_s"] >= 0 for r in rows), rows[:2]
+
+
+def test_demo_says_a_records_file_it_cannot_write_before_it_runs(tmp_path):
+    out = demo(tmp_path, "--records", str(tmp_path / "no" / "such" / "steps.jsonl"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("input-server: ") and "steps.jsonl" in out.stderr, out.stderr
+    assert not (tmp_path / "input-server").exists()  # nothing was built
 
 
 @pytest.mark.parametrize(
