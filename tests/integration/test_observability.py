@@ -197,8 +197,8 @@ def test_reflection_is_behind_the_token(tmp_path):
 
 @pytest.fixture(scope="module")
 def json_log(tmp_path_factory, corpus, spm_model):
-    """`input-server -v serve --log-format json`, one stream of 3 messages run against it,
-    then SIGTERM: its stderr lines."""
+    """`input-server -v serve --log-format json`, one stream of 3 messages run against it and
+    one refused (a missing file), then SIGTERM: its stderr lines."""
     from input_client.spec import PipelineSpec
     from tests.support import stream_status
 
@@ -215,7 +215,9 @@ def json_log(tmp_path_factory, corpus, spm_model):
             workers={"count": 0},
         )
         assert stream_status(sock, spec.to_proto(), take=3)[0] == grpc.StatusCode.OK
-        time.sleep(0.5)  # the stream's end is logged as it closes
+        missing = spec.replace(source={"paths": [os.path.join(os.path.dirname(corpus), "no")]})
+        assert stream_status(sock, missing.to_proto())[0] == grpc.StatusCode.NOT_FOUND
+        time.sleep(0.5)  # a stream's end is logged as it closes
         child.p.send_signal(signal.SIGTERM)
         assert child.p.wait(timeout=30) == 0
     finally:
@@ -239,3 +241,16 @@ def test_a_stream_open_is_one_json_event_with_its_fields(json_log):
     fields = {"stream", "pipeline", "fingerprint", "processes", "threads", "reason"}
     assert fields <= set(events[0]), events[0]
     assert events[0]["processes"] == 0
+
+
+def test_each_stream_end_is_one_json_event_with_its_status(json_log):
+    """The served stream ends as its client leaves (CANCELLED), the refused one with its
+    status; each names its stream, and neither carries the request's text (its path)."""
+    ends = [r for r in map(json.loads, json_log) if r.get("event") == "stream_end"]
+    opened = [r for r in map(json.loads, json_log) if r.get("event") == "stream_open"]
+    assert [(e["stream"], e["code"]) for e in ends] == [
+        (opened[0]["stream"], "CANCELLED"),
+        (opened[0]["stream"] + 1, "NOT_FOUND"),
+    ], ends
+    assert ends[0]["batches"] >= 3 and ends[1]["batches"] == 0
+    assert all('"no"' not in json.dumps(e) and "/no" not in json.dumps(e) for e in ends)
