@@ -16,7 +16,7 @@ import threading
 import time
 
 from input_client.proto import pb
-from input_server.serving.verdict import Window, verdict
+from input_server.serving.verdict import MIN_BATCHES, Window, verdict
 from input_server.stages import STAGES
 
 log = logging.getLogger("input_server.serving.stream")
@@ -25,6 +25,7 @@ log = logging.getLogger("input_server.serving.stream")
 WINDOW_S = 30.0
 # Readings are taken at most this often (by `info` and by the sender, `tick`).
 READ_EVERY_S = 2.0
+MAX_READINGS = 300  # 10 minutes of readings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +76,17 @@ class Accounting:
             if now - self._readings[-1].at < READ_EVERY_S:
                 return
             self._readings.append(self._read(now))
-            # The oldest kept is the newest at least WINDOW_S old (or the first).
-            while len(self._readings) > 2 and now - self._readings[1].at >= WINDOW_S:
+            # The oldest kept is the newest at least WINDOW_S old (or the first) whose window
+            # still holds MIN_BATCHES: a slow stream (a step of seconds) gets a longer window,
+            # not "starting" for ever; at most MAX_READINGS are kept (a trainer paused long).
+            new = self._readings[-1]
+            while len(self._readings) > 2 and (
+                len(self._readings) > MAX_READINGS
+                or (
+                    now - self._readings[1].at >= WINDOW_S
+                    and new.produced - self._readings[1].produced >= MIN_BATCHES
+                )
+            ):
                 self._readings.popleft()
             window = self._window(self._readings[0], self._readings[-1])
             kind, line = verdict(window)
@@ -97,7 +107,7 @@ class Accounting:
         seconds = new.at - old.at
         stages = {s: new.stages[s] - old.stages[s] for s in STAGES}
         produced = new.produced - old.produced
-        busy = max(1e-9, seconds - stages["queue_full"])
+        busy = max(0.01 * seconds, seconds - stages["queue_full"], 1e-9)  # a wait lands whole
         wait_share, demand = None, 0.0
         if new.report is not None and old.report is not None and new.report[0] > old.report[0]:
             span = new.report[0] - old.report[0]

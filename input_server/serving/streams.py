@@ -106,7 +106,11 @@ class Streams:
 
     def _ended(self, stream: Stream, code: str) -> None:
         """Its figures kept in the totals, and its end logged, as it leaves the list."""
-        info = None if stream.setting_up else stream.info()
+        info = None
+        try:
+            info = None if stream.setting_up else stream.info()
+        except Exception:  # its figures are lost, not its place in the list
+            log.exception("stream %d: its last figures could not be read", stream.id)
         with self._lock:
             self._open.pop(stream.id, None)
             self.totals.ended(info, code)

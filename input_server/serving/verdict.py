@@ -102,7 +102,8 @@ def verdict(w: Window) -> tuple[str, str]:
     """(kind, the one-line verdict) of a stream's window (the module's rules)."""
     if w.seconds < MIN_WINDOW_S or w.batches < MIN_BATCHES:
         return "starting", f"starting: {w.batches} batches in {w.seconds:.0f} s; a verdict soon"
-    credit = w.stages["credit_wait"] / w.seconds
+    # A wait is counted as it ends, so a long one can land in one window whole: capped at 1.
+    credit = min(1.0, w.stages["credit_wait"] / w.seconds)
     waits = w.wait_share is not None and w.wait_share >= INPUT_BOUND_WAIT
     if waits and credit >= CLIENT_BOUND_CREDIT:
         return "delivery-bound", (
