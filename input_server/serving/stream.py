@@ -144,6 +144,11 @@ class Stream:
             self._doing = doing
 
     @property
+    def left(self) -> bool:
+        """The client left (cancel, deadline, disconnect), whichever step noticed first."""
+        return self._left.is_set() or not self._context.is_active()
+
+    @property
     def setting_up(self) -> bool:
         return self.session is None
 

@@ -93,6 +93,8 @@ class Streams:
             try:
                 stream.open()
                 yield stream
+                if stream.left:  # its messages stopped as the client left: not a clean end
+                    code = "CANCELLED"
             except BaseException as e:
                 code = _code_of(e)
                 raise
