@@ -17,6 +17,8 @@ RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
 LONG_DOCUMENTS = ("trim", "chunk", "split")
 TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken")
+# Who tokenizes (`input_server.data.tokenizers.backends` says which serve which kind).
+TOKENIZER_BACKENDS = ("auto", "reference", "fastokens", "kitoken")
 MAX_WORKERS = 1024
 # A stream serves while it tunes (online), but a search that long would leave the loop
 # underfed for as long: ten minutes is already far too long.
@@ -146,6 +148,12 @@ def _tokenizer(spec: PipelineSpec) -> None:
         "tokenizer.kind",
         t.kind,
         f"must be one of {', '.join(TOKENIZER_KINDS)}",
+    )
+    _check(
+        t.backend in TOKENIZER_BACKENDS,
+        "tokenizer.backend",
+        t.backend,
+        f"must be one of {', '.join(TOKENIZER_BACKENDS)}",
     )
     _check(
         isinstance(t.model, str) and "\x00" not in t.model,

@@ -43,6 +43,7 @@ def to_proto(spec: Any) -> pb.PipelineSpec:
         tokenizer=pb.Tokenizer(
             model=t.model,
             kind="" if t.kind == "sentencepiece" else t.kind,
+            backend="" if t.backend == "auto" else t.backend,
             add_bos=t.add_bos,
             add_eos=t.add_eos,
             vocab_size=t.vocab_size or 0,
@@ -99,6 +100,7 @@ def from_proto(cls: type, msg: pb.PipelineSpec) -> Any:
         tokenizer=TokenizerSpec(
             model=t.model,
             kind=t.kind or "sentencepiece",
+            backend=t.backend or "auto",
             add_bos=t.add_bos,
             add_eos=t.add_eos,
             vocab_size=t.vocab_size or None,

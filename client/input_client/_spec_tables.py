@@ -59,6 +59,11 @@ class TokenizerSpec:
     saves one, its `tokenizer_config.json`) or "tiktoken" (a tiktoken BPE file, read with
     MaxText's Llama 3 pattern and special tokens).
 
+    `backend` says who tokenizes: "auto" (a fast library proved exact for the model by the
+    server's gate and audited while serving, else the reference), "reference" (the kind's own
+    library: sentencepiece, tokenizers, tiktoken) or a backend by name ("fastokens",
+    "kitoken"); the ids are the reference's either way, so it is not part of the data.
+
     Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
     `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with
     (MaxText's convention: -1 for none). With a model they come from it and stay unset.
@@ -72,13 +77,16 @@ class TokenizerSpec:
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
+    backend: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
-        """The TOML keys; `kind` only when not sentencepiece, so a spec written before it keeps
-        its fingerprint."""
+        """The TOML keys; `kind` only when not sentencepiece and `backend` only when not auto,
+        so a spec written before them keeps its fingerprint."""
         out = dataclasses.asdict(self)
         if out["kind"] == "sentencepiece":
             del out["kind"]
+        if out["backend"] == "auto":
+            del out["backend"]
         return {k: v for k, v in out.items() if v is not None}
 
 

@@ -23,6 +23,7 @@ from input_client._spec_checks import (  # noqa: F401  (the constants are this m
     MIX_PERIOD,
     PACKINGS,
     RECORD_FORMATS,
+    TOKENIZER_BACKENDS,
     TOKENIZER_KINDS,
     SpecError,
     validate,
@@ -220,6 +221,7 @@ class PipelineSpec:
         `weights=False`: all but the mixture's weights too."""
         tables = self.to_dict(weights=weights)
         del tables["workers"]
+        tables["tokenizer"].pop("backend", None)  # who tokenizes: the ids are the same
         blob = json.dumps(tables, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -19,6 +19,10 @@ class TokenGroup:
     first_doc: int
     tokens: np.ndarray  # int32, all documents concatenated
     lengths: np.ndarray  # int64, tokens per document
+    # Whether the group was audited against the reference tokenizer, and found to differ
+    # (its tokens are then the reference's).
+    audited: bool = False
+    mismatched: bool = False
 
     @property
     def starts(self) -> np.ndarray:
@@ -32,6 +36,7 @@ class TokenGroup:
             "first_doc": np.int64(self.first_doc),
             "tokens": self.tokens,
             "lengths": self.lengths,
+            "audit": np.asarray([self.audited, self.mismatched], np.int8),
         }
 
     @classmethod
@@ -40,6 +45,13 @@ class TokenGroup:
             first_doc=int(element["first_doc"]),
             tokens=element["tokens"],
             lengths=element["lengths"],
+            audited=bool(element["audit"][0]),
+            mismatched=bool(element["audit"][1]),
+        )
+
+    def same_ids(self, other: TokenGroup) -> bool:
+        return np.array_equal(self.lengths, other.lengths) and np.array_equal(
+            self.tokens, other.tokens
         )
 
 
@@ -51,6 +63,39 @@ def group_of(ids: list[np.ndarray], first_doc: int, trim_to: int | None) -> Toke
             ids[i] = ids[i][:trim_to]
         np.minimum(lengths, trim_to, out=lengths)
     tokens = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, np.int32)
+    return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
+
+
+def flat_group(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    head: list[int],
+    tail: list[int],
+    first_doc: int,
+    trim_to: int | None,
+) -> TokenGroup:
+    """The group of documents whose bare ids are `flat[offsets[i]:offsets[i + 1]]` (uint32 or
+    int32), `head` and `tail` added to each and each trimmed to `trim_to` tokens, as
+    `group_of` makes it from per-document arrays, without an array per document."""
+    bare = np.diff(offsets).astype(np.int64)
+    h, t = len(head), len(tail)
+    lengths = bare + (h + t)
+    flat = flat.view(np.int32) if flat.dtype == np.uint32 else flat.astype(np.int32, copy=False)
+    if not h and not t:
+        tokens = flat[offsets[0] : offsets[-1]]
+    else:
+        starts = np.cumsum(lengths) - lengths
+        tokens = np.empty(int(lengths.sum()), np.int32)
+        body = np.arange(offsets[0], offsets[-1], dtype=np.int64)
+        tokens[body + np.repeat(starts + h - offsets[:-1], bare)] = flat[offsets[0] : offsets[-1]]
+        for j, x in enumerate(head):
+            tokens[starts + j] = x
+        for j, x in enumerate(tail):
+            tokens[starts + h + bare + j] = x
+    if trim_to is not None and len(lengths) and lengths.max() > trim_to:
+        starts = np.cumsum(lengths) - lengths
+        keep = np.arange(len(tokens)) - np.repeat(starts, lengths) < trim_to
+        tokens, lengths = tokens[keep], np.minimum(lengths, trim_to)
     return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
 
 

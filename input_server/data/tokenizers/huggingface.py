@@ -345,6 +345,17 @@ class HuggingFaceTokenizer(ModelTokenizer):
         tail = [eos] if add_eos and eos >= 0 else []
         return head, tail
 
+    BACKENDS = ("fastokens",)
+
+    def _backend(self, name: str):
+        from input_server.data.tokenizers.fast import Fastokens
+
+        # The model as loaded: its added specials and the post-processor that adds none.
+        return Fastokens.from_json(self.model().to_str())
+
+    def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
+        return self.specials(add_bos, add_eos)
+
     def _encode(self, texts: list[str], *, add_bos: bool, add_eos: bool) -> list[np.ndarray]:
         encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
         head, tail = self.specials(add_bos, add_eos)

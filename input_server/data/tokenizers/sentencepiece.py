@@ -55,6 +55,14 @@ class SentencepieceTokenizer(ModelTokenizer):
                 eos_id=self.model().eos_id(),
             )
 
+    BACKENDS = ("kitoken",)
+
+    def _backend(self, name: str):
+        from input_server.data.tokenizers.fast import Kitoken
+
+        self.model()  # its checks first
+        return Kitoken(self.spec.model)
+
     def _load(self):
         import sentencepiece as spm
 

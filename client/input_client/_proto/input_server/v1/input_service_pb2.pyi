@@ -24,7 +24,7 @@ class Source(_message.Message):
     def __init__(self, paths: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., text_field: _Optional[str] = ..., record_format: _Optional[str] = ..., token_field: _Optional[str] = ..., weight: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Tokenizer(_message.Message):
-    __slots__ = ("model", "add_bos", "add_eos", "vocab_size", "pad_id", "bos_id", "eos_id", "kind")
+    __slots__ = ("model", "add_bos", "add_eos", "vocab_size", "pad_id", "bos_id", "eos_id", "kind", "backend")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADD_BOS_FIELD_NUMBER: _ClassVar[int]
     ADD_EOS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class Tokenizer(_message.Message):
     BOS_ID_FIELD_NUMBER: _ClassVar[int]
     EOS_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     model: str
     add_bos: bool
     add_eos: bool
@@ -41,7 +42,8 @@ class Tokenizer(_message.Message):
     bos_id: int
     eos_id: int
     kind: str
-    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    backend: str
+    def __init__(self, model: _Optional[str] = ..., add_bos: bool = ..., add_eos: bool = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., kind: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("vocab_size", "bos_id", "eos_id", "pad_id", "unk_id", "sha256")
@@ -174,7 +176,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state", "stats")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state", "stats", "tokenizer_backend", "tokenizer_backend_why", "audited_groups", "audit_mismatches")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,10 @@ class StreamInfo(_message.Message):
     DEMAND_BATCHES_PER_S_FIELD_NUMBER: _ClassVar[int]
     TUNING_STATE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_BACKEND_WHY_FIELD_NUMBER: _ClassVar[int]
+    AUDITED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -203,7 +209,11 @@ class StreamInfo(_message.Message):
     demand_batches_per_s: float
     tuning_state: str
     stats: StreamStats
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ..., stats: _Optional[_Union[StreamStats, _Mapping]] = ...) -> None: ...
+    tokenizer_backend: str
+    tokenizer_backend_why: str
+    audited_groups: int
+    audit_mismatches: int
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ..., stats: _Optional[_Union[StreamStats, _Mapping]] = ..., tokenizer_backend: _Optional[str] = ..., tokenizer_backend_why: _Optional[str] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ...) -> None: ...
 
 class StageTime(_message.Message):
     __slots__ = ("stage", "seconds")
@@ -319,7 +329,7 @@ class GetInfoResponse(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., protocol_version: _Optional[int] = ..., totals: _Optional[_Union[ServerTotals, _Mapping]] = ...) -> None: ...
 
 class ServerTotals(_message.Message):
-    __slots__ = ("batches_sent", "real_tokens", "padding_tokens", "bytes_sent", "stages", "client_wait_s", "stream_ends", "streams_opened")
+    __slots__ = ("batches_sent", "real_tokens", "padding_tokens", "bytes_sent", "stages", "client_wait_s", "stream_ends", "streams_opened", "audited_groups", "audit_mismatches")
     class StreamEndsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +345,8 @@ class ServerTotals(_message.Message):
     CLIENT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     STREAM_ENDS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_OPENED_FIELD_NUMBER: _ClassVar[int]
+    AUDITED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     batches_sent: int
     real_tokens: int
     padding_tokens: int
@@ -343,4 +355,6 @@ class ServerTotals(_message.Message):
     client_wait_s: float
     stream_ends: _containers.ScalarMap[str, int]
     streams_opened: int
-    def __init__(self, batches_sent: _Optional[int] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., client_wait_s: _Optional[float] = ..., stream_ends: _Optional[_Mapping[str, int]] = ..., streams_opened: _Optional[int] = ...) -> None: ...
+    audited_groups: int
+    audit_mismatches: int
+    def __init__(self, batches_sent: _Optional[int] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., client_wait_s: _Optional[float] = ..., stream_ends: _Optional[_Mapping[str, int]] = ..., streams_opened: _Optional[int] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,135 @@
+"""Fast tokenizer backends behind a kind's reference library, and the gate that lets one serve.
+
+A backend (`Backend`) encodes texts to their bare ids (no BOS/EOS) as the kind's reference
+library would: fastokens for tiktoken files and byte-level BPE `tokenizer.json` files, kitoken
+for sentencepiece models (`fast.py` makes them). None serves until the gate (`gate`) has
+compared its ids with the reference's on a fixed set of hostile probes (`PROBES`) and on the
+stream's first documents; any difference, or any error, and the stream uses the reference,
+saying why. The gate's verdict on the probes is remembered per model digest, backend and
+version (`_PROBED`), the documents are compared for each pipeline. While serving, a share of
+groups is audited again (`ModelTokenizer.encode`); what the reference says is what is served.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+# Bare ids of each text, as the kind's reference gives them without BOS/EOS.
+Encode = Callable[[list[str]], list[np.ndarray]]
+
+
+class Backend(Protocol):
+    """A library that encodes as a kind's reference does, faster (`fast.py`)."""
+
+    name: str  # as `tokenizer.backend` names it
+    version: str  # the library's, part of what the gate's verdict is remembered by
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's bare ids (int32), on the calling thread, the GIL released where the
+        library allows; raises on what it cannot encode (the reference then does)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Who tokenizes a stream, and why (what `info`, the log and `bench` say)."""
+
+    backend: str  # "reference" or a backend's name
+    why: str
+
+
+# What a backend is most likely to get wrong: specials written as text, long runs, line ends,
+# digits, emoji and ZWJ sequences, CJK, NFKC bait, combining marks, lone surrogates, nothing.
+PROBES: tuple[str, ...] = (
+    "",
+    " ",
+    "Hello, world! It's a test; we'll see what they've done.",
+    "<s> [INST] <|begin_of_text|><|end_of_text|><|eot_id|></s> <unk> <pad> <|endoftext|>",
+    " " * 25_003 + "x",
+    "a" * 25_003 + " b",
+    "word " * 3_000,
+    "line one\r\nline two\r\n\r\n\tindented\n\t\ttwice\n \n",
+    "1234567890 3.14159 -42 1,000,000 0x1F 2026-12-05",
+    "emoji 😀👍🏽 family 👨\u200d👩\u200d👧\u200d👦 flags 🇯🇵🇫🇷",
+    "中文字符测试，日本語のテキスト、한국어 텍스트。",
+    "ﬁ ﬂ ① ½ ｆｕｌｌｗｉｄｔｈ Å ℌ ㎏ ﬀ \u00a0nbsp",
+    "e\u0301 a\u0308 o\u0303\u0323 ñ Z\u0351\u0358\u035c",
+    "lone \ud800 surrogate \udfff here",
+    "    def f(x):\n        return x  # comment\n\n\n",
+    "MiXeD CaSe ALLCAPS lowercase 'S 'T 'RE 'VE 'M 'LL 'D",
+    "\x00\x01\x7f control \u200b zero width \ufeff bom",
+    "http://example.com/path?q=1&r=2#frag user@example.org",
+    "Ünïcödé ÀÉÎÕÜ ßẞ İı Ωω Ǆǅǆ",
+)
+
+# The probe verdicts, by (model digest, backend, version): a stream of a model already
+# probed compares only its own documents. Bounded: a server sees few models.
+_PROBED: collections.OrderedDict[tuple, str | None] = collections.OrderedDict()
+_PROBED_LOCK = threading.Lock()
+MAX_PROBED = 256
+
+
+def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> str | None:
+    """None when `fast` gives every text the reference's ids; else the first difference, said
+    without the text (a document's content stays out of logs)."""
+    try:
+        want = reference(texts)
+    except Exception:  # text the reference refuses (sentencepiece's lone surrogates): a
+        return None  # stream holding it fails with the reference's error either way
+    try:
+        got = fast(texts)
+    except Exception as e:  # a backend's own failure is a difference, named
+        return f"{name} failed: {type(e).__name__}: {str(e)[:200]}"
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if len(a) != len(b) or not np.array_equal(a, b):
+            n = min(len(a), len(b))
+            at = int(np.argmax(a[:n] != b[:n])) if n and not np.array_equal(a[:n], b[:n]) else n
+            return (
+                f"text {i} of {len(texts)} ({len(texts[i])} characters) differs at token {at} "
+                f"({len(a)} reference tokens, {len(b)} from {name})"
+            )
+    return None
+
+
+def gate(
+    digest: str, reference: Encode, fast: Encode, backend: Backend, documents: list[str]
+) -> Choice:
+    """Whether `backend` may serve: the probes (remembered) and `documents`, encoded by the
+    reference and by `fast` (the kind's route through `backend`) and compared id for id. Each
+    probe is its own call: a text the backend cannot take (lone surrogates) sends only its
+    own group to the reference while serving, so it must not hide the other probes."""
+    key = (digest, backend.name, backend.version)
+    with _PROBED_LOCK:
+        known = key in _PROBED
+        why = _PROBED.get(key)
+    if not known:
+        why = next(
+            (w for p in PROBES if (w := difference(reference, fast, backend.name, [p]))), None
+        )
+        why = None if why is None else f"the probe set: {why}"
+        with _PROBED_LOCK:
+            _PROBED[key] = why
+            while len(_PROBED) > MAX_PROBED:
+                _PROBED.popitem(last=False)
+    if why is None and documents:
+        why = difference(reference, fast, backend.name, documents)
+        why = None if why is None else f"the stream's first documents: {why}"
+    if why is not None:
+        return Choice("reference", f"{backend.name} {backend.version} failed the gate on {why}")
+    return Choice(
+        backend.name,
+        f"{backend.name} {backend.version} gave the reference's ids on {len(PROBES)} probes "
+        f"and the stream's first {len(documents)} documents",
+    )
+
+
+def forget(digest: str, name: str, version: str, why: str) -> None:
+    """An audit found `name` wrong for the model: later streams of it skip the backend."""
+    with _PROBED_LOCK:
+        _PROBED[(digest, name, version)] = why

@@ -1,0 +1,174 @@
+"""The fast backends (`backends.Backend`): fastokens for tiktoken ranks and byte-level BPE
+`tokenizer.json` files, kitoken for sentencepiece models. Each is loaded lazily in the process
+that encodes (not pickled) and encodes on the calling thread."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+from importlib import metadata
+
+import numpy as np
+
+from input_server.errors import InvalidSpecError
+
+# One thread a call: the server's parallelism is Grain's threads and processes, which the
+# tuner counts; fastokens would otherwise spread a batch over a pool of its own. An
+# operator's own setting stands. Read by fastokens when it starts its pool.
+os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+
+# Deriving a tokenizer.json from tiktoken ranks looks at every split of every token: bounded
+# (Llama 3's ranks take 1.1 M steps; o200k's 1.9 M).
+MAX_DERIVE_WORK = 16 << 20
+# Derived tokenizer.json texts kept per process, by ranks file identity.
+_DERIVED: collections.OrderedDict[tuple, str] = collections.OrderedDict()
+_DERIVED_LOCK = threading.Lock()
+MAX_DERIVED = 4
+
+
+def version_of(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte-to-character map, which byte-level BPE `tokenizer.json` files spell
+    tokens in."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def ranks_as_tokenizer_json(ranks: dict[bytes, int], pattern: str, written: str) -> str:
+    """A byte-level BPE `tokenizer.json` that tokenizes as tiktoken does with `ranks` and
+    `pattern`: each piece whole if it is a token (`ignore_merges`), else merged pair by pair,
+    the pair whose join ranks lowest first, as tiktoken merges. A token that no pair of
+    tokens makes (Meta's Llama 3 ranks hold some, which fastokens' own tiktoken loader
+    refuses) is still whole-piece reachable, as in tiktoken."""
+    work = sum(len(t) for t in ranks)
+    if work > MAX_DERIVE_WORK:
+        raise InvalidSpecError(
+            f"`tokenizer.model` {written!r}: its ranks are too large to derive a fast "
+            f"backend from ({work} bytes of tokens, MAX_DERIVE_WORK {MAX_DERIVE_WORK})."
+        )
+    chars = byte_chars()
+    spell = {t: "".join(chars[b] for b in t) for t in ranks}
+    merges = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            a, b = token[:cut], token[cut:]
+            ra, rb = ranks.get(a), ranks.get(b)
+            if ra is not None and rb is not None:
+                merges.append((rank, ra, rb, spell[a], spell[b]))
+    merges.sort()
+    model = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": True,
+        "vocab": {spell[t]: r for t, r in ranks.items()},
+        "merges": [[a, b] for *_, a, b in merges],
+    }
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated"}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+    return json.dumps(
+        {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [],
+            "normalizer": None,
+            "pre_tokenizer": {
+                "type": "Sequence",
+                "pretokenizers": [{**split, "invert": False}, {**byte_level, "trim_offsets": True}],
+            },
+            "post_processor": None,
+            "decoder": {**byte_level, "trim_offsets": True},
+            "model": model,
+        }
+    )
+
+
+class Fastokens:
+    """fastokens on a `tokenizer.json` text: `encode_batch_flat`, one flat buffer a group,
+    specials in the text matched as the reference matches them (`tokenizer.json`'s added
+    tokens; a derived tiktoken file has none, so its specials stay text)."""
+
+    name = "fastokens"
+    version = version_of("fastokens")
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    @classmethod
+    def from_json(cls, tokenizer_json: str) -> Fastokens:
+        import fastokens
+
+        return cls(fastokens.Tokenizer.from_json_str(tokenizer_json))
+
+    @classmethod
+    def from_tiktoken(cls, path: str, pattern: str, ranks_of, written: str) -> Fastokens:
+        """fastokens' own tiktoken loader, or (for ranks it refuses, as Meta's Llama 3's) a
+        tokenizer.json derived from them (`derived_json`); no specials: they stay text."""
+        import fastokens
+
+        try:
+            return cls(fastokens.Tokenizer.from_tiktoken(path, pattern=pattern))
+        except Exception:  # e.g. "token not reachable by merges": derived instead
+            return cls.from_json(derived_json(path, ranks_of, pattern, written))
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids in one uint32 array, and where each text's start (n + 1 offsets)."""
+        ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False)
+        return np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64).astype(np.int64)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        flat, offsets = self.encode_flat(texts)
+        flat = flat.view(np.int32)
+        return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
+
+
+class Kitoken:
+    """kitoken on a sentencepiece `.model`: `encode_all`, specials in the text encoded as text
+    (as sentencepiece encodes them)."""
+
+    name = "kitoken"
+    version = version_of("kitoken")
+
+    def __init__(self, path: str):
+        import kitoken
+
+        self._tok = kitoken.Kitoken.from_sentencepiece_file(path)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(x, np.int32) for x in self._tok.encode_all(texts, False)]
+
+
+def derived_json(path: str, ranks_of, pattern: str, written: str) -> str:
+    """The tokenizer.json derived from the ranks file at `path` (`ranks_as_tokenizer_json`),
+    made once a process for each file as it stands (its identity: device, inode, size, mtime)."""
+    st = os.stat(path)
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, pattern)
+    with _DERIVED_LOCK:
+        hit = _DERIVED.get(key)
+    if hit is None:
+        hit = ranks_as_tokenizer_json(ranks_of(), pattern, written)
+        with _DERIVED_LOCK:
+            _DERIVED[key] = hit
+            while len(_DERIVED) > MAX_DERIVED:
+                _DERIVED.popitem(last=False)
+    return hit
