@@ -32,6 +32,9 @@ SERVER_REQUIRES = [
     "sentencepiece>=0.2.3",  # encode(return_type="numpy"), GIL released in encode
     "tokenizers>=0.20",  # tokenizer.kind "huggingface": encode_batch_fast releases the GIL
     "tiktoken>=0.8",  # tokenizer.kind "tiktoken": encode_to_tiktoken_buffer (numpy, no lists)
+    # Fast backends, each serving only behind the exactness gate (tokenizers/backends.py):
+    "fastokens>=0.3.5",  # tiktoken ranks and byte-level BPE tokenizer.json; encode_batch_flat
+    "kitoken>=0.11",  # sentencepiece models
     "grpcio-health-checking>=1.66",
     # `grpcurl -unix -plaintext SOCKET list`: server reflection (its v1alpha service, which
     # grpcurl and grpc_cli ask first).

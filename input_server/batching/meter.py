@@ -33,6 +33,7 @@ class LiveMeter:
         self._blocked_s = 0.0  # the producer waiting for room in the send queue
         self._stages = dict.fromkeys(STAGES, 0.0)
         self._sent_real = self._sent_padding = self._bytes_sent = 0
+        self._audited = self._mismatches = 0
 
     def group(self, busy_s: float, waited_s: float, stage_s: np.ndarray | None = None) -> None:
         """A tokenized group reached the packer after `waited_s`, having taken `busy_s` in
@@ -45,6 +46,17 @@ class LiveMeter:
             if stage_s is not None:
                 for stage, seconds in zip(WORKER_STAGES, stage_s.tolist(), strict=True):
                     self._stages[stage] += seconds
+
+    def audit(self, mismatched: bool) -> None:
+        """A group was encoded again by the reference tokenizer, and differed or not."""
+        with self._lock:
+            self._audited += 1
+            self._mismatches += mismatched
+
+    def audits(self) -> tuple[int, int]:
+        """(groups audited, audits that found a difference) so far."""
+        with self._lock:
+            return self._audited, self._mismatches
 
     def batch(self, tokens: int, blocked_s: float) -> None:
         """A batch of `tokens` real tokens went into the send queue, after waiting `blocked_s`

@@ -35,6 +35,7 @@ from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizers import TokenGroup, load_tokenizer
+from input_server.data.tokenizers.base import AUDIT_EVERY
 
 # Text to tokenize per group (after long documents are cut, see groups.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -88,7 +89,9 @@ class Pipeline:
     _users = 0
     _users_lock = threading.Lock()
 
-    def __init__(self, spec: PipelineSpec, access: DataAccess = OPERATOR):
+    def __init__(
+        self, spec: PipelineSpec, access: DataAccess = OPERATOR, *, audit_every: int = AUDIT_EVERY
+    ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.access = access
         # A named mixture's states are matched without its weights: under new weights each
@@ -100,6 +103,7 @@ class Pipeline:
         self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
             self.tokenizer = load_tokenizer(spec.tokenizer, access)
+            self.tokenizer.audit_every = audit_every
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)
         self.source = self._open_source(spec)
@@ -187,6 +191,9 @@ class Pipeline:
                 break
         if sample:
             self.tokenizer.learn_chars_per_token(sample)
+        if not isinstance(self.tokenizer, IdsOnly):  # pre-tokenized: no model, no backend
+            choice = self.tokenizer.choose_backend(sample)
+            log.info("tokenizer backend: %s (%s)", choice.backend, choice.why)
         for n, text in zip(lengths, is_text, strict=True):
             chars.append(self.tokenizer.tokenized_chars(n, trim_to) if text else n)
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
@@ -297,7 +304,22 @@ class BatchStream:
             self._waited_s += waited
             if meter is not None:
                 meter.group(float(element[BUSY_KEY]), waited, element[STAGES_KEY])
-            yield TokenGroup.from_element(element)
+            group = TokenGroup.from_element(element)
+            if group.audited:
+                self._audited(group, meter)
+            yield group
+
+    def _audited(self, group: TokenGroup, meter: LiveMeter | None) -> None:
+        """A group its worker audited: counted; a mismatch (found in whichever process
+        encoded it, which fell back itself) moves this process's copy of the tokenizer to the
+        reference too, so later streams of the pipeline start there."""
+        if meter is not None:
+            meter.audit(group.mismatched)
+        if group.mismatched and self.pipeline.tokenizer.choice.backend != "reference":
+            self.pipeline.tokenizer.fall_back(
+                f"an audit found the backend's ids differ from the reference's in the group of "
+                f"documents from {group.first_doc}"
+            )
 
     @property
     def next_seq(self) -> int:

@@ -32,6 +32,8 @@ class IdsOnly:
     `tokenizer.vocab_size`, its specials `bos_id`/`eos_id`. Texts never reach it (validation
     requires a model for text)."""
 
+    choice = None  # no model: nobody tokenizes (`ModelTokenizer.choice` says who does)
+
     def __init__(self, spec: TokenizerSpec):
         self.spec = spec
         self.vocab_size = spec.vocab_size
@@ -153,7 +155,11 @@ def encode_documents(
         one, n = id_parts([items[i]], specials, trim_to=trim_to, where=lambda _, i=i: where(i))
         pieces[i], lengths[i] = one, n[0]
     return TokenGroup(
-        first_doc=first_doc, tokens=_joined([x for p in pieces for x in p]), lengths=lengths
+        first_doc=first_doc,
+        tokens=_joined([x for p in pieces for x in p]),
+        lengths=lengths,
+        audited=texts.audited,  # its texts' audit, carried to the stream's figures
+        mismatched=texts.mismatched,
     )
 
 

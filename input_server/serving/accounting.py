@@ -198,6 +198,8 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
     totals.padding_tokens += s.padding_tokens
     totals.bytes_sent += s.bytes_sent
     totals.client_wait_s += max(0.0, s.client_wait_s)
+    totals.audited_groups += info.audited_groups
+    totals.audit_mismatches += info.audit_mismatches
     for t in s.stages:
         stages[t.stage] += t.seconds
 

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from input_server.data.tokenizers.base import AUDIT_EVERY
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.listen import is_loopback
 
@@ -140,6 +141,13 @@ class ServerConfig:
     max_streams: int = _setting(8, doc="concurrent streams")
     # Ahead of the network: bounded memory.
     queue_depth: int = _setting(4, doc="batches each stream prepares ahead")
+    # `tokenizers.base.AUDIT_EVERY`: what a fast backend's "auto" guarantees beyond its gate.
+    tokenizer_audit_every: int = _setting(
+        AUDIT_EVERY,
+        doc="while a fast tokenizer backend serves, one group of documents in N is encoded "
+        "again by the reference library and compared (a difference serves the reference's ids "
+        "and moves the stream to the reference); 0: none",
+    )
     # How long `stop()` lets streams end after telling them to.
     grace_s: float = _setting(5.0, doc="drain time on SIGTERM")
     # `coalesce.MESSAGE_TOKENS`; a batch this big or bigger goes alone.
@@ -152,6 +160,10 @@ class ServerConfig:
     def __post_init__(self):
         if self.max_streams < 1:
             raise ValueError(f"`max_streams` must be positive, got {self.max_streams}.")
+        if self.tokenizer_audit_every < 0:
+            raise ValueError(
+                f"`tokenizer_audit_every` must be 0 or more, got {self.tokenizer_audit_every}."
+            )
         if self.queue_depth < 1:
             raise ValueError(f"`queue_depth` must be positive, got {self.queue_depth}.")
         if self.message_tokens < 1:

@@ -95,6 +95,16 @@ class ServerCollector(Collector):
             allowed=CODES,
         )
         yield _counter("streams_opened", "Streams opened.", t.streams_opened)
+        yield _counter(
+            "tokenizer_audited_groups",
+            "Groups a fast tokenizer backend encoded that the reference encoded again.",
+            t.audited_groups,
+        )
+        yield _counter(
+            "tokenizer_audit_mismatches",
+            "Audited groups whose ids differed from the reference's (the reference's served).",
+            t.audit_mismatches,
+        )
         info = InfoMetricFamily("input_server_build", "The server's version.")
         info.add_metric([], {"version": __version__})
         yield info

@@ -160,7 +160,9 @@ class Server:
             except InvalidSpecError as e:
                 raise InvalidSpecError(f"--pipelines {name!r}: {e}") from None
         return {
-            name: spec if isinstance(spec, Pipeline) else Pipeline(spec, operator)
+            name: spec
+            if isinstance(spec, Pipeline)
+            else Pipeline(spec, operator, audit_every=self.config.tokenizer_audit_every)
             for name, spec in c.pipelines.items()
         }
 
@@ -196,6 +198,7 @@ class Server:
             max_streams=c.max_streams,
             queue_depth=c.queue_depth,
             message_tokens=c.message_tokens,
+            audit_every=c.tokenizer_audit_every,
             draining=self._draining,
             limits=limits,
             openings=Openings(cache=TuneCache(c.tune_cache) if c.tune_cache else None),

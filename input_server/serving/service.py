@@ -20,6 +20,7 @@ from input_server.autotune.openings import Openings
 from input_server.autotune.policy import cpu_count
 from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
+from input_server.data.tokenizers.base import AUDIT_EVERY
 from input_server.errors import InvalidSpecError, RefusedError
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.describe import describe_tokenizer
@@ -38,6 +39,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
       max_streams: concurrent streams; one more gets RESOURCE_EXHAUSTED at once, never a wait.
       queue_depth: batches each stream produces ahead of the sender.
       message_tokens: the most tokens of batches that share a message (see `coalesce`).
+      audit_every: a request's fast tokenizer backend is audited on one group in this many.
       draining: set when the server stops; streams then end with UNAVAILABLE.
       openings: how each stream opens, by its `workers` table (the server's, with its
         remembered choices); default a new one.
@@ -52,6 +54,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         queue_depth: int,
         draining: threading.Event,
         message_tokens: int = MESSAGE_TOKENS,
+        audit_every: int = AUDIT_EVERY,
         openings: Openings | None = None,
         limits: Limits | None = None,
     ):
@@ -66,6 +69,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 limits=self._limits,
                 queue_depth=queue_depth,
                 message_tokens=message_tokens,
+                audit_every=audit_every,
                 draining=draining,
                 openings=openings or Openings(),
                 processes=ProcessPool(self._limits.max_workers),

@@ -63,6 +63,7 @@ class Shared:
     limits: Limits
     queue_depth: int
     message_tokens: int
+    audit_every: int
     draining: threading.Event
     openings: Openings
     processes: ProcessPool
@@ -228,7 +229,9 @@ class Stream:
         shape = {"queue_depth": shared.queue_depth, "message_tokens": shared.message_tokens}
         check_fits(spec, shared.limits, **shape)  # before a file is opened
         # With what its batches leave for its document order.
-        pipeline = Pipeline(spec, access_for(spec, shared.limits, **shape))
+        pipeline = Pipeline(
+            spec, access_for(spec, shared.limits, **shape), audit_every=shared.audit_every
+        )
         self._held.callback(pipeline.close)  # a named one keeps its text
         return pipeline
 
@@ -358,6 +361,10 @@ class Stream:
             batches_taken=credit.taken_so_far(),
         )
         info.stats.CopyFrom(self.accounting.stats())
+        choice = session.stream.pipeline.tokenizer.choice  # None: pre-tokenized, no model
+        if choice is not None:
+            info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
+        info.audited_groups, info.audit_mismatches = session.stream.meter.audits()
         if live is not None:
             info.tuning_state = live.state
             info.demand_batches_per_s = live.demand
