@@ -207,13 +207,16 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
 def log_open(stream_id: int, pipeline, label: str, opening) -> None:
     """The log line (and JSON event `stream_open`) of a stream that starts to serve."""
     p = opening.parallelism
+    choice = pipeline.tokenizer.choice  # None: pre-tokenized, no model
+    backend = "-" if choice is None else choice.backend
     log.info(
-        "stream %d (%s): %d worker processes, %d threads (%s)",
+        "stream %d (%s): %d worker processes, %d threads (%s); tokenized by %s",
         stream_id,
         label,
         p.processes,
         p.threads,
         opening.reason,
+        backend,
         extra={
             "event": "stream_open",
             "fields": {
@@ -225,6 +228,8 @@ def log_open(stream_id: int, pipeline, label: str, opening) -> None:
                 "processes": p.processes,
                 "threads": p.threads,
                 "reason": opening.reason,
+                "tokenizer_backend": backend,
+                "tokenizer_backend_why": "" if choice is None else choice.why,
             },
         },
     )

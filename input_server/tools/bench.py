@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from input_client.spec import PipelineSpec, SpecError
+from input_client.spec import PipelineSpec
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizers import load_tokenizer
+from input_server.tools.bench_checks import backend_report, check_benchable
 from input_server.tools.bench_kinds import (
     KINDS,
     REFERENCE_ENCODE,
@@ -108,18 +109,6 @@ def _round_ratios(
         **{f"server_{t}_over_in_process": over(t, "ours") for t in transports},
         **{f"server_{t}_over_limit": over(t, "limit") for t in transports},
     }
-
-
-def check_benchable(spec: PipelineSpec) -> None:
-    """Raises SpecError unless `spec` is one text source with a tokenizer model."""
-    if spec.is_mixture or spec.source.token_field or not spec.tokenizer.model:
-        raise SpecError(
-            "source",
-            "a mixture" if spec.is_mixture else spec.source.to_dict(),
-            "must be one text source with a `tokenizer.model` for `input-server bench`, which "
-            "compares it with its tokenizer; scripts/bench_mixture.py measures mixtures and "
-            "pre-tokenized data",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +269,7 @@ def run(
     spec, corpus = _planned(spec, texts, min_tokens, o.say)
     cores = os.cpu_count() or 1
     processes_tried = sorted(set(reference_processes or (0, 1, cores)))
+    backend = backend_report(spec, texts, o.say)
     call, tried = _pick_limit(spec, texts, cores, min_seconds, o.say)
     _say_estimate(o, kind, tried[call]["tokens_per_s"], corpus, cores, processes_tried)
     reference = _bench_references(spec, texts, corpus["epochs"], processes_tried, o.say)
@@ -292,6 +282,7 @@ def run(
         "spec": dataclasses.asdict(spec.batch),
         "kind": kind,
         "vocab_size": load_tokenizer(spec.tokenizer).info().vocab_size,
+        "tokenizer_backend": backend,
         "cores": cores,
         "rounds": rounds,
         "limit": _best(samples["limit"]),
@@ -395,6 +386,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(line)
     for t, r in result["server"].items():
         lines.append(f"{'wire bytes per token, ' + t:<42} {r['wire_bytes_per_token']:>10.2f}")
+    b = result.get("tokenizer_backend")
+    if b:
+        lines.append(f"tokenizer backend: {b['backend']} ({b['why']})")
+        lines.append(f"documents whose ids differ from the reference's: {b['documents_differing']}")
     lines.append(f"limit: {result['limit']['call']}")
     lines.append(f"reference encode: {result['reference_encode']}")
     return "\n".join(lines)

@@ -224,6 +224,9 @@ def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
             result["server"]["unix"]["tokens_per_s"] / best_ref["tokens_per_s"]
         ),
         "reference_encode": result["reference_encode"],
+        "tokenizer_backend": result["tokenizer_backend"]["backend"],
+        "tokenizer_backend_why": result["tokenizer_backend"]["why"],
+        "documents_differing": result["tokenizer_backend"]["documents_differing"],
     }
 
 
@@ -249,6 +252,10 @@ def format_kinds_table(result: dict[str, Any]) -> str:
     lines.append("M real tokens/s; ref = the best MaxText-style reference; limits and references:")
     for r in result["kinds"]:
         lines.append(f"  {r['kind']}: limit {r['limit_call']}")
+        lines.append(
+            f"  {' ' * len(r['kind'])}  tokenized by {r['tokenizer_backend']} "
+            f"({r['tokenizer_backend_why']}; {r['documents_differing']} documents differ)"
+        )
         lines.append(
             f"  {' ' * len(r['kind'])}  reference ({r['best_reference_processes']} processes "
             f"best) {r['reference_encode']}"

@@ -120,6 +120,12 @@ def format_table(info, address: str) -> str:
         )
         if s.worker_reason:
             lines.append(f"        why: {s.worker_reason}")
+        if s.tokenizer_backend:
+            audits = f"; {s.audited_groups} groups audited, {s.audit_mismatches} differed"
+            lines.append(
+                f"        tokenized by {s.tokenizer_backend}: {s.tokenizer_backend_why}"
+                + (audits if s.audited_groups else "")
+            )
         for w in s.switches:
             lines.append(
                 f"        at {w.at_s:.1f} s: {w.from_processes}x{w.from_threads} -> "

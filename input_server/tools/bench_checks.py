@@ -1,0 +1,62 @@
+"""What `bench` checks before it times: that the spec is one it compares (`check_benchable`),
+and who tokenizes (`backend_report`): the backend the gate chose for the spec's model, why,
+and every document of the corpus encoded by it and by the reference, compared id for id (the
+benchmark's rates count only if the ids are the reference's)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from input_client.spec import PipelineSpec, SpecError
+from input_server.data.tokenizers import load_tokenizer
+
+GROUP = 256  # documents a call, as a pipeline's groups hold about
+
+
+def check_benchable(spec: PipelineSpec) -> None:
+    """Raises SpecError unless `spec` is one text source with a tokenizer model."""
+    if spec.is_mixture or spec.source.token_field or not spec.tokenizer.model:
+        raise SpecError(
+            "source",
+            "a mixture" if spec.is_mixture else spec.source.to_dict(),
+            "must be one text source with a `tokenizer.model` for `input-server bench`, which "
+            "compares it with its tokenizer; scripts/bench_mixture.py measures mixtures and "
+            "pre-tokenized data",
+        )
+
+
+def backend_report(spec: PipelineSpec, texts: list[str], say=lambda _: None) -> dict[str, Any]:
+    """The backend chosen on the corpus's first documents (as a pipeline chooses on its
+    sample), why, and how many of the corpus's documents it gives other ids than the
+    reference (with BOS/EOS as the spec says, whole documents)."""
+    tokenizer = load_tokenizer(spec.tokenizer)
+    tokenizer.audit_every = 0  # compared here, every document
+    choice = tokenizer.choose_backend(texts[:64])
+    reference = load_tokenizer(dataclasses.replace(spec.tokenizer, backend="reference"))
+    reference.choose_backend([])
+    differing = 0
+    if choice.backend != "reference":
+        for i in range(0, len(texts), GROUP):
+            a = tokenizer.encode(texts[i : i + GROUP], i)
+            b = reference.encode(texts[i : i + GROUP], i)
+            if not a.same_ids(b):
+                differing += sum(
+                    not (x == y).all() if len(x) == len(y) else 1
+                    for x, y in zip(_docs(a), _docs(b), strict=True)
+                )
+    say(
+        f"tokenizer backend: {choice.backend} ({choice.why}); "
+        f"{differing} of {len(texts)} documents differ from the reference's ids"
+    )
+    return {
+        "backend": choice.backend,
+        "why": choice.why,
+        "documents_compared": len(texts) if choice.backend != "reference" else 0,
+        "documents_differing": differing,
+    }
+
+
+def _docs(group):
+    ends = group.starts + group.lengths
+    return [group.tokens[s:e] for s, e in zip(group.starts.tolist(), ends.tolist(), strict=True)]
