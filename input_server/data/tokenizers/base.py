@@ -332,14 +332,14 @@ class ModelTokenizer:
         return dataclasses.replace(want, audited=True, mismatched=True)
 
     def _reference_group(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
-        if trim_to is None or self.cutter is None:
+        if trim_to is None or self.cutter is None or not self.cutter.cuts(texts, trim_to):
             ids = self._encode_faulting(texts)
         else:
             ids = self.cutter.encode(self._encode_faulting, texts, trim_to)
         return group_of(ids, first_doc, trim_to)
 
     def _fast_group(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
-        if trim_to is not None and self.cutter is not None:
+        if trim_to is not None and self.cutter is not None and self.cutter.cuts(texts, trim_to):
             return group_of(self.cutter.encode(self._fast_ids, texts, trim_to), first_doc, trim_to)
         flat, offsets = self._fast_flat(self._fast, texts)
         head, tail = self._ends(self.spec.add_bos, self.spec.add_eos)
@@ -348,7 +348,7 @@ class ModelTokenizer:
     def learn_chars_per_token(self, texts: list[str]) -> float:
         """Tokenizes a sample of the data to learn its characters per token (pickled with the
         tokenizer, so worker processes start from it rather than CUT_CHARS_PER_TOKEN)."""
-        if self.cutter is None:
+        if self.cutter is None or not self.cutter.learns:
             return CUT_CHARS_PER_TOKEN
         self.cutter.learn(texts, self._encode_faulting(texts))
         return self.cutter.chars_per_token

@@ -129,6 +129,8 @@ class Cutter:
       bos, eos: whether the kind adds BOS and EOS to each document; `eos_id` is the EOS.
     """
 
+    learns = True  # sizes its cuts by the data's characters per token
+
     def __init__(self, *, extendable: bool, bos: bool, eos: bool, eos_id: int):
         self.extendable = extendable
         self.bos, self.eos, self.eos_id = bos, eos, eos_id
@@ -145,6 +147,11 @@ class Cutter:
         if trim_to is None:
             return text_chars
         return min(text_chars, int(trim_to * self.margin * self.chars_per_token))
+
+    def cuts(self, texts: list[str], trim_to: int) -> bool:
+        """Whether any of `texts` is long enough to be cut before tokenizing."""
+        limit = int(trim_to * self.margin * self.chars_per_token)
+        return any(len(t) > limit for t in texts)
 
     def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
         """Folds this group's characters per token into the running estimate."""

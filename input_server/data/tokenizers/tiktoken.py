@@ -21,6 +21,7 @@ import numpy as np
 
 from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
 from input_server.data.tokenizers.checks import check_readable, kind_hint
+from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN
 from input_server.errors import InvalidSpecError, shorten
 
 # MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.
@@ -167,6 +168,52 @@ def _buffer(core, text: str):
         return core.encode_to_tiktoken_buffer(text, set())
 
 
+class PieceCutter:
+    """Tokenizes a document that is trimmed to `trim_to` tokens only as far as it is kept: as
+    MaxText encodes a document in MAX_ENCODE_CHARS pieces, each alone (`pieces`), the ids of
+    its first k pieces are the first ids of the whole; the 19 MB documents of a real corpus
+    were tokenized whole to keep 2,048 tokens (`groups.Cutter`'s interface)."""
+
+    learns = False
+    chars_per_token = CUT_CHARS_PER_TOKEN
+
+    def __init__(self, *, bos: bool, eos: bool):
+        self.bos, self.eos = bos, eos
+
+    def cuts(self, texts: list[str], trim_to: int) -> bool:
+        return any(len(t) > MAX_ENCODE_CHARS for t in texts)
+
+    def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
+        return text_chars if trim_to is None else min(text_chars, MAX_ENCODE_CHARS)
+
+    def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
+        pass
+
+    def encode(self, encode, texts: list[str], trim_to: int) -> list[np.ndarray]:
+        """`encode(texts, add_bos=, add_eos=)` of each text's first pieces, as many as hold
+        `trim_to` tokens (doubling); a text cut short loses the EOS it does not reach."""
+        chunks = [1] * len(texts)
+        work = [t[:MAX_ENCODE_CHARS] for t in texts]
+        ids = encode(work, add_bos=self.bos, add_eos=self.eos)
+        while True:
+            short = [
+                i
+                for i, t in enumerate(texts)
+                if len(ids[i]) - self.eos < trim_to and chunks[i] * MAX_ENCODE_CHARS < len(t)
+            ]
+            if not short:
+                break
+            for i in short:
+                chunks[i] *= 2
+            more = [texts[i][: chunks[i] * MAX_ENCODE_CHARS] for i in short]
+            for i, x in zip(short, encode(more, add_bos=self.bos, add_eos=self.eos), strict=True):
+                ids[i] = x
+        for i, t in enumerate(texts):
+            if self.eos and chunks[i] * MAX_ENCODE_CHARS < len(t):
+                ids[i] = ids[i][:-1]  # not its end: the EOS comes after its last piece
+        return ids
+
+
 class TiktokenTokenizer(ModelTokenizer):
     """A tiktoken BPE model with MaxText's Llama 3 pattern and special tokens.
 
@@ -184,6 +231,10 @@ class TiktokenTokenizer(ModelTokenizer):
     MAX_FILE_BYTES = 64 << 20
     ADDED_IDS = RESERVED  # the special tokens, numbered after the file's ranks
     BACKENDS = ("fastokens",)
+
+    def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
+        super().__init__(spec, written=written, sidecars=sidecars)
+        self.cutter = PieceCutter(bos=spec.add_bos, eos=spec.add_eos)
 
     def _backend(self, name: str):
         from input_server.data.tokenizers.fast import Fastokens
