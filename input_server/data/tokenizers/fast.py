@@ -121,15 +121,21 @@ class Fastokens:
         return cls(fastokens.Tokenizer.from_json_str(tokenizer_json))
 
     @classmethod
-    def from_tiktoken(cls, path: str, pattern: str, ranks_of, written: str) -> Fastokens:
+    def from_tiktoken(
+        cls, path: str, pattern: str, ranks_of, written: str, derived: str | None = None
+    ) -> tuple[Fastokens, str | None]:
         """fastokens' own tiktoken loader, or (for ranks it refuses, as Meta's Llama 3's) a
-        tokenizer.json derived from them (`derived_json`); no specials: they stay text."""
+        tokenizer.json derived from them (`derived`, else `derived_json`); no specials: they
+        stay text. Also the derived text, if one was needed: worker processes are handed it
+        (deriving Llama 3's took 1.6 s of a process's start)."""
         import fastokens
 
-        try:
-            return cls(fastokens.Tokenizer.from_tiktoken(path, pattern=pattern))
-        except Exception:  # e.g. "token not reachable by merges": derived instead
-            return cls.from_json(derived_json(path, ranks_of, pattern, written))
+        if derived is None:
+            try:
+                return cls(fastokens.Tokenizer.from_tiktoken(path, pattern=pattern)), None
+            except Exception:  # e.g. "token did not decompose into 2 pieces": derived instead
+                derived = derived_json(path, ranks_of, pattern, written)
+        return cls.from_json(derived), derived
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' ids in one uint32 array, and where each text's start (n + 1 offsets)."""

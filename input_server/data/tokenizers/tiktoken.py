@@ -240,12 +240,14 @@ class TiktokenTokenizer(ModelTokenizer):
         from input_server.data.tokenizers.fast import Fastokens
 
         self.model()  # its checks first
-        return Fastokens.from_tiktoken(
+        fast, self._derived = Fastokens.from_tiktoken(
             self.spec.model,
             PATTERN,
             lambda: read_ranks(self.spec.model, self.written),
             shorten(self.written),
+            getattr(self, "_derived", None),  # pickled from the process that chose it
         )
+        return fast
 
     def _fast_flat(self, fast, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """As MaxText hands tiktoken a document: in `pieces`, each encoded alone."""
