@@ -3,8 +3,10 @@ share (`ModelTokenizer`)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -27,6 +29,12 @@ from input_server.data.tokenizers.groups import (
 from input_server.errors import InvalidSpecError
 
 log = logging.getLogger(__name__)
+
+# Backends loaded in this process, by (tokenizer class, model digest, backend): shared by its streams (a
+# backend encodes from any thread). Few: each holds a model.
+_BACKENDS: collections.OrderedDict[tuple, Backend] = collections.OrderedDict()
+_BACKENDS_LOCK = threading.Lock()
+MAX_BACKENDS = 4
 
 # The stream's first documents the gate compares (beyond the probes), at most.
 GATE_DOCS = 64
@@ -196,6 +204,23 @@ class ModelTokenizer:
         """The kind's backend `name`, loaded (`fast.py`)."""
         raise NotImplementedError
 
+    def _loaded_backend(self, name: str) -> Backend:
+        """`_backend(name)`, loaded once a process for each model (by its digest): a stream
+        of a request's spec makes a new tokenizer, and loading Llama 3's derived
+        tokenizer.json into fastokens takes 1.7 s."""
+        key = (type(self), self.digest(), name)
+        with _BACKENDS_LOCK:
+            fast = _BACKENDS.get(key)
+            if fast is not None:
+                _BACKENDS.move_to_end(key)
+                return fast
+        fast = self._backend(name)
+        with _BACKENDS_LOCK:
+            _BACKENDS[key] = fast
+            while len(_BACKENDS) > MAX_BACKENDS:
+                _BACKENDS.popitem(last=False)
+        return fast
+
     def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
         """The ids put before and after each document's own, as the flags say."""
         info = self.info()
@@ -243,7 +268,7 @@ class ModelTokenizer:
         reasons = []
         for name in self.BACKENDS if want == "auto" else (want,):
             try:
-                self._fast = self._backend(name)
+                self._fast = self._loaded_backend(name)
             except Exception as e:  # a library missing or refusing the model: the reference
                 reasons.append(f"{name} could not load the model ({type(e).__name__}: {e})")
                 continue
@@ -293,7 +318,7 @@ class ModelTokenizer:
         fast = getattr(self, "_fast", None)
         if fast is None or fast.name != self.choice.backend:
             with model_faults(self.written, f"loading {self.choice.backend}"):
-                self._fast = fast = self._backend(self.choice.backend)
+                self._fast = fast = self._loaded_backend(self.choice.backend)
         return fast
 
     def _encode_faulting(self, texts: list[str], **flags) -> list[np.ndarray]:

@@ -111,8 +111,9 @@ class Fastokens:
     name = "fastokens"
     version = version_of("fastokens")
 
-    def __init__(self, tok):
+    def __init__(self, tok, derived: str | None = None):
         self._tok = tok
+        self.derived = derived  # the tokenizer.json derived from tiktoken ranks, if one was
 
     @classmethod
     def from_json(cls, tokenizer_json: str) -> Fastokens:
@@ -123,19 +124,19 @@ class Fastokens:
     @classmethod
     def from_tiktoken(
         cls, path: str, pattern: str, ranks_of, written: str, derived: str | None = None
-    ) -> tuple[Fastokens, str | None]:
+    ) -> Fastokens:
         """fastokens' own tiktoken loader, or (for ranks it refuses, as Meta's Llama 3's) a
         tokenizer.json derived from them (`derived`, else `derived_json`); no specials: they
-        stay text. Also the derived text, if one was needed: worker processes are handed it
+        stay text. The derived text is kept (`derived`): worker processes are handed it
         (deriving Llama 3's took 1.6 s of a process's start)."""
         import fastokens
 
         if derived is None:
             try:
-                return cls(fastokens.Tokenizer.from_tiktoken(path, pattern=pattern)), None
+                return cls(fastokens.Tokenizer.from_tiktoken(path, pattern=pattern))
             except Exception:  # e.g. "token did not decompose into 2 pieces": derived instead
                 derived = derived_json(path, ranks_of, pattern, written)
-        return cls.from_json(derived), derived
+        return cls(fastokens.Tokenizer.from_json_str(derived), derived)
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' ids in one uint32 array, and where each text's start (n + 1 offsets)."""

@@ -240,14 +240,20 @@ class TiktokenTokenizer(ModelTokenizer):
         from input_server.data.tokenizers.fast import Fastokens
 
         self.model()  # its checks first
-        fast, self._derived = Fastokens.from_tiktoken(
+        return Fastokens.from_tiktoken(
             self.spec.model,
             PATTERN,
             lambda: read_ranks(self.spec.model, self.written),
             shorten(self.written),
-            getattr(self, "_derived", None),  # pickled from the process that chose it
+            self.__dict__.get("_derived"),  # pickled from the process that chose it
         )
-        return fast
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        fast = self.__dict__.get("_fast")
+        if fast is not None and fast.derived is not None:
+            state["_derived"] = fast.derived
+        return state
 
     def _fast_flat(self, fast, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """As MaxText hands tiktoken a document: in `pieces`, each encoded alone."""

@@ -1,0 +1,398 @@
+"""Each document's token ids kept on disk (sqlite), so later epochs and restarts skip tokenizing.
+
+One database file serves every thread and worker process at once: sqlite's WAL lets readers
+run beside one writer, and the busy timeout makes writers queue rather than fail. A damaged
+entry is a miss (the caller tokenizes again and puts it back); a damaged file is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "tokens.sqlite3"  # fixed: namespaces and keys are data in the table, never paths
+_LOCK_NAME = "tokens.lock"  # serializes the replacement of a damaged database between processes
+_CHUNK = 900  # keys per `IN (...)`: under sqlite's oldest limit of 999 variables a statement
+_BUSY_TIMEOUT_S = 30.0  # writers of other processes wait this long for the write lock
+_WAL_LIMIT_BYTES = 64 << 20  # the WAL is cut back to this after a checkpoint (default: never)
+_EVICT_PAGE = 1024  # rows read per step while choosing what to evict
+_DTYPE = np.dtype("<i4")  # stored little-endian, so a cache folder moves between machines
+
+# `bytes` counts what the entries hold (ids and key); the file is larger by sqlite's pages.
+# Triggers keep the totals, so every change (put, eviction, deletion of a damaged entry, by any
+# process) updates them in its own transaction, and no total needs a scan of the table.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    namespace TEXT NOT NULL,
+    key BLOB NOT NULL,
+    ids BLOB NOT NULL,
+    n INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
+    used INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE INDEX IF NOT EXISTS tokens_used ON tokens (used);
+CREATE TABLE IF NOT EXISTS meta (
+    one INTEGER PRIMARY KEY CHECK (one = 0),
+    clock INTEGER NOT NULL,
+    entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta VALUES (0, 0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS tokens_insert AFTER INSERT ON tokens BEGIN
+    UPDATE meta SET entries = entries + 1,
+        bytes = bytes + length(NEW.ids) + length(NEW.key);
+END;
+CREATE TRIGGER IF NOT EXISTS tokens_delete AFTER DELETE ON tokens BEGIN
+    UPDATE meta SET entries = entries - 1,
+        bytes = bytes - length(OLD.ids) - length(OLD.key);
+END;
+CREATE TRIGGER IF NOT EXISTS tokens_update AFTER UPDATE OF ids ON tokens BEGIN
+    UPDATE meta SET bytes = bytes + length(NEW.ids) - length(OLD.ids);
+END;
+"""
+
+_UPSERT = (
+    "INSERT INTO tokens (namespace, key, ids, n, crc, used) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (namespace, key) DO UPDATE SET "
+    "ids = excluded.ids, n = excluded.n, crc = excluded.crc, used = excluded.used"
+)
+# Damaged database files, as opposed to busy or full ones (which are not the file's fault).
+_DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+def _damaged(e: sqlite3.DatabaseError) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:  # raised by the module, not by sqlite: only "file is not a database" kind
+        return type(e) is sqlite3.DatabaseError
+    return code & 0xFF in _DAMAGED  # the extended code's low byte is the primary code
+
+
+def _chunks(items: Sequence, size: int = _CHUNK) -> Iterator[Sequence]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class _Conn:
+    """A thread's connection, and the file it opened (to notice a database replaced since)."""
+
+    def __init__(self, path: str):
+        # Autocommit (isolation_level=None): transactions are begun explicitly, IMMEDIATE for
+        # writes, because a read upgraded to a write fails at once (no busy wait) in WAL mode
+        # when another process has written in between.
+        self.db = sqlite3.connect(
+            path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self.file = _identity(path)
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+    return None
+
+
+class TokenCache:
+    """Document ids on disk, by namespace and document key, bounded in size (least recently
+    used out).
+
+    Safe to use from many threads and processes at once. Pickles as its folder and bound only:
+    a copy in another process opens its own connections when first used.
+    """
+
+    def __init__(self, folder: str, max_bytes: int):
+        """Args:
+            folder: holds the database (created, mode 0o700, if missing); nothing is written
+                outside it.
+            max_bytes: the bound on the ids and keys held; least recently used entries go
+                first to stay under it. The files take about a third more (sqlite's pages
+                and their free space after evictions) plus the WAL (64 MiB at most after a
+                checkpoint).
+
+        Raises:
+            ValueError: `max_bytes` is not positive.
+        """
+        if max_bytes <= 0:
+            raise ValueError(
+                f"`max_bytes` must be positive, got {max_bytes}; give the token cache a size "
+                "or leave the cache off."
+            )
+        self.folder = os.fspath(folder)
+        self.max_bytes = int(max_bytes)
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        self._start()
+
+    def _start(self) -> None:
+        self._path = os.path.join(self.folder, DB_NAME)
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._conns: list[_Conn] = []  # every thread's, for close()
+        self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "failed_puts": 0}
+
+    def __getstate__(self) -> dict:
+        return {"folder": self.folder, "max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.folder = state["folder"]
+        self.max_bytes = state["max_bytes"]
+        self._start()
+
+    def _conn(self) -> _Conn:
+        """This thread's connection: opened on first use, and again after a fork (a connection
+        must not cross one) or after another thread or process replaced a damaged database."""
+        if os.getpid() != self._pid:
+            self._start()  # the parent's connections and lock are abandoned, never touched
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.file == _identity(self._path):
+            return conn
+        if conn is not None:
+            self._drop(conn)
+        try:
+            conn = self._open()
+        except sqlite3.DatabaseError as e:
+            if not _damaged(e):
+                raise
+            self._replace(None, e)
+            conn = self._open()
+        self._local.conn = conn
+        with self._lock:
+            self._conns.append(conn)
+        return conn
+
+    def _open(self) -> _Conn:
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        conn = _Conn(self._path)
+        try:
+            db = conn.db
+            db.execute("PRAGMA journal_mode = WAL")
+            # NORMAL: in WAL mode a power loss can drop the last commits but not corrupt the
+            # file, and a lost cache entry only costs a tokenization.
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA temp_store = MEMORY")  # sorts stay out of /tmp
+            db.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
+            # IMMEDIATE: one process creates the tables, the others wait for it.
+            db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        conn.file = _identity(self._path)  # the file exists now, whatever it was before
+        return conn
+
+    def _drop(self, conn: _Conn) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+
+    def _replace(self, conn: _Conn | None, error: sqlite3.DatabaseError) -> None:
+        """Deletes the damaged database so the next connection starts an empty one, unless
+        another process has done so since this connection opened it."""
+        seen = conn.file if conn is not None else _identity(self._path)
+        if conn is not None:
+            self._drop(conn)
+        lock_path = os.path.join(self.folder, _LOCK_NAME)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _identity(self._path) != seen:
+                return  # already replaced by someone else
+            log.warning(
+                "The token cache %s is damaged (%s); deleting it and starting empty.",
+                self._path,
+                error,
+            )
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._path + suffix)
+        finally:
+            os.close(fd)
+
+    def _run(self, op):
+        """Runs `op(db)`; a damaged database is replaced and `op` runs once more on the new,
+        empty one (a second failure is not the file's fault, and is raised)."""
+        conn = self._conn()
+        try:
+            return op(conn.db)
+        except sqlite3.DatabaseError as e:
+            if not _damaged(e):
+                raise
+            with contextlib.suppress(sqlite3.Error):
+                conn.db.rollback()
+            self._replace(conn, e)
+            return op(self._conn().db)
+
+    def get_many(self, namespace: str, keys: list[bytes]) -> list[np.ndarray | None]:
+        """The ids stored for each key, in order; None for a key not stored.
+
+        A damaged entry (wrong length or checksum) is a miss, and is deleted so that the
+        caller's put stores it again. Entries found become the most recently used.
+
+        Returns:
+            read-only int32 arrays, or None.
+        """
+        if not keys:
+            return []
+        found = self._run(lambda db: self._get(db, namespace, keys))
+        out = [found.get(bytes(k)) for k in keys]
+        hits = sum(a is not None for a in out)
+        with self._lock:
+            self._counts["hits"] += hits
+            self._counts["misses"] += len(out) - hits
+        return out
+
+    def _get(self, db: sqlite3.Connection, namespace: str, keys: list[bytes]) -> dict:
+        unique = list(dict.fromkeys(bytes(k) for k in keys))
+        found: dict[bytes, np.ndarray] = {}
+        bad: list[tuple[bytes, int]] = []
+        # Read outside any transaction: readers never wait in WAL mode, and the write lock is
+        # taken below only for the short update of `used`.
+        for chunk in _chunks(unique):
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(
+                "SELECT key, ids, n, crc, used FROM tokens "
+                f"WHERE namespace = ? AND key IN ({marks})",
+                (namespace, *chunk),
+            )
+            for key, blob, n, crc, used in rows:
+                if len(blob) != n * _DTYPE.itemsize or zlib.crc32(blob) != crc:
+                    bad.append((key, used))
+                else:
+                    found[key] = np.frombuffer(blob, dtype=_DTYPE)
+        if bad:
+            with self._lock:
+                self._counts["corrupt"] += len(bad)
+            log.warning("%d damaged token cache entries in %r; deleting them.", len(bad), namespace)
+        if found or bad:
+            self._touch(db, namespace, list(found), bad)
+        return found
+
+    def _touch(self, db: sqlite3.Connection, namespace: str, hits: list, bad: list) -> None:
+        """Marks the hits most recently used and deletes the damaged entries."""
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:  # busy past the timeout: the order can wait
+            log.debug("token cache: `used` not updated (%s)", e)
+            return
+        try:
+            (now,) = db.execute("UPDATE meta SET clock = clock + 1 RETURNING clock").fetchone()
+            for chunk in _chunks(hits):
+                marks = ",".join("?" * len(chunk))
+                db.execute(
+                    f"UPDATE tokens SET used = ? WHERE namespace = ? AND key IN ({marks})",
+                    (now, namespace, *chunk),
+                )
+            # `used` as read: an entry put again since (by another process) is left alone.
+            db.executemany(
+                "DELETE FROM tokens WHERE namespace = ? AND key = ? AND used = ?",
+                [(namespace, key, used) for key, used in bad],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.rollback()
+            raise
+
+    def put_many(self, namespace: str, keys: list[bytes], ids: list[np.ndarray]) -> None:
+        """Stores each key's ids (replacing what was there), then evicts the least recently
+        used entries until the total is within `max_bytes`.
+
+        A database too busy or too full to write is logged and the entries are not stored: a
+        cache that cannot write only misses.
+
+        Raises:
+            ValueError: lengths differ, or ids are not int32/uint32.
+        """
+        if len(keys) != len(ids):
+            raise ValueError(f"{len(keys)} keys but {len(ids)} id arrays; give one per key.")
+        rows = []
+        for key, a in zip(keys, ids, strict=True):
+            a = np.asarray(a)
+            if a.dtype not in (np.int32, np.uint32):
+                raise ValueError(f"token ids must be int32 or uint32, got {a.dtype}.")
+            # uint32 ids are below 2**31 (vocabularies are), so their bits read back as int32.
+            blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+            rows.append((bytes(key), blob, a.size, zlib.crc32(blob)))
+        if not rows:
+            return
+        try:
+            self._run(lambda db: self._put(db, namespace, rows))
+        except sqlite3.OperationalError as e:
+            with self._lock:
+                self._counts["failed_puts"] += 1
+            log.warning("The token cache could not store %d entries: %s", len(rows), e)
+
+    def _put(self, db: sqlite3.Connection, namespace: str, rows: list) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            (now,) = db.execute("UPDATE meta SET clock = clock + 1 RETURNING clock").fetchone()
+            db.executemany(_UPSERT, [(namespace, k, b, n, c, now) for k, b, n, c in rows])
+            self._evict(db)
+            db.execute("COMMIT")
+        except BaseException:
+            db.rollback()
+            raise
+
+    def _evict(self, db: sqlite3.Connection) -> None:
+        """Deletes the oldest entries, in one statement, until the total is within bounds."""
+        (total,) = db.execute("SELECT bytes FROM meta").fetchone()
+        excess = total - self.max_bytes
+        if excess <= 0:
+            return
+        # Walk the `used` index, oldest first, to where the excess is covered; the walk reads
+        # sizes, not ids (length() of a blob leaves its overflow pages unread).
+        last, after = None, (-1, -1)
+        while excess > 0:
+            page = db.execute(
+                "SELECT used, rowid, length(ids) + length(key) FROM tokens "
+                "WHERE used >= ? AND (used > ? OR rowid > ?) ORDER BY used, rowid LIMIT ?",
+                (after[0], after[0], after[1], _EVICT_PAGE),
+            ).fetchall()
+            if not page:
+                break
+            for used, rowid, size in page:
+                excess -= size
+                last = (used, rowid)
+                if excess <= 0:
+                    break
+            after = last
+        if last is not None:
+            db.execute(
+                "DELETE FROM tokens WHERE used <= ? AND (used < ? OR rowid <= ?)",
+                (last[0], last[0], last[1]),
+            )
+
+    def stats(self) -> dict[str, int]:
+        """The entries and bytes in the cache (all processes'), and this object's counts of
+        hits, misses, damaged entries and puts that could not be stored."""
+        entries, size = self._run(
+            lambda db: db.execute("SELECT entries, bytes FROM meta").fetchone()
+        )
+        with self._lock:
+            return {"entries": entries, "bytes": size, **self._counts}
+
+    def close(self) -> None:
+        """Closes every thread's connection; a later call opens new ones."""
+        if os.getpid() != self._pid:
+            self._start()
+            return
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
