@@ -30,8 +30,8 @@ from input_server.errors import InvalidSpecError
 
 log = logging.getLogger(__name__)
 
-# Backends loaded in this process, by (tokenizer class, model digest, backend): shared by its streams (a
-# backend encodes from any thread). Few: each holds a model.
+# Backends loaded in this process, by (tokenizer class, model digest, backend): shared by its
+# streams (a backend encodes from any thread). Few: each holds a model.
 _BACKENDS: collections.OrderedDict[tuple, Backend] = collections.OrderedDict()
 _BACKENDS_LOCK = threading.Lock()
 MAX_BACKENDS = 4
