@@ -13,6 +13,7 @@ from input_server import stages
 from input_server.data.ids import Specials, encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
+from input_server.data.tokenizers.groups import group_of
 from input_server.errors import CancelledError
 
 # The element keys of a group's wall time in its worker, and of its seconds in each worker
@@ -53,6 +54,32 @@ class InFlight:
             return self._cond.wait_for(lambda: self._running == 0, timeout)
 
 
+class CachedIds:
+    """A pipeline's documents in the server's token cache (`serve --token-cache`): each
+    document's ids as its group's encode gave them (trimmed as the pipeline trims), under a
+    namespace that names everything they depend on (`Pipeline._cache_namespace`), keyed by
+    the document's index in the source. Pickles with its cache (reopened in a worker)."""
+
+    def __init__(self, cache, namespace: str):
+        self.cache, self.namespace = cache, namespace
+
+    @staticmethod
+    def _keys(indices: list[int]) -> list[bytes]:
+        return [i.to_bytes(8, "little") for i in indices]
+
+    def get(self, indices: list[int]) -> list[np.ndarray] | None:
+        """Every document's ids, or None if any is missing (the group is read and tokenized
+        whole: a partial hit would read the group's files anyway)."""
+        found = self.cache.get_many(self.namespace, self._keys(indices))
+        return None if any(x is None for x in found) else found
+
+    def put(self, indices: list[int], group) -> None:
+        ends = np.cumsum(group.lengths).tolist()
+        starts = [e - n for e, n in zip(ends, group.lengths.tolist(), strict=True)]
+        ids = [group.tokens[s:e] for s, e in zip(starts, ends, strict=True)]
+        self.cache.put_many(self.namespace, self._keys(indices), ids)
+
+
 class EncodeGroup:
     """Reads and tokenizes documents `[g * size, (g + 1) * size)` of the ordered stream."""
 
@@ -65,6 +92,7 @@ class EncodeGroup:
         *,
         trim_to: int | None = None,
         specials: Specials | None = None,
+        cached: CachedIds | None = None,
     ):
         self.order = order  # a `DocumentOrder` or a `mixture.MixtureOrder`
         self.source = source
@@ -74,6 +102,7 @@ class EncodeGroup:
         self.specials = specials
         # Packings that keep only a document's first seq_len tokens need no more from it.
         self.trim_to = trim_to
+        self.cached = cached  # documents' ids kept from an earlier epoch or run
         self.in_flight = InFlight()
 
     def __call__(self, g: int) -> dict[str, np.ndarray]:
@@ -88,23 +117,31 @@ class EncodeGroup:
             started = time.perf_counter()
             first = g * self.size
             indices = self.order.source_indices(first, first + self.size).tolist()
-            read_many = getattr(self.source, "read_many", None)
-            items = read_many(indices) if read_many else [self.source[i] for i in indices]
-            read = time.perf_counter()
-            # The tokenizer encodes on this thread and releases the GIL while its library
-            # works (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads (and
-            # processes) are the tokenizing parallelism, which the autotuner sizes
-            # (sentencepiece on one of its threads against two: docs/benchmarks.md,
-            # "Tokenizer side").
-            element = encode_documents(
-                self.tokenizer,
-                self.specials,
-                items,
-                first_doc=first,
-                trim_to=self.trim_to,
-                where=lambda i: self.source.where(indices[i]),
-            ).to_element()
-            done = time.perf_counter()
+            kept = self.cached.get(indices) if self.cached is not None else None
+            if kept is not None:  # neither read nor tokenized: counted as reading
+                element = group_of(kept, first, None).to_element()
+                done = read = time.perf_counter()
+            else:
+                read_many = getattr(self.source, "read_many", None)
+                items = read_many(indices) if read_many else [self.source[i] for i in indices]
+                read = time.perf_counter()
+                # The tokenizer encodes on this thread and releases the GIL while its library
+                # works (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads
+                # (and processes) are the tokenizing parallelism, which the autotuner sizes
+                # (sentencepiece on one of its threads against two: docs/benchmarks.md,
+                # "Tokenizer side").
+                group = encode_documents(
+                    self.tokenizer,
+                    self.specials,
+                    items,
+                    first_doc=first,
+                    trim_to=self.trim_to,
+                    where=lambda i: self.source.where(indices[i]),
+                )
+                element = group.to_element()
+                if self.cached is not None:  # its time counted with tokenizing
+                    self.cached.put(indices, group)
+                done = time.perf_counter()
         # How long the group took in its worker: what a live stream's tuner measures the
         # parallel stage's utilization by (`autotune/live.py`); and where that time went.
         element[BUSY_KEY] = np.float64(done - started)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
+import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +27,7 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
-from input_server.batching.encode import BUSY_KEY, STAGES_KEY, EncodeGroup
+from input_server.batching.encode import BUSY_KEY, STAGES_KEY, CachedIds, EncodeGroup
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
 from input_server.batching.parallelism import Parallelism
@@ -90,7 +93,12 @@ class Pipeline:
     _users_lock = threading.Lock()
 
     def __init__(
-        self, spec: PipelineSpec, access: DataAccess = OPERATOR, *, audit_every: int = AUDIT_EVERY
+        self,
+        spec: PipelineSpec,
+        access: DataAccess = OPERATOR,
+        *,
+        audit_every: int = AUDIT_EVERY,
+        token_cache=None,
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.access = access
@@ -112,6 +120,10 @@ class Pipeline:
         except BaseException:  # cancelled or refused: its files close now, not when collected
             self.close()
             raise
+        # Documents' ids kept across epochs and runs (`serve --token-cache`): text only.
+        self.cached = None
+        if token_cache is not None and not any(s.token_field for s in spec.sources):
+            self.cached = CachedIds(token_cache, self._cache_namespace())
         # Set up: a stream opens again what it reads; until then the pipeline holds no
         # descriptor (a client may leave before its stream starts).
         self.release()
@@ -204,6 +216,34 @@ class Pipeline:
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
 
+    def _cache_namespace(self) -> str:
+        """What a document's cached ids depend on besides its index in the source: the
+        sources' tables (weights aside), each file as it stands (path, size, modification
+        time), the model (its digest), the flags, who tokenizes and how far documents are
+        kept. Any change and the ids are looked up elsewhere (and made again)."""
+        t = self.spec.tokenizer
+        files = []
+        for path in self.source.files():
+            st = os.stat(path)
+            files.append([path, st.st_size, st.st_mtime_ns])
+        sources = [
+            {k: v for k, v in s.to_dict().items() if k != "weight"} for s in self.spec.sources
+        ]
+        blob = json.dumps(
+            [
+                sources,
+                files,
+                self.tokenizer.digest(),
+                t.kind,
+                t.add_bos,
+                t.add_eos,
+                self.tokenizer.choice.backend,
+                self._trim_to(),
+            ],
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
     def encoder(self, order: DocumentOrder | MixtureOrder | None = None) -> EncodeGroup:
         """What reads and tokenizes one group (`groups` maps it over the group numbers), over
         `order` (default the pipeline's; a resumed mixture's may stand elsewhere)."""
@@ -214,6 +254,7 @@ class Pipeline:
             self.tokenizer,
             trim_to=self._trim_to(),
             specials=self.specials,
+            cached=self.cached,
         )
 
     def groups(self, first_doc: int = 0, encode: EncodeGroup | None = None) -> grain.MapDataset:

@@ -196,6 +196,10 @@ class DocumentSource:
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
+    def files(self) -> list[str]:
+        """Each reader's file, in the order its records are numbered."""
+        return [r.path for r in self._readers]
+
     def release(self) -> None:
         """Closes every file's descriptors and maps now, keeping what is in memory; they
         open again if read."""

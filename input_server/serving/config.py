@@ -136,6 +136,15 @@ class ServerConfig:
     tune_cache: str | None = _setting(
         None, doc='where "auto" worker choices persist across restarts'
     )
+    # `data/token_cache.py`; the folder is the operator's (no request names it).
+    token_cache: str | None = _setting(
+        None,
+        doc="a folder where each document's token ids are kept once tokenized, read back in "
+        "later epochs and after restarts instead of reading and tokenizing again (default: none)",
+    )
+    token_cache_gb: float = _setting(
+        10.0, doc="the most --token-cache holds; least recently used documents go first"
+    )
     # Each may run worker processes; more get RESOURCE_EXHAUSTED at once instead of starving
     # health checks.
     max_streams: int = _setting(8, doc="concurrent streams")
@@ -160,6 +169,8 @@ class ServerConfig:
     def __post_init__(self):
         if self.max_streams < 1:
             raise ValueError(f"`max_streams` must be positive, got {self.max_streams}.")
+        if not 0 < self.token_cache_gb < float("inf"):
+            raise ValueError(f"`token_cache_gb` must be positive, got {self.token_cache_gb}.")
         if self.tokenizer_audit_every < 0:
             raise ValueError(
                 f"`tokenizer_audit_every` must be 0 or more, got {self.tokenizer_audit_every}."

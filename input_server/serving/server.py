@@ -99,6 +99,11 @@ class Server:
         self.certificates = (
             tls.CertificateFiles(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
         )
+        self.token_cache = None
+        if c.token_cache:  # made before the pipelines, which read through it
+            from input_server.data.token_cache import TokenCache
+
+            self.token_cache = TokenCache(c.token_cache, int(c.token_cache_gb * (1 << 30)))
         pipelines = self._build_pipelines()
         self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()
@@ -162,7 +167,12 @@ class Server:
         return {
             name: spec
             if isinstance(spec, Pipeline)
-            else Pipeline(spec, operator, audit_every=self.config.tokenizer_audit_every)
+            else Pipeline(
+                spec,
+                operator,
+                audit_every=self.config.tokenizer_audit_every,
+                token_cache=self.token_cache,
+            )
             for name, spec in c.pipelines.items()
         }
 
@@ -199,6 +209,7 @@ class Server:
             queue_depth=c.queue_depth,
             message_tokens=c.message_tokens,
             audit_every=c.tokenizer_audit_every,
+            token_cache=self.token_cache,
             draining=self._draining,
             limits=limits,
             openings=Openings(cache=TuneCache(c.tune_cache) if c.tune_cache else None),

@@ -40,6 +40,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
       queue_depth: batches each stream produces ahead of the sender.
       message_tokens: the most tokens of batches that share a message (see `coalesce`).
       audit_every: a request's fast tokenizer backend is audited on one group in this many.
+      token_cache: where documents' ids are kept across epochs (`data.token_cache`); None.
       draining: set when the server stops; streams then end with UNAVAILABLE.
       openings: how each stream opens, by its `workers` table (the server's, with its
         remembered choices); default a new one.
@@ -55,6 +56,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         draining: threading.Event,
         message_tokens: int = MESSAGE_TOKENS,
         audit_every: int = AUDIT_EVERY,
+        token_cache=None,
         openings: Openings | None = None,
         limits: Limits | None = None,
     ):
@@ -70,6 +72,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 queue_depth=queue_depth,
                 message_tokens=message_tokens,
                 audit_every=audit_every,
+                token_cache=token_cache,
                 draining=draining,
                 openings=openings or Openings(),
                 processes=ProcessPool(self._limits.max_workers),

@@ -64,6 +64,7 @@ class Shared:
     queue_depth: int
     message_tokens: int
     audit_every: int
+    token_cache: Any  # a `data.token_cache.TokenCache`, or None
     draining: threading.Event
     openings: Openings
     processes: ProcessPool
@@ -230,7 +231,10 @@ class Stream:
         check_fits(spec, shared.limits, **shape)  # before a file is opened
         # With what its batches leave for its document order.
         pipeline = Pipeline(
-            spec, access_for(spec, shared.limits, **shape), audit_every=shared.audit_every
+            spec,
+            access_for(spec, shared.limits, **shape),
+            audit_every=shared.audit_every,
+            token_cache=shared.token_cache,
         )
         self._held.callback(pipeline.close)  # a named one keeps its text
         return pipeline
