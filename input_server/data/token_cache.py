@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 DB_NAME = "tokens.sqlite3"  # fixed: namespaces and keys are data in the table, never paths
-_LOCK_NAME = "tokens.lock"  # serializes the replacement of a damaged database between processes
+_LOCK_NAME = "tokens.lock"  # serializes setting up and replacing the database between processes
 _CHUNK = 900  # keys per `IN (...)`: under sqlite's oldest limit of 999 variables a statement
 _BUSY_TIMEOUT_S = 30.0  # writers of other processes wait this long for the write lock
 _WAL_LIMIT_BYTES = 64 << 20  # the WAL is cut back to this after a checkpoint (default: never)
@@ -178,21 +178,33 @@ class TokenCache:
     def _open(self) -> _Conn:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         conn = _Conn(self._path)
+        db = conn.db
         try:
-            db = conn.db
-            db.execute("PRAGMA journal_mode = WAL")
             # NORMAL: in WAL mode a power loss can drop the last commits but not corrupt the
             # file, and a lost cache entry only costs a tokenization.
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA temp_store = MEMORY")  # sorts stay out of /tmp
             db.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
-            # IMMEDIATE: one process creates the tables, the others wait for it.
-            db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            # Under the file lock: a change of journal mode fails at once, without waiting,
+            # beside another connection; WAL is a property of the file, set once.
+            with self._file_lock():
+                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    db.execute("PRAGMA journal_mode = WAL")
+                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+                conn.file = _identity(self._path)  # the file exists now, whatever it was
         except sqlite3.Error:
             conn.close()
             raise
-        conn.file = _identity(self._path)  # the file exists now, whatever it was before
         return conn
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # and with it the lock
 
     def _drop(self, conn: _Conn) -> None:
         conn.close()
@@ -207,10 +219,7 @@ class TokenCache:
         seen = conn.file if conn is not None else _identity(self._path)
         if conn is not None:
             self._drop(conn)
-        lock_path = os.path.join(self.folder, _LOCK_NAME)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with self._file_lock():
             if _identity(self._path) != seen:
                 return  # already replaced by someone else
             log.warning(
@@ -221,8 +230,6 @@ class TokenCache:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self._path + suffix)
-        finally:
-            os.close(fd)
 
     def _run(self, op):
         """Runs `op(db)`; a damaged database is replaced and `op` runs once more on the new,
