@@ -44,8 +44,13 @@ PACE = 5.0
 QUEUE_DEPTH, PREFETCH = 4, 2
 
 
+BASE: PipelineSpec | None = None  # --spec: its source, tokenizer and batch instead
+
+
 def spec_for(path: str, model: str, workers: dict, seed: int = 0) -> PipelineSpec:
     # `seed` makes a spec another spec (nothing remembered for it) without changing its cost.
+    if BASE is not None:
+        return BASE.replace(order={"epochs": 0, "shuffle": True, "seed": seed}, workers=workers)
     return PipelineSpec(
         source={"paths": [path]},
         tokenizer={"model": model},
@@ -64,6 +69,10 @@ class Served:
 
     def __init__(self, directory: str, cache: str):
         self.socket = os.path.join(directory, f"s{time.monotonic_ns()}.sock")
+        roots = [directory]
+        if BASE is not None:  # --spec: its files' folders
+            roots += [os.path.dirname(p) for p in BASE.source.paths]
+            roots.append(os.path.dirname(BASE.tokenizer.model.rstrip("/")))
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -72,8 +81,7 @@ class Served:
                 "serve",
                 "--listen",
                 f"unix://{self.socket}",
-                "--data-root",
-                directory,
+                *[a for r in roots for a in ("--data-root", r)],
                 "--tune-cache",
                 cache,
                 "--queue-depth",
@@ -168,12 +176,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument(
+        "--spec",
+        help="a spec TOML whose source, tokenizer and batch are measured instead of the "
+        "docstrings with a sentencepiece model (e.g. a Llama 3 tiktoken pipeline)",
+    )
+    parser.add_argument(
+        "--first-seconds",
+        type=float,
+        default=30.0,
+        help='the window from a fresh "auto" stream\'s first batch whose rate is compared '
+        "with the best fixed count (what the trainer gets while it searches)",
+    )
+    parser.add_argument(
         "--only-unthrottled",
         action="store_true",
         help="measure the unthrottled loop only (a quicker look)",
     )
     args = parser.parse_args()
     ensure_absl_flags_parsed()
+    global BASE
+    if args.spec:
+        BASE = PipelineSpec.from_toml(args.spec)
     with tempfile.TemporaryDirectory() as d:
         path, model = corpus(d)
         auto = {"count": "auto", "tune_seconds": 20}
@@ -201,6 +224,23 @@ def main() -> None:
                     f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
                     f"{info.worker_reason}"
                 )
+            # A fresh "auto" stream from its first batch: what the trainer gets while it
+            # searches (and settles), and when it settled.
+            firsts, settle = [], []
+            for _ in range(args.rounds):
+                spec = spec_for(path, model, auto, next(seeds))
+                with served.client.batches(spec, prefetch=PREFETCH) as it:
+                    next(it)
+                    start, n, settled, looked = time.monotonic(), 0, None, 0.0
+                    while time.monotonic() - start < args.first_seconds:
+                        next(it)
+                        n += 1
+                        if settled is None and time.monotonic() - looked > 0.5:
+                            looked = time.monotonic()
+                            if stream_info(served).tuning_state == "settled":
+                                settled = looked - start
+                    firsts.append(n / (time.monotonic() - start))
+                    settle.append(settled)
         fixed_counts = [f"{p}x{t}" for p, t in FIXED]
         best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
         # Per round: "auto" over the best fixed count of the same round; the median of those.
@@ -216,6 +256,10 @@ def main() -> None:
             "best_fixed": best_fixed,
             "auto_over_best_fixed_best_rounds": max(rates["auto"]) / max(rates[best_fixed]),
             "auto_over_best_fixed_median_round": statistics.median(per_round),
+            f"auto_first_{args.first_seconds:g}s_batches_per_s": firsts,
+            f"auto_first_{args.first_seconds:g}s_over_best_fixed": statistics.median(firsts)
+            / max(rates[best_fixed]),
+            "auto_settled_at_s": settle,
         }
         bp, bt = map(int, best_fixed.split("x"))
         if args.only_unthrottled:
