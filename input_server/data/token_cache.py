@@ -222,11 +222,7 @@ class TokenCache:
         with self._file_lock():
             if _identity(self._path) != seen:
                 return  # already replaced by someone else
-            log.warning(
-                "The token cache %s is damaged (%s); deleting it and starting empty.",
-                self._path,
-                error,
-            )
+            log.warning("Token cache %s damaged (%s): deleted, starting empty.", self._path, error)
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self._path + suffix)
@@ -387,9 +383,8 @@ class TokenCache:
     def stats(self) -> dict[str, int]:
         """The entries and bytes in the cache (all processes'), and this object's counts of
         hits, misses, damaged entries and puts that could not be stored."""
-        entries, size = self._run(
-            lambda db: db.execute("SELECT entries, bytes FROM meta").fetchone()
-        )
+        meta = self._run(lambda db: db.execute("SELECT entries, bytes FROM meta").fetchone())
+        entries, size = meta
         with self._lock:
             return {"entries": entries, "bytes": size, **self._counts}
 
