@@ -198,6 +198,7 @@ def test_reference_never_loads_a_backend(texts, models, kind, corpus_file, monke
         raise RuntimeError("no backend may load")
 
     monkeypatch.setattr(KINDS[kind], "_backend", load)
+    monkeypatch.setattr(KINDS[kind], "_loaded_backend", load)  # nor one loaded before
     tok = _tokenizer(models, kind, backend="reference")
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "reference" and "asked for" in choice.why, choice.why
