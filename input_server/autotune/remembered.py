@@ -25,6 +25,7 @@ from input_server import __version__
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.policy import cpu_count
 from input_server.data.tokenizers import KINDS
+from input_server.data.tokenizers.fast import version_of
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,15 @@ def _version(package: str) -> str:
 
 
 def _tokenizer_library(spec: PipelineSpec) -> str:
-    """The kind and version of the library that tokenizes (none for pre-tokenized data)."""
-    if not spec.tokenizer.model:
+    """The kind and version of the library that tokenizes, and of the fast backends that may
+    serve in its place (`tokenizer.backend`: a choice tuned for one is not the other's); none
+    for pre-tokenized data."""
+    t = spec.tokenizer
+    if not t.model:
         return "none"
-    return f"{spec.tokenizer.kind} {KINDS[spec.tokenizer.kind].library_version()}"
+    kind = KINDS[t.kind]
+    fast = [f"{n} {version_of(n)}" for n in kind.BACKENDS if t.backend in ("auto", n)]
+    return f"{t.kind} {kind.library_version()}; backend {t.backend}: {', '.join(fast) or '-'}"
 
 
 def key_fields(spec: PipelineSpec) -> dict[str, Any]:

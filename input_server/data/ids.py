@@ -146,7 +146,8 @@ def encode_documents(
             _check_range(tokens, lengths, specials, lambda i: where(i), around=True)
         return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
     pieces: list[list[np.ndarray]] = [[] for _ in items]
-    texts = tokenizer.encode([items[i] for i in text_at], first_doc=0, trim_to=trim_to)
+    # Numbered from the group's first document: an audit's message names where it looked.
+    texts = tokenizer.encode([items[i] for i in text_at], first_doc=first_doc, trim_to=trim_to)
     for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
         pieces[i] = [texts.tokens[start : start + n]]
     lengths = np.zeros(len(items), np.int64)

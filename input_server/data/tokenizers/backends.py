@@ -133,3 +133,6 @@ def forget(digest: str, name: str, version: str, why: str) -> None:
     """An audit found `name` wrong for the model: later streams of it skip the backend."""
     with _PROBED_LOCK:
         _PROBED[(digest, name, version)] = why
+        _PROBED.move_to_end((digest, name, version))  # the newest: evicted last
+        while len(_PROBED) > MAX_PROBED:
+            _PROBED.popitem(last=False)
