@@ -76,13 +76,34 @@ def split_runs(s: str, max_run: int = MAX_RUN):
     yield s[start:]
 
 
+def _may_run_long(s: str) -> bool:
+    """False when `s` surely has no run of more than MAX_RUN spaces or non-spaces; True when it
+    may (then `_LONG_RUN` decides). Cheaper than the regex, which steps through every
+    character (17.7 ns a token on long documents, more than the fast backend's encode): a
+    window of MAX_RUN + 1 characters holding a space or newline ends any non-space run
+    (found by `rfind`, in C), and a whitespace run that long spans two consecutive characters
+    at multiples of (MAX_RUN + 1) // 2 (a slice picks them)."""
+    n = len(s)
+    if n <= MAX_RUN:
+        return False
+    pos = 0
+    while pos + MAX_RUN < n:
+        end = pos + MAX_RUN + 1
+        j = max(s.rfind(" ", pos, end), s.rfind("\n", pos, end))
+        if j < pos:
+            return True
+        pos = j + 1
+    marks = s[:: (MAX_RUN + 1) // 2]
+    return any(a.isspace() and b.isspace() for a, b in zip(marks, marks[1:]))
+
+
 def pieces(s: str) -> list[str]:
     """What MaxText hands tiktoken for `s`, in order: `s` itself unless it is long or has a
     long run (found in one regex pass, not MaxText's per-character loop)."""
-    if len(s) <= MAX_ENCODE_CHARS and not _LONG_RUN.search(s):
+    if len(s) <= MAX_ENCODE_CHARS and not (_may_run_long(s) and _LONG_RUN.search(s)):
         return [s]
     step = MAX_ENCODE_CHARS
-    return [p for i in range(0, len(s), step) for p in split_runs(s[i : i + step])]
+    return [p for i in range(0, len(s), step) for p in split_runs(s[i : i + step], MAX_RUN)]
 
 
 def read_ranks(path: str, written: str) -> dict[bytes, int]:
