@@ -4,12 +4,15 @@ whichever worker thread or process Grain runs it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import threading
 import time
 
 import numpy as np
 
-from input_server import stages
+from input_server import __version__, stages
 from input_server.data.ids import Specials, encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
@@ -63,6 +66,18 @@ class CachedIds:
     def __init__(self, cache, namespace: str):
         self.cache, self.namespace = cache, namespace
 
+    @classmethod
+    def of(cls, cache, pipeline) -> CachedIds | None:
+        """The pipeline's documents in `cache`, if it has one and its ids are the reference's
+        own: text tokenized by the reference library. Not a fast backend's (reading ids back
+        is no faster than it, and kept ids would escape its audit for good), nor ids read
+        from the data (pre-tokenized: nothing to save)."""
+        if cache is None or any(s.token_field for s in pipeline.spec.sources):
+            return None
+        if pipeline.tokenizer.choice.backend != "reference":
+            return None
+        return cls(cache, _namespace(pipeline))
+
     @staticmethod
     def _keys(indices: list[int]) -> list[bytes]:
         return [i.to_bytes(8, "little") for i in indices]
@@ -78,6 +93,33 @@ class CachedIds:
         starts = [e - n for e, n in zip(ends, group.lengths.tolist(), strict=True)]
         ids = [group.tokens[s:e] for s, e in zip(starts, ends, strict=True)]
         self.cache.put_many(self.namespace, self._keys(indices), ids)
+
+
+def _namespace(pipeline) -> str:
+    """What a document's cached ids depend on besides its index in the source: each file as
+    it stands (path, size, modification time) with the fields and format read from it, the
+    model (its digest), the flags, the reference library's version, this server's, and how
+    far documents are kept. Any change and the ids are looked up elsewhere (and made again)."""
+    t, tokenizer = pipeline.spec.tokenizer, pipeline.tokenizer
+    files = []
+    for path in pipeline.source.files():
+        st = os.stat(path)
+        files.append([path, st.st_size, st.st_mtime_ns])
+    fields = [
+        [s.format, s.text_field, s.record_format, s.token_field] for s in pipeline.spec.sources
+    ]
+    blob = json.dumps(
+        {
+            "files": files,
+            "fields": fields,
+            "model": [tokenizer.digest(), t.kind, t.add_bos, t.add_eos],
+            "library": tokenizer.library_version(),
+            "server": __version__,
+            "trim_to": pipeline._trim_to(),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 class EncodeGroup:

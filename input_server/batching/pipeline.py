@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
-import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -120,10 +117,7 @@ class Pipeline:
         except BaseException:  # cancelled or refused: its files close now, not when collected
             self.close()
             raise
-        # Documents' ids kept across epochs and runs (`serve --token-cache`): text only.
-        self.cached = None
-        if token_cache is not None and not any(s.token_field for s in spec.sources):
-            self.cached = CachedIds(token_cache, self._cache_namespace())
+        self.cached = CachedIds.of(token_cache, self)  # `serve --token-cache`: or None
         # Set up: a stream opens again what it reads; until then the pipeline holds no
         # descriptor (a client may leave before its stream starts).
         self.release()
@@ -203,9 +197,8 @@ class Pipeline:
                 break
         if sample:
             self.tokenizer.learn_chars_per_token(sample)
-        if not isinstance(self.tokenizer, IdsOnly):  # pre-tokenized: no model, no backend
-            choice = self.tokenizer.choose_backend(sample)
-            log.info("tokenizer backend: %s (%s)", choice.backend, choice.why)
+        if not isinstance(self.tokenizer, IdsOnly):  # said in the stream_open log
+            self.tokenizer.choose_backend(sample)
         for n, text in zip(lengths, is_text, strict=True):
             chars.append(self.tokenizer.tokenized_chars(n, trim_to) if text else n)
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
@@ -215,34 +208,6 @@ class Pipeline:
         mean_raw = max(1, sum(lengths) // max(1, len(lengths)))
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
-
-    def _cache_namespace(self) -> str:
-        """What a document's cached ids depend on besides its index in the source: the
-        sources' tables (weights aside), each file as it stands (path, size, modification
-        time), the model (its digest), the flags, who tokenizes and how far documents are
-        kept. Any change and the ids are looked up elsewhere (and made again)."""
-        t = self.spec.tokenizer
-        files = []
-        for path in self.source.files():
-            st = os.stat(path)
-            files.append([path, st.st_size, st.st_mtime_ns])
-        sources = [
-            {k: v for k, v in s.to_dict().items() if k != "weight"} for s in self.spec.sources
-        ]
-        blob = json.dumps(
-            [
-                sources,
-                files,
-                self.tokenizer.digest(),
-                t.kind,
-                t.add_bos,
-                t.add_eos,
-                self.tokenizer.choice.backend,
-                self._trim_to(),
-            ],
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def encoder(self, order: DocumentOrder | MixtureOrder | None = None) -> EncodeGroup:
         """What reads and tokenizes one group (`groups` maps it over the group numbers), over
@@ -331,6 +296,7 @@ class BatchStream:
             seq_len=b.seq_len,
         )
         self._closed = False
+        self.stale = False  # worker processes may run a backend an audit found wrong
         pipeline._stream_opened()
 
     def _groups(self, meter: LiveMeter | None) -> Iterator[TokenGroup]:
@@ -351,16 +317,16 @@ class BatchStream:
             yield group
 
     def _audited(self, group: TokenGroup, meter: LiveMeter | None) -> None:
-        """A group its worker audited: counted; a mismatch (found in whichever process
-        encoded it, which fell back itself) moves this process's copy of the tokenizer to the
-        reference too, so later streams of the pipeline start there."""
+        """A group its worker audited, counted. A mismatch (its worker fell back itself) moves
+        this process's tokenizer to the reference, for later streams too, and marks the stream
+        `stale`: its other worker processes may run the backend (`SwitchingStream` restarts)."""
         if meter is not None:
             meter.audit(group.mismatched)
-        if group.mismatched and self.pipeline.tokenizer.choice.backend != "reference":
-            self.pipeline.tokenizer.fall_back(
-                f"an audit found the backend's ids differ from the reference's in the group of "
-                f"documents from {group.first_doc}"
-            )
+        if group.mismatched:
+            self.stale = self.parallelism.processes > 0
+            if self.pipeline.tokenizer.choice.backend != "reference":
+                why = f"an audit found the backend's ids differ in documents {group.first_doc}+"
+                self.pipeline.tokenizer.fall_back(why)
 
     @property
     def next_seq(self) -> int:

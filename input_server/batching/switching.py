@@ -139,6 +139,9 @@ class SwitchingStream:
     def __next__(self) -> Produced:
         with self._lock:
             asked, self._pending = self._pending, None
+        if self._stream.stale:  # an audit found the backend wrong: the reference from here
+            self._stream.stale = False  # once: a stage that will not open goes on as it was
+            self._switch(self._stream.parallelism, again=True)
         if asked is None:
             return next(self._stream)
         made = False
@@ -148,11 +151,12 @@ class SwitchingStream:
             asked._end(made)
         return next(self._stream)
 
-    def _switch(self, wanted: Parallelism) -> bool:
-        """Opens the stage at `wanted` where the next batch starts and closes the old one;
-        whether it did."""
+    def _switch(self, wanted: Parallelism, again: bool = False) -> bool:
+        """Opens the stage at `wanted` where the next batch starts and closes the old one
+        (`again`: even at the same parallelism, its worker processes made anew); whether it
+        did."""
         current = self._stream.parallelism
-        if not self._stream.closed and wanted != current:
+        if not self._stream.closed and (again or wanted != current):
             old = self._stream
             try:
                 new = self.pipeline.stream(old.position(), parallelism=wanted, meter=self.meter)

@@ -204,6 +204,14 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
         stages[t.stage] += t.seconds
 
 
+def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
+    """Who tokenizes `stream` (a `SwitchingStream`), why, and what its audits found."""
+    choice = stream.pipeline.tokenizer.choice  # None: pre-tokenized, no model
+    if choice is not None:
+        info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
+    info.audited_groups, info.audit_mismatches = stream.meter.audits()
+
+
 def log_open(stream_id: int, pipeline, label: str, opening) -> None:
     """The log line (and JSON event `stream_open`) of a stream that starts to serve."""
     p = opening.parallelism

@@ -38,7 +38,7 @@ from input_server.errors import (
     RefusedError,
     shorten,
 )
-from input_server.serving.accounting import Accounting, log_open
+from input_server.serving.accounting import Accounting, log_open, tokenizer_figures
 from input_server.serving.credit import Credit
 from input_server.serving.limits import (
     GROUP_MIB,
@@ -365,10 +365,7 @@ class Stream:
             batches_taken=credit.taken_so_far(),
         )
         info.stats.CopyFrom(self.accounting.stats())
-        choice = session.stream.pipeline.tokenizer.choice  # None: pre-tokenized, no model
-        if choice is not None:
-            info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
-        info.audited_groups, info.audit_mismatches = session.stream.meter.audits()
+        tokenizer_figures(info, session.stream)
         if live is not None:
             info.tuning_state = live.state
             info.demand_batches_per_s = live.demand

@@ -76,12 +76,23 @@ MAX_PROBED = 256
 
 
 def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> str | None:
-    """None when `fast` gives every text the reference's ids; else the first difference, said
-    without the text (a document's content stays out of logs)."""
+    """None when `fast` gives every text the reference's ids, or refuses what the reference
+    refuses; else the first difference, said without the text (a document's content stays out
+    of logs). A batch the reference refuses is compared text by text: one refused document
+    must not hide the others."""
     try:
         want = reference(texts)
-    except Exception:  # text the reference refuses (sentencepiece's lone surrogates): a
-        return None  # stream holding it fails with the reference's error either way
+    except Exception:
+        if len(texts) > 1:
+            return next(
+                (w for i, t in enumerate(texts) if (w := difference(reference, fast, name, [t]))),
+                None,
+            )
+        try:
+            fast(texts)
+        except Exception:  # both refuse it (sentencepiece's lone surrogates): a stream
+            return None  # holding it fails with the reference's error, either way
+        return f"the reference refused a text ({len(texts[0])} characters) that {name} encoded"
     try:
         got = fast(texts)
     except Exception as e:  # a backend's own failure is a difference, named

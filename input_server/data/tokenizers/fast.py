@@ -1,6 +1,7 @@
 """The fast backends (`backends.Backend`): fastokens for tiktoken ranks and byte-level BPE
 `tokenizer.json` files, kitoken for sentencepiece models. Each is loaded lazily in the process
-that encodes (not pickled) and encodes on the calling thread."""
+that encodes (not pickled: a tiktoken model's derived tokenizer.json text is, with its
+tokenizer) and encodes on the calling thread."""
 
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from input_server.errors import InvalidSpecError
 # operator's own setting stands. Read by fastokens when it starts its pool.
 os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 
-# Deriving a tokenizer.json from tiktoken ranks looks at every split of every token: bounded
-# (Llama 3's ranks take 1.1 M steps; o200k's 1.9 M).
+# Deriving a tokenizer.json from tiktoken ranks looks at every split of every token, and writes
+# a merge for each split of a token into two tokens: both bounded, the merges' characters too
+# (Llama 3's ranks: 1.1 M steps, 280,147 merges of 2.0 M characters, 2.2 merges a token; a
+# crafted file of long runs made 204 MB from 2.2 MB before the merges were bounded).
 MAX_DERIVE_WORK = 16 << 20
+MAX_MERGES_PER_TOKEN = 8
+MAX_MERGE_CHARS = 32 << 20
 # Derived tokenizer.json texts kept per process, by ranks file identity.
 _DERIVED: collections.OrderedDict[tuple, str] = collections.OrderedDict()
 _DERIVED_LOCK = threading.Lock()
@@ -63,13 +68,20 @@ def ranks_as_tokenizer_json(ranks: dict[bytes, int], pattern: str, written: str)
         )
     chars = byte_chars()
     spell = {t: "".join(chars[b] for b in t) for t in ranks}
-    merges = []
+    merges, most, size = [], MAX_MERGES_PER_TOKEN * len(ranks), 0
     for token, rank in ranks.items():
         for cut in range(1, len(token)):
             a, b = token[:cut], token[cut:]
             ra, rb = ranks.get(a), ranks.get(b)
             if ra is not None and rb is not None:
                 merges.append((rank, ra, rb, spell[a], spell[b]))
+                size += len(token)
+        if len(merges) > most or size > MAX_MERGE_CHARS:
+            raise InvalidSpecError(
+                f"`tokenizer.model` {written!r}: its ranks make too many merges to derive a "
+                f"fast backend from (past {most} merges or {MAX_MERGE_CHARS} characters: "
+                f"MAX_MERGES_PER_TOKEN, MAX_MERGE_CHARS)."
+            )
     merges.sort()
     model = {
         "type": "BPE",

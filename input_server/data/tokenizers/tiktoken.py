@@ -94,7 +94,7 @@ def _may_run_long(s: str) -> bool:
             return True
         pos = j + 1
     marks = s[:: (MAX_RUN + 1) // 2]
-    return any(a.isspace() and b.isspace() for a, b in zip(marks, marks[1:]))
+    return any(a.isspace() and b.isspace() for a, b in zip(marks, marks[1:], strict=False))
 
 
 def pieces(s: str) -> list[str]:

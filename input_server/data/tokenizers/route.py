@@ -1,0 +1,228 @@
+"""Who tokenizes a model's groups (`Routed`, which `base.ModelTokenizer` is): the kind's
+reference library, or a fast backend (`backends.Backend`) that the gate let serve, one group in
+`audit_every` encoded again by the reference while it does."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import threading
+from typing import ClassVar
+
+import numpy as np
+
+from input_server.data.tokenizers import backends
+from input_server.data.tokenizers.backends import Backend, Choice
+from input_server.data.tokenizers.checks import _NOT_THE_MODEL
+from input_server.data.tokenizers.groups import TokenGroup, flat_group, group_of
+from input_server.errors import InvalidSpecError
+
+log = logging.getLogger(__name__)
+
+# The stream's first documents the gate compares (beyond the probes), at most.
+GATE_DOCS = 64
+# One group in this many is encoded again by the reference while a backend serves
+# (`serve --tokenizer-audit-every`).
+AUDIT_EVERY = 64
+
+# Backends loaded in this process, by (tokenizer class, model digest, backend): shared by its
+# streams (a backend encodes from any thread). Few: each holds a model. Loads are made one at
+# a time (a fresh worker's threads would each load Llama 3's 1.7 s, twice the memory).
+_BACKENDS: collections.OrderedDict[tuple, Backend] = collections.OrderedDict()
+_BACKENDS_LOCK = threading.Lock()
+_LOADING = threading.Lock()
+MAX_BACKENDS = 4
+
+
+def _failure(e: BaseException) -> BaseException:
+    """`e` if the interpreter must keep it (a stop asked for, memory); else a backend's fault,
+    which the reference answers for: Rust panics (pyo3's PanicException) are BaseException."""
+    if isinstance(e, _NOT_THE_MODEL):
+        raise e
+    return e
+
+
+class Routed:
+    """Who tokenizes, for a `ModelTokenizer`: `choose_backend` runs the gate; `encode` routes
+    each group and audits one in `audit_every`; `fall_back` moves this process's copy (and
+    later streams of the model) to the reference."""
+
+    # The fast backends that may be exact for the kind, in the order "auto" tries them.
+    BACKENDS: ClassVar[tuple[str, ...]] = ()
+    choice = Choice("reference", "no backend chosen (the pipeline chooses on its sample)")
+    audit_every = AUDIT_EVERY
+
+    def _backend(self, name: str) -> Backend:
+        """The kind's backend `name`, loaded (`fast.py`)."""
+        raise NotImplementedError
+
+    def _loaded_backend(self, name: str) -> Backend:
+        """`_backend(name)`, loaded once a process for each model (by its digest): a stream
+        of a request's spec makes a new tokenizer, and loading Llama 3's derived
+        tokenizer.json into fastokens takes 1.7 s."""
+        key = (type(self), self.digest(), name)
+        with _LOADING:
+            with _BACKENDS_LOCK:
+                fast = _BACKENDS.get(key)
+                if fast is not None:
+                    _BACKENDS.move_to_end(key)
+                    return fast
+            fast = self._backend(name)
+            with _BACKENDS_LOCK:
+                _BACKENDS[key] = fast
+                while len(_BACKENDS) > MAX_BACKENDS:
+                    _BACKENDS.popitem(last=False)
+        return fast
+
+    def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
+        """The ids put before and after each document's own, as the flags say."""
+        info = self.info()
+        head = [info.bos_id] if add_bos and info.bos_id >= 0 else []
+        return head, [info.eos_id] if add_eos and info.eos_id >= 0 else []
+
+    def _fast_flat(self, fast: Backend, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's bare ids from `fast`: one flat array and len(texts) + 1 offsets."""
+        encode_flat = getattr(fast, "encode_flat", None)
+        if encode_flat is not None:
+            return encode_flat(texts)
+        ids = fast.encode(texts)
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum([len(x) for x in ids], out=offsets[1:])
+        flat = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, np.int32)
+        return flat, offsets
+
+    def _fast_ids(
+        self, fast: Backend, texts: list[str], *, add_bos: bool, add_eos: bool
+    ) -> list[np.ndarray]:
+        """`_encode`'s answer (each text's ids, BOS/EOS as the flags say) from `fast`."""
+        ends = self._ends(add_bos, add_eos)
+        group = flat_group(*self._fast_flat(fast, texts), *ends, 0, None)
+        stops = np.cumsum(group.lengths).tolist()
+        return [group.tokens[e - n : e] for e, n in zip(stops, group.lengths.tolist(), strict=True)]
+
+    def _served_ids(self, fast: Backend, texts: list[str]) -> list[np.ndarray]:
+        """What serving gives `texts` through `fast`, with the spec's BOS/EOS: a group the
+        library cannot take (lone surrogates) goes to the reference, as `encode` sends it."""
+        flags = {"add_bos": self.spec.add_bos, "add_eos": self.spec.add_eos}
+        try:
+            return self._fast_ids(fast, texts, **flags)
+        except UnicodeEncodeError:
+            return self._encode_faulting(texts)
+
+    def choose_backend(self, documents: list[str]) -> Choice:
+        """Who tokenizes, as `tokenizer.backend` asks: for "auto" or a backend's name, the
+        first backend that passes the gate (`backends.gate`) on the probes and `documents`,
+        with the spec's BOS/EOS, else the reference, with why. A backend named for a kind it
+        does not serve is refused."""
+        want = self.spec.backend
+        if want not in ("auto", "reference", *self.BACKENDS):
+            served = ", ".join(self.BACKENDS) or "none"
+            raise InvalidSpecError(
+                f"`tokenizer.backend` {want!r} does not serve {self.KIND} models "
+                f"(theirs: {served}; or auto, reference)."
+            )
+        if want == "reference":
+            return self._serve(Choice("reference", 'asked for (`tokenizer.backend = "reference"`)'))
+        reasons = []
+        for name in self.BACKENDS if want == "auto" else (want,):
+            try:
+                fast = self._loaded_backend(name)
+            except BaseException as e:  # a library missing or refusing the model: the reference
+                e = _failure(e)
+                reasons.append(f"{name} could not load the model ({type(e).__name__}: {e})")
+                continue
+            choice = backends.gate(
+                self.digest(),
+                self._encode_faulting,
+                lambda texts, fast=fast: self._served_ids(fast, texts),
+                fast,
+                documents[:GATE_DOCS],
+            )
+            if choice.backend != "reference":
+                self._fast = fast
+                return self._serve(choice)
+            reasons.append(choice.why)
+        why = "; ".join(reasons) or f"no fast backend for {self.KIND}"
+        return self._serve(Choice("reference", why))
+
+    def _serve(self, choice: Choice) -> Choice:
+        self.choice = choice
+        if choice.backend == "reference":
+            self._fast = None
+        return choice
+
+    def fall_back(self, why: str) -> None:
+        """The reference tokenizes from now on in this process, and later streams of the model
+        skip the backend (`backends.forget`)."""
+        fast = self.__dict__.get("_fast")
+        if fast is not None:
+            backends.forget(self.digest(), fast.name, fast.version, why)
+        self._serve(Choice("reference", why))
+
+    def _serving(self) -> Backend | None:
+        """The backend that encodes in this process, loaded on first use; None: the reference
+        (also when the backend the gate chose will not load here: it falls back, saying why)."""
+        choice = self.choice
+        if choice.backend == "reference":
+            return None
+        fast = self.__dict__.get("_fast")
+        if fast is None or fast.name != choice.backend:
+            try:
+                fast = self._loaded_backend(choice.backend)
+            except BaseException as e:
+                e = _failure(e)
+                self.fall_back(f"{choice.backend} would not load ({type(e).__name__}: {e})")
+                return None
+            self._fast = fast
+        return fast
+
+    def encode(
+        self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
+    ) -> TokenGroup:
+        """The group, by the serving backend if any (one group in `audit_every` compared
+        with the reference's: a difference serves the reference's and falls back for good),
+        else by the reference. A backend's failure (a panic too) sends its group to the
+        reference, counted in `fell_back_groups`."""
+        fast = self._serving()
+        if fast is None:
+            return self._reference_group(texts, first_doc, trim_to)
+        try:
+            group = self._fast_group(fast, texts, first_doc, trim_to)
+        except BaseException as e:
+            _failure(e)
+            self.__dict__.setdefault("fell_back_groups", itertools.count(1)).__next__()
+            return self._reference_group(texts, first_doc, trim_to)
+        counter = self.__dict__.setdefault("_groups", itertools.count())  # atomic under the GIL
+        if not self.audit_every or next(counter) % self.audit_every:
+            return group
+        want = self._reference_group(texts, first_doc, trim_to)
+        if group.same_ids(want):
+            return dataclasses.replace(group, audited=True)
+        why = (
+            f"an audit found {fast.name} {fast.version}'s ids differ from the reference's in "
+            f"the group of documents {first_doc} to {first_doc + len(texts) - 1}"
+        )
+        log.warning(
+            "`tokenizer.model` %r: %s; the reference tokenizes from now on", self.written, why
+        )
+        self.fall_back(why)
+        return dataclasses.replace(want, audited=True, mismatched=True)
+
+    def _reference_group(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
+        if trim_to is None or self.cutter is None or not self.cutter.cuts(texts, trim_to):
+            ids = self._encode_faulting(texts)
+        else:
+            ids = self.cutter.encode(self._encode_faulting, texts, trim_to)
+        return group_of(ids, first_doc, trim_to)
+
+    def _fast_group(
+        self, fast: Backend, texts: list[str], first_doc: int, trim_to: int | None
+    ) -> TokenGroup:
+        if trim_to is not None and self.cutter is not None and self.cutter.cuts(texts, trim_to):
+            encode = lambda t, **flags: self._fast_ids(fast, t, **flags)  # noqa: E731
+            return group_of(self.cutter.encode(encode, texts, trim_to), first_doc, trim_to)
+        flat, offsets = self._fast_flat(fast, texts)
+        head, tail = self._ends(self.spec.add_bos, self.spec.add_eos)
+        return flat_group(flat, offsets, head, tail, first_doc, trim_to)
