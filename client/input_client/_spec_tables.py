@@ -62,7 +62,8 @@ class TokenizerSpec:
     `backend` says who tokenizes: "auto" (a fast library proved exact for the model by the
     server's gate and audited while serving, else the reference), "reference" (the kind's own
     library: sentencepiece, tokenizers, tiktoken) or a backend by name ("fastokens",
-    "kitoken"); the ids are the reference's either way, so it is not part of the data.
+    "kitoken"); a backend serves only the reference's ids as far as its gate and audits show
+    (docs/spec.md), so it is not part of the data.
 
     Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
     `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with
