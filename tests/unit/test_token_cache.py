@@ -10,11 +10,13 @@ import pickle
 import sqlite3
 import stat
 import threading
+import time
 import zlib
 
 import numpy as np
 import pytest
 
+from input_server.data import token_cache
 from input_server.data.token_cache import DB_NAME, TokenCache
 
 
@@ -170,15 +172,32 @@ def _cut_in_half(path: str) -> None:
     os.truncate(path, os.path.getsize(path) // 2)
 
 
-def _overwrite_a_page(path: str) -> None:
-    # Page 3 is past the header and the schema: the file opens, and the query finds the damage.
-    with open(path, "r+b") as f:
-        f.seek(3 * 4096)
-        f.write(np.random.default_rng(0).bytes(4096))
+def _overwrite(name: str):
+    """Damages the root page of table `name`: the file opens, and the first statement that
+    goes through the table finds the damage (reads go through `tokens`; only writes, such as
+    recording hits, through `recency`)."""
+
+    def damage(path: str) -> None:
+        con = sqlite3.connect(path)
+        (page,) = con.execute(
+            "SELECT rootpage FROM sqlite_schema WHERE name = ?", (name,)
+        ).fetchone()
+        (page_size,) = con.execute("PRAGMA page_size").fetchone()
+        con.close()
+        with open(path, "r+b") as f:
+            f.seek((page - 1) * page_size)
+            f.write(np.random.default_rng(0).bytes(page_size))
+
+    damage.__name__ = f"_overwrite_{name}"
+    return damage
 
 
-@pytest.mark.parametrize("damage", [_cut_in_half, _overwrite_a_page], ids=lambda f: f.__name__)
-def test_a_damaged_database_file_is_replaced(tmp_path, caplog, damage):
+@pytest.mark.parametrize(
+    ("damage", "found_by"),
+    [(_cut_in_half, "get"), (_overwrite("tokens"), "get"), (_overwrite("recency"), "put")],
+    ids=lambda x: getattr(x, "__name__", x),
+)
+def test_a_damaged_database_file_is_replaced(tmp_path, caplog, damage, found_by):
     folder = str(tmp_path / "cache")
     keys = [b"k%04d" % i for i in range(300)]
     c = TokenCache(folder, max_bytes=1 << 30)
@@ -189,10 +208,11 @@ def test_a_damaged_database_file_is_replaced(tmp_path, caplog, damage):
     c = TokenCache(folder, max_bytes=1 << 30)
     with caplog.at_level(logging.WARNING, logger="input_server.data.token_cache"):
         got = c.get_many("ns", keys)
+        assert ("damaged" in caplog.text) == (found_by == "get")
+        for k, g in zip(keys, got, strict=True):
+            assert g is None or np.array_equal(g, ids_for(k))
+        c.put_many("ns", keys[:5], [ids_for(k) for k in keys[:5]])  # records the hits first
     assert "damaged" in caplog.text
-    for k, g in zip(keys, got, strict=True):
-        assert g is None or np.array_equal(g, ids_for(k))
-    c.put_many("ns", keys[:5], [ids_for(k) for k in keys[:5]])
     for k, g in zip(keys[:5], c.get_many("ns", keys[:5]), strict=True):
         np.testing.assert_array_equal(g, ids_for(k))
     assert c.stats()["entries"] >= 5
@@ -216,6 +236,85 @@ def test_eviction_drops_the_least_recently_used(tmp_path):
     left = {k for (k,) in con.execute("SELECT key FROM tokens")}
     assert left == {b"k0", b"k4", b"k5", b"k6", b"k7"}
     con.close()
+    c.close()
+
+
+def test_hits_are_recorded_in_batches_that_other_processes_see(tmp_path, monkeypatch):
+    one = size(b"k0", np.zeros(100, np.int32))
+    folder = str(tmp_path / "cache")
+    reader, writer = TokenCache(folder, 5 * one), TokenCache(folder, 5 * one)  # two processes
+    for i in range(5):
+        writer.put_many("ns", [b"k%d" % i], [np.full(100, i, np.int32)])
+    con = db(folder)
+
+    def left() -> set[bytes]:
+        return {k for (k,) in con.execute("SELECT key FROM tokens")}
+
+    (before,) = con.execute("PRAGMA data_version").fetchone()  # changes with others' commits
+    assert reader.get_many("ns", [b"k0"])[0] is not None
+    assert con.execute("PRAGMA data_version").fetchone() == (before,)  # a hit writes nothing
+    monkeypatch.setattr(token_cache, "_RECORD_AFTER_S", 0.0)
+    assert reader.get_many("ns", [b"k2"])[0] is not None  # due: k0 and k2 recorded together
+    assert con.execute("PRAGMA data_version").fetchone() != (before,)
+
+    writer.put_many("ns", [b"k5"], [np.full(100, 5, np.int32)])
+    assert left() == {b"k0", b"k2", b"k3", b"k4", b"k5"}  # k1: the oldest not read
+    monkeypatch.setattr(token_cache, "_RECORD_AFTER_S", 3600.0)
+    assert reader.get_many("ns", [b"k3"])[0] is not None
+    reader.close()  # records k3
+    writer.put_many("ns", [b"k6"], [np.full(100, 6, np.int32)])
+    assert left() == {b"k0", b"k2", b"k3", b"k5", b"k6"}
+    assert writer.stats()["bytes"] == 5 * one
+    con.close()
+    writer.close()
+
+
+def test_a_get_does_not_wait_for_another_writer(tmp_path, monkeypatch):
+    c = TokenCache(str(tmp_path / "cache"), max_bytes=1 << 20)
+    c.put_many("ns", [b"a", b"b"], [np.arange(3, dtype=np.int32)] * 2)
+    con = db(c.folder)
+
+    def used() -> dict[bytes, int]:
+        rows = con.execute("SELECT key, used FROM tokens JOIN recency USING (id)")
+        return dict(rows.fetchall())
+
+    first = used()
+    monkeypatch.setattr(token_cache, "_RECORD_AFTER_S", 0.0)
+    con.execute("BEGIN IMMEDIATE")  # another process writing: the hit waits, not the get
+    start = time.monotonic()
+    assert c.get_many("ns", [b"a"])[0] is not None
+    assert time.monotonic() - start < 5  # well within the 30 s busy timeout
+    con.execute("COMMIT")
+    assert used() == first
+
+    assert c.get_many("ns", [b"b"])[0] is not None  # the lock is free: a and b recorded
+    now = used()
+    assert now[b"a"] == now[b"b"] > first[b"a"]
+    monkeypatch.setattr(token_cache, "_RECORD_AFTER_S", 3600.0)
+    monkeypatch.setattr(token_cache, "_RECORD_AT", 2)  # or once enough entries wait
+    c.get_many("ns", [b"a"])
+    assert used() == now
+    c.get_many("ns", [b"b"])
+    assert used()[b"a"] == used()[b"b"] > now[b"a"]
+    con.close()
+    c.close()
+
+
+def test_a_file_of_an_older_layout_starts_empty(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    con = db(folder)  # the first layout: recency in the rows holding the ids
+    con.execute(
+        "CREATE TABLE tokens (namespace TEXT, key BLOB, ids BLOB, n INTEGER, crc INTEGER, "
+        "used INTEGER, PRIMARY KEY (namespace, key))"
+    )
+    con.execute("INSERT INTO tokens VALUES ('ns', x'6b', x'01000000', 1, 0, 1)")
+    con.close()
+    c = TokenCache(str(folder), max_bytes=1 << 20)
+    assert c.get_many("ns", [b"k"]) == [None]
+    c.put_many("ns", [b"k"], [np.arange(3, dtype=np.int32)])
+    np.testing.assert_array_equal(c.get_many("ns", [b"k"])[0], np.arange(3))
+    assert (c.stats()["entries"], c.stats()["bytes"]) == (1, 12 + 1)
     c.close()
 
 
