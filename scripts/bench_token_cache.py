@@ -1,0 +1,115 @@
+"""Benchmark: epochs read through the token cache (`serve --token-cache`) against epochs without.
+
+    python scripts/bench_token_cache.py [--repeat 8] [--rounds 2] [--out FILE.json]
+    python scripts/bench_token_cache.py --spec SPEC.toml   # its source and tokenizer instead
+
+The standard library's docstrings (repeated `--repeat` times, so an epoch is long enough to
+time) with a sentencepiece unigram model trained on them (NFKC: no fast backend passes its gate,
+so the reference tokenizes, which is what the cache keeps). The pipeline runs in this process on
+2 threads (`Pipeline.stream`, no transport). Per round, side by side: an epoch without a cache,
+the first epoch with an empty cache (tokenizing and writing), the second epoch (reading back),
+and the second epoch in 2 worker processes. Printed as JSON: tokens/s of each (best round),
+the ratios (median of the rounds' own), and whether every batch equals the uncached epoch's.
+With `--spec`, its source, tokenizer and batch (its tokenizer forced to the reference, which is
+what the cache keeps: e.g. a Hugging Face tokenizer.json whose normalizer no backend takes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+from report import emit_json  # scripts/, beside this file
+
+from input_client import PipelineSpec
+from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.parallelism import Parallelism
+from input_server.batching.pipeline import Pipeline
+from input_server.data.token_cache import TokenCache
+from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
+
+
+def epoch(spec: PipelineSpec, cache: TokenCache | None, processes: int) -> tuple[float, list]:
+    """(tokens/s, the batches' inputs) of one epoch."""
+    pipeline = Pipeline(spec, token_cache=cache)
+    tokens, inputs = 0, []
+    start = time.perf_counter()
+    with pipeline.stream(parallelism=Parallelism(processes, 2)) as stream:
+        for produced in stream:
+            tokens += produced.num_tokens
+            inputs.append(produced.batch.inputs.copy())
+    return tokens / (time.perf_counter() - start), inputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out")
+    parser.add_argument("--spec", help="a spec TOML to measure instead of the docstrings")
+    args = parser.parse_args()
+    ensure_absl_flags_parsed()
+    with tempfile.TemporaryDirectory() as d:
+        if args.spec:
+            spec = PipelineSpec.from_toml(args.spec)
+            spec = spec.replace(order={"epochs": 1}, tokenizer={"backend": "reference"})
+            documents = len(Pipeline(spec).source)
+        else:
+            docs = stdlib_docstrings()
+            path = write_jsonl(docs * args.repeat, os.path.join(d, "docs.jsonl"))
+            model = train_sentencepiece(docs, os.path.join(d, "spm"), vocab_size=1000)
+            spec = PipelineSpec(
+                source={"paths": [path]},
+                tokenizer={"model": model},
+                batch={"seq_len": 1024, "size": 16},
+                order={"epochs": 1},
+            )
+            documents = len(docs) * args.repeat
+        rates: dict[str, list[float]] = {}
+        same = True
+        for _ in range(args.rounds):
+            folder = os.path.join(d, "cache")
+            shutil.rmtree(folder, ignore_errors=True)
+            cache = TokenCache(folder, 8 << 30)
+            runs = {
+                "no_cache": epoch(spec, None, 0),
+                "first_epoch_cached": epoch(spec, cache, 0),
+                "second_epoch_cached": epoch(spec, cache, 0),
+                "second_epoch_cached_2_processes": epoch(spec, cache, 2),
+            }
+            want = runs["no_cache"][1]
+            for name, (rate, got) in runs.items():
+                rates.setdefault(name, []).append(rate)
+                same &= len(got) == len(want) and all(map(np.array_equal, got, want))
+            cache.close()
+        ratio = {
+            f"{k}_over_no_cache": statistics.median(
+                a / b for a, b in zip(v, rates["no_cache"], strict=True)
+            )
+            for k, v in rates.items()
+            if k != "no_cache"
+        }
+        emit_json(
+            {
+                "host": platform.node(),
+                "cpus": os.cpu_count(),
+                "date": time.strftime("%Y-%m-%d"),
+                "command": " ".join(sys.argv),
+                "documents": documents,
+                "tokens_per_s": {k: max(v) for k, v in rates.items()},
+                "ratios": ratio,
+                "same_batches": same,
+            },
+            args.out,
+        )
+
+
+if __name__ == "__main__":
+    main()
