@@ -121,7 +121,7 @@ def test_bench_kinds_reports_a_row_per_kind(tmp_path, corpus, spm_model):
 
 
 @pytest.mark.parametrize("kind", ["huggingface", "tiktoken"])
-def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models):
+def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models, docs):
     spec = _spec_file(tmp_path / "spec.toml", corpus, kind_models[kind], kind)
     stdout, result = _bench(tmp_path, spec, "--reference-processes", "0")
     assert result["kind"] == kind
@@ -144,6 +144,34 @@ def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models)
         ratios["packing_efficiency_same_order"] == ratios["reference_packing_efficiency_same_order"]
     )
     assert f"{kind} batch encode (limit)" in stdout and result["limit"]["call"] in stdout
+    # Who tokenized, and every document of the corpus compared with the reference.
+    backend = result["tokenizer_backend"]
+    fast = {"huggingface": "fastokens", "tiktoken": "fastokens", "sentencepiece": "reference"}
+    assert backend["backend"] == fast[kind], backend  # the fixture's NFKC model fails kitoken
+    assert backend["documents_differing"] == 0
+    assert backend["documents_compared"] == (0 if kind == "sentencepiece" else len(docs))
+    assert f"tokenizer backend: {backend['backend']}" in stdout
+
+
+def test_token_cache_script_reports_each_epoch_and_the_same_batches(corpus, spm_model, tmp_path):
+    spec = _spec_file(tmp_path / "spec.toml", corpus, spm_model)
+    out = subprocess.run(
+        [sys.executable, script("bench_token_cache.py"), "--spec", spec, "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)
+    assert result["same_batches"] is True
+    assert set(result["tokens_per_s"]) == {
+        "no_cache",
+        "first_epoch_cached",
+        "second_epoch_cached",
+        "second_epoch_cached_2_processes",
+    }
+    assert all(r > 0 for r in result["tokens_per_s"].values())
 
 
 def test_bench_kinds_names_the_kinds_it_knows(tmp_path):
