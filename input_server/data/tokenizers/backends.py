@@ -20,6 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from input_server.data.tokenizers.checks import _NOT_THE_MODEL
+
 # Bare ids of each text, as the kind's reference gives them without BOS/EOS.
 Encode = Callable[[list[str]], list[np.ndarray]]
 
@@ -75,6 +77,12 @@ _PROBED_LOCK = threading.Lock()
 MAX_PROBED = 256
 
 
+def _keep(e: BaseException) -> None:
+    """Raises `e` again if the interpreter must keep it (a stop asked for, memory)."""
+    if isinstance(e, _NOT_THE_MODEL):
+        raise e
+
+
 def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> str | None:
     """None when `fast` gives every text the reference's ids, or refuses what the reference
     refuses; else the first difference, said without the text (a document's content stays out
@@ -82,7 +90,8 @@ def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> 
     must not hide the others."""
     try:
         want = reference(texts)
-    except Exception:
+    except BaseException as e:  # noqa: BLE001 - Rust panics are BaseException
+        _keep(e)
         if len(texts) > 1:
             return next(
                 (w for i, t in enumerate(texts) if (w := difference(reference, fast, name, [t]))),
@@ -90,12 +99,14 @@ def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> 
             )
         try:
             fast(texts)
-        except Exception:  # both refuse it (sentencepiece's lone surrogates): a stream
-            return None  # holding it fails with the reference's error, either way
+        except BaseException as e:  # noqa: BLE001 - both refuse it (sentencepiece's lone
+            _keep(e)  # surrogates): a stream holding it fails with the reference's error
+            return None
         return f"the reference refused a text ({len(texts[0])} characters) that {name} encoded"
     try:
         got = fast(texts)
-    except Exception as e:  # a backend's own failure is a difference, named
+    except BaseException as e:  # noqa: BLE001 - a backend's failure or panic is a difference
+        _keep(e)
         return f"{name} failed: {type(e).__name__}: {str(e)[:200]}"
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
         if len(a) != len(b) or not np.array_equal(a, b):
