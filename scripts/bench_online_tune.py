@@ -39,7 +39,9 @@ from input_server.autotune.measure import tree_cpu_seconds
 from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
 
-FIXED = [(0, 1), (0, 2), (0, 4), (2, 1)]
+# The in-process counts, one process, and 2 processes with 1 and 2 threads: with a fast
+# tokenizer backend the best fixed count may be any of them, so "best fixed" is honest.
+FIXED = [(0, 1), (0, 2), (0, 4), (0, 8), (1, 1), (2, 1), (2, 2)]
 PACE = 5.0
 QUEUE_DEPTH, PREFETCH = 4, 2
 
@@ -170,6 +172,38 @@ def steady_rate(served: Served, spec: PipelineSpec, seconds: float, pace: float 
         return rate, cpu, stream_info(served)
 
 
+def first_seconds(served: Served, spec: PipelineSpec, seconds: float):
+    """A fresh "auto" stream's first `seconds` from its first batch: (batches/s, seconds until
+    it settled or None, what it did while searching: its 1 s windows' rates, the lowest over
+    the first, the server's CPU seconds per batch)."""
+    with served.client.batches(spec, prefetch=PREFETCH) as it:
+        next(it)
+        start, n, settled, looked = time.monotonic(), 0, None, 0.0
+        cpu0, marks, cpu_search = served.cpu_s(), [], None
+        while time.monotonic() - start < seconds:
+            next(it)
+            n += 1
+            now = time.monotonic()
+            if settled is None and now - start >= len(marks) + 1:
+                marks.append(n)  # batches taken by the end of each second while searching
+            if settled is None and now - looked > 0.5:
+                looked = now
+                if stream_info(served).tuning_state == "settled":
+                    settled = looked - start
+                    cpu_search = (served.cpu_s() - cpu0, n)
+        rate = n / (time.monotonic() - start)
+    rates = [b - a for a, b in zip([0, *marks[:-1]], marks, strict=True)]
+    return (
+        rate,
+        settled,
+        {
+            "rates": rates,
+            "min_over_start": min(rates) / rates[0] if len(rates) > 1 and rates[0] else None,
+            "cpu_per_batch": cpu_search[0] / cpu_search[1] if cpu_search else None,
+        },
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out")
@@ -210,11 +244,15 @@ def main() -> None:
 
         # Unthrottled: every fixed count and "auto" (fresh spec), alternating, best of rounds.
         rates: dict[str, list[float]] = {}
+        cpu_per_batch: dict[str, list[float]] = {}
         with Served(d, "off") as served:
             for _ in range(args.rounds):
                 for p, t in FIXED:
-                    r, _, _ = steady_rate(served, spec_for(path, model, fixed(p, t)), args.seconds)
+                    r, cpu, _ = steady_rate(
+                        served, spec_for(path, model, fixed(p, t)), args.seconds
+                    )
                     rates.setdefault(f"{p}x{t}", []).append(r)
+                    cpu_per_batch.setdefault(f"{p}x{t}", []).append(cpu / r)
                 r, _, info = steady_rate(
                     served, spec_for(path, model, auto, next(seeds)), args.seconds
                 )
@@ -226,21 +264,13 @@ def main() -> None:
                 )
             # A fresh "auto" stream from its first batch: what the trainer gets while it
             # searches (and settles), and when it settled.
-            firsts, settle = [], []
+            firsts, settle, search = [], [], []
             for _ in range(args.rounds):
                 spec = spec_for(path, model, auto, next(seeds))
-                with served.client.batches(spec, prefetch=PREFETCH) as it:
-                    next(it)
-                    start, n, settled, looked = time.monotonic(), 0, None, 0.0
-                    while time.monotonic() - start < args.first_seconds:
-                        next(it)
-                        n += 1
-                        if settled is None and time.monotonic() - looked > 0.5:
-                            looked = time.monotonic()
-                            if stream_info(served).tuning_state == "settled":
-                                settled = looked - start
-                    firsts.append(n / (time.monotonic() - start))
-                    settle.append(settled)
+                rate, settled, seen = first_seconds(served, spec, args.first_seconds)
+                firsts.append(rate)
+                settle.append(settled)
+                search.append(seen)
         fixed_counts = [f"{p}x{t}" for p, t in FIXED]
         best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
         # Per round: "auto" over the best fixed count of the same round; the median of those.
@@ -260,6 +290,19 @@ def main() -> None:
             f"auto_first_{args.first_seconds:g}s_over_best_fixed": statistics.median(firsts)
             / max(rates[best_fixed]),
             "auto_settled_at_s": settle,
+            # While searching (first batch to settled), per round: the lowest 1 s window's rate
+            # over the first window's (the opening parallelism's), and the server's CPU per
+            # batch over the best fixed count's (its steady CPU per batch, median of rounds).
+            "auto_search_min_1s_over_start": [s["min_over_start"] for s in search],
+            "auto_search_1s_rates": [s["rates"] for s in search],
+            "auto_search_cpu_per_batch_over_best_fixed": [
+                s["cpu_per_batch"] / statistics.median(cpu_per_batch[best_fixed])
+                for s in search
+                if s["cpu_per_batch"]
+            ],
+            "cpu_ms_per_batch": {
+                k: round(1e3 * statistics.median(v), 3) for k, v in cpu_per_batch.items()
+            },
         }
         bp, bt = map(int, best_fixed.split("x"))
         if args.only_unthrottled:

@@ -137,6 +137,15 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
     return total
 
 
+def host_busy_seconds() -> float:
+    """CPU seconds so far that the whole host spent busy (every process: a trainer's too), over
+    all its cores; what is neither idle nor waiting on I/O, as psutil's `cpu_percent` counts."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
 def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
     """CPU seconds, RSS bytes of this process, and of worker processes started since."""
     import psutil

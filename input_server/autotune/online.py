@@ -27,6 +27,8 @@ import math
 from input_server.autotune.live import Window
 from input_server.autotune.measurements import Measurement, Tuning
 from input_server.autotune.policy import (
+    PLATEAU_GAIN,
+    PROCESS_CPU_COST,
     SERVER_CAP,
     TARGET_HEADROOM,
     contenders,
@@ -34,7 +36,7 @@ from input_server.autotune.policy import (
     over_cap,
     pool,
 )
-from input_server.autotune.search import next_candidate
+from input_server.autotune.search import ladder, next_candidate
 from input_server.batching.parallelism import Parallelism
 
 DEMAND_MOVE = 0.25
@@ -47,22 +49,6 @@ CONFIRM_WINDOWS = 2
 # Windows a settled stream ignores its triggers after settling: the new parallelism warms up.
 COOLDOWN_WINDOWS = 3
 MAX_COOLDOWN_WINDOWS = 60
-
-
-def ladder(cpus: int, *, default_threads) -> list[Parallelism]:
-    """The candidates a demand walk moves along, cheapest first: in-process threads doubling
-    up to twice the cores, then worker processes doubling up to the cores."""
-    rungs = [Parallelism(0, t) for t in _doubling(1, max(2, 2 * cpus))]
-    rungs += [Parallelism(p, default_threads(p)) for p in _doubling(2, cpus)]
-    return rungs
-
-
-def _doubling(first: int, last: int) -> list[int]:
-    out, n = [], first
-    while n <= last:
-        out.append(n)
-        n *= 2
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +104,9 @@ class OnlineSearch:
         self.searches = 0 if remembered else 1
         self._search_started: float | None = None
         self._unavailable: set[Parallelism] = set()  # over the server's free processes
+        # Each candidate's windows: seconds, the server's CPU seconds, the host's busy ones, and
+        # the batches the loop took.
+        self._host: dict[Parallelism, tuple[float, float, float, float]] = {}
         self._streak: list[str] = []
         self._cooldown = COOLDOWN_WINDOWS if remembered else 0
         self._now = 0.0
@@ -132,10 +121,13 @@ class OnlineSearch:
         now: float,
         cpu_cores: float = 0.0,
         rss_mb: float = 0.0,
+        host_cores: float = 0.0,
     ) -> Step:
         """Takes one window of the current parallelism; `demand` is the loop's measured pace
-        in batches/s (None when it took all the stream made)."""
+        in batches/s (None when it took all the stream made), `host_cores` the host's busy
+        cores meanwhile, every process counted (0: not measured)."""
         self._now = now
+        took = w.batches_per_s if demand is None else demand
         if self.target > 0:
             demand = self.target
         elif w.free_running:
@@ -151,6 +143,15 @@ class OnlineSearch:
             seconds=w.seconds,
             batches=w.batches,
         )
+        if host_cores > 0:
+            s, server, host, taken = self._host.get(self.current, (0.0, 0.0, 0.0, 0.0))
+            t = w.seconds
+            self._host[self.current] = (
+                s + t,
+                server + cpu_cores * t,
+                host + host_cores * t,
+                taken + took * t,
+            )
         if self.settled:
             return self._watch(row, demand, now)
         if self._search_started is None:
@@ -180,13 +181,37 @@ class OnlineSearch:
     def _row(self, parallelism: Parallelism) -> Measurement | None:
         return next((r for r in self.rows if r.ran and r.parallelism == parallelism), None)
 
+    def _host_busy(self) -> bool:
+        """Whether the host had too few idle cores, while the fastest in-process candidate ran,
+        for worker processes to gain on it (`policy.PROCESS_CPU_COST`)."""
+        inproc = [r for r in self.rows if r.ran and r.parallelism.in_process]
+        if not inproc:
+            return False
+        best = max(inproc, key=lambda r: r.batches_per_s).parallelism
+        seconds, server, host, _ = self._host.get(best, (0.0, 0.0, 0.0, 0.0))
+        if seconds <= 0 or server <= 0:
+            return False  # not measured
+        idle = max(0.0, self.cpus * seconds - host)
+        return server + idle < PROCESS_CPU_COST * (1 + PLATEAU_GAIN) * server
+
+    def _as_good(self, cheap: Parallelism, dear: Parallelism) -> bool:
+        """Whether, on busy cores (`_host_busy`), the loop took as much (within PLATEAU_GAIN)
+        while `cheap` ran as while `dear` did: a loop that shares the cores gains nothing from
+        the stream's extra workers (they take CPU from it; its capacity, read from busy time,
+        is then no guide)."""
+        a, b = self._host.get(cheap), self._host.get(dear)
+        if a is None or b is None or not self._host_busy():
+            return False
+        return (1 + PLATEAU_GAIN) * a[3] / a[0] >= b[3] / b[0]
+
     # --- searching ------------------------------------------------------------------------
 
     def _search(self, demand: float | None, now: float) -> Step:
         self.demand = demand
         out_of_time = now - (self._search_started or now) >= self.tune_seconds
+        host_busy = self._host_busy()
         if demand is None:
-            nxt = next_candidate(self.rows, cpus=self.cpus, **self.caps)
+            nxt = next_candidate(self.rows, cpus=self.cpus, host_busy=host_busy, **self.caps)
             if out_of_time and nxt is not None and not nxt.skip:
                 # Still gaining when the bound came: the choice says so ("time limit").
                 self.rows.append(Measurement(parallelism=nxt.parallelism, skipped="time limit"))
@@ -206,16 +231,38 @@ class OnlineSearch:
             return self._settle(demand, "the time bound")
         need = TARGET_HEADROOM * demand
         here = self._row(self.current)
-        meets = here is not None and here.batches_per_s >= need
-        rungs = [c for c in self.ladder if c not in self._unavailable and self._fits(c)]
+        # Or, on busy cores, the loop took as much here as at a dearer rung that meets it.
+        meets = here is not None and (
+            here.batches_per_s >= need
+            or any(
+                (r := self._row(d)) is not None
+                and r.batches_per_s >= need
+                and self._as_good(self.current, d)
+                for d in self.ladder
+                if d > self.current
+            )
+        )
+        rungs = [
+            c
+            for c in self.ladder
+            if c not in self._unavailable and self._fits(c) and not (host_busy and c.processes)
+        ]
         if meets:
-            cheaper = [c for c in rungs if c < self.current]
-            if cheaper and self._row(cheaper[-1]) is None:
-                return Step(
-                    cheaper[-1],
-                    f"searching: meets {need:.1f} batches/s "
-                    f"({TARGET_HEADROOM:g} x the demand); trying fewer",
-                )
+            # Down past the cheaper rungs already measured to meet this need, to the first not
+            # measured: a rung measured when the loop asked more (a loop that shares the cores
+            # takes more when the stream takes less CPU) may have been left too soon.
+            for c in reversed([c for c in rungs if c < self.current]):
+                r = self._row(c)
+                if r is None:
+                    return Step(
+                        c,
+                        f"searching: meets {need:.1f} batches/s "
+                        f"({TARGET_HEADROOM:g} x the demand); trying fewer",
+                    )
+                if r.batches_per_s < need and not self._as_good(c, self.current):
+                    if r.samples < 2 and self._host_busy():  # one window on busy cores: noisy
+                        return Step(c, f"searching: measuring {c} again")
+                    break
             return self._settle(demand, "the demand")
         dearer = [c for c in rungs if c > self.current]
         for c in dearer:
@@ -270,7 +317,7 @@ class OnlineSearch:
         return not over_cap(c.workers, c.workers * self.mb_per_worker + process_mb, **self.caps)
 
     def _settle(self, demand: float | None, why: str) -> Step:
-        tuning = self._decide(demand)
+        tuning = self._cheapest_as_good(self._decide(demand))
         self.tuning = dataclasses.replace(tuning, tune_seconds=self._elapsed())
         self.settled = True
         # A demand no candidate met is a loop that takes all the stream makes: its pace then
@@ -281,7 +328,24 @@ class OnlineSearch:
         # make the stream cycle between searches).
         self._cooldown = min(MAX_COOLDOWN_WINDOWS, COOLDOWN_WINDOWS * 2 ** (self.searches - 1))
         to = tuning.parallelism
+        if to.in_process and self.cpus > 1 and self._host_busy():
+            why += "; no worker processes tried: too few idle cores for them to gain"
         return Step(None if to == self.current else to, f"settled for {why}: {tuning.reason}")
+
+    def _cheapest_as_good(self, tuning: Tuning) -> Tuning:
+        """`tuning`, or for a demand met, the cheapest candidate at which the loop took as much
+        (`_as_good`): on busy cores the headroom read from busy time is no guide."""
+        p = tuning.parallelism
+        cheaper = [
+            r.parallelism
+            for r in self._choosable()
+            if r.ran and r.parallelism < p and self._as_good(r.parallelism, p)
+        ]
+        if tuning.reason != "target met" or not cheaper:
+            return tuning
+        c = min(cheaper)
+        detail = f"the loop, sharing busy cores, took as much at {c} as at {p} ({tuning.detail})"
+        return dataclasses.replace(tuning, parallelism=c, detail=detail)
 
     def _elapsed(self) -> float:
         return 0.0 if self._search_started is None else self._now - self._search_started
@@ -301,6 +365,8 @@ class OnlineSearch:
         self.settled = False
         self.searches += 1
         self.rows = [row]
+        # Other candidates' figures are of another time; the current one's go on.
+        self._host = {p: v for p, v in self._host.items() if p == self.current}
         self._unavailable.clear()
         self._search_started = now
         self._streak = []

@@ -52,6 +52,16 @@ CONFIRM_MAX = 2
 # Processes are tried when the in-process candidates keep fewer than this share of the cores
 # busy: their per-record Python work (and the packer, in the server) holds the GIL.
 GIL_BOUND_SHARE = 0.9
+# ...and when the host's idle cores could pay for them. A process's batch costs more CPU than
+# a thread's (a copy of every group, an interpreter each): 1.15-1.35 x on the docstrings with
+# sentencepiece, 1.3-2 x on Llama 3 and Qwen3 with fastokens (`bench_online_tune.py`,
+# `cpu_ms_per_batch`). So processes can gain PLATEAU_GAIN only where the server's busy cores
+# plus the host's idle ones (every process counted: the loop's, a trainer's) come to
+# PROCESS_CPU_COST x (1 + PLATEAU_GAIN) x the server's. Where they do not, spawning them is
+# all cost: 2 processes on 2 cores busy with client and server stalled the stream ~2 s and then
+# gave 20 % fewer batches than 4 threads (docs/benchmarks.md, "The live search on fast
+# tokenizers").
+PROCESS_CPU_COST = 1.2
 TUNE_SECONDS = 20.0
 # Why a candidate was skipped when the server's free worker processes could not run it.
 SERVER_CAP = "server's max workers"

@@ -70,6 +70,7 @@ def next_candidate(
     ram_budget_mb: float = math.inf,
     target_batches_per_s: float = 0.0,
     max_workers: int = 0,
+    host_busy: bool = False,
 ) -> Candidate | None:
     """What to measure next, given the table so far; None when the search is over. Pure.
 
@@ -78,7 +79,9 @@ def next_candidate(
     to `cpus`, the in-process choice's threads shared among them) only if the in-process runs
     left cores idle (per-record Python work holds the GIL) or fell short of the target; they
     stop after one doubling without gain. One process is not tried: it adds a copy of every
-    group for no more parallelism than the server's own threads. A target met ends
+    group for no more parallelism than the server's own threads. Nor are any when the caller
+    measured too few idle cores on the host while the in-process candidates ran for
+    processes, dearer in CPU, to gain (`host_busy`, `policy.PROCESS_CPU_COST`). A target met ends
     everything. A candidate over a cap (`capped`) comes back with `skip` set (the caller
     records it), which ends its kind's search.
     """
@@ -105,7 +108,7 @@ def next_candidate(
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
         short = target_batches_per_s > 0
-        if cpus < 2 or not ran or not (gil_bound or short):
+        if cpus < 2 or not ran or not (gil_bound or short) or host_busy:
             return None
         return check(2, _threads_per_process(ran, 2))
     ran = [m for m in procs if m.ran]
@@ -127,6 +130,22 @@ def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
         if m.batches_per_s * (1 + PLATEAU_GAIN) >= best
     )
     return max(1, threads // processes)
+
+
+def ladder(cpus: int, *, default_threads) -> list[Parallelism]:
+    """The candidates a demand walk moves along, cheapest first: in-process threads doubling
+    up to twice the cores, then worker processes doubling up to the cores."""
+    rungs = [Parallelism(0, t) for t in _doubling(1, max(2, 2 * cpus))]
+    rungs += [Parallelism(p, default_threads(p)) for p in _doubling(2, cpus)]
+    return rungs
+
+
+def _doubling(first: int, last: int) -> list[int]:
+    out, n = [], first
+    while n <= last:
+        out.append(n)
+        n *= 2
+    return out
 
 
 def skipped_row(c: Candidate, rows: Sequence[Measurement]) -> Measurement:

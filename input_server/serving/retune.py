@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from input_server.autotune.live import Window, window
-from input_server.autotune.measure import tree_cpu_seconds
+from input_server.autotune.measure import host_busy_seconds, tree_cpu_seconds
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.online import OnlineSearch, Step
 from input_server.autotune.policy import SERVER_CAP
@@ -117,8 +117,9 @@ class StreamTuner:
                 measured = self._window()
                 if measured is None:
                     continue
-                window, demand, cpu_cores = measured
-                step = self._observe(window, demand, cpu_cores, self._worker_rss_mb())
+                window, demand, cpu_cores, host_cores = measured
+                rss_mb = self._worker_rss_mb()
+                step = self._observe(window, demand, cpu_cores, rss_mb, host_cores)
                 self._follow(step, window, demand)
                 failures = 0
             except Exception:  # noqa: BLE001 - tuning must never end the stream it serves
@@ -131,11 +132,23 @@ class StreamTuner:
                     return
                 self._stop.wait(WINDOW_S)
 
-    def _observe(self, window: Window, demand: float, cpu_cores: float, rss_mb: float) -> Step:
+    def _observe(
+        self,
+        window: Window,
+        demand: float,
+        cpu_cores: float,
+        rss_mb: float,
+        host_cores: float = 0.0,
+    ) -> Step:
         """The search's step for this window; a search it starts again shows in `reason`."""
         was_settled = self.search.settled
         step = self.search.observe(
-            window, demand=demand, now=clock(), cpu_cores=cpu_cores, rss_mb=rss_mb
+            window,
+            demand=demand,
+            now=clock(),
+            cpu_cores=cpu_cores,
+            rss_mb=rss_mb,
+            host_cores=host_cores,
         )
         if was_settled and not self.search.settled:
             # The settled (or remembered) choice's reason no longer says why the stream runs
@@ -238,10 +251,11 @@ class StreamTuner:
         self._meter.wait_batches(start + 1, None, until=self._stop.is_set)
         self._stop.wait(WARMUP_S)
 
-    def _window(self) -> tuple[Window, float, float] | None:
-        """The next window: what the stream did, the loop's pace and the CPU cores busy."""
+    def _window(self) -> tuple[Window, float, float, float] | None:
+        """The next window: what the stream did, the loop's pace, the CPU cores the server's
+        process tree kept busy and those busy on the whole host."""
         start, taken0 = self._meter.totals(), self._taken()
-        cpu0 = tree_cpu_seconds()
+        cpu0, host0 = tree_cpu_seconds(), host_busy_seconds()
         # Long enough in time first (a sleep), then in batches (woken by the meter's batches,
         # not by a clock): a loop at a few batches a second pays for no polling.
         if self._stop.wait(WINDOW_S):
@@ -255,11 +269,12 @@ class StreamTuner:
         now = self._meter.totals()
         measured = window(start, now, self.stream.parallelism.workers)
         cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
+        host_cores = (host_busy_seconds() - host0) / max(measured.seconds, 1e-9)
         if measured.batches < MIN_BATCHES:
             return None
         demand = (self._taken() - taken0) / measured.seconds
         self.demand = 0.0 if measured.free_running and self.search.target <= 0 else demand
-        return measured, demand, cpu_cores
+        return measured, demand, cpu_cores, host_cores
 
     def _worker_rss_mb(self) -> float:
         import psutil

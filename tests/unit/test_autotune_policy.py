@@ -166,6 +166,19 @@ def test_search_tries_processes_when_python_work_holds_the_gil():
     assert t.parallelism.processes == 8
 
 
+def test_search_spawns_no_processes_when_the_hosts_cores_were_busy():
+    """The server alone looks GIL-bound (1 of 2 cores), but the loop beside it (a trainer, the
+    client) kept the other core busy: processes have no idle core to use."""
+
+    def curve(p, t):
+        return row(p, t, 100, cpu=1.0) if p == 0 else row(p, t, 80 * p, cpu=float(p))
+
+    busy = search(curve, cpus=2, host_busy=True)
+    assert busy and all(m.parallelism.in_process for m in busy)
+    idle = search(curve, cpus=2)  # the same curve on a host with an idle core
+    assert any(not m.parallelism.in_process for m in idle)
+
+
 def test_search_skips_processes_predicted_over_the_ram_budget():
     def curve(p, t):
         if p == 0:

@@ -210,3 +210,92 @@ def test_each_re_tune_waits_longer_before_the_next():
             if s.settled and s._cooldown == 0 and s.searches > searches - (demand == 6):
                 break
     assert at_settle == [COOLDOWN_WINDOWS, 2 * COOLDOWN_WINDOWS, 4 * COOLDOWN_WINDOWS]
+
+
+def test_no_worker_processes_are_spawned_when_the_hosts_idle_cores_cannot_pay_for_them():
+    """Threads keep the cores busy (the server's own share looks GIL-bound, the loop beside it
+    takes the rest): the search settles in process without a process rung; with an idle
+    core measured, the same windows try processes."""
+
+    def path_with(cpu_cores: float, host_cores: float) -> list[P]:
+        s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: max(1, 2 // max(1, p)))
+        path, now = [s.current], 0.0
+        while not s.settled and now < 30:
+            rate = {1: 80, 2: 100}.get(s.current.workers, 101)
+            now += 1.0
+            w = window(rate, workers=s.current.workers)
+            step = s.observe(w, demand=rate, now=now, cpu_cores=cpu_cores, host_cores=host_cores)
+            if step.to is not None:
+                s.switched(step.to)
+                path.append(step.to)
+        assert s.settled
+        return path
+
+    busy = path_with(1.2, host_cores=1.95)
+    assert all(p.in_process for p in busy), busy
+    # 0.22 cores idle: processes' dearer batches would need 0.4 more (measured on 2 cores).
+    assert all(p.in_process for p in path_with(1.55, host_cores=1.78))
+    assert P(2, 1) in path_with(1.0, host_cores=1.2)
+    assert P(2, 1) in path_with(1.2, host_cores=0.0)  # not measured: as before
+
+
+def test_a_demand_walk_on_busy_cores_stops_at_threads():
+    s = OnlineSearch(P(0, 1), cpus=2, default_threads=lambda p: 1)
+    path, now = [s.current], 0.0
+    for _ in range(20):  # the loop wants more than anything makes; the cores are busy
+        now += 1.0
+        w = window(10 * min(2, s.current.workers), workers=s.current.workers, blocked=0.5)
+        step = s.observe(w, demand=100, now=now, cpu_cores=1.0, host_cores=2.0)
+        if step.to is not None:
+            s.switched(step.to)
+            path.append(step.to)
+    assert s.settled and all(p.in_process for p in path), path
+
+
+@pytest.mark.parametrize(
+    "host_cores, chosen",
+    [
+        (1.97, P(0, 1)),  # busy cores: the loop took most with the fewest threads
+        (1.0, P(0, 4)),  # an idle core: the loop is not slowed by them; the headroom decides
+    ],
+    ids=["busy-cores-cheapest-the-loop-took-as-much", "idle-core-headroom-decides"],
+)
+def test_a_loop_sharing_busy_cores_gets_the_cheapest_at_which_it_took_as_much(host_cores, chosen):
+    """A loop that shares the host's cores with the stream takes less the more threads the
+    stream runs (Llama 3 with fastokens on 2 cores: 1 thread best); read from busy time, only
+    4 threads seem to give 1.25 x its pace."""
+    took = {1: 500.0, 2: 450.0, 4: 420.0}
+    capacity = {1: 520.0, 2: 520.0, 4: 700.0}
+    s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
+    path, now = [s.current], 0.0
+    while not s.settled and now < 30:
+        n = s.current.workers
+        w = window(took[n], workers=n, blocked=0.3, busy=took[n] / capacity[n])
+        now += 1.0
+        step = s.observe(w, demand=took[n], now=now, cpu_cores=0.9, host_cores=host_cores)
+        if step.to is not None:
+            s.switched(step.to)
+            path.append(step.to)
+    assert s.settled and s.tuning.parallelism == chosen, (path, s.tuning)
+    assert s.tuning.reason == "target met"
+
+
+def test_on_busy_cores_a_rung_left_on_one_slow_window_is_measured_again():
+    """The loop's pace on shared cores jumps by a fifth between 1 s windows: a cheaper rung
+    that read slow once is measured again before the dearer one is kept."""
+    took = {1: [500.0], 2: [400.0, 480.0], 4: [450.0]}  # 2 threads: one slow window first
+    capacity = {1: 520.0, 2: 490.0, 4: 700.0}
+    s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
+    path, now, seen = [s.current], 0.0, {1: 0, 2: 0, 4: 0}
+    while not s.settled and now < 30:
+        n = s.current.workers
+        rate = took[n][min(seen[n], len(took[n]) - 1)]
+        seen[n] += 1
+        w = window(rate, workers=n, blocked=0.3, busy=rate / capacity[n])
+        now += 1.0
+        step = s.observe(w, demand=rate, now=now, cpu_cores=0.9, host_cores=2.0)
+        if step.to is not None:
+            s.switched(step.to)
+            path.append(step.to)
+    assert path[:4] == [P(0, 2), P(0, 4), P(0, 2), P(0, 1)], path
+    assert s.settled and s.tuning.parallelism == P(0, 1), s.tuning
