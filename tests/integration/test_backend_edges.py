@@ -10,7 +10,6 @@ import collections
 import os
 import pathlib
 import pickle
-import re
 import time
 import uuid
 from typing import ClassVar
@@ -29,11 +28,11 @@ from input_server.batching.resume import Position
 from input_server.batching.switching import SwitchingStream
 from input_server.data.token_cache import TokenCache
 from input_server.data.tokenizers import KINDS, fast, load_tokenizer, route
-from input_server.data.tokenizers.backends import PROBES
 from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.tiktoken import PATTERN, TiktokenTokenizer
 from input_server.testing.corpus import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.testing.tokenizer_models import write_tiktoken_model
+from tests.integration.test_tokenizer_backends import _first_new_word  # one finder of words
 from tests.support import assert_same_batches, run_pipeline, same_batches
 
 GROUP = 250  # documents a group, in the tests that encode groups themselves
@@ -97,17 +96,6 @@ def _assert_same_group(got, want, what: str) -> None:
 
 def _never(*args, **kwargs):
     raise AssertionError("the reference tokenized a group the backend should have")
-
-
-def _first_new_word(texts: list[str], start: int) -> tuple[str, int]:
-    """A word (and the first document holding it) in no document before `start` and in no
-    probe: a backend wrong only on it passes the gate on the first documents."""
-    seen = "\0".join([*texts[:start], *PROBES])
-    for i in range(start, len(texts)):
-        for word in re.findall(r"[A-Za-z]{6,}", texts[i]):
-            if word not in seen:
-                return word, i
-    raise AssertionError(f"every word after document {start} appears before it")
 
 
 class _Panic(BaseException):
