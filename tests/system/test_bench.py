@@ -21,18 +21,7 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
         f'[source]\npaths = ["{corpus}"]\n[tokenizer]\nmodel = "{spm_model}"\n'
         f"[batch]\nseq_len = 256\nsize = 8\n"
     )
-    out_json = tmp_path / "bench.json"
-    out = subprocess.run(
-        cli_argv(
-            "bench", str(spec), "--json", str(out_json), "--min-tokens", "100000", "--rounds", "1"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out_json.read_text())
+    stdout, result = _bench(tmp_path, str(spec), min_tokens=100_000)
     assert result["kind"] == "sentencepiece"
     assert set(result["reference"]) >= {"0", "1"}
     for figure in (
@@ -53,7 +42,7 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
     # The compact wire form: uint16 inputs (the fixture's vocabulary is 1000) plus a little
     # per segment.
     assert 2.0 <= result["server"]["unix"]["wire_bytes_per_token"] < 3.0
-    assert "in_process_over_limit" in out.stdout
+    assert "in_process_over_limit" in stdout
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +65,12 @@ def _spec_file(path, corpus, model, kind="sentencepiece"):
     return str(path)
 
 
-def _bench(tmp_path, *args):
+def _bench(tmp_path, *args, min_tokens: int = 30_000):
     """`input-server bench ARGS --json OUT` at small sizes; (stdout, the JSON)."""
     out_json = tmp_path / "bench.json"
+    bench = ("bench", *args, "--json", str(out_json), "--min-tokens", str(min_tokens))
     out = subprocess.run(
-        cli_argv("bench", *args, "--json", str(out_json), "--min-tokens", "30000", "--rounds", "1"),
+        cli_argv(*bench, "--rounds", "1"),
         capture_output=True,
         text=True,
         timeout=600,
@@ -88,6 +78,20 @@ def _bench(tmp_path, *args):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout, json.loads(out_json.read_text())
+
+
+def _run_script(tmp_path, name: str, *args: str, timeout: float = 300) -> str:
+    """`python scripts/NAME ARGS` run from `tmp_path` (a benchmark runs from any folder); its
+    stdout, once it has exited 0."""
+    out = subprocess.run(
+        [sys.executable, script(name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
 
 
 def test_bench_kinds_reports_a_row_per_kind(tmp_path, corpus, spm_model):
@@ -155,15 +159,8 @@ def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models,
 
 def test_token_cache_script_reports_each_epoch_and_the_same_batches(corpus, spm_model, tmp_path):
     spec = _spec_file(tmp_path / "spec.toml", corpus, spm_model)
-    out = subprocess.run(
-        [sys.executable, script("bench_token_cache.py"), "--spec", spec, "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout)
+    stdout = _run_script(tmp_path, "bench_token_cache.py", "--spec", spec, "--rounds", "1")
+    result = json.loads(stdout)
     assert result["same_batches"] is True
     assert set(result["tokens_per_s"]) == {
         "no_cache",
@@ -206,27 +203,13 @@ def test_the_reference_encodes_each_document_as_the_pipeline(docs, spm_model, ki
 
 @pytest.mark.parametrize("pace_ms", [0, 5])
 def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            script("bench_grpc.py"),
-            "--rows",
-            "4",
-            "--seq-len",
-            "256",
-            "--messages",
-            "200" if pace_ms else "1000",
-            "--pace-ms",
-            str(pace_ms),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
     # (Enough messages that the server's CPU, read in the kernel's 10 ms ticks, spans several.)
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout[out.stdout.index("{") :])
+    messages = "200" if pace_ms else "1000"
+    stdout = _run_script(
+        tmp_path, "bench_grpc.py", "--rows", "4", "--seq-len", "256", "--messages", messages,
+        "--pace-ms", str(pace_ms),
+    )  # fmt: skip
+    result = json.loads(stdout[stdout.index("{") :])
     assert result["tokens_per_message"] == 1024
     assert result["message_bytes"] > 2 * 1024  # uint16 ids
     runs = {(r["server"], r["client"]) for r in result["results"]}
@@ -239,26 +222,11 @@ def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
 
 
 def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model, tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            script("bench_tokenize.py"),
-            "--corpus",
-            corpus,
-            "--model",
-            spm_model,
-            "--seq-len",
-            "32",
-            "--seconds",
-            "0.2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout)
+    stdout = _run_script(
+        tmp_path, "bench_tokenize.py", "--corpus", corpus, "--model", spm_model,
+        "--seq-len", "32", "--seconds", "0.2",
+    )  # fmt: skip
+    result = json.loads(stdout)
     assert set(result["ratios"]) == {
         "numpy_over_ints",
         "two_threads_over_one",
@@ -277,32 +245,12 @@ def test_tokenize_script_reports_each_comparison_and_the_cut(corpus, spm_model, 
 
 
 def test_message_size_script_compares_each_size_through_the_server(corpus, spm_model, tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            script("bench_message_size.py"),
-            "--corpus",
-            corpus,
-            "--model",
-            spm_model,
-            "--batch-size",
-            "2",
-            "--seq-len",
-            "64",
-            "--sizes",
-            "128,1024",
-            "--rounds",
-            "1",
-            "--min-tokens",
-            "300000",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout[out.stdout.index("{") :])
+    stdout = _run_script(
+        tmp_path, "bench_message_size.py", "--corpus", corpus, "--model", spm_model,
+        "--batch-size", "2", "--seq-len", "64", "--sizes", "128,1024", "--rounds", "1",
+        "--min-tokens", "300000",
+    )  # fmt: skip
+    result = json.loads(stdout[stdout.index("{") :])
     assert set(result["sizes"]) == {"128", "1024"}
     for v in result["sizes"].values():
         assert v["over_in_process"] > 0
@@ -314,20 +262,13 @@ def test_bench_hostile_reports_each_attack_held(tmp_path):
     """The hostile-clients benchmark at small sizes: the bomb refused by name while the other
     stream flows, health and info answering beside silent calls, a file glob served under a
     descriptor limit of 1,024."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            script("bench_hostile.py"),
-            *("--bomb-mb", "64", "--decompressed-mb", "16", "--memory-gb", "2"),
-            *("--silent", "24", "--files", "60"),
-        ],
-        capture_output=True,
-        text=True,
+    stdout = _run_script(
+        tmp_path, "bench_hostile.py",
+        *("--bomb-mb", "64", "--decompressed-mb", "16", "--memory-gb", "2"),
+        *("--silent", "24", "--files", "60"),
         timeout=600,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout)
+    )  # fmt: skip
+    result = json.loads(stdout)
     bomb = result["bomb"]
     assert bomb["status"] == "RESOURCE_EXHAUSTED" and "--max-decompressed-mb" in bomb["message"]
     assert bomb["server_alive"] and bomb["other_stream_batches_meanwhile"] > 0
@@ -339,15 +280,12 @@ def test_bench_hostile_reports_each_attack_held(tmp_path):
 
 def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_model, tmp_path):
     out_json = tmp_path / "mixture.json"
-    out = subprocess.run(
-        [
-            sys.executable, script("bench_mixture.py"), "--corpus", corpus, "--model", spm_model,
-            "--components", "6", "--rounds", "1", "--min-tokens", "50000", "--seq-len", "256",
-            "--batch-size", "8", "--json", str(out_json),
-        ],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    stdout = _run_script(
+        tmp_path, "bench_mixture.py", "--corpus", corpus, "--model", spm_model,
+        "--components", "6", "--rounds", "1", "--min-tokens", "50000", "--seq-len", "256",
+        "--batch-size", "8", "--json", str(out_json),
+        timeout=900,
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out_json.read_text())
     r = result["results"]
     for name in ("one_source", "mixture", "ids_parquet", "ids_jsonl", "ids_arrayrecord", "limit"):
@@ -364,23 +302,20 @@ def test_bench_mixture_reports_each_stream_and_what_the_server_held(corpus, spm_
         "mixture_over_one_source",
         "ids_parquet_over_tokenizer_limit",
     }
-    assert "mixture_over_one_source" in out.stdout
+    assert "mixture_over_one_source" in stdout
 
 
 def test_bench_fanin_compares_one_server_two_servers_and_tls(corpus, spm_model, tmp_path):
     out_json = tmp_path / "fanin.json"
-    out = subprocess.run(
-        [
-            sys.executable, script("bench_fanin.py"), "--corpus", corpus, "--model", spm_model,
-            "--rounds", "1", "--min-tokens", "20000", "--seq-len", "256", "--batch-size", "4",
-            "--json", str(out_json),
-        ],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    stdout = _run_script(
+        tmp_path, "bench_fanin.py", "--corpus", corpus, "--model", spm_model,
+        "--rounds", "1", "--min-tokens", "20000", "--seq-len", "256", "--batch-size", "4",
+        "--json", str(out_json),
+        timeout=600,
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out_json.read_text())
     for case in ("one_server", "two_servers", "two_servers_arrival", "tcp_plaintext", "tcp_tls"):
         assert result["tokens_per_s"][case] > 0, case
         assert result["runs"][case][0]["client_cpu_ns_per_token"] > 0, case
     assert result["two_over_one"] > 0 and result["tls_over_plaintext"] > 0
-    assert "two servers / one" in out.stdout
+    assert "two servers / one" in stdout
