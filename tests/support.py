@@ -151,6 +151,24 @@ def serve_cli(
     return child, line.split("serving on ", 1)[1].split()
 
 
+def serve_files(
+    folder, *files: str, flags: Sequence[str] = (), name: str = "s", env=None
+) -> tuple[ChildProcess, str]:
+    """`input-server serve FLAGS` on the Unix socket `folder`/NAME.sock, allowed to read the
+    folders that hold `files` (a `--data-root` each), its output in `folder`/NAME.log: the
+    process (the caller kills it) and its target."""
+    roots = dict.fromkeys(os.path.dirname(os.path.abspath(f)) for f in files)
+    child, targets = serve_cli(
+        "--listen",
+        f"unix://{folder}/{name}.sock",
+        *(arg for root in roots for arg in ("--data-root", root)),
+        *flags,
+        log=os.path.join(folder, f"{name}.log"),
+        env=env,
+    )
+    return child, targets[0]
+
+
 # --- Tokens: TCP and abstract listeners need one ------------------------------------------------
 
 # The tokens of the servers tests started, by target: the helpers below send a target's token.

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from input_client import InputClient
-from tests.support import assert_same_batches, serve_cli
+from tests.support import assert_same_batches, serve_files
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The previous release: where issue 27 landed ("stop 32"), which already had issue 28's
@@ -134,23 +134,14 @@ def test_this_client_streams_from_the_previous_server_and_resumes_on_this_one(
         env=env,
     )
     assert which.stdout.startswith(str(previous)), which  # the server below runs that release
-    child, targets = serve_cli(
-        "--listen",
-        f"unix://{tmp_path / 'old.sock'}",
-        "--data-root",
-        os.path.dirname(corpus),
-        "--data-root",
-        os.path.dirname(spm_model),
-        log=str(tmp_path / "old-server.log"),
-        env=env,
-    )
+    child, target = serve_files(tmp_path, corpus, spm_model, name="old", env=env)
     try:
-        with InputClient(targets[0], connect_timeout_s=30) as client:
+        with InputClient(target, connect_timeout_s=30) as client:
             assert client.info().server_version  # it answers this client's GetInfo
         spec = make_spec()
-        from_old, state = _new_batches(targets[0], spec)
+        from_old, state = _new_batches(target, spec)
         # The previous server's own client gives the same batches: this client reads them right.
-        old = _old_client(previous, targets[0], _spec_table(corpus, spm_model))
+        old = _old_client(previous, target, _spec_table(corpus, spm_model))
         assert_same_batches(from_old, _arrays(old["batches"]))
     finally:
         child.kill()
