@@ -1,12 +1,14 @@
 """Benchmark: epochs read through the token cache (`serve --token-cache`) against epochs without.
 
     python scripts/bench_token_cache.py [--repeat 8] [--rounds 2] [--out FILE.json]
+    python scripts/bench_token_cache.py --corpus FILE.jsonl --model M.model   # or --builtin NAME
     python scripts/bench_token_cache.py --spec SPEC.toml   # its source and tokenizer instead
 
-The standard library's docstrings (repeated `--repeat` times, so an epoch is long enough to
-time) with a sentencepiece unigram model trained on them (NFKC: no fast backend passes its gate,
-so the reference tokenizes, which is what the cache keeps). The pipeline runs in this process on
-2 threads (`Pipeline.stream`, no transport). Per round, side by side: an epoch without a cache,
+A corpus and its sentencepiece model (default the standard library's docstrings with a unigram
+model trained on them, `--builtin stdlib-docstrings`), repeated `--repeat` times so that an
+epoch is long enough to time, tokenized by the reference (what the cache keeps; the default
+model is NFKC, which no fast backend takes anyway). The pipeline runs in this process on 2
+threads (`Pipeline.stream`, no transport). Per round, side by side: an epoch without a cache,
 the first epoch with an empty cache (tokenizing and writing), the second epoch (reading back),
 and the second epoch in 2 worker processes. Printed as JSON: tokens/s of each (best round),
 the ratios (median of the rounds' own), and whether every batch equals the uncached epoch's.
@@ -33,7 +35,7 @@ from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.data.token_cache import TokenCache
-from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
+from input_server.testing import corpus
 
 
 def epoch(spec: PipelineSpec, cache: TokenCache | None, processes: int) -> tuple[float, list]:
@@ -48,30 +50,42 @@ def epoch(spec: PipelineSpec, cache: TokenCache | None, processes: int) -> tuple
     return tokens / (time.perf_counter() - start), inputs
 
 
+def _repeated(jsonl: str, times: int, path: str) -> str:
+    """`jsonl`'s lines `times` over, in `path` (the cache keys a document by its place)."""
+    with open(jsonl, "rb") as f:
+        text = f.read()
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    with open(path, "wb") as f:
+        f.write(text * times)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=8)
+    corpus.add_corpus_arguments(parser)
+    parser.add_argument("--repeat", type=int, default=8, help="copies of the corpus an epoch")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out")
-    parser.add_argument("--spec", help="a spec TOML to measure instead of the docstrings")
+    parser.add_argument("--spec", help="a spec TOML to measure instead of a corpus and model")
     args = parser.parse_args()
     ensure_absl_flags_parsed()
     with tempfile.TemporaryDirectory() as d:
         if args.spec:
             spec = PipelineSpec.from_toml(args.spec)
             spec = spec.replace(order={"epochs": 1}, tokenizer={"backend": "reference"})
-            documents = len(Pipeline(spec).source)
         else:
-            docs = stdlib_docstrings()
-            path = write_jsonl(docs * args.repeat, os.path.join(d, "docs.jsonl"))
-            model = train_sentencepiece(docs, os.path.join(d, "spm"), vocab_size=1000)
+            if not (args.corpus or args.model or args.builtin):
+                args.builtin = "stdlib-docstrings"
+            jsonl, model = corpus.corpus_from_arguments(parser, args)
+            path = _repeated(jsonl, args.repeat, os.path.join(d, "docs.jsonl"))
             spec = PipelineSpec(
                 source={"paths": [path]},
-                tokenizer={"model": model},
+                tokenizer={"model": model, "backend": "reference"},
                 batch={"seq_len": 1024, "size": 16},
                 order={"epochs": 1},
             )
-            documents = len(docs) * args.repeat
+        documents = len(Pipeline(spec).source)
         rates: dict[str, list[float]] = {}
         same = True
         for _ in range(args.rounds):
