@@ -8,25 +8,28 @@ entry is a miss (the caller tokenizes again and puts it back); a damaged file is
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 
 import numpy as np
 
 from input_server.data import token_cache_sql as sql
+from input_server.data.token_cache_files import (
+    BUSY_TIMEOUT_S,
+    DB_NAME,
+    Conn,
+    check_folder,
+    file_lock,
+    identity,
+    open_db,
+)
 
 log = logging.getLogger(__name__)
 
-DB_NAME = "tokens.sqlite3"  # fixed: namespaces and keys are data in the table, never paths
-_LOCK_NAME = "tokens.lock"  # serializes setting up and replacing the database between processes
-_BUSY_TIMEOUT_S = 30.0  # writers of other processes wait this long for the write lock
-_WAL_LIMIT_BYTES = 64 << 20  # the WAL is cut back to this after a checkpoint (default: never)
 _EVICT_PAGE = 1024  # rows read per step while choosing what to evict
 _DTYPE = np.dtype("<i4")  # stored little-endian, so a cache folder moves between machines
 # Hits wait in memory and are recorded as used together (`_record`), about once a second:
@@ -34,30 +37,10 @@ _DTYPE = np.dtype("<i4")  # stored little-endian, so a cache folder moves betwee
 # of a 3-9 ms get_many of 256 documents (20-30 us a hit); batched, a hit costs 1.5-5 us.
 _RECORD_AFTER_S = 1.0
 _RECORD_AT = 1 << 16  # or as soon as this many entries wait (memory: a few MB)
-
-
-class _Conn:
-    """A thread's connection, and the file it opened (to notice a database replaced since)."""
-
-    def __init__(self, path: str):
-        # Autocommit (isolation_level=None): transactions are begun explicitly, IMMEDIATE for
-        # writes, because a read upgraded to a write fails at once (no busy wait) in WAL mode
-        # when another process has written in between.
-        self.db = sqlite3.connect(
-            path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        self.file = _identity(path)
-
-    def close(self) -> None:
-        with contextlib.suppress(sqlite3.Error):
-            self.db.close()
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    with contextlib.suppress(FileNotFoundError):
-        st = os.stat(path)
-        return st.st_dev, st.st_ino
-    return None
+# Connections kept open between calls. A connection a thread kept for itself outlived the
+# thread: each stream's and each switch's threads left two descriptors and a page cache
+# behind (200 short threads: 9 -> 409 open descriptors). Calls now borrow one.
+_IDLE_MAX = 8
 
 
 class TokenCache:
@@ -88,15 +71,15 @@ class TokenCache:
         self.folder = os.fspath(folder)
         self.max_bytes = int(max_bytes)
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        check_folder(self.folder)
         self._start()
 
     def _start(self) -> None:
         self._path = os.path.join(self.folder, DB_NAME)
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._conns: list[_Conn] = []  # every thread's, for close()
-        self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "failed_puts": 0}
+        self._idle: list[Conn] = []  # open, lent to no call (at most _IDLE_MAX)
+        self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "failed_gets": 0, "failed_puts": 0}
         # Hits not yet recorded: entry ids by the file they are ids in (a file replaced since
         # is not this one), and when the oldest came.
         self._waiting: dict[tuple[int, int] | None, set[int]] = {}
@@ -111,80 +94,48 @@ class TokenCache:
         self.max_bytes = state["max_bytes"]
         self._start()
 
-    def _conn(self) -> _Conn:
-        """This thread's connection: opened on first use, and again after a fork (a connection
-        must not cross one) or after another thread or process replaced a damaged database."""
+    def _borrow(self) -> Conn:
+        """An open connection for one call: an idle one, or a new one. Anew after a fork (a
+        connection must not cross one) and after a damaged database was replaced."""
         if os.getpid() != self._pid:
             self._start()  # the parent's connections and lock are abandoned, never touched
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and conn.file == _identity(self._path):
-            return conn
+        current = identity(self._path)
+        stale = []
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.file == current:
+                    break
+                stale.append(conn)
+            else:
+                conn = None
+        for old in stale:
+            old.close()
         if conn is not None:
-            self._drop(conn)
+            return conn
         try:
-            conn = self._open()
+            return open_db(self.folder)
         except sqlite3.DatabaseError as e:
             if not sql.damaged(e):
                 raise
             self._replace(None, e)
-            conn = self._open()
-        self._local.conn = conn
+            return open_db(self.folder)
+
+    def _give_back(self, conn: Conn) -> None:
         with self._lock:
-            self._conns.append(conn)
-        return conn
-
-    def _open(self) -> _Conn:
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        conn = _Conn(self._path)
-        db = conn.db
-        try:
-            # NORMAL: in WAL mode a power loss can drop the last commits but not corrupt the
-            # file, and a lost cache entry only costs a tokenization.
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.execute("PRAGMA temp_store = MEMORY")  # sorts stay out of /tmp
-            db.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
-            # Under the file lock: a change of journal mode fails at once, without waiting,
-            # beside another connection; WAL is a property of the file, set once.
-            with self._file_lock():
-                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    db.execute("PRAGMA journal_mode = WAL")
-                # The layout is written with its version, in one transaction.
-                if db.execute("PRAGMA user_version").fetchone()[0] != sql.VERSION:
-                    old = db.execute("SELECT 1 FROM sqlite_schema WHERE name = 'tokens'")
-                    drop = sql.DROP if old.fetchone() else ""
-                    if drop:
-                        log.info("Token cache %s has an older layout: emptied.", self._path)
-                    db.executescript("BEGIN IMMEDIATE;" + drop + sql.SCHEMA + "COMMIT;")
-                conn.file = _identity(self._path)  # the file exists now, whatever it was
-        except sqlite3.Error:
-            conn.close()
-            raise
-        return conn
-
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        fd = os.open(os.path.join(self.folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # and with it the lock
-
-    def _drop(self, conn: _Conn) -> None:
+            if os.getpid() == self._pid and len(self._idle) < _IDLE_MAX:
+                self._idle.append(conn)
+                return
         conn.close()
-        self._local.conn = None
-        with self._lock:
-            if conn in self._conns:
-                self._conns.remove(conn)
 
-    def _replace(self, conn: _Conn | None, error: sqlite3.DatabaseError) -> None:
+    def _replace(self, conn: Conn | None, error: sqlite3.DatabaseError) -> None:
         """Deletes the damaged database so the next connection starts an empty one, unless
         another process has done so since this connection opened it."""
-        seen = conn.file if conn is not None else _identity(self._path)
+        seen = conn.file if conn is not None else identity(self._path)
         if conn is not None:
-            self._drop(conn)
-        with self._file_lock():
-            if _identity(self._path) != seen:
+            conn.close()
+        with file_lock(self.folder):
+            if identity(self._path) != seen:
                 return  # already replaced by someone else
             log.warning("Token cache %s damaged (%s): deleted, starting empty.", self._path, error)
             for suffix in ("", "-wal", "-shm"):
@@ -192,18 +143,30 @@ class TokenCache:
                     os.remove(self._path + suffix)
 
     def _run(self, op):
-        """Runs `op(conn)`; a damaged database is replaced and `op` runs once more on the new,
-        empty one (a second failure is not the file's fault, and is raised)."""
-        conn = self._conn()
+        """Runs `op(conn)` on a borrowed connection; a damaged database is replaced and `op`
+        runs once more on the new, empty one (a second failure is not the file's fault, and
+        is raised). A connection that failed is closed, not lent again."""
+        conn = self._borrow()
         try:
-            return op(conn)
+            result = op(conn)
         except sqlite3.DatabaseError as e:
             if not sql.damaged(e):
+                conn.close()
                 raise
             with contextlib.suppress(sqlite3.Error):
                 conn.db.rollback()
             self._replace(conn, e)
-            return op(self._conn())
+            conn = self._borrow()
+            try:
+                result = op(conn)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        self._give_back(conn)
+        return result
 
     def get_many(self, namespace: str, keys: list[bytes]) -> list[np.ndarray | None]:
         """The ids stored for each key, in order; None for a key not stored.
@@ -217,7 +180,13 @@ class TokenCache:
         """
         if not keys:
             return []
-        found = self._run(lambda conn: self._get(conn, namespace, keys))
+        try:
+            found = self._run(lambda conn: self._get(conn, namespace, keys))
+        except (sqlite3.Error, OSError) as e:
+            # Not damage (that is replaced above): a full disk, a lost mount, a lock held for
+            # longer than the busy timeout. A cache that cannot read only misses.
+            self._failed("failed_gets", f"could not read {len(keys)} entries", e)
+            found = {}
         out = [found.get(bytes(k)) for k in keys]
         hits = sum(a is not None for a in out)
         with self._lock:
@@ -225,7 +194,7 @@ class TokenCache:
             self._counts["misses"] += len(out) - hits
         return out
 
-    def _get(self, conn: _Conn, namespace: str, keys: list[bytes]) -> dict:
+    def _get(self, conn: Conn, namespace: str, keys: list[bytes]) -> dict:
         unique = list(dict.fromkeys(bytes(k) for k in keys))
         found: dict[bytes, np.ndarray] = {}
         hit_ids, bad = [], []
@@ -256,11 +225,15 @@ class TokenCache:
             log.warning("%d damaged token cache entries in %r; deleting them.", len(bad), namespace)
         if due or bad:
             # Waits for the write lock only when it must: damage to delete, or memory to bound.
-            self._write(conn, namespace, bad, wait=bool(bad) or full)
+            self._write(conn, namespace, bad, wait=bool(bad), full=full)
         return found
 
-    def _write(self, conn: _Conn, namespace: str, bad: list, wait: bool = True) -> None:
-        """Records the waiting hits and deletes the damaged entries, in one transaction."""
+    def _write(
+        self, conn: Conn, namespace: str, bad: list, wait: bool = True, full: bool = False
+    ) -> None:
+        """Records the waiting hits and deletes the damaged entries, in one transaction.
+        Without `wait`, a write lock held elsewhere leaves the hits waiting for a later get,
+        or, once `full`, forgets them (their entries keep their older use)."""
         db = conn.db
         try:
             if not wait:  # another writer holds the lock: try again at the next get
@@ -268,10 +241,13 @@ class TokenCache:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:  # busy (past the timeout): the order can wait
             log.debug("token cache: hits not recorded yet (%s)", e)
+            if full:  # memory stays bounded; eviction order is off by these hits only
+                with self._lock:
+                    self._waiting, self._n_waiting = {}, 0
             return
         finally:
             if not wait:
-                db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+                db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         try:
             (now,) = db.execute(sql.CLOCK).fetchone()
             self._record(conn, now)
@@ -281,7 +257,7 @@ class TokenCache:
             db.rollback()
             raise
 
-    def _record(self, conn: _Conn, now: int) -> None:
+    def _record(self, conn: Conn, now: int) -> None:
         """Marks the waiting hits used at `now`, within the caller's transaction.
 
         Hits wait in this object's memory and are recorded together: at its next put, at its
@@ -322,12 +298,19 @@ class TokenCache:
             return
         try:
             self._run(lambda conn: self._put(conn, namespace, rows))
-        except sqlite3.OperationalError as e:
-            with self._lock:
-                self._counts["failed_puts"] += 1
-            log.warning("The token cache could not store %d entries: %s", len(rows), e)
+        except (sqlite3.Error, OSError) as e:
+            self._failed("failed_puts", f"could not store {len(rows)} entries", e)
 
-    def _put(self, conn: _Conn, namespace: str, rows: list) -> None:
+    def _failed(self, count: str, what: str, error: BaseException) -> None:
+        """Counts a read or write the cache could not do; logs the first of each kind (and
+        every 1000th), since a cache that fails once usually fails every call."""
+        with self._lock:
+            self._counts[count] += 1
+            n = self._counts[count]
+        if n == 1 or n % 1000 == 0:
+            log.warning("The token cache in %s %s (%d so far): %s", self.folder, what, n, error)
+
+    def _put(self, conn: Conn, namespace: str, rows: list) -> None:
         db = conn.db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -380,7 +363,6 @@ class TokenCache:
             except sqlite3.Error as e:  # a cache that cannot write only forgets an order
                 log.debug("token cache: hits not recorded at close (%s)", e)
         with self._lock:
-            conns, self._conns = self._conns, []
+            conns, self._idle = self._idle, []
         for conn in conns:
             conn.close()
-        self._local = threading.local()
