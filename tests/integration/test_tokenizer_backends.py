@@ -159,6 +159,32 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
     assert fast.choice.backend == BACKEND[kind]
 
 
+def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models, monkeypatch):
+    """kitoken answers in lists of Python ints: `encode_framed` reads them in one pass, BOS and
+    EOS put in place as it reads (no array a document), and serving goes through it."""
+    tok = _tokenizer(models, "sentencepiece", add_bos=True, add_eos=True)
+    assert tok.choose_backend(texts[:GATE_DOCS]).backend == "kitoken"
+    kitoken = tok._serving()
+    group = [*texts[:40], "", " ", texts[-1]]
+    lists = kitoken._tok.encode_all(group, False)
+    for head, tail in (([], []), ([1], [2]), ([5, 6], []), ([], [7])):
+        flat, offsets = kitoken.encode_framed(group, head, tail)
+        assert flat.dtype == np.int32 and offsets.tolist()[0] == 0
+        got = [flat[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        assert got == [[*head, *x, *tail] for x in lists], (head, tail)
+    assert [x.tolist() for x in kitoken.encode(group)] == lists
+    assert kitoken.encode_framed([], [1], [2])[1].tolist() == [0]
+
+    framed = []
+    real = kitoken.encode_framed
+    monkeypatch.setattr(kitoken, "encode_framed", lambda *a: framed.append(a) or real(*a))
+    tok.audit_every = 0
+    want = _tokenizer(models, "sentencepiece", backend="reference", add_bos=True, add_eos=True)
+    want.choose_backend([])
+    _assert_same_group(tok.encode(group, 3), want.encode(group, 3), "kitoken's group")
+    assert framed and framed[0][1:] == ([want.info().bos_id], [want.info().eos_id])
+
+
 def test_the_audit_checks_one_group_in_audit_every(texts, models):
     tok = _tokenizer(models, "tiktoken")
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "fastokens"

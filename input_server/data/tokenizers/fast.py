@@ -6,6 +6,7 @@ tokenizer) and encodes on the calling thread."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import threading
@@ -173,8 +174,28 @@ class Kitoken:
 
         self._tok = kitoken.Kitoken.from_sentencepiece_file(path)
 
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids in one int32 array, `head` before and `tail` after each text's own,
+        and where each text's start (n + 1 offsets). kitoken answers in lists of Python ints:
+        they are read once, in one pass over the group (an array a text, then their join and
+        the ends put in place, took 1.5-2 x as long a token)."""
+        ids = self._tok.encode_all(texts, False)
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids)), out=offsets[1:])
+        if head or tail:
+            offsets += np.arange(len(ids) + 1) * (len(head) + len(tail))
+            framed: list[list[int]] = []
+            for x in ids:
+                framed += (head, x, tail)
+            ids = framed
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(offsets[-1]))
+        return flat, offsets
+
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(x, np.int32) for x in self._tok.encode_all(texts, False)]
+        flat, offsets = self.encode_framed(texts, [], [])
+        return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
 
 
 def derived_json(path: str, ranks_of, pattern: str, written: str) -> str:

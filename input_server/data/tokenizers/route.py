@@ -97,8 +97,7 @@ class Routed:
         self, fast: Backend, texts: list[str], *, add_bos: bool, add_eos: bool
     ) -> list[np.ndarray]:
         """`_encode`'s answer (each text's ids, BOS/EOS as the flags say) from `fast`."""
-        ends = self._ends(add_bos, add_eos)
-        group = flat_group(*self._fast_flat(fast, texts), *ends, 0, None)
+        group = self._framed_group(fast, texts, *self._ends(add_bos, add_eos), 0, None)
         stops = np.cumsum(group.lengths).tolist()
         return [group.tokens[e - n : e] for e, n in zip(stops, group.lengths.tolist(), strict=True)]
 
@@ -223,6 +222,23 @@ class Routed:
         if trim_to is not None and self.cutter is not None and self.cutter.cuts(texts, trim_to):
             encode = lambda t, **flags: self._fast_ids(fast, t, **flags)  # noqa: E731
             return group_of(self.cutter.encode(encode, texts, trim_to), first_doc, trim_to)
-        flat, offsets = self._fast_flat(fast, texts)
         head, tail = self._ends(self.spec.add_bos, self.spec.add_eos)
-        return flat_group(flat, offsets, head, tail, first_doc, trim_to)
+        return self._framed_group(fast, texts, head, tail, first_doc, trim_to)
+
+    def _framed_group(
+        self,
+        fast: Backend,
+        texts: list[str],
+        head: list[int],
+        tail: list[int],
+        first_doc: int,
+        trim_to: int | None,
+    ) -> TokenGroup:
+        """The group of `texts` by `fast`, `head` and `tail` around each text's ids: put in
+        place as the backend reads its answer when it can (`encode_framed`), else after."""
+        encode_framed = getattr(fast, "encode_framed", None)
+        if encode_framed is None:
+            flat, offsets = self._fast_flat(fast, texts)
+            return flat_group(flat, offsets, head, tail, first_doc, trim_to)
+        flat, offsets = encode_framed(texts, head, tail)
+        return flat_group(flat, offsets, [], [], first_doc, trim_to)
