@@ -13,6 +13,7 @@ naming the server.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -117,9 +118,10 @@ def _array(t: Any, dtypes: tuple[str, ...], shape: tuple[int, ...]) -> np.ndarra
         got = list(t.shape)[:8]
         raise BadBatch(f"`{t.name}` of shape {got}; this stream's is {list(shape)}")
     dtype = np.dtype(t.dtype).newbyteorder("<")
-    if len(t.data) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-        raise BadBatch(f"`{t.name}` of {len(t.data)} bytes for shape {list(shape)} of {t.dtype}")
-    return np.frombuffer(t.data, dtype=dtype).reshape(shape)
+    data = t.data  # each read of the field copies its bytes
+    if len(data) != math.prod(shape) * dtype.itemsize:
+        raise BadBatch(f"`{t.name}` of {len(data)} bytes for shape {list(shape)} of {t.dtype}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def decode_checked(msg: Any, expected: Expected) -> dict[str, np.ndarray]:

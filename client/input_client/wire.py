@@ -160,20 +160,24 @@ def expand_packed(
     used = cum[row_ends] - cum[row_ends - per_row]  # real tokens per row
     slots = per_row + 1
     run_len = np.empty(int(slots.sum()), np.int64)
-    run_id = np.empty_like(run_len)
     pad_slot = np.cumsum(slots) - 1
     is_pad = np.zeros(len(run_len), bool)
     is_pad[pad_slot] = True
     run_len[~is_pad] = lengths
     run_len[pad_slot] = seq_len - used
     first_slot = pad_slot - per_row
-    run_id[:] = np.arange(len(run_len)) - np.repeat(first_slot, slots) + 1
+    run_id = (np.arange(len(run_len)) - np.repeat(first_slot, slots) + 1).astype(np.int32)
     run_id[pad_slot] = 0
-    seg = np.repeat(run_id.astype(np.int32), run_len).reshape(rows, seq_len)
-    run_start = np.cumsum(run_len) - run_len
-    pos = np.arange(rows * seq_len, dtype=np.int32) - np.repeat(run_start, run_len).astype(np.int32)
+    seg = np.repeat(run_id, run_len).reshape(rows, seq_len)
+    # A token's position: its index in the batch less its run's first token's (int32 from the
+    # start: each pass over the batch's tokens is most of the client's time), then 0 in each
+    # row's padding, its last `seq_len - used` tokens.
+    run_start = (np.cumsum(run_len) - run_len).astype(np.int32)
+    pos = np.arange(rows * seq_len, dtype=np.int32)
+    pos -= np.repeat(run_start, run_len)
     pos = pos.reshape(rows, seq_len)
-    pos[seg == 0] = 0
+    if (used < seq_len).any():
+        np.copyto(pos, 0, where=np.arange(seq_len) >= used[:, None])
     return dict(
         zip(
             FIELDS,
