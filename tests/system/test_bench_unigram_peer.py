@@ -39,6 +39,7 @@ def test_peer_script_without_tensorflow_reports_served_rate_and_ids(spm_model, t
     assert rows == {"tokens": short["tokens_per_epoch"], "equal": True}
     assert short["our_backend"]["documents_differing"] == 0
     assert short["served"]["tokens_per_s"] > 0 and short["served"]["tokens"] > 0
+    assert short["served"]["cores_busy"] > 0
     assert short["limit"]["tokens_per_s"] > 0
     assert short["ratios"]["served_over_limit"] > 0
     assert "served_over_peer" not in short["ratios"]
