@@ -68,6 +68,11 @@ PROBES: tuple[str, ...] = (
     "\x00\x01\x7f control \u200b zero width \ufeff bom",
     "http://example.com/path?q=1&r=2#frag user@example.org",
     "Ünïcödé ÀÉÎÕÜ ßẞ İı Ωω Ǆǅǆ",
+    # Runs of one punctuation mark, alone and after newlines: where a unigram model's
+    # segmentations tie (`>>`,`>` or `>`,`>>`), kitoken broke ties unlike sentencepiece on
+    # all 11 unigram models tried (scripts/bench_unigram_peer.py's notes, docs/benchmarks.md).
+    " ".join("w" + c * n for c in "*->=~#." for n in range(3, 34, 5)),
+    "\n".join(c * n for c in "*-=#" for n in (3, 8, 13, 21)),
 )
 
 # The probe verdicts, by (model digest, backend, version): a stream of a model already
