@@ -161,6 +161,7 @@ def encode_documents(
         lengths=lengths,
         audited=texts.audited,  # its texts' audit, carried to the stream's figures
         mismatched=texts.mismatched,
+        fell_back=texts.fell_back,
     )
 
 

@@ -200,6 +200,7 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
     totals.client_wait_s += max(0.0, s.client_wait_s)
     totals.audited_groups += info.audited_groups
     totals.audit_mismatches += info.audit_mismatches
+    totals.backend_failed_groups += info.backend_failed_groups
     for t in s.stages:
         stages[t.stage] += t.seconds
 
@@ -210,6 +211,7 @@ def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
     if choice is not None:
         info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
     info.audited_groups, info.audit_mismatches = stream.meter.audits()
+    info.backend_failed_groups = stream.meter.backend_failures()
 
 
 def log_open(stream_id: int, pipeline, label: str, opening) -> None:

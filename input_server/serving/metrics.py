@@ -105,6 +105,12 @@ class ServerCollector(Collector):
             "Audited groups whose ids differed from the reference's (the reference's served).",
             t.audit_mismatches,
         )
+        yield _counter(
+            "tokenizer_backend_failed_groups",
+            "Groups a fast tokenizer backend failed on (an error, a panic), which the reference "
+            "encoded instead.",
+            t.backend_failed_groups,
+        )
         info = InfoMetricFamily("input_server_build", "The server's version.")
         info.add_metric([], {"version": __version__})
         yield info

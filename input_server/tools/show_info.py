@@ -122,9 +122,11 @@ def format_table(info, address: str) -> str:
             lines.append(f"        why: {s.worker_reason}")
         if s.tokenizer_backend:
             audits = f"; {s.audited_groups} groups audited, {s.audit_mismatches} differed"
+            failed = f"; the backend failed on {s.backend_failed_groups} groups (the reference's)"
             lines.append(
                 f"        tokenized by {s.tokenizer_backend}: {s.tokenizer_backend_why}"
                 + (audits if s.audited_groups else "")
+                + (failed if s.backend_failed_groups else "")
             )
         for w in s.switches:
             lines.append(

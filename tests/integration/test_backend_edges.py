@@ -10,6 +10,7 @@ import collections
 import os
 import pathlib
 import pickle
+import threading
 import time
 import uuid
 from typing import ClassVar
@@ -244,7 +245,7 @@ def test_ranks_with_too_many_merges_are_refused_quickly(texts, tmp_path):
 
 
 def test_a_backend_panic_sends_its_group_to_the_reference(
-    texts, model, corpus_file, monkeypatch, fresh_backends
+    texts, model, corpus_file, monkeypatch, fresh_backends, caplog
 ):
     """A panic (a BaseException that is no Exception) on some groups: those groups get the
     reference's ids, the others the backend's, the stream goes on, the backend still serves."""
@@ -257,11 +258,15 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
     panicked = 0
     for i in range(0, len(docs), GROUP):
         group = docs[i : i + GROUP]
-        panicked += any(word in t for t in group)
-        _assert_same_group(tok.encode(group, i, TRIM), ref.encode(group, i, TRIM), f"group {i}")
+        failed = any(word in t for t in group)
+        panicked += failed
+        got = tok.encode(group, i, TRIM)
+        _assert_same_group(got, ref.encode(group, i, TRIM), f"group {i}")
+        assert got.fell_back == failed, i  # marked, for the stream to count
     assert panicked > 0
     assert next(tok.fell_back_groups) == panicked + 1
     assert tok.choice.backend == "fastokens"
+    assert sum("failed on the group" in r.getMessage() for r in caplog.records) == 1  # the first
 
     # In a pipeline's stream.
     spec = _spec(corpus_file, model)
@@ -269,10 +274,48 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
     monkeypatch.setitem(KINDS, "tiktoken", _OnWordKind)
     pipeline = Pipeline(spec)
     assert pipeline.tokenizer.choice.backend == "fastokens"
-    got = run_pipeline(pipeline, threads=2)
+    meter = LiveMeter()  # what the stream's info, metrics and `info` line read
+    with pipeline.stream(None, parallelism=Parallelism(0, 2), meter=meter) as stream:
+        got = list(stream)
     assert_same_batches(got, want)
-    assert next(pipeline.tokenizer.fell_back_groups) > 1
+    assert next(pipeline.tokenizer.fell_back_groups) - 1 == meter.backend_failures() > 0
     assert pipeline.tokenizer.choice.backend == "fastokens"
+
+
+def test_a_load_holds_up_no_model_already_loaded(
+    texts, model, tmp_path, monkeypatch, fresh_backends
+):
+    """One model's backend loading (Llama 3's takes seconds; a crafted one longer) keeps no
+    other stream from a model already loaded; a second load of the same model waits for the
+    first and shares it."""
+    loaded = TiktokenTokenizer(TokenizerSpec(model=model, kind="tiktoken"))
+    fast_loaded = loaded._loaded_backend("fastokens")
+    other_path = write_tiktoken_model(texts[600:900], tmp_path / "o.tiktoken", vocab_size=700)
+    other = TiktokenTokenizer(TokenizerSpec(model=other_path, kind="tiktoken"))
+    started, release = threading.Event(), threading.Event()
+    real, loads = TiktokenTokenizer._backend, []
+
+    def slow(self, name):
+        if self.digest() == other.digest():
+            loads.append(name)
+            started.set()
+            assert release.wait(60)
+        return real(self, name)
+
+    monkeypatch.setattr(TiktokenTokenizer, "_backend", slow)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(other._loaded_backend("fastokens")))]
+    threads[0].start()
+    assert started.wait(60)
+    threads.append(threading.Thread(target=lambda: got.append(other._loaded_backend("fastokens"))))
+    threads[1].start()
+    t0 = time.monotonic()
+    assert loaded._loaded_backend("fastokens") is fast_loaded
+    assert time.monotonic() - t0 < 1  # not behind the other model's load
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert loads == ["fastokens"] and len(got) == 2 and got[0] is got[1]
 
 
 def test_a_backend_panic_in_the_gate_leaves_the_reference(

@@ -441,6 +441,7 @@ def test_a_served_stream_says_who_tokenized_it(corpus_file, models, short_tmp, p
     assert fast.tokenizer_backend == "fastokens"
     assert "gave the reference's ids" in fast.tokenizer_backend_why
     assert fast.audited_groups > 0 and fast.audit_mismatches == 0
+    assert fast.backend_failed_groups == 0 and totals.backend_failed_groups == 0
     assert ref.tokenizer_backend == "reference" and "asked for" in ref.tokenizer_backend_why
     assert ref.audited_groups == 0
     # All of the auto stream's groups were audited by the time it ended.
@@ -448,6 +449,7 @@ def test_a_served_stream_says_who_tokenized_it(corpus_file, models, short_tmp, p
     samples = {s.name: s.value for f in text_string_to_metric_families(page) for s in f.samples}
     assert samples["input_server_tokenizer_audited_groups_total"] == totals.audited_groups
     assert samples["input_server_tokenizer_audit_mismatches_total"] == 0
+    assert samples["input_server_tokenizer_backend_failed_groups_total"] == 0
 
 
 def test_the_server_refuses_a_backend_by_name(corpus_file, models, server):

@@ -98,9 +98,7 @@ def test_a_folder_others_can_write_into_is_refused(tmp_path):
     assert not (tmp_path / "elsewhere.sqlite3").exists()
 
 
-def test_waiting_hits_are_forgotten_not_waited_on_when_the_lock_stays_taken(
-    tmp_path, monkeypatch
-):
+def test_waiting_hits_are_forgotten_not_waited_on_when_the_lock_stays_taken(tmp_path, monkeypatch):
     c = TokenCache(str(tmp_path / "cache"), max_bytes=1 << 20)
     c.put_many("ns", [b"a", b"b"], [np.arange(3, dtype=np.int32)] * 2)
     monkeypatch.setattr(token_cache, "_RECORD_AFTER_S", 3600.0)

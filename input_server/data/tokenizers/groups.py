@@ -23,6 +23,8 @@ class TokenGroup:
     # (its tokens are then the reference's).
     audited: bool = False
     mismatched: bool = False
+    # Whether the serving backend failed on it (an error, a panic): the reference's tokens.
+    fell_back: bool = False
 
     @property
     def starts(self) -> np.ndarray:
@@ -36,7 +38,7 @@ class TokenGroup:
             "first_doc": np.int64(self.first_doc),
             "tokens": self.tokens,
             "lengths": self.lengths,
-            "audit": np.asarray([self.audited, self.mismatched], np.int8),
+            "audit": np.asarray([self.audited, self.mismatched, self.fell_back], np.int8),
         }
 
     @classmethod
@@ -47,6 +49,7 @@ class TokenGroup:
             lengths=element["lengths"],
             audited=bool(element["audit"][0]),
             mismatched=bool(element["audit"][1]),
+            fell_back=bool(element["audit"][2]),
         )
 
     def same_ids(self, other: TokenGroup) -> bool:

@@ -28,11 +28,12 @@ GATE_DOCS = 64
 AUDIT_EVERY = 64
 
 # Backends loaded in this process, by (tokenizer class, model digest, backend): shared by its
-# streams (a backend encodes from any thread). Few: each holds a model. Loads are made one at
-# a time (a fresh worker's threads would each load Llama 3's 1.7 s, twice the memory).
+# streams (a backend encodes from any thread). Few: each holds a model. One load of each key
+# at a time (a fresh worker's threads would each load Llama 3's 1.7 s, twice the memory); a
+# model already loaded, or another model's load, never waits behind it.
 _BACKENDS: collections.OrderedDict[tuple, Backend] = collections.OrderedDict()
 _BACKENDS_LOCK = threading.Lock()
-_LOADING = threading.Lock()
+_LOADING: dict[tuple, threading.Lock] = {}  # the keys being loaded now, each its own lock
 MAX_BACKENDS = 4
 
 
@@ -63,17 +64,29 @@ class Routed:
         of a request's spec makes a new tokenizer, and loading Llama 3's derived
         tokenizer.json into fastokens takes 1.7 s."""
         key = (type(self), self.digest(), name)
-        with _LOADING:
+        while True:
             with _BACKENDS_LOCK:
                 fast = _BACKENDS.get(key)
                 if fast is not None:
                     _BACKENDS.move_to_end(key)
                     return fast
+                loading = _LOADING.get(key)
+                if loading is None:  # this thread loads it
+                    loading = _LOADING[key] = threading.Lock()
+                    loading.acquire()
+                    break
+            with loading:  # another thread loads it: wait, then look again (it may have failed)
+                pass
+        try:
             fast = self._backend(name)
             with _BACKENDS_LOCK:
                 _BACKENDS[key] = fast
                 while len(_BACKENDS) > MAX_BACKENDS:
                     _BACKENDS.popitem(last=False)
+        finally:
+            with _BACKENDS_LOCK:
+                del _LOADING[key]
+            loading.release()
         return fast
 
     def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
@@ -183,7 +196,7 @@ class Routed:
         """The group, by the serving backend if any (one group in `audit_every` compared
         with the reference's: a difference serves the reference's and falls back for good),
         else by the reference. A backend's failure (a panic too) sends its group to the
-        reference, counted in `fell_back_groups`."""
+        reference, marked `fell_back` (the stream counts it; the first is logged)."""
         fast = self._serving()
         if fast is None:
             return self._reference_group(texts, first_doc, trim_to)
@@ -191,8 +204,14 @@ class Routed:
             group = self._fast_group(fast, texts, first_doc, trim_to)
         except BaseException as e:
             _failure(e)
-            self.__dict__.setdefault("fell_back_groups", itertools.count(1)).__next__()
-            return self._reference_group(texts, first_doc, trim_to)
+            if next(self.__dict__.setdefault("fell_back_groups", itertools.count(1))) == 1:
+                log.warning(
+                    "`tokenizer.model` %r: %s %s failed on the group of documents %d+ (%s: "
+                    "%s); the reference encodes each group it fails on",
+                    *(self.written, fast.name, fast.version, first_doc, type(e).__name__, e),
+                )
+            group = self._reference_group(texts, first_doc, trim_to)
+            return dataclasses.replace(group, fell_back=True)
         counter = self.__dict__.setdefault("_groups", itertools.count())  # atomic under the GIL
         if not self.audit_every or next(counter) % self.audit_every:
             return group
