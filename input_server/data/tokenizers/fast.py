@@ -21,17 +21,21 @@ from input_server.errors import InvalidSpecError
 # operator's own setting stands. Read by fastokens when it starts its pool.
 os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 
-# Deriving a tokenizer.json from tiktoken ranks looks at every split of every token, and writes
-# a merge for each split of a token into two tokens: both bounded, the merges' characters too
-# (Llama 3's ranks: 1.1 M steps, 280,147 merges of 2.0 M characters, 2.2 merges a token; a
-# crafted file of long runs made 204 MB from 2.2 MB before the merges were bounded).
-MAX_DERIVE_WORK = 16 << 20
+# Deriving a tokenizer.json from tiktoken ranks looks at every split of every token (in Python,
+# the GIL held), and writes a merge for each split of a token into two tokens: both bounded,
+# the merges' characters too (Llama 3's ranks: 831,311 bytes of tokens, 1.2 s, 280,147 merges
+# of 2.0 M characters, 2.2 merges a token, an 11.5 M-character text; a crafted file of long
+# runs made 204 MB from 2.2 MB before the merges were bounded, and 16 MB of random 760-byte
+# tokens took 7.4 s before the work was bounded at 5 x Llama 3's).
+MAX_DERIVE_WORK = 4 << 20
 MAX_MERGES_PER_TOKEN = 8
 MAX_MERGE_CHARS = 32 << 20
-# Derived tokenizer.json texts kept per process, by ranks file identity.
+# Derived tokenizer.json texts kept per process, by ranks file identity: at most this many, and
+# this many characters in all (the newest always kept).
 _DERIVED: collections.OrderedDict[tuple, str] = collections.OrderedDict()
 _DERIVED_LOCK = threading.Lock()
 MAX_DERIVED = 4
+MAX_DERIVED_CHARS = 64 << 20
 
 
 def version_of(dist: str) -> str:
@@ -209,6 +213,8 @@ def derived_json(path: str, ranks_of, pattern: str, written: str) -> str:
         hit = ranks_as_tokenizer_json(ranks_of(), pattern, written)
         with _DERIVED_LOCK:
             _DERIVED[key] = hit
-            while len(_DERIVED) > MAX_DERIVED:
+            while len(_DERIVED) > 1 and (
+                len(_DERIVED) > MAX_DERIVED or sum(map(len, _DERIVED.values())) > MAX_DERIVED_CHARS
+            ):
                 _DERIVED.popitem(last=False)
     return hit
