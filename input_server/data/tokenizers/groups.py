@@ -89,12 +89,12 @@ def flat_group(
     else:
         starts = np.cumsum(lengths) - lengths
         tokens = np.empty(int(lengths.sum()), np.int32)
-        body = np.arange(offsets[0], offsets[-1], dtype=np.int64)
-        tokens[body + np.repeat(starts + h - offsets[:-1], bare)] = flat[offsets[0] : offsets[-1]]
+        body = np.ones(len(tokens), bool)  # a mask, not an index a token: 2-3x cheaper
         for j, x in enumerate(head):
-            tokens[starts + j] = x
+            tokens[starts + j], body[starts + j] = x, False
         for j, x in enumerate(tail):
-            tokens[starts + h + bare + j] = x
+            tokens[starts + h + bare + j], body[starts + h + bare + j] = x, False
+        tokens[body] = flat[offsets[0] : offsets[-1]]
     if trim_to is not None and len(lengths) and lengths.max() > trim_to:
         starts = np.cumsum(lengths) - lengths
         keep = np.arange(len(tokens)) - np.repeat(starts, lengths) < trim_to
