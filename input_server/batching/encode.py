@@ -67,16 +67,18 @@ class CachedIds:
         self.cache, self.namespace = cache, namespace
 
     @classmethod
-    def of(cls, cache, pipeline) -> CachedIds | None:
+    def of(cls, cache, pipeline) -> tuple[CachedIds | None, str]:
         """The pipeline's documents in `cache`, if it has one and its ids are the reference's
         own: text tokenized by the reference library. Not a fast backend's (reading ids back
         is no faster than it, and kept ids would escape its audit for good), nor ids read
-        from the data (pre-tokenized: nothing to save)."""
-        if cache is None or any(s.token_field for s in pipeline.spec.sources):
-            return None
+        from the data (pre-tokenized: nothing to save). With what the stream's log says."""
+        if cache is None:
+            return None, "off"
+        if any(s.token_field for s in pipeline.spec.sources):
+            return None, "not used: a source is pre-tokenized"
         if pipeline.tokenizer.choice.backend != "reference":
-            return None
-        return cls(cache, _namespace(pipeline))
+            return None, f"not used: {pipeline.tokenizer.choice.backend} tokenizes"
+        return cls(cache, _namespace(pipeline)), "used"
 
     @staticmethod
     def _keys(indices: list[int]) -> list[bytes]:

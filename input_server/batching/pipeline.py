@@ -117,7 +117,7 @@ class Pipeline:
         except BaseException:  # cancelled or refused: its files close now, not when collected
             self.close()
             raise
-        self.cached = CachedIds.of(token_cache, self)  # `serve --token-cache`: or None
+        self.cached, self.cache_use = CachedIds.of(token_cache, self)  # `serve --token-cache`
         # Set up: a stream opens again what it reads; until then the pipeline holds no
         # descriptor (a client may leave before its stream starts).
         self.release()

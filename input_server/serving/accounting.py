@@ -220,13 +220,14 @@ def log_open(stream_id: int, pipeline, label: str, opening) -> None:
     choice = pipeline.tokenizer.choice  # None: pre-tokenized, no model
     backend = "-" if choice is None else choice.backend
     log.info(
-        "stream %d (%s): %d worker processes, %d threads (%s); tokenized by %s",
+        "stream %d (%s): %d worker processes, %d threads (%s); tokenized by %s; token cache %s",
         stream_id,
         label,
         p.processes,
         p.threads,
         opening.reason,
         backend,
+        pipeline.cache_use,
         extra={
             "event": "stream_open",
             "fields": {
@@ -240,6 +241,7 @@ def log_open(stream_id: int, pipeline, label: str, opening) -> None:
                 "reason": opening.reason,
                 "tokenizer_backend": backend,
                 "tokenizer_backend_why": "" if choice is None else choice.why,
+                "token_cache": pipeline.cache_use,
             },
         },
     )

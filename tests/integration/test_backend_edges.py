@@ -418,12 +418,14 @@ def test_the_token_cache_keeps_only_the_references_ids(texts, model, tmp_path):
     spec = _spec(data, model)
     auto = Pipeline(spec, token_cache=cache)
     assert auto.tokenizer.choice.backend == "fastokens" and auto.cached is None
+    assert auto.cache_use == "not used: fastokens tokenizes"  # what its stream_open log says
     run_pipeline(auto, threads=1)
     assert cache.stats()["entries"] == 0
 
     reference = spec.replace(tokenizer={"backend": "reference"})
     pipeline = Pipeline(reference, token_cache=cache)
     assert isinstance(pipeline.cached, CachedIds) and pipeline.cached.cache is cache
+    assert pipeline.cache_use == "used"
     run_pipeline(pipeline, threads=1)
     assert cache.stats()["entries"] == 200
 

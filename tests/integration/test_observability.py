@@ -242,6 +242,7 @@ def test_a_stream_open_is_one_json_event_with_its_fields(json_log):
     fields = {"stream", "pipeline", "fingerprint", "processes", "threads", "reason"}
     assert fields <= set(events[0]), events[0]
     assert events[0]["processes"] == 0
+    assert events[0]["token_cache"] == "off"  # no `serve --token-cache`
 
 
 def test_each_stream_end_is_one_json_event_with_its_status(json_log):
