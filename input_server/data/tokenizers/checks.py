@@ -49,6 +49,17 @@ _HF_FACTORS = {
 }
 
 
+def file_identity(path: str | None) -> tuple | None:
+    """What a loaded model is kept by: the file as it stands (a changed file loads anew)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:  # gone since it was resolved: loading it names the file
+        return (path,)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def check_readable(path: str, written: str, key: str = "tokenizer.model") -> None:
     """Refuses a missing or unreadable model file by the name the client wrote (`written`):
     the libraries would say only "not found", or name the resolved path."""

@@ -130,12 +130,24 @@ class Cutter:
         whole text: a prefix that proved too short grows by tokenizing only what follows it
         (else the longer prefix is tokenized again).
       bos, eos: whether the kind adds BOS and EOS to each document; `eos_id` is the EOS.
+      at: whether a space (its index in the text) is a place to cut; None: every space.
     """
 
     learns = True  # sizes its cuts by the data's characters per token
+    # Spaces looked at for a place to cut before giving up (the text is then tokenized whole,
+    # or to its end): a text of spaces where `at` never holds costs no more than this.
+    LOOK = 64
 
-    def __init__(self, *, extendable: bool, bos: bool, eos: bool, eos_id: int):
-        self.extendable = extendable
+    def __init__(
+        self,
+        *,
+        extendable: bool,
+        bos: bool,
+        eos: bool,
+        eos_id: int,
+        at: Callable[[str, int], bool] | None = None,
+    ):
+        self.extendable, self.at = extendable, at
         self.bos, self.eos, self.eos_id = bos, eos, eos_id
         self.chars_per_token = CUT_CHARS_PER_TOKEN
         self._groups_learned = 0
@@ -173,7 +185,7 @@ class Cutter:
         ends: dict[int, int] = {}  # documents cut short: where their tokenized text ends
         for i, text in enumerate(texts):
             if len(text) > limit:
-                space = text.rfind(" ", 0, limit)
+                space = self._before(text, 0, limit)
                 if space > 0:
                     work[i], ends[i] = text[:space], space
         ids = encode(work, add_bos=self.bos, add_eos=self.eos)
@@ -193,8 +205,8 @@ class Cutter:
                 rate = start / max(1, len(body[i]) - bos)
                 end = start + max(64, int((trim_to - len(body[i])) * self.margin * rate))
                 if end < len(text):
-                    space = text.rfind(" ", start + 1, end)
-                    end = space if space > start else text.find(" ", end)
+                    space = self._before(text, start + 1, end)
+                    end = space if space > start else self._after(text, end)
                 ends[i] = end = len(text) if end < 0 or end >= len(text) else end
                 pieces.append(text[start:end] if self.extendable else text[:end])
             add_bos = bool(bos) and not self.extendable
@@ -204,3 +216,25 @@ class Cutter:
         for i, b in body.items():
             ids[i] = np.append(b, np.int32(self.eos_id)) if eos and ends[i] == len(texts[i]) else b
         return ids
+
+    def _before(self, text: str, lo: int, hi: int) -> int:
+        """The last place to cut in `text[lo:hi]`, or -1."""
+        space = text.rfind(" ", lo, hi)
+        for _ in range(self.LOOK if self.at is not None else 0):
+            if space < 0 or self.at(text, space):
+                break
+            space = text.rfind(" ", lo, space)
+        else:
+            return space if self.at is None else -1
+        return space
+
+    def _after(self, text: str, lo: int) -> int:
+        """The first place to cut in `text[lo:]`, or -1."""
+        space = text.find(" ", lo)
+        for _ in range(self.LOOK if self.at is not None else 0):
+            if space < 0 or self.at(text, space):
+                break
+            space = text.find(" ", space + 1)
+        else:
+            return space if self.at is None else -1
+        return space

@@ -13,13 +13,11 @@ one `encode_batch_fast` call, which releases the GIL.
 A `tokenizer.json` that pads or truncates is refused: transformers would apply either to each
 document, and padding differs between one document and a batch.
 
-Loaded models are shared within a process (`_LOADED`): with `tokenizers` 0.23, every
-`Tokenizer` that has encoded once keeps about 0.75 MB after it is dropped (measured: 400 loads
-of a 1,000-token model grew a process by 300 MB; one model encoding 300 groups, by 9 MB), so a
-server that loaded the model for every stream would grow with every stream. One entry per set
-of files: BOS and EOS are added per use (a cached copy per flag pair took 1.5 GB each for a
-110 MB file, three pairs killing a 3 GB server), and the entries are bounded by their estimated
-size (LOAD_BYTES_PER_FILE_BYTE), not only their count.
+Loaded models are shared within a process (`_LOADED`): with `tokenizers` 0.23 every `Tokenizer`
+that has encoded keeps ~0.75 MB after it is dropped (400 loads of a 1,000-token model: +300 MB),
+so loading per stream would grow the server. One entry per set of files, BOS/EOS added per use
+(a copy per flag pair took 1.5 GB each for a 110 MB file), bounded by estimated size too.
+Long documents are cut before tokenizing where `word_cuts` proves the ids the same.
 """
 
 from __future__ import annotations
@@ -40,12 +38,15 @@ from input_server.data.tokenizers.checks import (
     bounded,
     check_readable,
     expansion_refusal,
+    file_identity,
     hf_member_expansion,
     hf_normalizer_expansion,
     kind_hint,
     model_faults,
 )
+from input_server.data.tokenizers.groups import Cutter
 from input_server.data.tokenizers.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
+from input_server.data.tokenizers.word_cuts import between_letters, cuts_at_words
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,6 @@ MAX_CONFIG_BYTES = 16 << 20
 # (model, flag) pairs already warned of: a client describing a model over and over must not
 # grow the log by a line a call.
 _WARNED: set = set()
-
-
-def _identity(path: str | None) -> tuple | None:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:  # gone since it was resolved: loading it names the file
-        return (path,)
-    return (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _content(token) -> str | None:
@@ -106,6 +97,13 @@ class HuggingFaceTokenizer(ModelTokenizer):
     )
     # A file may hold what fills the loaded-model budget, at about 14 x its bytes loaded.
     MAX_FILE_BYTES = MAX_LOADED_BYTES // LOAD_BYTES_PER_FILE_BYTE
+
+    def __init__(self, spec, **kw):
+        super().__init__(spec, **kw)
+        if cuts_at_words(self.model()):  # cut at a space between letters; the rest alike alone
+            i = self.info()
+            b, e = spec.add_bos and i.bos_id >= 0, spec.add_eos and i.eos_id >= 0
+            self.cutter = Cutter(extendable=True, bos=b, eos=e, eos_id=i.eos_id, at=between_letters)
 
     @classmethod
     def resolve(cls, access, spec) -> tuple[str, dict[str, str]]:
@@ -203,8 +201,8 @@ class HuggingFaceTokenizer(ModelTokenizer):
     def _load(self):
         check_readable(self.spec.model, self.written)
         key = (
-            _identity(self.spec.model),
-            *sorted((n, _identity(p)) for n, p in self.sidecars.items()),
+            file_identity(self.spec.model),
+            *sorted((n, file_identity(p)) for n, p in self.sidecars.items()),
         )
         with _LOADED_LOCK:
             hit = _LOADED.get(key)
