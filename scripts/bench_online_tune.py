@@ -1,6 +1,7 @@
 """Benchmark: "auto" tuned on the live stream against fixed worker counts, side by side.
 
     python scripts/bench_online_tune.py [--out FILE.json] [--rounds 3] [--seconds 8]
+        [--spec FILE.toml] [--only-unthrottled] [--before TREE]
 
 A real server (`input-server serve`, its own process) streams the standard library's
 docstrings (~4 KB documents, a sentencepiece model trained on them; CPU-bound) to a client in
@@ -17,11 +18,16 @@ this process. Printed as JSON, ratios against fixed counts measured in the same 
   makes): seconds until it gets what it asks for (0.95 x, in 1 s windows), and whether every
   batch equals a fixed count's;
 - the run-ahead bound (sent - taken) and the reported demand against the loop's real pace.
+
+With `--before TREE` (another checkout, e.g. `git worktree add /tmp/before HEAD`), a second
+server runs that tree's code, and its "auto" streams are measured in the same rounds against
+the same fixed counts (the unthrottled figures only): before and after side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import platform
@@ -69,7 +75,10 @@ def fixed(p: int, t: int) -> dict:
 class Served:
     """`input-server serve` in its own process, on a Unix socket."""
 
-    def __init__(self, directory: str, cache: str):
+    def __init__(self, directory: str, cache: str, tree: str | None = None):
+        env = dict(os.environ)
+        if tree:  # another checkout's server (--before)
+            env["PYTHONPATH"] = os.pathsep.join([tree, os.path.join(tree, "client")])
         self.socket = os.path.join(directory, f"s{time.monotonic_ns()}.sock")
         roots = [directory]
         if BASE is not None:  # --spec: its files' folders
@@ -91,6 +100,7 @@ class Served:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=env,
         )
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket):
@@ -121,21 +131,41 @@ def first_batch_s(served: Served, spec: PipelineSpec) -> float:
         return time.monotonic() - start
 
 
+def idle(served: Served, timeout: float = 60.0) -> None:
+    """Waits until the server's streams are gone: a closed stream's worker processes are the
+    server's again only once it has torn down (a fixed count asking for them sooner is
+    refused: RESOURCE_EXHAUSTED)."""
+    deadline = time.monotonic() + timeout
+    while served.client.info().streams and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def stream_info(served: Served):
     # The newest: a stream closed just before may still be listed while it tears down.
     return max(served.client.info().streams, key=lambda s: s.stream_id)
 
 
-def take(it, seconds: float, pace: float = 0.0, record: list | None = None) -> float:
-    """Takes batches for `seconds` at `pace` (0 = as fast as they come); batches/s taken."""
-    start, n = time.monotonic(), 0
+def take(
+    it,
+    seconds: float,
+    pace: float = 0.0,
+    record: list | None = None,
+    windows: list | None = None,
+) -> float:
+    """Takes batches for `seconds` at `pace` (0 = as fast as they come); batches/s taken.
+    `windows` gets the batches taken in each whole second."""
+    start, n, marks = time.monotonic(), 0, []
     while time.monotonic() - start < seconds:
         batch = next(it)
         n += 1
         if record is not None:
             record.append(digest(batch))
+        if windows is not None and time.monotonic() - start >= len(marks) + 1:
+            marks.append(n)
         if pace:
             time.sleep(max(0.0, start + n / pace - time.monotonic()))
+    if windows is not None:
+        windows.extend(b - a for a, b in zip([0, *marks[:-1]], marks, strict=True))
     return n / (time.monotonic() - start)
 
 
@@ -158,16 +188,23 @@ def until_settled(
     return time.monotonic() - start
 
 
-def steady_rate(served: Served, spec: PipelineSpec, seconds: float, pace: float = 0.0):
+def steady_rate(
+    served: Served,
+    spec: PipelineSpec,
+    seconds: float,
+    pace: float = 0.0,
+    windows: list | None = None,
+):
     """(batches/s the loop took, server CPU cores, the stream's info) over `seconds` after
-    warm-up (an "auto" stream: after it settled)."""
+    warm-up (an "auto" stream: after it settled); `windows` gets its 1 s windows' rates."""
+    idle(served)
     with served.client.batches(spec, prefetch=PREFETCH) as it:
         next(it)
         if spec.workers.count == "auto":
             until_settled(served, it, pace)
         take(it, 1.0, pace)
         cpu0, t0 = served.cpu_s(), time.monotonic()
-        rate = take(it, seconds, pace)
+        rate = take(it, seconds, pace, windows=windows)
         cpu = (served.cpu_s() - cpu0) / (time.monotonic() - t0)
         return rate, cpu, stream_info(served)
 
@@ -176,10 +213,11 @@ def first_seconds(served: Served, spec: PipelineSpec, seconds: float):
     """A fresh "auto" stream's first `seconds` from its first batch: (batches/s, seconds until
     it settled or None, what it did while searching: its 1 s windows' rates, the lowest over
     the first, the server's CPU seconds per batch)."""
+    idle(served)
     with served.client.batches(spec, prefetch=PREFETCH) as it:
         next(it)
         start, n, settled, looked = time.monotonic(), 0, None, 0.0
-        cpu0, marks, cpu_search = served.cpu_s(), [], None
+        cpu0, marks, cpu_search, path = served.cpu_s(), [], None, []
         while time.monotonic() - start < seconds:
             next(it)
             n += 1
@@ -188,9 +226,15 @@ def first_seconds(served: Served, spec: PipelineSpec, seconds: float):
                 marks.append(n)  # batches taken by the end of each second while searching
             if settled is None and now - looked > 0.5:
                 looked = now
-                if stream_info(served).tuning_state == "settled":
+                info = stream_info(served)
+                if info.tuning_state == "settled":
                     settled = looked - start
                     cpu_search = (served.cpu_s() - cpu0, n)
+                    path = [
+                        f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
+                        f"{w.to_processes}x{w.to_threads}: {w.reason}"
+                        for w in info.switches
+                    ]
         rate = n / (time.monotonic() - start)
     rates = [b - a for a, b in zip([0, *marks[:-1]], marks, strict=True)]
     return (
@@ -200,8 +244,105 @@ def first_seconds(served: Served, spec: PipelineSpec, seconds: float):
             "rates": rates,
             "min_over_start": min(rates) / rates[0] if len(rates) > 1 and rates[0] else None,
             "cpu_per_batch": cpu_search[0] / cpu_search[1] if cpu_search else None,
+            "switches": path,
         },
     )
+
+
+def unthrottled(args, d: str, path: str, model: str, seeds) -> dict:
+    """Every fixed count and "auto" (fresh spec; with --before, the other tree's "auto" too),
+    alternating, best of rounds; then fresh "auto" streams' first seconds."""
+    trees = {"auto": None, **({"before": args.before} if args.before else {})}
+    auto = {"count": "auto", "tune_seconds": 20}
+    rates: dict[str, list[float]] = {}
+    cpu_per_batch: dict[str, list[float]] = {}
+    windows: dict[str, list[list[float]]] = {}
+    choices: dict[str, list[str]] = {}
+    firsts: dict[str, list[tuple]] = {}
+    with contextlib.ExitStack() as stack:
+        servers = {k: stack.enter_context(Served(d, "off", tree)) for k, tree in trees.items()}
+        for _ in range(args.rounds):
+            for p, t in FIXED:
+                w: list[float] = []
+                r, cpu, _ = steady_rate(
+                    servers["auto"], spec_for(path, model, fixed(p, t)), args.seconds, windows=w
+                )
+                rates.setdefault(f"{p}x{t}", []).append(r)
+                cpu_per_batch.setdefault(f"{p}x{t}", []).append(cpu / r)
+                windows.setdefault(f"{p}x{t}", []).append(w)
+            for k, served in servers.items():
+                r, _, info = steady_rate(
+                    served, spec_for(path, model, auto, next(seeds)), args.seconds
+                )
+                rates.setdefault(k, []).append(r)
+                # The state at the end of the timed window: "searching" if it re-tuned then.
+                choices.setdefault(k, []).append(
+                    f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
+                    f"{info.worker_reason}"
+                )
+        # A fresh "auto" stream from its first batch: what the trainer gets while it
+        # searches (and settles), and when it settled.
+        for _ in range(args.rounds):
+            for k, served in servers.items():
+                spec = spec_for(path, model, auto, next(seeds))
+                firsts.setdefault(k, []).append(first_seconds(served, spec, args.first_seconds))
+    fixed_counts = [f"{p}x{t}" for p, t in FIXED]
+    best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
+    best_windows = windows[best_fixed]
+    out = {
+        "batches_per_s": {k: max(v) for k, v in rates.items()},
+        "rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+        "best_fixed": best_fixed,
+        "cpu_ms_per_batch": {
+            k: round(1e3 * statistics.median(v), 3) for k, v in cpu_per_batch.items()
+        },
+        # The same statistic as the search's, for the best fixed count's own steady 1 s
+        # windows (args.seconds of them a round): the loop's noise with nothing switching.
+        "best_fixed_min_1s_over_first": [
+            min(w) / w[0] if w and w[0] else None for w in best_windows
+        ],
+        "best_fixed_1s_rates": best_windows,
+    }
+    median_1s = statistics.median(x for w in best_windows for x in w)
+    for k in trees:
+        out[k] = auto_figures(
+            k, rates, fixed_counts, best_fixed, firsts[k], choices[k], cpu_per_batch, median_1s
+        )
+        out[k]["first_seconds"] = args.first_seconds
+    return out
+
+
+def auto_figures(
+    k, rates, fixed_counts, best_fixed, firsts, choices, cpu_per_batch, median_1s
+) -> dict:
+    """One tree's "auto" figures against the fixed counts of the same rounds."""
+    # Per round: "auto" over the best fixed count of the same round; the median of those.
+    per_round = [a / max(rates[f][i] for f in fixed_counts) for i, a in enumerate(rates[k])]
+    best = max(rates[best_fixed])
+    search = [seen for _, _, seen in firsts]
+    return {
+        "choices": choices,
+        "over_best_fixed_best_rounds": max(rates[k]) / best,
+        "over_best_fixed_median_round": statistics.median(per_round),
+        "first_batches_per_s": [r for r, _, _ in firsts],
+        "first_over_best_fixed": statistics.median(r for r, _, _ in firsts) / best,
+        "settled_at_s": [s for _, s, _ in firsts],
+        # While searching (first batch to settled), per round: the lowest 1 s window's rate
+        # over the first window's (the opening parallelism's), and over the best fixed
+        # count's median 1 s window; the server's CPU per batch over the best fixed count's
+        # (its steady CPU per batch, median of rounds).
+        "search_min_1s_over_start": [s["min_over_start"] for s in search],
+        "search_min_1s_over_best_fixed_median_1s": [
+            min(s["rates"]) / median_1s if s["rates"] else None for s in search
+        ],
+        "search_1s_rates": [s["rates"] for s in search],
+        "search_switches": [s["switches"] for s in search],
+        "search_cpu_per_batch_over_best_fixed": [
+            s["cpu_per_batch"] / statistics.median(cpu_per_batch[best_fixed])
+            for s in search
+            if s["cpu_per_batch"]
+        ],
+    }
 
 
 def main() -> None:
@@ -220,6 +361,12 @@ def main() -> None:
         default=30.0,
         help='the window from a fresh "auto" stream\'s first batch whose rate is compared '
         "with the best fixed count (what the trainer gets while it searches)",
+    )
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help='another checkout whose server\'s "auto" streams are measured beside this '
+        "one's, in the same rounds (the unthrottled figures only)",
     )
     parser.add_argument(
         "--only-unthrottled",
@@ -242,68 +389,9 @@ def main() -> None:
         }
         seeds = iter(range(1, 10_000))
 
-        # Unthrottled: every fixed count and "auto" (fresh spec), alternating, best of rounds.
-        rates: dict[str, list[float]] = {}
-        cpu_per_batch: dict[str, list[float]] = {}
-        with Served(d, "off") as served:
-            for _ in range(args.rounds):
-                for p, t in FIXED:
-                    r, cpu, _ = steady_rate(
-                        served, spec_for(path, model, fixed(p, t)), args.seconds
-                    )
-                    rates.setdefault(f"{p}x{t}", []).append(r)
-                    cpu_per_batch.setdefault(f"{p}x{t}", []).append(cpu / r)
-                r, _, info = steady_rate(
-                    served, spec_for(path, model, auto, next(seeds)), args.seconds
-                )
-                rates.setdefault("auto", []).append(r)
-                # The state at the end of the timed window: "searching" if it re-tuned then.
-                rates.setdefault("auto_choice", []).append(
-                    f"{info.worker_processes}x{info.worker_threads} ({info.tuning_state}): "
-                    f"{info.worker_reason}"
-                )
-            # A fresh "auto" stream from its first batch: what the trainer gets while it
-            # searches (and settles), and when it settled.
-            firsts, settle, search = [], [], []
-            for _ in range(args.rounds):
-                spec = spec_for(path, model, auto, next(seeds))
-                rate, settled, seen = first_seconds(served, spec, args.first_seconds)
-                firsts.append(rate)
-                settle.append(settled)
-                search.append(seen)
-        fixed_counts = [f"{p}x{t}" for p, t in FIXED]
-        best_fixed = max(fixed_counts, key=lambda k: max(rates[k]))
-        # Per round: "auto" over the best fixed count of the same round; the median of those.
-        per_round = [
-            a / max(rates[k][i] for k in fixed_counts) for i, a in enumerate(rates["auto"])
-        ]
-        out["unthrottled"] = {
-            "batches_per_s": {k: max(v) for k, v in rates.items() if k != "auto_choice"},
-            "rounds": {
-                k: [round(x, 1) for x in v] if k != "auto_choice" else v for k, v in rates.items()
-            },
-            "auto_choices": rates["auto_choice"],
-            "best_fixed": best_fixed,
-            "auto_over_best_fixed_best_rounds": max(rates["auto"]) / max(rates[best_fixed]),
-            "auto_over_best_fixed_median_round": statistics.median(per_round),
-            f"auto_first_{args.first_seconds:g}s_batches_per_s": firsts,
-            f"auto_first_{args.first_seconds:g}s_over_best_fixed": statistics.median(firsts)
-            / max(rates[best_fixed]),
-            "auto_settled_at_s": settle,
-            # While searching (first batch to settled), per round: the lowest 1 s window's rate
-            # over the first window's (the opening parallelism's), and the server's CPU per
-            # batch over the best fixed count's (its steady CPU per batch, median of rounds).
-            "auto_search_min_1s_over_start": [s["min_over_start"] for s in search],
-            "auto_search_1s_rates": [s["rates"] for s in search],
-            "auto_search_cpu_per_batch_over_best_fixed": [
-                s["cpu_per_batch"] / statistics.median(cpu_per_batch[best_fixed])
-                for s in search
-                if s["cpu_per_batch"]
-            ],
-            "cpu_ms_per_batch": {
-                k: round(1e3 * statistics.median(v), 3) for k, v in cpu_per_batch.items()
-            },
-        }
+        out["unthrottled"] = unthrottled(args, d, path, model, seeds)
+        rates = out["unthrottled"]["batches_per_s"]
+        best_fixed = out["unthrottled"]["best_fixed"]
         bp, bt = map(int, best_fixed.split("x"))
         if args.only_unthrottled:
             emit_json(out, args.out)
@@ -340,7 +428,7 @@ def main() -> None:
 
         # Throttled loop at PACE: the choice, the CPU it costs, the bound, the demand.
         need = 1.25 * PACE
-        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if max(rates[k]) >= need)
+        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if rates[k] >= need)
         fp, ft = map(int, fewest.split("x"))
         with Served(d, "off") as served:
             # Twice the window: at a few batches a second the server uses ~2 % of a core.
@@ -362,7 +450,7 @@ def main() -> None:
         }
 
         # Demand step: a third of one thread's rate, then 4 x: past what one thread makes.
-        slow = max(rates["0x1"]) / 3
+        slow = rates["0x1"] / 3
         spec = spec_for(path, model, auto, next(seeds))
         got: list[str] = []
         # The issue's bound: the server's queue, the client's prefetch and one message.
