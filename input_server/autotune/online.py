@@ -27,8 +27,6 @@ import math
 from input_server.autotune.live import Window
 from input_server.autotune.measurements import Measurement, Tuning
 from input_server.autotune.policy import (
-    PLATEAU_GAIN,
-    PROCESS_CPU_COST,
     SERVER_CAP,
     TARGET_HEADROOM,
     contenders,
@@ -37,6 +35,7 @@ from input_server.autotune.policy import (
     pool,
 )
 from input_server.autotune.search import ladder, next_candidate
+from input_server.autotune.shared_cores import Cores
 from input_server.batching.parallelism import Parallelism
 
 DEMAND_MOVE = 0.25
@@ -104,9 +103,7 @@ class OnlineSearch:
         self.searches = 0 if remembered else 1
         self._search_started: float | None = None
         self._unavailable: set[Parallelism] = set()  # over the server's free processes
-        # Each candidate's windows: seconds, the server's CPU seconds, the host's busy ones, and
-        # the batches the loop took.
-        self._host: dict[Parallelism, tuple[float, float, float, float]] = {}
+        self._cores = Cores(cpus)  # each candidate's busy cores and the loop's pace
         self._streak: list[str] = []
         self._cooldown = COOLDOWN_WINDOWS if remembered else 0
         self._now = 0.0
@@ -144,13 +141,12 @@ class OnlineSearch:
             batches=w.batches,
         )
         if host_cores > 0:
-            s, server, host, taken = self._host.get(self.current, (0.0, 0.0, 0.0, 0.0))
-            t = w.seconds
-            self._host[self.current] = (
-                s + t,
-                server + cpu_cores * t,
-                host + host_cores * t,
-                taken + took * t,
+            self._cores.add(
+                self.current,
+                seconds=w.seconds,
+                server_cores=cpu_cores,
+                host_cores=host_cores,
+                took=took,
             )
         if self.settled:
             return self._watch(row, demand, now)
@@ -182,27 +178,15 @@ class OnlineSearch:
         return next((r for r in self.rows if r.ran and r.parallelism == parallelism), None)
 
     def _host_busy(self) -> bool:
-        """Whether the host had too few idle cores, while the fastest in-process candidate ran,
-        for worker processes to gain on it (`policy.PROCESS_CPU_COST`)."""
-        inproc = [r for r in self.rows if r.ran and r.parallelism.in_process]
-        if not inproc:
-            return False
-        best = max(inproc, key=lambda r: r.batches_per_s).parallelism
-        seconds, server, host, _ = self._host.get(best, (0.0, 0.0, 0.0, 0.0))
-        if seconds <= 0 or server <= 0:
-            return False  # not measured
-        idle = max(0.0, self.cpus * seconds - host)
-        return server + idle < PROCESS_CPU_COST * (1 + PLATEAU_GAIN) * server
+        """Whether the host had too few idle cores for worker processes to gain."""
+        return self._cores.busy(self.rows)
 
     def _as_good(self, cheap: Parallelism, dear: Parallelism) -> bool:
         """Whether, on busy cores (`_host_busy`), the loop took as much (within PLATEAU_GAIN)
         while `cheap` ran as while `dear` did: a loop that shares the cores gains nothing from
         the stream's extra workers (they take CPU from it; its capacity, read from busy time,
         is then no guide)."""
-        a, b = self._host.get(cheap), self._host.get(dear)
-        if a is None or b is None or not self._host_busy():
-            return False
-        return (1 + PLATEAU_GAIN) * a[3] / a[0] >= b[3] / b[0]
+        return self._host_busy() and self._cores.as_good(cheap, dear)
 
     # --- searching ------------------------------------------------------------------------
 
@@ -260,7 +244,14 @@ class OnlineSearch:
                         f"({TARGET_HEADROOM:g} x the demand); trying fewer",
                     )
                 if r.batches_per_s < need and not self._as_good(c, self.current):
-                    if r.samples < 2 and self._host_busy():  # one window on busy cores: noisy
+                    # One window on busy cores is noisy: a second, unless it fell past the
+                    # loop's own window spread (then the second look costs a switch and a
+                    # window for nothing).
+                    if (
+                        r.samples < 2
+                        and self._host_busy()
+                        and self._cores.could_be_as_good(c, self.current)
+                    ):
                         return Step(c, f"searching: measuring {c} again")
                     break
             return self._settle(demand, "the demand")
@@ -366,7 +357,7 @@ class OnlineSearch:
         self.searches += 1
         self.rows = [row]
         # Other candidates' figures are of another time; the current one's go on.
-        self._host = {p: v for p, v in self._host.items() if p == self.current}
+        self._cores.keep_only(self.current)
         self._unavailable.clear()
         self._search_started = now
         self._streak = []

@@ -7,6 +7,7 @@ import pytest
 
 from input_server.autotune.live import Window
 from input_server.autotune.online import COOLDOWN_WINDOWS, OnlineSearch
+from input_server.autotune.shared_cores import DEFAULT_SPREAD, SPREAD_BOUNDS, Cores
 from input_server.batching.parallelism import Parallelism as P
 
 
@@ -299,3 +300,44 @@ def test_on_busy_cores_a_rung_left_on_one_slow_window_is_measured_again():
             path.append(step.to)
     assert path[:4] == [P(0, 2), P(0, 4), P(0, 2), P(0, 1)], path
     assert s.settled and s.tuning.parallelism == P(0, 1), s.tuning
+
+
+def walk_on_busy_cores(took: dict[int, list[float]], capacity: dict[int, float]) -> list[P]:
+    """The path of a search whose loop shares busy cores, its windows' paces from `took`."""
+    s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
+    path, now, seen = [s.current], 0.0, dict.fromkeys(took, 0)
+    while not s.settled and now < 30:
+        n = s.current.workers
+        rate = took[n][min(seen[n], len(took[n]) - 1)]
+        seen[n] += 1
+        w = window(rate, workers=n, blocked=0.3, busy=rate / capacity[n])
+        now += 1.0
+        step = s.observe(w, demand=rate, now=now, cpu_cores=0.9, host_cores=2.0)
+        if step.to is not None:
+            s.switched(step.to)
+            path.append(step.to)
+    assert s.settled
+    return path
+
+
+def test_a_rung_left_on_a_window_past_the_loops_own_spread_is_not_measured_again():
+    """2 threads' one window took 330 batches/s, 4 threads' 450: past the loop's window spread
+    (a fifth until measured), so 2 threads are worse; a second look would cost the trainer a
+    switch and a window (the docstrings' walk settled at 12.6 s looking twice)."""
+    path = walk_on_busy_cores({1: [500.0], 2: [330.0, 480.0], 4: [450.0]}, {2: 400.0, 4: 700.0})
+    assert path == [P(0, 2), P(0, 4)], path
+
+
+def test_the_spread_is_the_loops_own_once_it_was_measured():
+    cores = Cores(2)
+    a, b = P(0, 1), P(0, 2)
+    assert cores.spread() == DEFAULT_SPREAD  # nothing measured twice yet
+    for took in (100.0, 101.0, 99.0, 100.0):  # a steady loop: 1 % apart
+        cores.add(b, seconds=1.0, server_cores=1.0, host_cores=2.0, took=took)
+    assert cores.spread() == SPREAD_BOUNDS[0]  # held to the floor: a few quiet windows
+    cores.add(a, seconds=1.0, server_cores=1.0, host_cores=2.0, took=85.0)
+    # 85 x 1.05 = 89 is past 0.9 x 100 here, within 0.8 x 100 on an unmeasured loop.
+    assert not cores.could_be_as_good(a, b)
+    for took in (70.0, 130.0, 70.0, 130.0):  # a loop whose windows jump by 30 %
+        cores.add(b, seconds=1.0, server_cores=1.0, host_cores=2.0, took=took)
+    assert cores.spread() > DEFAULT_SPREAD and cores.could_be_as_good(a, b)
