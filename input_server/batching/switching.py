@@ -1,25 +1,31 @@
 """A batch stream whose parallelism may change between two batches, the data unchanged.
 
-The batches are the same bytes for any processes x threads, and a stream opened at a position
-yields exactly the batches that follow it (`resume.Position`). So a switch is: note where the
-next batch starts, open the new parallel stage there, close the old one. Nothing is lost or
-repeated; the groups the old stage had read ahead are read again by the new one. The switch
-is asked for from any thread and made by the consuming thread before its next batch; the
-asker waits on what `switch` returns. The server runs every stream as one of these: a fixed
-count's is one that is never asked to switch.
+The batches are the same bytes for any processes x threads, and a group of documents is the
+same whichever stage computes it. So a switch opens the new parallel stage beside the running
+one, at a group the running one will reach about when the new one has started its threads or
+worker processes (`handover.py`); the packer reads the running stage's groups up to there,
+then the new stage's, and the old stage closes on a thread of its own. Nothing is lost or
+repeated, and the stream does not stop while worker processes spawn (before, a switch opened
+the new stage at the next batch and waited for it: ~2 s without a batch for 2 processes).
+The switch is asked for from any thread and begun by the consuming thread before its next
+batch; the asker waits on what `switch` returns, which ends at the handover. The server runs
+every stream as one of these: a fixed count's is one that is never asked to switch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import typing
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 
+from input_server.batching._grain import parallel
+from input_server.batching.handover import Feed
 from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.pipeline import Pipeline, Produced
+from input_server.batching.pipeline import BatchStream, Pipeline, Produced
 from input_server.batching.resume import Position
 
 log = logging.getLogger(__name__)
@@ -93,11 +99,19 @@ class SwitchingStream:
     ):
         self.pipeline = pipeline
         self.meter = meter if meter is not None else LiveMeter()
-        self._stream = pipeline.stream(position, parallelism=parallelism, meter=self.meter)
+        self._stream = self._open(position, parallelism)
         self._pending: PendingSwitch | None = None
         self._lock = threading.Lock()
         self.switches = 0  # stages opened after the first (the watchdog's generations)
         self.failed_switches = 0  # asked for, but the new stage would not open
+
+    def _open(self, position: Position, parallelism: Parallelism) -> BatchStream:
+        stream = self.pipeline.stream(position, parallelism=parallelism, meter=self.meter)
+        # Its packer reads a Feed (before its first batch), so that a later switch can open
+        # the next stage beside this one.
+        size = self.pipeline.group_size
+        stream._it = Feed(stream._it, parallelism, position.doc // size, size)
+        return stream
 
     @property
     def parallelism(self) -> Parallelism:
@@ -137,19 +151,45 @@ class SwitchingStream:
         return self
 
     def __next__(self) -> Produced:
-        with self._lock:
-            asked, self._pending = self._pending, None
+        with self._lock:  # a switch asked while one is being made waits for its handover
+            asked = None
+            if not self._stream._it.handing_over:
+                asked, self._pending = self._pending, None
         if self._stream.stale:  # an audit found the backend wrong: the reference from here
             self._stream.stale = False  # once: a stage that will not open goes on as it was
             self._switch(self._stream.parallelism, again=True)
-        if asked is None:
-            return next(self._stream)
-        made = False
-        try:
-            made = self._switch(asked.to)
-        finally:
-            asked._end(made)
+        if asked is not None:
+            self._hand_over(asked)
         return next(self._stream)
+
+    def _hand_over(self, asked: PendingSwitch) -> None:
+        """Opens `asked.to` beside the running stage; `asked` ends at the handover."""
+        stream, wanted = self._stream, asked.to
+        if stream.closed or wanted == stream.parallelism:
+            asked._end(False)
+            return
+
+        def open_at(group: int):
+            groups = self.pipeline.groups(group * self.pipeline.group_size, stream._encode)
+            return iter(parallel(groups, processes=wanted.processes, threads=wanted.threads))
+
+        def done(made: bool) -> None:
+            if made:
+                stream.parallelism = wanted
+                self.switches += 1
+            elif not stream.closed:
+                self.failed_switches += 1
+            asked._end(made)
+
+        end = math.ceil(len(stream._encode.order) / self.pipeline.group_size)
+        if not stream._it.hand_over(wanted, open_at, done, end=end):
+            # Too few groups left for a handover (a short stream's groups are few and long):
+            # the new stage opens where the next batch starts.
+            made = False
+            try:
+                made = self._switch(wanted)
+            finally:
+                asked._end(made)
 
     def _switch(self, wanted: Parallelism, again: bool = False) -> bool:
         """Opens the stage at `wanted` where the next batch starts and closes the old one
@@ -159,7 +199,7 @@ class SwitchingStream:
         if not self._stream.closed and (again or wanted != current):
             old = self._stream
             try:
-                new = self.pipeline.stream(old.position(), parallelism=wanted, meter=self.meter)
+                new = self._open(old.position(), wanted)
             except Exception:  # noqa: BLE001 - the stream goes on as it was
                 log.warning(
                     "switching to %d processes x %d threads failed; the stream goes on at %d x %d",

@@ -159,6 +159,7 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
 ):
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch, Step
+    from input_server.batching import switching
     from input_server.batching.meter import LiveMeter
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
@@ -175,6 +176,14 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
         return opens(state, parallelism=parallelism, **kwargs)
 
     monkeypatch.setattr(pipeline, "stream", no_worker_processes)
+    beside = switching.parallel  # a stage opened beside the running one (`handover.py`)
+
+    def no_processes_beside(groups, *, processes, threads):
+        if processes:
+            raise OSError("cannot start a worker process")
+        return beside(groups, processes=processes, threads=threads)
+
+    monkeypatch.setattr(switching, "parallel", no_processes_beside)
     pool = ProcessPool(2)
     search = OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads)
     tuner = StreamTuner(

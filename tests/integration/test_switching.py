@@ -4,13 +4,15 @@ batch: byte-identical to a fixed count, at random switch points."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.pipeline import Pipeline
+from input_server.batching.pipeline import MIN_GROUP, Pipeline
 from input_server.batching.resume import Position
 from input_server.batching.switching import ServedStream, SwitchingStream
+from input_server.testing import SlowPipeline
 from tests.support import assert_same_batches, run_pipeline
 
 # In process first (cheap), a few worker-process stages among them (each spawns workers).
@@ -81,3 +83,56 @@ def test_every_served_stream_is_a_served_stream_and_a_plain_one_is_not(make_spec
         assert isinstance(stream, ServedStream)
     with pipeline.stream(parallelism=Parallelism(0, 1)) as plain:
         assert not isinstance(plain, ServedStream)
+
+
+def many_groups(spec) -> Pipeline:
+    """The spec's pipeline over storage with latency, in short groups (a handover needs groups
+    left after the running stage's read-ahead; the test corpus is one default group)."""
+    pipeline = SlowPipeline(spec, delay_s=0.002)
+    pipeline.group_size = MIN_GROUP
+    return pipeline
+
+
+@pytest.mark.parametrize("to", [Parallelism(0, 4), Parallelism(2, 1)], ids=["threads", "processes"])
+def test_a_switch_opens_the_new_stage_beside_the_running_one(make_spec, to):
+    """The running stage serves while the new one starts (worker processes: ~1-2 s without a
+    batch when the switch waited for them); the packer moves to it at a group boundary, and
+    the batches are the fixed count's."""
+    spec = make_spec(order={"epochs": 0}, batch={"size": 2, "seq_len": 64})
+    pipeline = many_groups(spec)
+    got, at = [], []
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+        got += [next(stream) for _ in range(20)]  # the running stage's pace, for the lead
+        asked = stream.switch(to)
+        while not asked.wait(0) and len(got) < 5000:
+            got.append(next(stream))
+            at.append(stream.parallelism)
+        assert asked.made and stream.parallelism == to
+        # The batches right after the ask came from the running stage, while `to` started.
+        assert at[0] == Parallelism(0, 1), at[:3]
+        got += [next(stream) for _ in range(20)]
+        ready_s = stream._stream._it.last_ready_s
+    assert_same_batches(got, run_pipeline(many_groups(spec), limit=len(got)))
+    assert ready_s > 0
+
+
+def test_worker_processes_start_without_stopping_the_stream(make_spec):
+    """While two worker processes start (`ready_s`), the stream goes on: its longest wait for
+    a batch across the switch is a fraction of their start."""
+    pipeline = many_groups(make_spec(order={"epochs": 0}, batch={"size": 2, "seq_len": 64}))
+    with SwitchingStream(pipeline, Position(), Parallelism(0, 2)) as stream:
+        for _ in range(20):  # the running stage's pace, for the handover's lead
+            next(stream)
+        asked = stream.switch(Parallelism(2, 1))
+        longest, last = 0.0, time.monotonic()
+        while not asked.wait(0):
+            next(stream)
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+        for _ in range(5):
+            next(stream)
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+        ready_s = stream._stream._it.last_ready_s
+    assert asked.made
+    assert longest < 0.5 * ready_s, (longest, ready_s)
