@@ -101,6 +101,7 @@ class Served:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
+            cwd=tree,  # `-m` puts the working folder first on sys.path: the tree's own
         )
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket):
