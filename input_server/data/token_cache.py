@@ -76,7 +76,6 @@ class TokenCache:
 
     def _start(self) -> None:
         self._path = os.path.join(self.folder, DB_NAME)
-        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._idle: list[Conn] = []  # open, lent to no call (at most _IDLE_MAX)
         self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "failed_gets": 0, "failed_puts": 0}
@@ -85,6 +84,10 @@ class TokenCache:
         self._waiting: dict[tuple[int, int] | None, set[int]] = {}
         self._n_waiting = 0
         self._waiting_since = 0.0
+        # Last: after a fork, a thread that sees this process's pid must find the new lock and
+        # pool, never the parent's (its lock may be held for good, its connections cross the
+        # fork); one that still sees the parent's pid starts anew itself.
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "max_bytes": self.max_bytes}

@@ -1,6 +1,7 @@
 """The token cache at its edges: connections that outlive no call, a database that cannot be
 read or written (not damaged: locked, full, gone) costing misses and never an error, a folder
-others could write into refused, and waiting hits bounded when the write lock stays taken."""
+others could write into refused, waiting hits bounded when the write lock stays taken, and
+after a fork no thread finding the parent's pool."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sqlite3
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -84,11 +86,12 @@ def test_a_folder_others_can_write_into_is_refused(tmp_path):
         TokenCache(str(shared), max_bytes=1 << 20)
     assert not (shared / DB_NAME).exists()
 
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, 65534, 65534)  # the tests run as root: another user's folder
-    with pytest.raises(ValueError, match=r"belongs to user 65534"):
-        TokenCache(str(theirs), max_bytes=1 << 20)
+    if os.geteuid() == 0:  # only root can give a folder to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(ValueError, match=r"belongs to user 65534"):
+            TokenCache(str(theirs), max_bytes=1 << 20)
 
     linked = tmp_path / "linked"
     linked.mkdir()
@@ -114,4 +117,30 @@ def test_waiting_hits_are_forgotten_not_waited_on_when_the_lock_stays_taken(tmp_
     finally:
         other.execute("COMMIT")
         other.close()
+    c.close()
+
+
+def test_after_a_fork_no_thread_finds_the_parents_pool_under_its_own_pid(tmp_path, monkeypatch):
+    # A child of a fork starts its pool anew on first use (`_start`). Another thread of the
+    # child running midway must see the parent's pid (and start anew itself) or find the new
+    # lock and pool: never this pid beside the parent's lock (held for good if a parent's
+    # thread held it at the fork) or its connections (which must not cross a fork).
+    c = TokenCache(str(tmp_path / "cache"), max_bytes=1 << 20)
+    c.put_many("ns", [b"a"], [np.arange(5, dtype=np.int32)])
+    parent_lock, parent_idle = c._lock, c._idle
+    assert parent_idle  # the connection the put gave back
+    c._pid = -1  # as the object stands in a child of a fork
+    seen, real_lock = [], threading.Lock
+
+    def lock():  # `_start` making the child's lock: what another thread would find now
+        restarts = c._pid != os.getpid()
+        seen.append(restarts or (c._lock is not parent_lock and c._idle is not parent_idle))
+        return real_lock()
+
+    monkeypatch.setattr(token_cache, "threading", types.SimpleNamespace(Lock=lock))
+    np.testing.assert_array_equal(c.get_many("ns", [b"a"])[0], np.arange(5))
+    assert seen == [True]
+    assert c._idle is not parent_idle and c._lock is not parent_lock
+    for conn in parent_idle:  # abandoned by the "child"; this test's own to close
+        conn.close()
     c.close()
