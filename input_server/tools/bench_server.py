@@ -21,9 +21,12 @@ def _rate(tokens: int, seconds: float) -> float:
 
 def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
     """Times a batch iterator after its first batch (start-up is not throughput), with the CPU
-    time it took per real token: this process's (all threads), and `other_process`'s (a
-    psutil.Process, the server) apart. `on_last(result)` adds what it measures once the last
-    batch is in (before the stream closes)."""
+    time it took per real token: this process's (all threads but `on_last`'s own, when it has
+    `cpu_s()`), and `other_process`'s (a psutil.Process, the server) apart. `on_last(result)`
+    adds what it measures once the last batch is in (before the stream closes)."""
+
+    def own_cpu() -> float:
+        return time.process_time() - (on_last.cpu_s() if hasattr(on_last, "cpu_s") else 0.0)
 
     def other_cpu() -> float:
         return sum(other_process.cpu_times()[:2]) if other_process is not None else 0.0
@@ -31,14 +34,14 @@ def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
     it = iter(batches)
     first = next(it)
     tokens, rows, slots = 0, 0, 0
-    start, cpu, other = time.perf_counter(), time.process_time(), other_cpu()
+    start, cpu, other = time.perf_counter(), own_cpu(), other_cpu()
     for batch in it:
         seg = count_tokens(batch)
         tokens += int(np.count_nonzero(seg))
         rows += 1
         slots += seg.size
     elapsed = time.perf_counter() - start
-    cpu, other = time.process_time() - cpu, other_cpu() - other
+    cpu, other = own_cpu() - cpu, other_cpu() - other
     del first
     result = {
         "tokens": tokens,
@@ -58,24 +61,26 @@ def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
 class _Held:
     """The most the server process and its worker processes hold while it streams, sampled
     every 0.1 s on a thread of this process: RSS (all of them), threads (the server's) and
-    worker processes. Its own CPU is taken out of the client's: scanning /proc ten times a
+    worker processes. Its own CPU (`cpu_s`) is not the client's: scanning /proc ten times a
     second cost 5-7.6 ns a token at 4 M tokens/s, counted as the client's before."""
 
     def __init__(self, process):
         self.process = process
         self.peak = {"server_rss_mb": 0.0, "server_threads": 0, "server_worker_processes": 0}
         self._stop = threading.Event()
-        self._cpu_s = 0.0  # this thread's CPU, once it ends
+        self._cpu_s = 0.0  # this thread's CPU, as of its last sample
         self._thread = threading.Thread(target=self._run, name="bench-held", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        try:
-            while self._sample():  # at once, then every 0.1 s: a short stream is sampled too
-                if self._stop.wait(0.1):
-                    return
-        finally:
+        while self._sample():  # at once, then every 0.1 s: a short stream is sampled too
             self._cpu_s = time.thread_time()
+            if self._stop.wait(0.1):
+                return
+
+    def cpu_s(self) -> float:
+        """The sampling thread's CPU so far (to its last sample: within one sample's)."""
+        return self._cpu_s
 
     def _sample(self) -> bool:
         import psutil
@@ -101,9 +106,6 @@ class _Held:
         self._thread.join()
         self._sample()  # and at the stream's last batch
         result.update(self.peak)
-        if result["tokens"]:
-            own = 1e9 * self._cpu_s / result["tokens"]
-            result["cpu_ns_per_token"] = max(0.0, result["cpu_ns_per_token"] - own)
 
 
 def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:

@@ -1,21 +1,31 @@
 """The bench's sampler of the server's memory and threads runs in the client's process: its
-own CPU is not the client's."""
+own CPU over the timed stream is not the client's."""
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import psutil
 
-from input_server.tools.bench_server import _Held
+from input_server.tools.bench_server import _consume, _Held
 
 
-def test_the_samplers_own_cpu_is_taken_out_of_the_clients():
+def test_the_samplers_own_cpu_is_not_the_clients():
     held = _Held(psutil.Process())  # samples this process: children, RSS, threads
-    time.sleep(0.5)
-    result = {"tokens": 1000, "cpu_ns_per_token": 1e9}  # 1 s of client CPU
-    held(result)
-    own = held._cpu_s
-    assert own > 0  # five samples of /proc cost something
-    assert result["cpu_ns_per_token"] == 1e9 - 1e9 * own / 1000
+    time.sleep(0.35)  # samples before the timed stream: never subtracted from it
+    before = held.cpu_s()
+    assert before > 0
+
+    def batches():
+        for _ in range(6):
+            time.sleep(0.1)  # the client idle, the sampler busy
+            yield np.ones(1000, np.int32)
+
+    result = _consume(batches(), lambda b: b, on_last=held)
+    sampled = held.cpu_s() - before
+    assert sampled > 0  # five samples of /proc cost something
+    # The client did next to nothing: what the sampler spent is not counted as its CPU.
+    assert result["cpu_ns_per_token"] * result["tokens"] / 1e9 < sampled
+    assert result["cpu_ns_per_token"] > 0
     assert result["server_threads"] >= 1 and result["server_rss_mb"] > 0
