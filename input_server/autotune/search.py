@@ -91,7 +91,12 @@ def next_candidate(
         m.batches_per_s >= TARGET_HEADROOM * target_batches_per_s for m in fits
     ):
         return None
-    inproc = [m for m in measurements if m.parallelism.in_process]
+    # By threads: a live search walks down as well as up, and appends what it measures in
+    # that order; doubling from the last row proposed a rung already measured (a switch and
+    # a window for nothing, after a walk down to 1 thread).
+    inproc = sorted(
+        (m for m in measurements if m.parallelism.in_process), key=lambda m: m.parallelism.threads
+    )
     procs = [m for m in measurements if not m.parallelism.in_process]
 
     def check(processes: int, threads: int) -> Candidate:

@@ -211,3 +211,13 @@ def test_first_process_candidate_is_measured_not_predicted_from_threads():
     assert (c.parallelism.processes, c.skip) == (2, "")
     rows.append(row(2, 1, 200, rss=400.0, cpu=2.0))
     assert next_candidate(rows, cpus=8, ram_budget_mb=500).skip == "ram cap"  # 4 x 200
+
+
+def test_rows_measured_out_of_order_never_propose_a_rung_already_measured():
+    # A live search walked 2 -> 4 -> 1 thread: doubling from the last row (1) proposed 2 again.
+    rows = [row(0, 2, 100), row(0, 4, 130), row(0, 1, 60)]
+    c = next_candidate(rows, cpus=2)
+    assert c is not None and c.parallelism == Parallelism(0, 8)  # up from 4, still gaining
+    rows.append(row(0, 8, 131))  # no gain past 4 (in any order): threads are over
+    assert next_candidate(rows, cpus=2, host_busy=True) is None
+    assert next_candidate(rows, cpus=2).parallelism == Parallelism(2, 2)  # GIL-bound: processes
