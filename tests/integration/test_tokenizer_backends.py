@@ -6,6 +6,7 @@ server's stream says who tokenized it and how many groups were audited."""
 
 from __future__ import annotations
 
+import collections
 import re
 import uuid
 
@@ -18,9 +19,10 @@ from input_client.spec import SpecError, TokenizerSpec
 from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
-from input_server.data.tokenizers import KINDS, backends, load_tokenizer
+from input_server.data.tokenizers import KINDS, backends, load_tokenizer, route
 from input_server.data.tokenizers.backends import PROBES
 from input_server.data.tokenizers.base import GATE_DOCS
+from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 from input_server.errors import InvalidSpecError
 from input_server.testing.corpus import (
@@ -192,6 +194,24 @@ def test_the_audit_checks_one_group_in_audit_every(texts, models):
     audited = [tok.encode(texts[i : i + 20], i).audited for i in range(0, 200, 20)]
     assert audited == [i % 3 == 0 for i in range(10)]
     assert tok.choice.backend == "fastokens"
+
+
+def test_auto_does_not_load_kitoken_for_a_unigram_model(texts, spm_model, monkeypatch):
+    """kitoken differed from sentencepiece on every unigram model measured: "auto" serves one
+    by the reference without loading kitoken, saying why; named, kitoken meets the gate."""
+    loads = []
+    real = SentencepieceTokenizer._backend
+    monkeypatch.setattr(
+        SentencepieceTokenizer, "_backend", lambda self, n: loads.append(n) or real(self, n)
+    )
+    monkeypatch.setattr(route, "_BACKENDS", collections.OrderedDict())
+    auto = load_tokenizer(TokenizerSpec(model=spm_model))  # the fixture's unigram model
+    choice = auto.choose_backend(texts[:GATE_DOCS])
+    assert choice.backend == "reference" and loads == []
+    assert choice.why.startswith("kitoken is not tried on unigram models"), choice.why
+    named = load_tokenizer(TokenizerSpec(model=spm_model, backend="kitoken"))
+    assert named.choose_backend(texts[:GATE_DOCS]).backend == "reference"
+    assert loads == ["kitoken"]  # tried, and refused by the gate
 
 
 def test_kitoken_is_refused_on_a_model_that_normalizes(texts, models):

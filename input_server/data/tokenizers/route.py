@@ -59,6 +59,10 @@ class Routed:
         """The kind's backend `name`, loaded (`fast.py`)."""
         raise NotImplementedError
 
+    def _not_tried(self, name: str) -> str | None:
+        """Why "auto" does not try backend `name` on this model (None: it does)."""
+        return None
+
     def _loaded_backend(self, name: str) -> Backend:
         """`_backend(name)`, loaded once a process for each model (by its digest): a stream
         of a request's spec makes a new tokenizer, and loading Llama 3's derived
@@ -139,6 +143,9 @@ class Routed:
             return self._serve(Choice("reference", 'asked for (`tokenizer.backend = "reference"`)'))
         reasons = []
         for name in self.BACKENDS if want == "auto" else (want,):
+            if want == "auto" and (skip := self._not_tried(name)):
+                reasons.append(skip)  # named, it is tried: the gate decides
+                continue
             try:
                 fast = self._loaded_backend(name)
             except BaseException as e:  # a library missing or refusing the model: the reference

@@ -57,6 +57,23 @@ class SentencepieceTokenizer(ModelTokenizer):
 
     BACKENDS = ("kitoken",)
 
+    def _not_tried(self, name: str) -> str | None:
+        from sentencepiece import sentencepiece_model_pb2 as pb2
+
+        if self._proto().trainer_spec.model_type != pb2.TrainerSpec.UNIGRAM:
+            return None
+        return (
+            f"{name} is not tried on unigram models (it differed from sentencepiece on every "
+            "unigram model measured: equal-score ties broken otherwise, byte fallback, nmt rules)"
+        )
+
+    def _proto(self):
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self.model().serialized_model_proto())
+        return model
+
     def _backend(self, name: str):
         from input_server.data.tokenizers.fast import Kitoken
 
@@ -150,8 +167,7 @@ class SentencepieceTokenizer(ModelTokenizer):
         """
         from sentencepiece import sentencepiece_model_pb2
 
-        model = sentencepiece_model_pb2.ModelProto()
-        model.ParseFromString(self.model().serialized_model_proto())
+        model = self._proto()
         norm, trainer = model.normalizer_spec, model.trainer_spec
         return bool(
             trainer.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM
