@@ -141,6 +141,7 @@ def test_a_slow_way_between_server_and_trainer_is_delivery_bound(serve, make_spe
     assert "not the input pipeline" in stats.verdict
 
 
+@pytest.mark.alone  # stage clocks within 10 % of the stand-ins': others' load adds work
 def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):
     """Over one epoch on two threads: the read and tokenize seconds the metrics endpoint
     shows are what the stand-ins spent by their own clocks (plus the real work, within 10 %)."""
@@ -154,8 +155,9 @@ def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):
     stage = {k[1][0][1]: v for k, v in page.items() if k[0] == "input_server_stage_seconds_total"}
     read, tokenize = pipeline.source.spent, pipeline.tokenizer.spent
     assert read.calls == tokenize.calls == pipeline.docs_per_epoch  # every document once
-    assert read.seconds <= stage["read"] + stage["decompress"] <= 1.1 * read.seconds, stage
-    assert tokenize.seconds <= stage["tokenize"] <= 1.1 * tokenize.seconds, stage
+    why = (stage, read.seconds, tokenize.seconds)  # the stand-ins' own clocks
+    assert read.seconds <= stage["read"] + stage["decompress"] <= 1.1 * read.seconds, why
+    assert tokenize.seconds <= stage["tokenize"] <= 1.1 * tokenize.seconds, why
 
 
 def test_stats_shows_the_verdict_and_where_the_time_goes(serve, make_spec, capsys):
