@@ -285,25 +285,16 @@ def test_on_busy_cores_a_rung_left_on_one_slow_window_is_measured_again():
     """The loop's pace on shared cores jumps by a fifth between 1 s windows: a cheaper rung
     that read slow once is measured again before the dearer one is kept."""
     took = {1: [500.0], 2: [400.0, 480.0], 4: [450.0]}  # 2 threads: one slow window first
-    capacity = {1: 520.0, 2: 490.0, 4: 700.0}
-    s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
-    path, now, seen = [s.current], 0.0, {1: 0, 2: 0, 4: 0}
-    while not s.settled and now < 30:
-        n = s.current.workers
-        rate = took[n][min(seen[n], len(took[n]) - 1)]
-        seen[n] += 1
-        w = window(rate, workers=n, blocked=0.3, busy=rate / capacity[n])
-        now += 1.0
-        step = s.observe(w, demand=rate, now=now, cpu_cores=0.9, host_cores=2.0)
-        if step.to is not None:
-            s.switched(step.to)
-            path.append(step.to)
+    path, s = walk_on_busy_cores(took, {1: 520.0, 2: 490.0, 4: 700.0})
     assert path[:4] == [P(0, 2), P(0, 4), P(0, 2), P(0, 1)], path
-    assert s.settled and s.tuning.parallelism == P(0, 1), s.tuning
+    assert s.tuning.parallelism == P(0, 1), s.tuning
 
 
-def walk_on_busy_cores(took: dict[int, list[float]], capacity: dict[int, float]) -> list[P]:
-    """The path of a search whose loop shares busy cores, its windows' paces from `took`."""
+def walk_on_busy_cores(
+    took: dict[int, list[float]], capacity: dict[int, float]
+) -> tuple[list[P], OnlineSearch]:
+    """The path of a search whose loop shares busy cores, its windows' paces from `took`, and
+    the search, settled."""
     s = OnlineSearch(P(0, 2), cpus=2, default_threads=lambda p: 1)
     path, now, seen = [s.current], 0.0, dict.fromkeys(took, 0)
     while not s.settled and now < 30:
@@ -317,14 +308,14 @@ def walk_on_busy_cores(took: dict[int, list[float]], capacity: dict[int, float])
             s.switched(step.to)
             path.append(step.to)
     assert s.settled
-    return path
+    return path, s
 
 
 def test_a_rung_left_on_a_window_past_the_loops_own_spread_is_not_measured_again():
     """2 threads' one window took 330 batches/s, 4 threads' 450: past the loop's window spread
     (a fifth until measured), so 2 threads are worse; a second look would cost the trainer a
     switch and a window (the docstrings' walk settled at 12.6 s looking twice)."""
-    path = walk_on_busy_cores({1: [500.0], 2: [330.0, 480.0], 4: [450.0]}, {2: 400.0, 4: 700.0})
+    path, _ = walk_on_busy_cores({1: [500.0], 2: [330.0, 480.0], 4: [450.0]}, {2: 400.0, 4: 700.0})
     assert path == [P(0, 2), P(0, 4)], path
 
 

@@ -18,6 +18,7 @@ from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
 from input_server.data.tokenizers.word_cuts import LLAMA3_PATTERN, QWEN_PATTERN
 from input_server.testing.tokenizer_models import train_hf_tokenizer
+from tests.unit.test_tokenize import _pieces as tokenize_pieces
 
 
 def doc_tokens(group, i):
@@ -80,34 +81,13 @@ def _tokenizer(folder: str, **flags):
     return load_tokenizer(TokenizerSpec(model=folder, kind="huggingface", **flags))
 
 
-_pieces = st.sampled_from(
-    [
-        "the",
-        "data",
-        "Token",
-        "x" * 30,
-        " ",
-        "  ",
-        "\n",
-        "\t",
-        " \n ",
-        "'s",
-        "'re",
-        "don't",
-        "*" * 7,
-        "e\u0301",
-        "\u00e9t\u00e9",
-        "\u4e2d\u6587",
-        "(",
-        ").",
-        "42",
-        "12345",
-        "\u00a0",
-        "--",
-        "<s>",
-        "\u0645\u0631\u062d\u0628\u0627",
-        "\U0001f600",
-    ]
+# test_tokenize's pieces (whitespace runs, combining marks, NFKC bait, scripts), and what the
+# split patterns treat apart: contractions, digit runs, specials written as text, Arabic, emoji.
+_pieces = st.one_of(
+    tokenize_pieces,
+    st.sampled_from(
+        ["'s", "'re", "don't", "12345", "<s>", "\u0645\u0631\u062d\u0628\u0627", "\U0001f600"]
+    ),
 )
 
 
