@@ -220,21 +220,21 @@ class Cutter:
     def _before(self, text: str, lo: int, hi: int) -> int:
         """The last place to cut in `text[lo:hi]`, or -1."""
         space = text.rfind(" ", lo, hi)
-        for _ in range(self.LOOK if self.at is not None else 0):
+        if self.at is None:
+            return space
+        for _ in range(self.LOOK):
             if space < 0 or self.at(text, space):
-                break
+                return space
             space = text.rfind(" ", lo, space)
-        else:
-            return space if self.at is None else -1
-        return space
+        return -1
 
     def _after(self, text: str, lo: int) -> int:
         """The first place to cut in `text[lo:]`, or -1."""
         space = text.find(" ", lo)
-        for _ in range(self.LOOK if self.at is not None else 0):
+        if self.at is None:
+            return space
+        for _ in range(self.LOOK):
             if space < 0 or self.at(text, space):
-                break
+                return space
             space = text.find(" ", space + 1)
-        else:
-            return space if self.at is None else -1
-        return space
+        return -1
