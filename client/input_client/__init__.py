@@ -1,6 +1,7 @@
 """input_client: the thin client of the input server (grpcio, protobuf, numpy; jax lazily)."""
 
 from input_client.client import InputClient
+from input_client.elastic import reshard
 from input_client.errors import InputClientError, ReconnectError, SequenceError, StreamError
 from input_client.iterator import BatchIterator
 from input_client.spec import (
@@ -32,4 +33,5 @@ __all__ = [
     "StreamError",
     "TokenizerSpec",
     "WorkersSpec",
+    "reshard",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from input_client._connect_wait import ConnectWait, socket_file_ready
 from input_client._reconnect import channel_options, check_protocol
 from input_client._server_checks import BadBatch, Expected, expected_of
 from input_client.auth import TokenInterceptor, check_token, read_token_file
+from input_client.elastic import ELASTIC, reshard_servers
 from input_client.errors import StreamError
 from input_client.fanin import ORDERS, STATE_KEY, FanInIterator, fan_in
 from input_client.iterator import BatchIterator
@@ -20,7 +22,12 @@ from input_client.proto import pb, pb_grpc
 from input_client.spec import PipelineSpec
 from input_client.tls import TlsSettings, open_channel, refuse_token_in_the_clear
 from input_client.tls_diagnosis import DIAGNOSIS_TIMEOUT_S, diagnose, wait_diagnosing
-from input_client.wire import PROTOCOL_VERSION, client_message_options, is_resume_state
+from input_client.wire import (
+    PROTOCOL_VERSION,
+    client_message_options,
+    encode_state,
+    is_resume_state,
+)
 
 
 class InputClient:
@@ -308,13 +315,8 @@ class InputClient:
         )
         if self.members:
             return fan_in(self.members, spec, state=state, order=order, **options)
-        if state is not None and STATE_KEY in state:
-            servers = state[STATE_KEY].get("servers") if isinstance(state[STATE_KEY], dict) else "?"
-            raise ValueError(
-                f"`state` was fanned in from {servers} servers; this client has one "
-                f"({self.address}): resuming with another number of servers is refused, since "
-                f"server j of N reads sub-shard j of N. Resume with all {servers} servers."
-            )
+        if state is not None and STATE_KEY in state:  # a pool's state, now on one server
+            state = reshard_servers(state, 1)
         info = self._ready_info()
         if isinstance(spec, str) and spec not in info.pipelines:
             known = ", ".join(sorted(info.pipelines))[:200] or "none configured"
@@ -350,6 +352,9 @@ class InputClient:
         else:
             request.spec.CopyFrom(spec.to_proto())
         expected = self._expected(request.spec if named is None else named, spec)
+        if state is not None and ELASTIC in state:  # its states hold the old hosts' states too
+            grown = expected.state_bytes + len(encode_state(state))
+            expected = dataclasses.replace(expected, state_bytes=grown)
         channel = self._open_channel(client_message_options(expected.receive_limit))
         try:
             return BatchIterator(

@@ -10,7 +10,8 @@ Each sub-stream is an ordinary `BatchIterator`, with its own prefetch, flow cont
 server sees its share of the trainer's pace, and an "auto" server tunes to it), reconnect and
 exactly-once sequence checks. The fan-in's state is every sub-stream's state after the last
 batch taken from it, so resuming continues each sub-stream exactly, whichever order the batches
-were taken in.
+were taken in. On another number of servers (a pool that grew or shrank), `fan_in` reshards the
+host's state first (`elastic.reshard_servers`): every document still comes once.
 
 Orders:
   round_robin (default): batch k comes from server k mod N (servers whose sub-stream has ended
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from input_client.elastic import reshard_servers
 from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec, ShardSpec
 
@@ -129,9 +131,9 @@ def position_of(state: dict[str, Any] | None, addresses: Sequence[str]) -> _Posi
         raise bad("has no integer 'servers'")
     if servers != n:
         raise ValueError(
-            f"`state` was fanned in from {servers} servers; this client has {n} "
-            f"({', '.join(addresses)}): resuming with another number of servers is refused, "
-            f"since server j of N reads sub-shard j of N. Resume with {servers} servers."
+            f"`state` was fanned in from {servers} servers; this iterator has {n} "
+            f"({', '.join(addresses)}), and server j of N reads sub-shard j of N: open it "
+            f"through `fan_in`, or pass the state through `elastic.reshard_servers` first."
         )
     streams, nxt, ended = fan.get("streams"), fan.get("next", 0), fan.get("ended", [])
     if not isinstance(streams, list) or len(streams) != n:
@@ -154,6 +156,11 @@ def position_of(state: dict[str, Any] | None, addresses: Sequence[str]) -> _Posi
     elif nxt in ended:
         raise bad("'next' names a server whose sub-stream ended")
     return _Position(seq=state["seq"], streams=list(streams), next=nxt, ended=list(ended))
+
+
+def _servers_of(state: dict[str, Any]) -> Any:
+    fan = state.get(STATE_KEY)
+    return fan.get("servers") if isinstance(fan, dict) else 1
 
 
 def fan_in(
@@ -180,6 +187,8 @@ def fan_in(
         )
     if order not in ORDERS:
         raise ValueError(f"`order` must be one of {', '.join(ORDERS)}; got {order!r}.")
+    if state is not None and _servers_of(state) != len(clients):  # a pool that changed size
+        state = reshard_servers(state, len(clients))
     position_of(state, addresses)  # its mistakes before any server is dialed
     # One deadline for all: N servers starting together take about as long as one.
     deadline = time.monotonic() + max(c.connect_timeout_s for c in clients)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class DocCursor:
         *,
         long_documents: str | None = None,
         seq_len: int = 0,
+        heads: dict[int, int] | None = None,
     ):
         if long_documents not in (None, *LONG_DOCUMENTS):
             raise ValueError(
@@ -63,14 +65,19 @@ class DocCursor:
         self._cut = seq_len if long_documents in ("trim", "chunk") else 0
         self._chunk = long_documents == "chunk"
         self._doc = doc
-        self._pending = offset  # the resume state's offset, placed when its group arrives
+        # Documents whose first tokens were used before this stream (ordinal -> tokens): the
+        # resume state's own, and a resharded stream's documents other hosts began
+        # (`data.elastic`). Each is skipped as if the stream had resumed there.
+        self._heads = dict(heads or {})
+        if offset:
+            self._heads[doc] = max(offset, self._heads.get(doc, 0))
         self.offset = 0
         self.group: TokenGroup | None = None
         self.starts: list[int] = []
         self.lengths: list[int] = []
         self.index = 0  # of the current piece within `group`
-        # Chunked groups only (else a piece is its document): each piece's document (within
-        # the group) and its first token's offset in it.
+        # Chunked groups and groups holding a head only (else a piece is its whole document):
+        # each piece's document (within the group) and its first token's offset in it.
         self._piece_doc: list[int] | None = None
         self._piece_offset: list[int] | None = None
 
@@ -88,12 +95,12 @@ class DocCursor:
     def at(self) -> tuple[int, int]:
         """`(doc, offset)`: the current document and how many of its tokens were used; a
         cursor made at this position walks the same pieces from here."""
-        if self.group is None:
-            return self._doc, self._pending
-        i, offset = self.index, self.offset
-        if self._piece_offset is not None and i < len(self._piece_offset):
-            offset += self._piece_offset[i]
-        return self.doc, offset
+        doc, offset, i = self.doc, 0, self.index
+        if self.group is not None:
+            offset = self.offset
+            if self._piece_offset is not None and i < len(self._piece_offset):
+                offset += self._piece_offset[i]
+        return doc, max(offset, self._heads.get(doc, 0)) if self._heads else offset
 
     def load(self) -> bool:
         """Makes `group` hold the current piece; False once the stream has ended."""
@@ -109,52 +116,73 @@ class DocCursor:
                     f"token group starting at document {g.first_doc} does not hold document {doc}."
                 )
             self.group = g
+            self.offset = 0
             self._pieces(g, doc - g.first_doc)
         return True
 
     def _pieces(self, g: TokenGroup, i: int) -> None:
-        """Cuts group `g` into pieces; the current one is that of document `i` at the pending
-        offset. Per group, in numpy: no per-document Python work unless a document is cut."""
+        """Cuts group `g` into pieces; the current one is document `i`'s first. Per group, in
+        numpy: no per-document Python work unless a document is cut or has a head."""
         lengths, cut = g.lengths, self._cut
         self._piece_doc = self._piece_offset = None
-        if (
-            not cut
-            or not len(lengths)
-            or (int(lengths.max()) <= cut and (not self._chunk or int(lengths.min()) > 0))
-        ):
-            self.lengths, self.starts = lengths.tolist(), g.starts.tolist()
-            self._place(i, lengths, i)
-        elif not self._chunk:  # trim: a view of each long document's first `cut` tokens
-            trimmed = np.minimum(lengths, cut)
-            self.lengths, self.starts = trimmed.tolist(), g.starts.tolist()
-            self._place(i, trimmed, i)
-        else:
-            counts = -(-lengths // cut)  # pieces per document: 0 for an empty one
-            first = np.cumsum(counts) - counts
-            doc_of = np.repeat(np.arange(len(lengths)), counts)
-            piece_offset = (np.arange(len(doc_of)) - first[doc_of]) * cut
-            self.starts = (g.starts[doc_of] + piece_offset).tolist()
-            self.lengths = np.minimum(lengths[doc_of] - piece_offset, cut).tolist()
-            self._piece_doc, self._piece_offset = doc_of.tolist(), piece_offset.tolist()
-            piece = int(first[i]) + self._pending // cut if i < len(lengths) else len(doc_of)
-            self._place(i, lengths, piece)
+        heads = self._heads_in(g) if self._heads else {}
+        if heads or (cut and self._chunk and len(lengths) and not self._whole(lengths)):
+            self._cut_pieces(g, i, heads)
+            return
+        if cut and len(lengths) and int(lengths.max()) > cut:  # trim: each one's first tokens
+            lengths = np.minimum(lengths, cut)
+        self.lengths, self.starts = lengths.tolist(), g.starts.tolist()
+        self.index = i
 
-    def _place(self, i: int, lengths: np.ndarray, piece: int) -> None:
-        """Makes `piece` current: the one of document `i` that holds the pending offset, which
-        must lie inside the document (`lengths`: the documents' tokens, trimmed under trim)."""
-        self.index, pending = piece, self._pending
-        if not pending or i >= len(lengths):
-            return  # a state at a group's end: its offset is for the next group's first document
-        if pending >= lengths[i]:
-            # Only a resume state gives an offset at a group's start (the packers move on at
-            # a piece's end): one past its document would make other batches under the same
-            # sequence numbers.
-            raise InvalidSpecError(
-                f"`resume_state` offset {pending} is past the {int(lengths[i])} tokens of "
-                f"document {self.group.first_doc + i}."
-            )
-        self._pending = 0
-        self.offset = pending % self._cut if self._chunk else pending
+    def _whole(self, lengths: np.ndarray) -> bool:
+        """Whether every document of a chunked group is one piece."""
+        return int(lengths.max()) <= self._cut and int(lengths.min()) > 0
+
+    def _heads_in(self, g: TokenGroup) -> dict[int, int]:
+        """The heads of `g`'s documents (index in the group -> tokens used), checked."""
+        first, n = g.first_doc, len(g.lengths)
+        out = {x - first: h for x, h in self._heads.items() if first <= x < first + n and h}
+        kept = g.lengths if not self._cut or self._chunk else np.minimum(g.lengths, self._cut)
+        for d, h in out.items():
+            if h >= kept[d]:
+                # Only a resume state names an offset at a piece's start (the packers move on at
+                # a piece's end): one past its document would make other batches under the same
+                # sequence numbers.
+                raise InvalidSpecError(
+                    f"`resume_state` offset {h} is past the {int(kept[d])} tokens of "
+                    f"document {first + d}."
+                )
+        return out
+
+    def _cut_pieces(self, g: TokenGroup, i: int, heads: dict[int, int]) -> None:
+        """Pieces with their documents and offsets: chunks of `cut` tokens under chunk (an
+        empty document has none), else one a document (trimmed under trim); a document with a
+        head starts past it (whole chunks before it dropped)."""
+        lengths, cut = g.lengths, self._cut
+        if self._chunk:
+            counts = -(-lengths // cut)  # pieces per document: 0 for an empty one
+        else:
+            counts = np.ones(len(lengths), np.int64)
+            lengths = np.minimum(lengths, cut) if cut else lengths
+        first = np.cumsum(counts) - counts
+        doc_of = np.repeat(np.arange(len(lengths)), counts)
+        offset = (np.arange(len(doc_of)) - first[doc_of]) * (cut if self._chunk else 0)
+        size = lengths[doc_of] - offset
+        if self._chunk:
+            size = np.minimum(size, cut)
+        starts = g.starts[doc_of] + offset
+        if heads:
+            d = np.fromiter(heads, np.int64, len(heads))
+            h = np.fromiter(heads.values(), np.int64, len(heads))
+            skip = np.zeros(len(lengths), np.int64)
+            skip[d] = h
+            used = np.clip(skip[doc_of] - offset, 0, size)  # each piece's tokens used
+            keep = (used == 0) | (used < size)  # an empty document's piece stays
+            starts, offset = (starts + used)[keep], (offset + used)[keep]
+            size, doc_of = (size - used)[keep], doc_of[keep]
+        self.starts, self.lengths = starts.tolist(), size.tolist()
+        self._piece_doc, self._piece_offset = doc_of.tolist(), offset.tolist()
+        self.index = int(np.searchsorted(doc_of, i))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +209,24 @@ class PackedBatch:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return expand_packed(self.inputs, self.segment_lengths, self.segments_per_row)
+
+
+@dataclasses.dataclass(frozen=True)
+class Produced:
+    """One packed batch with its sequence number and the resume state after it."""
+
+    seq: int
+    batch: PackedBatch
+    state: dict[str, Any]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch.num_tokens
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """MaxText's six arrays (derived from the compact batch on each access)."""
+        return self.batch.arrays()
 
 
 class _Rows:

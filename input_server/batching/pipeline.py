@@ -8,7 +8,6 @@ the stream position `(doc, offset)` after a batch, which no worker count changes
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import math
@@ -19,16 +18,17 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import grain
-import numpy as np
 
 from input_client.spec import PipelineSpec
 from input_server import cancel
 from input_server.batching._grain import parallel, worker_processes
 from input_server.batching.encode import BUSY_KEY, STAGES_KEY, CachedIds, EncodeGroup
 from input_server.batching.meter import LiveMeter
-from input_server.batching.pack import DocCursor, PackedBatch, pack_batch
+from input_server.batching.pack import DocCursor, Produced, pack_batch
 from input_server.batching.parallelism import Parallelism
+from input_server.batching.resharded import Resharded, run_fingerprint
 from input_server.batching.resume import Position, parse_state
+from input_server.data.elastic import heads_of
 from input_server.data.ids import IdsOnly, model_specials
 from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
 from input_server.data.order import DocumentOrder
@@ -58,24 +58,6 @@ MAX_NAMED_COMPONENTS = 64
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class Produced:
-    """One packed batch with its sequence number and the resume state after it."""
-
-    seq: int
-    batch: PackedBatch
-    state: dict[str, Any]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.batch.num_tokens
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """MaxText's six arrays (derived from the compact batch on each access)."""
-        return self.batch.arrays()
-
-
 class Pipeline:
     """A validated spec with its files and tokenizer opened; makes batch streams from any state.
 
@@ -102,6 +84,7 @@ class Pipeline:
         # A named mixture's states are matched without its weights: under new weights each
         # component continues where it was (`resume.parse_state`).
         self.fingerprint = spec.data_fingerprint(weights=not spec.all_named)
+        self.run = run_fingerprint(spec)  # the same on every host of a run
         # Each component's name and fingerprint ride in every state, for a refusal that names
         # what changed; past MAX_NAMED_COMPONENTS the states stay small and the refusal does not.
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
@@ -123,8 +106,8 @@ class Pipeline:
         self.release()
 
     def _set_up(self, spec: PipelineSpec) -> None:
-        components = getattr(self.source, "components", None) or [(0, len(self.source))]
-        self.order = order_for(spec, components, self.access.order_budget)
+        self.records = getattr(self.source, "components", None) or [(0, len(self.source))]
+        self.order = order_for(spec, self.records, self.access.order_budget)
         self.docs_per_epoch = self.order.per_epoch
         self.specials = None
         if any(s.token_field for s in spec.sources):
@@ -231,23 +214,35 @@ class Pipeline:
         )
 
     def order_at(self, pos: Position) -> DocumentOrder | MixtureOrder:
-        """The order a stream from `pos` reads: a mixture's interleave where the state put it."""
-        if pos.mix is None or pos.mix == self.order.at:
-            return self.order
-        return self.order.moved(pos.mix)
+        """The order a stream from `pos` reads: a resharded state's own, a mixture's
+        interleave where the state put it."""
+        base = pos.order if pos.order is not None else self.order
+        if pos.mix is None or pos.mix == base.at:
+            return base
+        return base.moved(pos.mix)
 
     def parse_state(self, state: bytes | dict[str, Any] | None) -> Position:
         """The position of a resume state sent back by a client (`resume.parse_state`)."""
         b = self.spec.batch
+        rules = dict(
+            splits_documents=b.packing == "concat_then_split",
+            chunk_len=b.seq_len if b.long_documents_policy == "chunk" else 0,
+        )
+        budget = self.access.order_budget
         return parse_state(
             state,
             fingerprint=self.fingerprint,
             num_docs=len(self.order),
-            splits_documents=b.packing == "concat_then_split",
-            chunk_len=b.seq_len if b.long_documents_policy == "chunk" else 0,
             mixture=self.order if isinstance(self.order, MixtureOrder) else None,
             components=self.components,
+            resharded=Resharded(self.spec, self.records, budget, **rules),
+            **rules,
         )
+
+    def state_of(self, pos: Position) -> dict[str, Any]:
+        """The resume state a batch ending at `pos` carries."""
+        shard = (self.spec.shard.index, self.spec.shard.count)
+        return pos.state(self.fingerprint, self.components, run=self.run, shard=shard)
 
     def stream(
         self,
@@ -278,6 +273,7 @@ class BatchStream:
         self._seq = pos.seq
         self._encode = pipeline.encoder(pipeline.order_at(pos))
         self._mix = getattr(self._encode.order, "at", None)  # a mixture's interleave
+        self._elastic, self._base = pos.elastic, pos.order  # a resharded stream's layout
         self._it = iter(
             parallel(
                 pipeline.groups(pos.doc, self._encode),
@@ -294,6 +290,7 @@ class BatchStream:
             pos.offset,
             long_documents=b.long_documents_policy,
             seq_len=b.seq_len,
+            heads=heads_of(self._encode.order),
         )
         self._closed = False
         self.stale = False  # worker processes may run a backend an audit found wrong
@@ -340,7 +337,7 @@ class BatchStream:
 
     def position(self) -> Position:
         """Where the next batch starts: a stream opened here yields the same batches."""
-        return Position(self._seq, *self._cursor.at(), self._mix)
+        return Position(self._seq, *self._cursor.at(), self._mix, self._elastic, self._base)
 
     def __iter__(self) -> Iterator[Produced]:
         return self
@@ -359,9 +356,7 @@ class BatchStream:
             raise StopIteration
         seq = self._seq
         self._seq += 1
-        state = Position(self._seq, *self._cursor.at(), self._mix).state(
-            self.pipeline.fingerprint, self.pipeline.components
-        )
+        state = self.pipeline.state_of(self.position())
         return Produced(seq=seq, batch=batch, state=state)
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:

@@ -12,6 +12,7 @@ state from another mixture is refused naming the components that differ.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from input_client.spec import MIX_PERIOD
@@ -30,13 +31,27 @@ class Position:
     doc: int = 0
     offset: int = 0
     mix: MixPosition | None = None  # a mixture's interleave (None: one source)
+    # A resharded stream's old layout, written back in every state (`data.elastic`), and the
+    # order it makes (None: the spec's own shard's).
+    elastic: dict[str, Any] | None = None
+    order: Any = dataclasses.field(default=None, compare=False, repr=False)
 
-    def state(self, fingerprint: str, components: list[list[str]] | None = None) -> dict[str, Any]:
+    def state(
+        self,
+        fingerprint: str,
+        components: list[list[str]] | None = None,
+        *,
+        run: str = "",
+        shard: tuple[int, int] = (0, 1),
+    ) -> dict[str, Any]:
         """The JSON-able state a batch carries; `components`: a mixture's [name, fingerprint]
-        pairs."""
+        pairs; `run`: the data fingerprint without the shard and `shard` (index, count),
+        which `input_client.reshard` matches the states of a run's hosts by."""
         out = {
             "version": STATE_VERSION,
             "fingerprint": fingerprint,
+            "run": run,
+            "shard": list(shard),
             "seq": self.seq,
             "doc": self.doc,
             "offset": self.offset,
@@ -45,6 +60,8 @@ class Position:
             out["mixture"] = self.mix.to_json()
             if components is not None:
                 out["mixture"]["components"] = components
+        if self.elastic is not None:
+            out["elastic"] = self.elastic
         return out
 
 
@@ -77,6 +94,7 @@ def parse_state(
     chunk_len: int = 0,
     mixture: MixtureOrder | None = None,
     components: list[list[str]] | None = None,
+    resharded: Callable[[dict[str, Any]], Any] | None = None,
 ) -> Position:
     """Reads a resume state sent back by a client; refuses one made for other data.
 
@@ -95,6 +113,9 @@ def parse_state(
         interleave decides it); `components` its [name, fingerprint] pairs. A state made
         under other weights of the same named components continues each component where
         it was (`MixtureOrder.rebased`), from document 0 of the new interleave.
+      resharded: reads a resharded state (`input_client.reshard`): checks it is this run's
+        and this shard's, and gives the order its layout makes (`batching.resharded`), which
+        the position is then read against instead of `num_docs` / `mixture`.
 
     Raises:
       InvalidSpecError: the state is not one this server wrote, or not for this data.
@@ -103,7 +124,8 @@ def parse_state(
         return Position()
     try:
         d = decode_state(state) if isinstance(state, bytes) else dict(state)
-        version, fp = d["version"], d["fingerprint"]
+        version = d["version"]
+        fp = d.get("fingerprint") if "elastic" in d else d["fingerprint"]
         pos = _position(d)
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InvalidSpecError(f"`resume_state` is not a state this server wrote: {e}.") from e
@@ -111,7 +133,18 @@ def parse_state(
         raise InvalidSpecError(
             f"`resume_state` has version {version!r}; this server reads version {STATE_VERSION}."
         )
-    if fp != fingerprint:
+    base = None
+    if "elastic" in d:
+        if resharded is None:
+            raise InvalidSpecError("`resume_state` is a resharded state's, inside another.")
+        base = resharded(d)
+        if isinstance(base, MixtureOrder):
+            mixture = base
+            if "mixture" not in d:  # as `reshard` writes it: the interleave's start
+                d["mixture"] = base.at.to_json()
+        else:
+            mixture, num_docs = None, len(base)
+    elif fp != fingerprint:
         raise InvalidSpecError(
             f"`resume_state` was made for other data (fingerprint {fp!r}, this spec's is "
             f"{fingerprint!r}): resume with the spec that produced it"
@@ -121,6 +154,15 @@ def parse_state(
         pos, num_docs = _in_mixture(d, pos, mixture)
     elif "mixture" in d:
         raise InvalidSpecError("`resume_state` is a mixture's; this spec reads one source.")
+    _check_range(pos, num_docs, splits_documents, chunk_len)
+    if base is not None:
+        pos = dataclasses.replace(pos, elastic=d["elastic"], order=base)
+    return pos
+
+
+def _check_range(pos: Position, num_docs: int, splits_documents: bool, chunk_len: int) -> None:
+    """Refuses a position past the stream's documents, or inside a document where this
+    stream's packing never stops."""
     if pos.doc > num_docs:
         raise InvalidSpecError(
             f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `doc` is past "
@@ -141,7 +183,6 @@ def parse_state(
                 else "packing never stops inside a document, so its `offset` is 0."
             )
         )
-    return pos
 
 
 def _mixture_difference(d: dict[str, Any], components: list[list[str]] | None) -> str:

@@ -24,8 +24,9 @@ from multiprocessing.process import BaseProcess
 from input_server.batching._grain import parallel
 from input_server.batching.handover import Feed
 from input_server.batching.meter import LiveMeter
+from input_server.batching.pack import Produced
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.pipeline import BatchStream, Pipeline, Produced
+from input_server.batching.pipeline import BatchStream, Pipeline
 from input_server.batching.resume import Position
 
 log = logging.getLogger(__name__)

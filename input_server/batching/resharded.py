@@ -1,0 +1,166 @@
+"""Reads a resharded state (`input_client.reshard`) into the order its stream reads.
+
+A resharded state holds `elastic`: `deal` [k, n] (this stream's share of the old streams'
+unused documents) and `from`, every old stream's state as that stream's server wrote it (or
+just its `shard`, for one that took no batch). Each old state is read as a resume state of its
+own shard (its fingerprint checked against this spec under that shard), and may itself be a
+resharded one; their positions become each component's old streams (`data.elastic.Old`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from input_client.spec import PipelineSpec, ShardSpec
+from input_server.batching.resume import Position, parse_state
+from input_server.data.elastic import Old, ReshardedOrder
+from input_server.data.mixture import MixPosition, MixtureOrder, order_for
+from input_server.data.order import DocumentOrder, OrderBudget
+from input_server.errors import InvalidSpecError
+
+# Old streams a resharded state may name, over all its levels (a state resharded again before
+# its documents ran out names the earlier ones too), and how deep.
+MAX_STREAMS = 4096
+MAX_DEPTH = 8
+
+
+def run_fingerprint(spec: PipelineSpec) -> str:
+    """The data fingerprint of `spec` on any shard: what a run's hosts' states share."""
+    return _on(spec, ShardSpec()).data_fingerprint(weights=not spec.all_named)
+
+
+def _on(spec: PipelineSpec, shard: ShardSpec) -> PipelineSpec:
+    return dataclasses.replace(spec, shard=shard)
+
+
+class Resharded:
+    """Reads resharded states of `spec` over a source whose component c is the records
+    `components[c]` (start, count); `budget` bounds all the orders one holds.
+
+    Args:
+      spec: the stream's spec (its shard is the new stream's).
+      components: as `mixture.order_for` takes them.
+      budget: the stream's order budget (None: unbounded, for tests).
+      splits_documents, chunk_len: as `resume.parse_state` takes them.
+    """
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        components: Sequence[tuple[int, int]],
+        budget: OrderBudget | None,
+        *,
+        splits_documents: bool,
+        chunk_len: int,
+    ):
+        self.spec, self.components, self.budget = spec, list(components), budget
+        self.run = run_fingerprint(spec)
+        self._rules = dict(splits_documents=splits_documents, chunk_len=chunk_len)
+        self._streams = 0
+
+    def __call__(self, d: dict[str, Any]) -> DocumentOrder | MixtureOrder | ReshardedOrder:
+        """The order of the resharded state `d` (a stream of this spec's shard)."""
+        self._streams = 0
+        order = self._order(d, self.spec.shard, 0)
+        if self.budget is not None:
+            comps = order.components if isinstance(order, MixtureOrder) else [order]
+            self.budget.check(comps, " and the old hosts' orders it continues")
+        return order
+
+    def _order(self, d: dict[str, Any], shard: ShardSpec, depth: int):
+        """The order of resharded state `d` of stream `shard`."""
+        if d.get("run") != self.run:
+            raise InvalidSpecError(
+                f"`resume_state` is a resharded state of other data (run fingerprint "
+                f"{d.get('run')!r}, this spec's is {self.run!r}): reshard the states of a run "
+                f"of this spec."
+            )
+        if d.get("shard") != [shard.index, shard.count]:
+            raise InvalidSpecError(
+                f"`resume_state` was resharded for shard {d.get('shard')!r}; this spec's "
+                f"`shard` is [{shard.index}, {shard.count}]: give each new host its own state."
+            )
+        if depth >= MAX_DEPTH:
+            raise InvalidSpecError(f"`resume_state` nests resharded states over {MAX_DEPTH} deep.")
+        deal, entries = self._layout(d["elastic"])
+        fresh = order_for(_on(self.spec, shard), self.components)
+        per_component = [[] for _ in self._parts(fresh)]
+        for e, entry in enumerate(entries):
+            order, pos = self._old(entry, e, depth)
+            for c, old in enumerate(self._olds(order, pos)):
+                per_component[c].append(old)
+        parts = [
+            ReshardedOrder(olds, deal, f)
+            for olds, f in zip(per_component, self._parts(fresh), strict=True)
+        ]
+        if isinstance(fresh, MixtureOrder):
+            return MixtureOrder(parts, fresh.offsets.tolist(), MixPosition(fresh.at.quotas))
+        return parts[0]
+
+    @staticmethod
+    def _parts(order) -> list:
+        return order.components if isinstance(order, MixtureOrder) else [order]
+
+    def _layout(self, layout: Any) -> tuple[tuple[int, int], list[dict[str, Any]]]:
+        """The deal and old states of a layout, checked for shape and size."""
+        try:
+            deal, entries = layout["deal"], layout["from"]
+            ok = isinstance(deal, list) and len(deal) == 2 and all(type(x) is int for x in deal)
+            if not ok or not 0 <= deal[0] < deal[1] <= MAX_STREAMS:
+                raise ValueError(f"'deal' {deal!r} is not [k, n] with 0 <= k < n")
+            if not isinstance(entries, list) or not entries:
+                raise ValueError("'from' is not a list of states")
+            if not all(isinstance(e, dict) for e in entries):
+                raise ValueError("'from' holds something other than states")
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidSpecError(f"`resume_state`'s 'elastic' is not one `reshard` wrote: {e}.")
+        self._streams += len(entries)
+        if self._streams > MAX_STREAMS:
+            raise InvalidSpecError(
+                f"`resume_state` names over {MAX_STREAMS} old streams in all: resume on the "
+                f"old host count until the hosts leave an earlier change's documents."
+            )
+        return (deal[0], deal[1]), entries
+
+    def _old(self, entry: dict[str, Any], e: int, depth: int):
+        """Old stream `e`'s order and position (where it stood when its state was saved)."""
+        shard = entry.get("shard")
+        ok = isinstance(shard, list) and len(shard) == 2 and all(type(x) is int for x in shard)
+        if not ok or not 0 <= shard[0] < shard[1]:
+            raise InvalidSpecError(
+                f"`resume_state`'s old stream {e} names shard {shard!r}: not a state `reshard` "
+                f"wrote."
+            )
+        old_shard = ShardSpec(index=shard[0], count=shard[1])
+        spec = _on(self.spec, old_shard)
+        plain = order_for(spec, self.components)
+        if "doc" not in entry:  # a stream that took no batch: its start
+            return plain, Position(mix=getattr(plain, "at", None))
+        pos = parse_state(
+            {"version": 1, **entry},
+            fingerprint=spec.data_fingerprint(weights=not spec.all_named),
+            num_docs=len(plain),
+            mixture=plain if isinstance(plain, MixtureOrder) else None,
+            resharded=lambda d: self._order(d, old_shard, depth + 1),
+            **self._rules,
+        )
+        base = pos.order if pos.order is not None else plain
+        if pos.mix is not None and pos.mix != base.at:
+            base = base.moved(pos.mix)
+        return base, pos
+
+    @staticmethod
+    def _olds(order, pos: Position) -> list[Old]:
+        """Each component's old stream at `pos` of `order`."""
+        if not isinstance(order, MixtureOrder):
+            return [Old(order, pos.doc, pos.offset)]
+        nexts = order.next_ordinals(pos.doc)
+        begun = -1
+        if pos.offset and pos.doc < len(order):
+            begun = int(order.locate(pos.doc, pos.doc + 1)[0][0])
+        return [
+            Old(comp, nexts[c], pos.offset if c == begun else 0)
+            for c, comp in enumerate(order.components)
+        ]
