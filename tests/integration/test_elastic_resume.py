@@ -1,0 +1,162 @@
+"""Elastic resume on a real server: hosts stream part of an epoch of real text, save their
+states, and another number of hosts resume from `reshard(states, count)`. Every document
+starts with a marker the model keeps as one token (`<dN>`), so the batches say which
+documents they hold: each is read once."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from input_client import InputClient, PipelineSpec, reshard
+from input_server.batching.pipeline import Pipeline
+from input_server.testing.reference import run_pipeline
+from tests.elastic_support import Ledger, components_at
+from tests.support import TOKENS
+
+DOCS = 240
+
+
+@pytest.fixture(scope="module")
+def marked(docs, tmp_path_factory) -> dict:
+    """Two files of real documents, each opening with its marker, and a model trained on
+    them that keeps every marker one piece."""
+    d = tmp_path_factory.mktemp("elastic")
+    texts = [f"<d{n}> {doc}" for n, doc in enumerate(docs[:DOCS])]
+    paths = []
+    for name, part in (("a", texts[: DOCS // 2]), ("b", texts[DOCS // 2 :])):
+        paths.append(os.path.join(d, f"{name}.jsonl"))
+        with open(paths[-1], "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in part)
+    lines = (line for doc in docs for line in doc.splitlines() if line.strip())
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines,
+        model_prefix=os.path.join(d, "m"),
+        vocab_size=1000 + DOCS,
+        user_defined_symbols=[f"<d{n}>" for n in range(DOCS)],
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+        hard_vocab_limit=False, num_threads=2, minloglevel=2,
+    )  # fmt: skip
+    model = os.path.join(d, "m.model")
+    ids = spm.SentencePieceProcessor(model_file=model)
+    return {
+        "paths": paths,
+        "model": model,
+        "marker": [ids.piece_to_id(f"<d{n}>") for n in range(DOCS)],
+    }
+
+
+def _spec(marked, *, mixture: bool, shard, epochs: int) -> PipelineSpec:
+    a, b = marked["paths"]
+    source = (
+        [{"paths": [a], "name": "a", "weight": 1}, {"paths": [b], "name": "b", "weight": 2}]
+        if mixture
+        else {"paths": [a, b]}
+    )
+    packing, policy = ("first_fit", "chunk") if mixture else ("concat_then_split", "split")
+    return PipelineSpec(
+        source=source,
+        tokenizer={"model": marked["model"]},
+        batch={"seq_len": 64, "size": 2, "packing": packing, "long_documents": policy},
+        order={"seed": 11, "epochs": epochs},
+        shard={"index": shard[0], "count": shard[1]},
+        workers={"count": 0},
+    )
+
+
+def _tokens(batch) -> list[int]:
+    inputs, segments = np.asarray(batch["inputs"]), np.asarray(batch["inputs_segmentation"])
+    return inputs[segments > 0].tolist()
+
+
+def _stream(target, spec, state, take=None, until=None):
+    """Batches of `spec` from `state` on the server (all, `take` of them, or until `until`
+    says stop before a batch): their tokens, and the state after the last."""
+    tokens = []
+    with InputClient(target, token=TOKENS.get(target)) as client:
+        with client.batches(spec, state=state) as it:
+            while take is None or take > 0:
+                if until is not None and until(state):
+                    break
+                batch = next(it, None)
+                if batch is None:
+                    break
+                tokens += _tokens(batch)
+                state = json.loads(json.dumps(it.get_state()))
+                take = None if take is None else take - 1
+    return tokens, state
+
+
+@pytest.mark.parametrize("chain", [(4, 3), (3, 5), (4, 3, 5)])
+def test_one_source_resumes_on_any_host_count_every_document_once(server, marked, chain):
+    """concat_then_split: partly used documents continue from their token. Each count but the
+    last streams part of the epoch; the last runs to its end."""
+    target = server.targets[0]
+    pass_ = run_pipeline(_spec(marked, mixture=False, shard=(0, 1), epochs=1))
+    want = Counter(t for p in pass_ for t in _tokens(p.arrays))
+    got, states = Counter(), [None] * chain[0]
+    takes = [3, 5, 2, 6, 4]
+    for step, count in enumerate(chain):
+        if step:
+            states = reshard(states, count)
+        last = step == len(chain) - 1
+        for i in range(count):
+            spec = _spec(marked, mixture=False, shard=(i, count), epochs=1)
+            tokens, states[i] = _stream(target, spec, states[i], None if last else takes[i])
+            got.update(tokens)
+    markers = Counter({m: got[m] for m in marked["marker"]})
+    assert set(markers.values()) == {1}, "documents read twice or skipped"
+    assert got == want  # every token of the epoch, once
+
+
+@pytest.mark.parametrize("chain", [(4, 3), (3, 5)])
+def test_a_mixture_resumes_on_another_host_count_every_document_once(server, marked, chain):
+    """first_fit with chunked long documents, forever: the new hosts read until they have read
+    what they were dealt; each document is read as often as the rule says (its begun epochs,
+    plus what the new shards read of the next), counted without the server's elastic code."""
+    target = server.targets[0]
+    c, new_count = chain
+    half = DOCS // 2
+    ledger = Ledger([half, half], c)
+    got = Counter()
+    states = []
+    for i, take in zip(range(c), [4, 9, 2, 7], strict=False):
+        spec = _spec(marked, mixture=True, shard=(i, c), epochs=0)
+        tokens, state = _stream(target, spec, None, take)
+        got.update(tokens)
+        states.append(state)
+        ledger.old(*_components_at(spec, state))
+    for j, state in enumerate(reshard(states, new_count)):
+        spec = _spec(marked, mixture=True, shard=(j, new_count), epochs=0)
+        dealt = ledger.dealt(j, new_count)
+
+        def read_all(state, dealt=dealt, spec=spec):
+            at = _components_at(spec, state)[0]
+            return all(n >= d for n, d in zip(at, dealt, strict=True))
+
+        tokens, state = _stream(target, spec, state, until=read_all)
+        got.update(tokens)
+        ledger.new(Pipeline(spec).order, j, new_count, *_components_at(spec, state))
+    want = Counter()
+    for (k, r), times in ledger.whole().items():
+        want[marked["marker"][k * half + r]] = times
+    for k, r, _ in ledger.partial:  # a chunk was read: its first, with the marker
+        want[marked["marker"][k * half + r]] += 1
+    assert {m: got[m] for m in want} == dict(want)
+
+
+_PIPELINES: dict[str, Pipeline] = {}
+
+
+def _components_at(spec, state):
+    """Where a stream of `spec` stands after `state`, read by the server's own parser."""
+    pipeline = _PIPELINES.get(spec.to_toml())
+    if pipeline is None:
+        pipeline = _PIPELINES[spec.to_toml()] = Pipeline(spec)
+    pos = pipeline.parse_state(json.dumps(state).encode() if state else None)
+    return components_at(pipeline.order_at(pos), pos)
