@@ -63,6 +63,8 @@ def reshard(states: Sequence[dict[str, Any] | None], count: int) -> list[dict[st
             sub = s if servers == 1 or s is None else _sub_states(s, i, servers)[k]
             entries.append(_entry(sub, i + c * k, c * servers, f"states[{i}]", k, servers))
     _same_run(entries)
+    if not any("run" in e for e in entries):
+        return [None] * count  # no stream took a batch: a fresh run on the new count
     seq = max((s.get("seq", 0) for s in states if s is not None), default=0)
     out: list[dict[str, Any] | None] = []
     for j in range(count):
@@ -80,7 +82,7 @@ def reshard_servers(state: dict[str, Any], servers: int) -> dict[str, Any] | Non
         raise ValueError(f"`servers` must be a positive integer, got {servers!r}.")
     n = _servers([state])
     subs = _sub_states(state, None, n) if n > 1 or FAN_IN in state else [state]
-    shards = [s.get("shard") for s in subs if isinstance(s, dict)]
+    shards = [s["shard"] for s in subs if isinstance(s, dict) and "run" in s]
     if not shards:  # no sub-stream took a batch: the host's start on any number of servers
         return None
     index, total = _shard_of(shards[0], "state")
@@ -191,7 +193,7 @@ def _new_state(
     shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The state of new stream `deal` of `of` (its shard, unless another is given)."""
-    run = next(e["run"] for e in entries if "run" in e) if any("run" in e for e in entries) else ""
+    run = next(e["run"] for e in entries if "run" in e)
     index, total = shard or (deal, of)
     return {
         "version": 1,

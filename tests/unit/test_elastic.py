@@ -4,12 +4,14 @@ packing and long-document policy, mixtures, and hosts that drifted apart."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from input_client.elastic import reshard
+from input_client.elastic import reshard, reshard_servers
 from input_server.data.mixture import order_for
 from tests.elastic_support import Ledger, Stream, components_at, spec_of, token
 
@@ -96,3 +98,129 @@ def test_every_token_of_every_begun_epoch_once(
     most = 3 * per_shard
     progress = data.draw(st.lists(st.integers(0, most), min_size=c, max_size=c), label="progress")
     check_exactly_once(lengths, c, new_count, progress, packing, policy, seq_len, size, shuffle)
+
+
+def _states(c: int, *, seed: int = 7, take: int = 2) -> list:
+    """The states of `c` hosts of one small run, each after `take` batches."""
+    lengths = [[5 + (r * 7) % 30 for r in range(40)]]
+    out = []
+    for i in range(c):
+        spec = spec_of(
+            lengths,
+            shard=(i, c),
+            packing="concat_then_split",
+            long_documents="split",
+            seq_len=8,
+            size=2,
+            epochs=0,
+        ).replace(order={"seed": seed, "epochs": 0})
+        s = Stream(spec, lengths)
+        for _ in range(take):
+            s.next()
+        out.append(s.state)
+    return out
+
+
+def _without(key: str, states: list) -> list:
+    return [{k: v for k, v in s.items() if k != key} for s in states]
+
+
+REFUSED = {
+    "a host missing": (lambda: _states(3)[:2], "shard 0 of 3, but the states given make 2"),
+    "a host twice": (
+        lambda: [_states(3)[0], _states(3)[0], _states(3)[2]],
+        "shard 0's state, in shard 1's place",
+    ),
+    "out of order": (lambda: _states(3)[::-1], "shard 2's state, in shard 0's place"),
+    "another seed": (
+        lambda: _states(3)[:2] + [_states(3, seed=8)[2]],
+        "different specs or seeds",
+    ),
+    "a forged count": (
+        lambda: [{**s, "shard": [i, 5]} for i, s in enumerate(_states(2))],
+        "of 5, but the states given make 2",
+    ),
+    "an older server's": (lambda: _without("run", _states(2)), "before elastic resume"),
+    "none": (lambda: [], "`states` is empty"),
+    "not a state": (lambda: ["nope", None], r"`states\[0\]` is a str"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_states_that_cannot_be_combined_are_refused_by_name(case):
+    states, message = REFUSED[case]
+    with pytest.raises(ValueError, match=message):
+        reshard(states(), 2)
+    with pytest.raises(ValueError, match="`count` must be a positive integer"):
+        reshard(_states(2), 0)
+
+
+def test_no_host_began_is_a_fresh_run_and_the_same_count_reshards_exactly():
+    assert reshard([None, None], 3) == [None, None, None]
+    states = _states(2)
+    again = reshard(states, 2)
+    assert [s["shard"] for s in again] == [[0, 2], [1, 2]]
+    assert len(json.dumps(again[0])) < 2 * len(json.dumps(states)) + 400  # old states, held once
+
+
+def _host(spec, lengths, state, servers: int) -> list[Stream]:
+    """Host `spec.shard`'s streams from its state: one, or one a server (sub-shards)."""
+    if servers == 1:
+        return [Stream(spec, lengths, state)]
+    i, c = spec.shard.index, spec.shard.count
+    subs = state["fan_in"]["streams"] if state else [None] * servers
+    return [
+        Stream(spec.replace(shard={"index": i + c * k, "count": c * servers}), lengths, sub)
+        for k, sub in enumerate(subs)
+    ]
+
+
+def _fanned(streams: list[Stream]) -> dict:
+    subs = [s.state for s in streams]
+    fan = {"servers": len(streams), "order": "round_robin", "next": 0, "ended": [], "streams": subs}
+    return {"seq": sum(s.seq for s in streams), "fan_in": fan}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    chain=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 3)), min_size=2, max_size=4),
+    packing=st.sampled_from(PACKINGS),
+    policy=st.sampled_from(POLICIES),
+    epochs=st.integers(1, 2),
+)
+def test_resharded_again_and_fanned_in_every_token_once_an_epoch(
+    data, chain, packing, policy, epochs
+):
+    """Changes of host count and of servers a host (`reshard`, `reshard_servers`), one after
+    another before the documents of the last ran out; the last hosts read to the end."""
+    if policy == "split" and packing != "concat_then_split":
+        policy = "trim"
+    lengths = [data.draw(st.lists(st.integers(1, 30), min_size=36, max_size=48), label="lengths")]
+    delivered, states = Counter(), None
+    for step, (count, servers) in enumerate(chain):
+        if step:
+            before = chain[step - 1]
+            states = reshard(states, count) if count != before[0] else states
+            if servers != before[1]:
+                states = [reshard_servers(s, servers) if s else None for s in states]
+        last, now = step == len(chain) - 1, []
+        for i in range(count):
+            spec = spec_of(
+                lengths, shard=(i, count), packing=packing, long_documents=policy,
+                seq_len=8, size=2, epochs=epochs,
+            )  # fmt: skip
+            streams = _host(spec, lengths, states[i] if states else None, servers)
+            for s in streams:
+                take = 10**9 if last else data.draw(st.integers(0, 12), label="batches")
+                while take and (tokens := s.next()) is not None:
+                    delivered.update(tokens.tolist())
+                    take -= 1
+            now.append(streams[0].state if servers == 1 else _fanned(streams))
+        states = now
+    want = Counter()
+    for r, length in enumerate(lengths[0]):
+        for t in range(kept(length, packing, policy, 8)):
+            want[token(0, r, t)] = epochs
+    wrong = {t: (delivered[t], want[t]) for t in delivered | want if delivered[t] != want[t]}
+    assert not wrong, f"tokens read other than once an epoch: {dict(list(wrong.items())[:8])}"
