@@ -160,22 +160,26 @@ def parse_state(
     return pos
 
 
+def _where(pos: Position) -> dict[str, int]:
+    return {"seq": pos.seq, "doc": pos.doc, "offset": pos.offset}
+
+
 def _check_range(pos: Position, num_docs: int, splits_documents: bool, chunk_len: int) -> None:
     """Refuses a position past the stream's documents, or inside a document where this
     stream's packing never stops."""
     if pos.doc > num_docs:
         raise InvalidSpecError(
-            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `doc` is past "
+            f"`resume_state` position {_where(pos)} is out of range: `doc` is past "
             f"the stream's {num_docs} documents."
         )
     if pos.offset and pos.doc == num_docs:
         raise InvalidSpecError(
-            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: `offset` "
+            f"`resume_state` position {_where(pos)} is out of range: `offset` "
             f"inside a document past the stream's end."
         )
     if pos.offset and not splits_documents and (not chunk_len or pos.offset % chunk_len):
         raise InvalidSpecError(
-            f"`resume_state` position {dataclasses.asdict(pos)} is out of range: this stream's "
+            f"`resume_state` position {_where(pos)} is out of range: this stream's "
             + (
                 f"packing stops inside a document only where a chunk of it ends, so its "
                 f"`offset` is a multiple of `batch.seq_len` {chunk_len}."

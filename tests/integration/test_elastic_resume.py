@@ -9,11 +9,12 @@ import json
 import os
 from collections import Counter
 
+import grpc
 import numpy as np
 import pytest
 import sentencepiece as spm
 
-from input_client import InputClient, PipelineSpec, reshard
+from input_client import InputClient, PipelineSpec, StreamError, reshard
 from input_server.batching.pipeline import Pipeline
 from input_server.testing.reference import run_pipeline
 from tests.elastic_support import Ledger, components_at
@@ -160,3 +161,47 @@ def _components_at(spec, state):
         pipeline = _PIPELINES[spec.to_toml()] = Pipeline(spec)
     pos = pipeline.parse_state(json.dumps(state).encode() if state else None)
     return components_at(pipeline.order_at(pos), pos)
+
+
+def _resharded(marked, target, count=3):
+    states = []
+    for i in range(2):
+        spec = _spec(marked, mixture=False, shard=(i, 2), epochs=1)
+        states.append(_stream(target, spec, None, take=2)[1])
+    return reshard(states, count)
+
+
+def _forged(new: dict, **changes) -> dict:
+    out = json.loads(json.dumps(new))
+    elastic = out["elastic"]
+    for key, value in changes.items():
+        if key == "entry":
+            elastic["from"][0].update(value)
+        else:
+            elastic[key] = value
+    return out
+
+
+def test_a_resharded_state_that_does_not_fit_is_refused_by_name(server, marked):
+    target = server.targets[0]
+    new = _resharded(marked, target)
+    spec = _spec(marked, mixture=False, shard=(0, 3), epochs=1)
+    other_seed = _spec(marked, mixture=False, shard=(0, 2), epochs=1).replace(order={"seed": 12})
+    cases = {
+        "resharded for shard [1, 3]": new[1],
+        "'deal' [5, 3] is not [k, n]": _forged(new[0], deal=[5, 3]),
+        "old stream 0 names shard ['x']": _forged(new[0], entry={"shard": ["x"]}),
+        "made for other data": _forged(
+            new[0], entry={"fingerprint": other_seed.data_fingerprint()}
+        ),
+        "is past the stream's 120 documents": _forged(new[0], entry={"doc": 240_000}),
+        "over 4096 old streams": _forged(
+            new[0], **{"from": [{"shard": [i, 4097]} for i in range(4097)]}
+        ),
+    }
+    with InputClient(target, token=TOKENS.get(target)) as client:
+        for needle, state in cases.items():
+            with client.batches(spec, state=state) as it, pytest.raises(StreamError) as e:
+                next(it)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, (needle, e.value)
+            assert any(n in e.value.details for n in needle.split("|")), (needle, e.value)

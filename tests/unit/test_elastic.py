@@ -224,3 +224,17 @@ def test_resharded_again_and_fanned_in_every_token_once_an_epoch(
             want[token(0, r, t)] = epochs
     wrong = {t: (delivered[t], want[t]) for t in delivered | want if delivered[t] != want[t]}
     assert not wrong, f"tokens read other than once an epoch: {dict(list(wrong.items())[:8])}"
+
+
+def test_old_hosts_far_apart_are_refused_before_any_order_is_built():
+    from input_server.errors import InvalidSpecError
+
+    lengths = [[5] * 40]
+    new = reshard(_states(2), 1)[0]
+    new["elastic"]["from"][1]["doc"] = 40 * 70  # 70 epochs of its 20 documents ahead
+    spec = spec_of(
+        lengths, shard=(0, 1), packing="concat_then_split", long_documents="split",
+        seq_len=8, size=2, epochs=0,
+    ).replace(order={"seed": 7, "epochs": 0})  # fmt: skip
+    with pytest.raises(InvalidSpecError, match="stand 1[0-9]{2} epochs apart"):
+        Stream(spec, lengths, new)
