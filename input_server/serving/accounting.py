@@ -214,13 +214,23 @@ def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
     info.backend_failed_groups = stream.meter.backend_failures()
 
 
-def log_open(stream_id: int, pipeline, label: str, opening) -> None:
+def resharded(position) -> str:
+    """What a stream resumed from a resharded state continues ("" for any other)."""
+    if position.elastic is None:
+        return ""
+    (k, n), old = position.elastic["deal"], position.elastic["from"]
+    return f"share {k} of {n} of what {len(old)} old streams left, then its own shard"
+
+
+def log_open(stream_id: int, pipeline, label: str, opening, position) -> None:
     """The log line (and JSON event `stream_open`) of a stream that starts to serve."""
     p = opening.parallelism
     choice = pipeline.tokenizer.choice  # None: pre-tokenized, no model
     backend = "-" if choice is None else choice.backend
+    elastic = resharded(position)
     log.info(
-        "stream %d (%s): %d worker processes, %d threads (%s); tokenized by %s; token cache %s",
+        "stream %d (%s): %d worker processes, %d threads (%s); tokenized by %s; token cache %s"
+        + ("; resharded: %s" if elastic else "%s"),
         stream_id,
         label,
         p.processes,
@@ -228,6 +238,7 @@ def log_open(stream_id: int, pipeline, label: str, opening) -> None:
         opening.reason,
         backend,
         pipeline.cache_use,
+        elastic,
         extra={
             "event": "stream_open",
             "fields": {
@@ -242,6 +253,7 @@ def log_open(stream_id: int, pipeline, label: str, opening) -> None:
                 "tokenizer_backend": backend,
                 "tokenizer_backend_why": "" if choice is None else choice.why,
                 "token_cache": pipeline.cache_use,
+                "resharded": elastic,
             },
         },
     )

@@ -210,7 +210,7 @@ class Stream:
             self.accounting = accounting
         if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
-        log_open(self.id, pipeline, session.label, opening)
+        log_open(self.id, pipeline, session.label, opening, position)
 
     def _pipeline(self) -> Pipeline:
         """The pipeline the request names, or one made of its spec (closed with the stream)."""

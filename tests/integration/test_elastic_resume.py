@@ -6,6 +6,7 @@ documents they hold: each is read once."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import Counter
 
@@ -94,9 +95,10 @@ def _stream(target, spec, state, take=None, until=None):
 
 
 @pytest.mark.parametrize("chain", [(4, 3), (3, 5), (4, 3, 5)])
-def test_one_source_resumes_on_any_host_count_every_document_once(server, marked, chain):
+def test_one_source_resumes_on_any_host_count_every_document_once(server, marked, chain, caplog):
     """concat_then_split: partly used documents continue from their token. Each count but the
-    last streams part of the epoch; the last runs to its end."""
+    last streams part of the epoch; the last runs to its end. Its log says it is resharded."""
+    caplog.set_level(logging.INFO, logger="input_server")
     target = server.targets[0]
     pass_ = run_pipeline(_spec(marked, mixture=False, shard=(0, 1), epochs=1))
     want = Counter(t for p in pass_ for t in _tokens(p.arrays))
@@ -110,6 +112,8 @@ def test_one_source_resumes_on_any_host_count_every_document_once(server, marked
             spec = _spec(marked, mixture=False, shard=(i, count), epochs=1)
             tokens, states[i] = _stream(target, spec, states[i], None if last else takes[i])
             got.update(tokens)
+    said = f"resharded: share 0 of {chain[1]} of what {chain[0]} old streams left"
+    assert any(said in r.getMessage() for r in caplog.records), said
     markers = Counter({m: got[m] for m in marked["marker"]})
     assert set(markers.values()) == {1}, "documents read twice or skipped"
     assert got == want  # every token of the epoch, once
