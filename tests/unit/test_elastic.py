@@ -161,6 +161,8 @@ def test_no_host_began_is_a_fresh_run_and_the_same_count_reshards_exactly():
     again = reshard(states, 2)
     assert [s["shard"] for s in again] == [[0, 2], [1, 2]]
     assert len(json.dumps(again[0])) < 2 * len(json.dumps(states)) + 400  # old states, held once
+    many = _states(16)  # docs/architecture.md: about 130 bytes an old host, one source
+    assert len(json.dumps(reshard(many, 3)[0])) < 130 * 16 + 200
 
 
 def _host(spec, lengths, state, servers: int) -> list[Stream]:
