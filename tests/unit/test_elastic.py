@@ -240,3 +240,25 @@ def test_old_hosts_far_apart_are_refused_before_any_order_is_built():
     ).replace(order={"seed": 7, "epochs": 0})  # fmt: skip
     with pytest.raises(InvalidSpecError, match="stand 1[0-9]{2} epochs apart"):
         Stream(spec, lengths, new)
+
+
+def test_the_worked_example_of_the_docs():
+    """docs/architecture.md, "Elastic resume": 24 records, 4 hosts -> 3, unshuffled."""
+    import pickle
+
+    from input_server.data.elastic import Old, ReshardedOrder
+    from input_server.data.order import DocumentOrder
+
+    def shard(i, c):
+        return DocumentOrder(
+            num_records=24, shard_index=i, shard_count=c, seed=1, shuffle=False, epochs=0
+        )
+
+    olds = [Old(shard(i, 4), n, h) for i, (n, h) in enumerate([(3, 5), (4, 0), (2, 0), (6, 0)])]
+    want = [[12, 17, 14, 0, 3, 6], [16, 21, 18, 1, 4, 7], [20, 10, 22, 2, 5, 8]]
+    for j in range(3):
+        order = ReshardedOrder(olds, (j, 3), shard(j, 3))
+        assert order.source_indices(0, 6).tolist() == want[j]
+        assert order.heads == ({0: 5} if j == 0 else {})  # record 12 from its token 5
+        again = pickle.loads(pickle.dumps(order))  # as a worker process gets it
+        assert again.source_indices(0, 6).tolist() == want[j]
