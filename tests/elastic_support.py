@@ -13,7 +13,7 @@ import numpy as np
 
 from input_client import PipelineSpec
 from input_server.batching.pack import DocCursor, pack_batch
-from input_server.batching.resharded import Resharded, run_fingerprint
+from input_server.batching.resharded import Resharded, run_fingerprint, settled
 from input_server.batching.resume import Position, parse_state
 from input_server.data.elastic import heads_of
 from input_server.data.mixture import MixtureOrder, order_for
@@ -112,7 +112,8 @@ class Stream:
         if batch is None:
             return None
         self.seq += 1
-        at = dataclasses.replace(self.position(), elastic=self.pos.elastic)
+        at = dataclasses.replace(self.position(), elastic=self.pos.elastic, order=self.pos.order)
+        at = settled(at)  # as `Pipeline.state_of` writes it
         shard = (self.spec.shard.index, self.spec.shard.count)
         self.state = at.state(self.fingerprint, run=run_fingerprint(self.spec), shard=shard)
         tokens = batch.inputs.reshape(-1)
@@ -186,13 +187,14 @@ class Ledger:
             for k in range(len(self.sizes))
         ]
 
-    def new(self, fresh, j, new_count, nexts, begun, offset) -> None:
-        """New host j stands at `nexts` (past its dealt documents): the documents of its fresh
-        shard order (`fresh`: its plain order, per component) it read past them."""
+    def new(self, fresh, j, new_count, nexts, begun, offset, *, plain=False) -> None:
+        """New host j stands at `nexts` (past its dealt documents; `plain`: ordinals of its
+        shard's own order, as a settled state gives them): the documents of its fresh shard
+        order (`fresh`: its plain order, per component) it read past them."""
         dealt = self.dealt(j, new_count)
         for k, part in enumerate(getattr(fresh, "components", [fresh])):
             first = (self.last(k) + 1) * part.per_epoch
-            whole = nexts[k] - dealt[k]
+            whole = nexts[k] - (first if plain else dealt[k])
             assert whole >= 0, f"new host {j} stopped inside its dealt documents"
             records = part.source_indices(first, first + whole + 1).tolist()
             for r in records[:whole]:

@@ -26,7 +26,7 @@ from input_server.batching.encode import BUSY_KEY, STAGES_KEY, CachedIds, Encode
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, Produced, pack_batch
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.resharded import Resharded, run_fingerprint
+from input_server.batching.resharded import Resharded, run_fingerprint, settled
 from input_server.batching.resume import Position, parse_state
 from input_server.data.elastic import heads_of
 from input_server.data.ids import IdsOnly, model_specials
@@ -242,6 +242,7 @@ class Pipeline:
     def state_of(self, pos: Position) -> dict[str, Any]:
         """The resume state a batch ending at `pos` carries."""
         shard = (self.spec.shard.index, self.spec.shard.count)
+        pos = settled(pos)  # a resharded stream past what it was dealt: a plain state
         return pos.state(self.fingerprint, self.components, run=self.run, shard=shard)
 
     def stream(

@@ -164,3 +164,32 @@ class Resharded:
             Old(comp, nexts[c], pos.offset if c == begun else 0)
             for c, comp in enumerate(order.components)
         ]
+
+
+def settled(pos: Position) -> Position:
+    """`pos` of a resharded stream as a plain position of its own shard once it is past every
+    document it was dealt, in every component (else `pos` as it is): the same batches follow
+    (the documents after those are its shard's, `ReshardedOrder`), and its states stop
+    holding the old ones, so resharding the run again nests nothing."""
+    order = pos.order
+    if pos.elastic is None or order is None:
+        return pos
+    if not isinstance(order, MixtureOrder):
+        if pos.doc < order.dealt:
+            return pos
+        doc = pos.doc - order.dealt + (order.last + 1) * order.per_epoch
+        return Position(pos.seq, doc, pos.offset)
+    at = order.moved(pos.mix) if pos.mix is not None and pos.mix != order.at else order
+    nexts = at.next_ordinals(pos.doc)
+    parts = at.components
+    if any(n < p.dealt for n, p in zip(nexts, parts, strict=True)):
+        return pos
+    # The same schedule position, as the origin of a plain interleave: component c's next
+    # document is its shard's ordinal of the one it would read next.
+    sched = at.schedule
+    origin = (at.at.origin + pos.doc) % sched.period
+    bases = tuple(
+        n - p.dealt + (p.last + 1) * p.per_epoch - sched.count_before(c, origin)
+        for c, (n, p) in enumerate(zip(nexts, parts, strict=True))
+    )
+    return Position(pos.seq, 0, pos.offset, MixPosition(at.at.quotas, origin, bases))
