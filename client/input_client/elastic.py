@@ -30,6 +30,10 @@ FAN_IN = "fan_in"
 ELASTIC = "elastic"
 # A new state holds every old state; the server reads requests of at most 4 MiB.
 MAX_STATE_BYTES = 2 << 20
+# Old streams a resharded state may name over all its levels (a state resharded again before
+# its host read what it was dealt holds the earlier ones too), and new streams one may share
+# among: the server refuses more (`input_server.batching.resharded`).
+MAX_STREAMS = 4096
 
 
 def reshard(states: Sequence[dict[str, Any] | None], count: int) -> list[dict[str, Any] | None]:
@@ -65,6 +69,7 @@ def reshard(states: Sequence[dict[str, Any] | None], count: int) -> list[dict[st
     _same_run(entries)
     if not any("run" in e for e in entries):
         return [None] * count  # no stream took a batch: a fresh run on the new count
+    _check_streams(entries, count * servers)
     seq = max((s.get("seq", 0) for s in states if s is not None), default=0)
     out: list[dict[str, Any] | None] = []
     for j in range(count):
@@ -90,6 +95,7 @@ def reshard_servers(state: dict[str, Any], servers: int) -> dict[str, Any] | Non
     i = index % c
     entries = [_entry(s, i + c * k, c * n, "state", k, n) for k, s in enumerate(subs)]
     _same_run(entries)
+    _check_streams(entries, servers)
     seq = int(state.get("seq", 0))
     new = [
         _new_state(entries, k, servers, seq, shard=(i + c * k, c * servers)) for k in range(servers)
@@ -215,6 +221,27 @@ def _fan_in(
         "seq": seq,
         FAN_IN: {"servers": len(subs), "order": order, "next": 0, "ended": [], "streams": subs},
     }
+
+
+def _streams_in(entries: list[dict[str, Any]]) -> int:
+    """Old streams the entries name, those of states resharded earlier included."""
+    nested = [e.get(ELASTIC, {}).get("from", []) for e in entries]
+    return len(entries) + sum(_streams_in(x) for x in nested if x)
+
+
+def _check_streams(entries: list[dict[str, Any]], new: int) -> None:
+    if new > MAX_STREAMS:
+        raise ValueError(
+            f"{new} new streams: a run reshards onto at most {MAX_STREAMS} (hosts x servers)."
+        )
+    old = _streams_in(entries)
+    if old > MAX_STREAMS:
+        raise ValueError(
+            f"the states name {old:,} old streams in all (over {MAX_STREAMS:,}): some were "
+            f"resharded before and their hosts have not read what that change dealt them. "
+            f"Resume on the last host count until they have (their states then hold no old "
+            f"ones), then reshard."
+        )
 
 
 def _check_size(states: list[dict[str, Any] | None]) -> None:

@@ -216,11 +216,14 @@ class PipelineSpec:
                 out.append(table(f"[{name}]", t))
         return "".join(out)
 
-    def data_fingerprint(self, *, weights: bool = True) -> str:
+    def data_fingerprint(self, *, weights: bool = True, shard: ShardSpec | None = None) -> str:
         """A hash of all that decides the data (all but [workers]), to match resume states;
-        `weights=False`: all but the mixture's weights too."""
+        `weights=False`: all but the mixture's weights too; `shard`: as if on that shard (a
+        resharded state's old hosts', without building a spec for each)."""
         tables = self.to_dict(weights=weights)
         del tables["workers"]
+        if shard is not None:
+            tables["shard"] = dataclasses.asdict(shard)
         tables["tokenizer"].pop("backend", None)  # who tokenizes: the ids are the same
         blob = json.dumps(tables, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -9,10 +9,10 @@ resharded one; their positions become each component's old streams (`data.elasti
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from input_client.elastic import MAX_STREAMS
 from input_client.spec import PipelineSpec, ShardSpec
 from input_server.batching.resume import Position, parse_state
 from input_server.data.elastic import Old, ReshardedOrder
@@ -20,19 +20,19 @@ from input_server.data.mixture import MixPosition, MixtureOrder, order_for
 from input_server.data.order import DocumentOrder, OrderBudget
 from input_server.errors import InvalidSpecError
 
-# Old streams a resharded state may name, over all its levels (a state resharded again before
-# its documents ran out names the earlier ones too), and how deep.
-MAX_STREAMS = 4096
+# How deep resharded states may nest (`input_client.elastic.MAX_STREAMS` bounds how many old
+# streams they name in all); old streams times mixture components, the orders a state makes
+# the server build before its budget is checked (each a few hundred microseconds: 2^16 of
+# them about 10 s); the most shards an old stream may name (the spec's own bound:
+# `shard.count` is an int32).
 MAX_DEPTH = 8
+MAX_ORDERS = 1 << 16
+MAX_SHARDS = (1 << 31) - 1
 
 
 def run_fingerprint(spec: PipelineSpec) -> str:
     """The data fingerprint of `spec` on any shard: what a run's hosts' states share."""
-    return _on(spec, ShardSpec()).data_fingerprint(weights=not spec.all_named)
-
-
-def _on(spec: PipelineSpec, shard: ShardSpec) -> PipelineSpec:
-    return dataclasses.replace(spec, shard=shard)
+    return spec.data_fingerprint(weights=not spec.all_named, shard=ShardSpec())
 
 
 class Resharded:
@@ -85,7 +85,7 @@ class Resharded:
         if depth >= MAX_DEPTH:
             raise InvalidSpecError(f"`resume_state` nests resharded states over {MAX_DEPTH} deep.")
         deal, entries = self._layout(d["elastic"])
-        fresh = order_for(_on(self.spec, shard), self.components)
+        fresh = order_for(self.spec, self.components, shard=shard)
         per_component = [[] for _ in self._parts(fresh)]
         for e, entry in enumerate(entries):
             order, pos = self._old(entry, e, depth)
@@ -108,8 +108,10 @@ class Resharded:
         try:
             deal, entries = layout["deal"], layout["from"]
             ok = isinstance(deal, list) and len(deal) == 2 and all(type(x) is int for x in deal)
-            if not ok or not 0 <= deal[0] < deal[1] <= MAX_STREAMS:
+            if not ok or not 0 <= deal[0] < deal[1]:
                 raise ValueError(f"'deal' {deal!r} is not [k, n] with 0 <= k < n")
+            if deal[1] > MAX_STREAMS:
+                raise ValueError(f"'deal' {deal!r} shares among over {MAX_STREAMS} new streams")
             if not isinstance(entries, list) or not entries:
                 raise ValueError("'from' is not a list of states")
             if not all(isinstance(e, dict) for e in entries):
@@ -122,25 +124,26 @@ class Resharded:
                 f"`resume_state` names over {MAX_STREAMS} old streams in all: resume on the "
                 f"old host count until the hosts leave an earlier change's documents."
             )
+        if self._streams * len(self.components) > MAX_ORDERS:
+            raise InvalidSpecError(
+                f"`resume_state` names {self._streams:,} old streams of "
+                f"{len(self.components)} components each, over the {MAX_ORDERS:,} orders a "
+                f"resharded state may make: resume on fewer old hosts' states."
+            )
+        _check_shards(entries)
         return (deal[0], deal[1]), entries
 
     def _old(self, entry: dict[str, Any], e: int, depth: int):
         """Old stream `e`'s order and position (where it stood when its state was saved)."""
-        shard = entry.get("shard")
-        ok = isinstance(shard, list) and len(shard) == 2 and all(type(x) is int for x in shard)
-        if not ok or not 0 <= shard[0] < shard[1]:
-            raise InvalidSpecError(
-                f"`resume_state`'s old stream {e} names shard {shard!r}: not a state `reshard` "
-                f"wrote."
-            )
+        shard = entry["shard"]  # checked by `_check_shards`
         old_shard = ShardSpec(index=shard[0], count=shard[1])
-        spec = _on(self.spec, old_shard)
-        plain = order_for(spec, self.components)
+        plain = order_for(self.spec, self.components, shard=old_shard)
         if "doc" not in entry:  # a stream that took no batch: its start
             return plain, Position(mix=getattr(plain, "at", None))
+        spec = self.spec
         pos = parse_state(
             {"version": 1, **entry},
-            fingerprint=spec.data_fingerprint(weights=not spec.all_named),
+            fingerprint=spec.data_fingerprint(weights=not spec.all_named, shard=old_shard),
             num_docs=len(plain),
             mixture=plain if isinstance(plain, MixtureOrder) else None,
             resharded=lambda d: self._order(d, old_shard, depth + 1),
@@ -193,3 +196,32 @@ def settled(pos: Position) -> Position:
         for c, (n, p) in enumerate(zip(nexts, parts, strict=True))
     )
     return Position(pos.seq, 0, pos.offset, MixPosition(at.at.quotas, origin, bases))
+
+
+def _check_shards(entries: list[dict[str, Any]]) -> None:
+    """The old streams' shards must be what `reshard` writes: L shards of one count C, each
+    once, that together hold a whole shard of C / L (all of the data, when L = C: a run's
+    hosts; one host's shard, when they were its servers' sub-shards). Else the old streams
+    would not partition the documents."""
+    shards = [e.get("shard") for e in entries]
+    for e, shard in enumerate(shards):
+        ok = isinstance(shard, list) and len(shard) == 2 and all(type(x) is int for x in shard)
+        if not ok or not 0 <= shard[0] < shard[1] <= MAX_SHARDS:
+            raise InvalidSpecError(
+                f"`resume_state`'s old stream {e} names shard {shard!r}: not a state `reshard` "
+                f"wrote."
+            )
+    counts = {count for _, count in shards}
+    indices = [index for index, _ in shards]
+    count, n = max(counts), len(shards)
+    if len(counts) > 1 or count % n or len(set(indices)) != n:
+        raise InvalidSpecError(
+            f"`resume_state`'s old streams name shards {shards[:8]}"
+            f"{' ...' if n > 8 else ''}: not the {n} shards of one count `reshard` writes."
+        )
+    stride = count // n
+    if len({index % stride for index in indices}) != 1:
+        raise InvalidSpecError(
+            f"`resume_state`'s old streams' shards of {count} are not one shard of {stride}'s "
+            f"sub-shards: they would not read each document once."
+        )

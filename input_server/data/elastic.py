@@ -36,6 +36,9 @@ _FOREVER = int(np.iinfo(np.int64).max)
 # Epochs the old streams may lie across (one ahead of another drifted past an epoch's end):
 # each holds a few integers an old stream, and a forged state could name millions.
 MAX_EPOCHS_APART = 64
+# The most a resharded stream's later ordinals start at: resume states' `doc` stays below
+# 2^63 - 2^40 (`batching.resume.MAX_DOC`), and int64 arithmetic must not wrap before that.
+MAX_ORDINAL = 1 << 62
 
 
 def epoch_range(order, e: int) -> tuple[int, int]:
@@ -109,6 +112,11 @@ class ReshardedOrder:
                 f"`resume_state`'s old hosts stand {self.last - self.first + 1} epochs apart "
                 f"(epochs {self.first} to {self.last}); a resharded state spans at most "
                 f"{MAX_EPOCHS_APART}."
+            )
+        if (self.last + 1) * fresh.per_epoch >= MAX_ORDINAL:
+            raise InvalidSpecError(
+                f"`resume_state`'s old hosts stand in epoch {self.last:,}: its documents' "
+                f"ordinals would pass {MAX_ORDINAL:,}."
             )
         self._segments()
         self.heads = self._heads()

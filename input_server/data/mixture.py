@@ -21,6 +21,7 @@ bases so that component c's next document is the one it would have read next.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -101,6 +102,13 @@ class Schedule:
         return cycles * self.period + int(self.positions(c)[r])
 
 
+@functools.lru_cache(maxsize=16)
+def _schedule(quotas: tuple[int, ...]) -> Schedule:
+    """One schedule per quotas, shared (a resharded state's old hosts' orders have the same
+    quotas: building a period of up to MIX_PERIOD places each time took seconds)."""
+    return Schedule(quotas)
+
+
 @dataclasses.dataclass(frozen=True)
 class MixPosition:
     """Where a mixture's interleave starts (`origin`, a schedule position) and each
@@ -142,7 +150,7 @@ class MixtureOrder:
     @property
     def schedule(self) -> Schedule:
         if self._schedule is None:
-            self._schedule = Schedule(self.at.quotas)
+            self._schedule = _schedule(tuple(self.at.quotas))
         return self._schedule
 
     @property
@@ -223,7 +231,11 @@ def component_seed(seed: int, c: int, name: str) -> int:
 
 
 def order_for(
-    spec, components: Sequence[tuple[int, int]], budget: OrderBudget | None = None
+    spec,
+    components: Sequence[tuple[int, int]],
+    budget: OrderBudget | None = None,
+    *,
+    shard=None,
 ) -> DocumentOrder | MixtureOrder:
     """The document order of `spec` over a source whose component c is the records
     `components[c]` (start, count): one source's `DocumentOrder` as it always was, or a
@@ -233,8 +245,10 @@ def order_for(
     Raises:
       InvalidSpecError: a shard holds none of a component's documents.
       OverBudgetError: its permutations would hold more than `budget` allows.
+
+    `shard`: the order of that shard instead of the spec's (a resharded state's old hosts).
     """
-    shard, o = spec.shard, spec.order
+    shard, o = shard or spec.shard, spec.order
 
     def one(count: int, seed: int, key: str) -> DocumentOrder:
         order = DocumentOrder(

@@ -196,6 +196,10 @@ def test_a_resharded_state_that_does_not_fit_is_refused_by_name(server, marked):
             new[0], entry={"fingerprint": other_seed.data_fingerprint()}
         ),
         "is past the stream's 120 documents": _forged(new[0], entry={"doc": 240_000}),
+        "not the 2 shards of one count": _forged(
+            new[0], **{"from": [new[0]["elastic"]["from"][0]] * 2}
+        ),
+        "names shard [1, 1000000000000]": _forged(new[0], entry={"shard": [1, 10**12]}),
         "over 4096 old streams": _forged(
             new[0], **{"from": [{"shard": [i, 4097]} for i in range(4097)]}
         ),

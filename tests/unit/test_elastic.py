@@ -240,6 +240,20 @@ def test_old_hosts_far_apart_are_refused_before_any_order_is_built():
     ).replace(order={"seed": 7, "epochs": 0})  # fmt: skip
     with pytest.raises(InvalidSpecError, match="stand 1[0-9]{2} epochs apart"):
         Stream(spec, lengths, new)
+    for entry in new["elastic"]["from"]:  # together, but where ordinals would wrap int64
+        entry["doc"] = 1 << 61
+    with pytest.raises(InvalidSpecError, match="ordinals would pass"):
+        Stream(spec, lengths, new)
+
+
+def test_states_resharded_again_and_again_before_settling_are_refused_by_the_client():
+    one = _states(1)[0]  # the client checks their shape only: one host's, as 64 hosts'
+    states = [{**one, "shard": [i, 64]} for i in range(64)]
+    states = reshard(states, 65)  # each new state holds all 64
+    with pytest.raises(ValueError, match="name 4,225 old streams in all"):
+        reshard(states, 2)  # 65 states, each holding 64 more
+    with pytest.raises(ValueError, match="4097 new streams"):
+        reshard(_states(2), 4097)
 
 
 def test_the_worked_example_of_the_docs():
