@@ -22,9 +22,9 @@ from input_server.errors import InvalidSpecError
 
 # How deep resharded states may nest (`input_client.elastic.MAX_STREAMS` bounds how many old
 # streams they name in all); old streams times mixture components, the orders a state makes
-# the server build before its budget is checked (each a few hundred microseconds: 2^16 of
-# them about 10 s); the most shards an old stream may name (the spec's own bound:
-# `shard.count` is an int32).
+# the server build before its budget is checked (2^16: 4096 old streams of a 16-component
+# mixture took 1.7 s of CPU here); the most shards an old stream may name (the spec's own
+# bound: `shard.count` is an int32).
 MAX_DEPTH = 8
 MAX_ORDERS = 1 << 16
 MAX_SHARDS = (1 << 31) - 1
