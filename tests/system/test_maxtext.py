@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import signal
 import socket
 import subprocess
+import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +25,7 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
 from input_server.testing.corpus import train_sentencepiece, write_jsonl
-from tests.support import TINY_MAXTEXT
+from tests.support import TINY_MAXTEXT, file_lock
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -128,14 +130,17 @@ def _steps(log: str) -> dict[int, tuple[int, str, str]]:
     return {int(s): (int(w), loss, ppl) for s, w, loss, ppl in STEP_LINE.findall(log)}
 
 
+def _weight(batch, packing) -> int:
+    """A batch's `total_weights` as MaxText's loss counts it (targets_segmentation != 0)."""
+    return int((to_maxtext(batch, -1, packing)["targets_segmentation"] != 0).sum())
+
+
 def _weights(spec, server, n=None) -> list[int]:
-    """Each batch's `total_weights` as MaxText's loss counts it (targets_segmentation != 0)."""
+    """Each batch's `total_weights`, for the first `n` batches of `spec` (all: None)."""
     out = []
     with InputClient(server.targets[0]) as c, c.batches(spec) as it:
         for b in it:
-            out.append(
-                int((to_maxtext(b, -1, spec.batch.packing)["targets_segmentation"] != 0).sum())
-            )
+            out.append(_weight(b, spec.batch.packing))
             if n is not None and len(out) == n:
                 break
     return out
@@ -334,9 +339,15 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _two_hosts(python, server, d, model, run, steps):
+def _two_hosts(python, server, d, model, run, steps, *extra, **options):
     """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them; MaxText
-    fixes the coordinator's port at 1234."""
+    fixes the coordinator's port at 1234, so one such pair runs at a time on the machine (a
+    lock file in its temporary folder). `extra` and `options` go to `_launch`."""
+    with file_lock(pathlib.Path(tempfile.gettempdir()) / "input-server-maxtext-1234.lock"):
+        return _two_hosts_now(python, server, d, model, run, steps, *extra, **options)
+
+
+def _two_hosts_now(python, server, d, model, run, steps, *extra, **options):
     if not _port_free(1234):
         pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
     procs = [
@@ -347,6 +358,7 @@ def _two_hosts(python, server, d, model, run, steps):
             model,
             run,
             "skip_jax_distributed_system=false",
+            *extra,
             stream=True,
             steps=steps,
             evaluate=False,
@@ -357,6 +369,7 @@ def _two_hosts(python, server, d, model, run, steps):
                 "PROCESSES_IN_JOB": "2",
                 "JAX_PROCESS_COUNT": "2",
             },
+            **options,
         )
         for i in (0, 1)
     ]

@@ -17,8 +17,9 @@ refusing by name what the server cannot honour); checks it against the config
 (`check.check_shape`, `check.check_tokenizer`), reads this host's shard, and returns MaxText's
 own `MultiHostDataLoadIterator` over the server's stream, with batches in MaxText's conventions
 (`conventions.to_maxtext`). With `dataset_type=grain`, MaxText's checkpoints then save and
-restore the data position (`source.ServerIterator.get_state`). Eval is a finite, unshuffled
-pass from the start at every eval.
+restore the data position (`source.ServerIterator.get_state`), on another number of processes
+too (`_resume`: the step's states resharded). Eval is a finite, unshuffled pass from the start
+at every eval.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from input_client.fanin import ORDERS
 from input_client.maxtext import derive
 from input_client.maxtext._data_wait import report_train_wait
 from input_client.maxtext._hook import MaxTextHookError, interface_module, multihost_dataloading
+from input_client.maxtext._resume import hook_restore
 from input_client.maxtext.check import (
     MaxTextConfigError,
     check_shape,
@@ -166,9 +168,11 @@ def install(
     is derived from MaxText's `grain_train_files` (or `grain_train_mixture_config_path`) and
     the rest of its config; without `eval_spec`, the eval spec from `grain_eval_files`. With a
     spec, MaxText's config check still asks for its files: any non-empty value does, as
-    nothing reads it."""
+    nothing reads it. A checkpoint written by another number of processes restores with the
+    data position resharded (`input_client.reshard`)."""
     configure(server, spec, eval_spec, **options)
     interface = interface_module()
+    hook_restore()  # a checkpoint of another process count: its data states resharded
     interface.make_grain_train_iterator = make_train_iterator
     interface.make_grain_eval_iterator = make_eval_iterator
 

@@ -89,6 +89,22 @@ def metric_logger() -> ModuleType:
     return module
 
 
+def grain_checkpointing() -> ModuleType:
+    """`maxtext.common.grain_utility`, checked to be where `checkpointing.load_state_if_possible`
+    looks up `for_restore` (the checkpointable that restores the data iterator) at call time."""
+    grain = _module_with("maxtext.common.grain_utility", "for_restore")
+    loader = _module_with("maxtext.common.checkpointing", "load_state_if_possible")
+    reads = set(getattr(getattr(loader.load_state_if_possible, "__code__", None), "co_names", ()))
+    if getattr(loader, "grain_utility", None) is not grain or "for_restore" not in reads:
+        raise MaxTextHookError(
+            f"MaxText {maxtext_version()}'s checkpointing.load_state_if_possible no longer "
+            f"restores the data iterator through grain_utility.for_restore, where "
+            f"input_client.maxtext reshards a checkpoint of another process count; the "
+            f"adapter was tested with MaxText {', '.join(TESTED_VERSIONS)}."
+        )
+    return grain
+
+
 def trainer_module() -> ModuleType:
     """`maxtext.trainers.pre_train.train`, MaxText's pre-training entry point (`main(argv)`)."""
     return _module_with("maxtext.trainers.pre_train.train", "main")
