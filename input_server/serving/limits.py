@@ -170,9 +170,10 @@ def order_budget(
     )
 
 
-def order_bytes(pipeline) -> int:
-    """What one process's copy of a pipeline's document order holds at most."""
-    order = getattr(pipeline, "order", None)
+def order_bytes(pipeline, position=None) -> int:
+    """What one process's copy of a pipeline's document order holds at most; from `position`
+    on, whose order may be a resharded state's (the old hosts' permutations too)."""
+    order = getattr(position, "order", None) or getattr(pipeline, "order", None)
     orders = getattr(order, "components", None) or ([order] if order is not None else [])
     return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))
 

@@ -172,7 +172,7 @@ class Stream:
                 position = pipeline.parse_state(self._request.resume_state)
                 self._set_up("choosing its workers")
                 # An "auto" stream's processes: no more than copies of its order fit.
-                cap = order_process_cap(order_bytes(pipeline), self._groups_mb(pipeline))
+                cap = order_process_cap(order_bytes(pipeline, position), self._groups_mb(pipeline))
                 pool = StreamProcesses(shared.processes, cap)
                 opening = self._reserve(pipeline, pool)
                 cancel.check()

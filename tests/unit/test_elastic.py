@@ -322,3 +322,20 @@ def test_a_resharded_stream_resumed_from_any_of_its_states_continues_byte_for_by
     again = Stream(spec(j, new_count), lengths, after[k])
     for want in batches[k:]:
         assert again.next().tolist() == want.tolist()
+
+
+def test_a_resharded_streams_order_counts_the_old_hosts_permutations():
+    """What caps an "auto" stream's worker processes (`serving.limits.order_bytes`) counts the
+    order a resharded state makes, not the spec's own shard's alone."""
+    from types import SimpleNamespace
+
+    from input_server.serving.limits import order_bytes
+
+    lengths = [[5 + (r * 7) % 30 for r in range(40)]]
+    spec = spec_of(
+        lengths, shard=(0, 1), packing="concat_then_split", long_documents="split",
+        seq_len=8, size=2, epochs=0,
+    )  # fmt: skip
+    s = Stream(spec, lengths, reshard(_states(2), 1)[0])
+    plain = SimpleNamespace(order=order_for(spec, s.records))
+    assert order_bytes(plain, s.pos) == s.pos.order.held_bytes() > order_bytes(plain)
