@@ -123,13 +123,6 @@ class Stream:
         return Position(self.seq, *self.cursor.at(), getattr(self.order, "at", None))
 
 
-def count_tokens(batches) -> Counter:
-    out = Counter()
-    for tokens in batches:
-        out.update(tokens.tolist())
-    return out
-
-
 def components_at(order, pos) -> tuple[list[int], int, int]:
     """Each component's next document ordinal at `pos` of `order`, and the component and
     tokens used of the one the stream stands in (`MixtureOrder.next_ordinals`)."""

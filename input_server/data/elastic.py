@@ -15,7 +15,8 @@ reads, per component:
 The old streams' documents partition each epoch and the deal partitions R_e, so every
 document of every begun epoch is read once over the old and new streams, and later epochs
 are sharded by the new count. An old stream can itself be resharded (a second change before
-its documents ran out): its epochs are counted through its own `epoch_range`.
+its documents ran out): its epochs are counted through its own `epoch_range`, as a
+`DocumentOrder`'s are.
 
 Everything here is a pure function of the old positions and the deal: a few integers per
 old stream and epoch, and the old streams' own orders for the documents (their
@@ -29,31 +30,15 @@ import dataclasses
 import numpy as np
 
 from input_server.data.mixture import MixtureOrder
-from input_server.data.order import DocumentOrder
+from input_server.data.order import _FOREVER, DocumentOrder
 from input_server.errors import InvalidSpecError
 
-_FOREVER = int(np.iinfo(np.int64).max)
 # Epochs the old streams may lie across (one ahead of another drifted past an epoch's end):
 # each holds a few integers an old stream, and a forged state could name millions.
 MAX_EPOCHS_APART = 64
 # The most a resharded stream's later ordinals start at: resume states' `doc` stays below
 # 2^63 - 2^40 (`batching.resume.MAX_DOC`), and int64 arithmetic must not wrap before that.
 MAX_ORDINAL = 1 << 62
-
-
-def epoch_range(order, e: int) -> tuple[int, int]:
-    """The ordinals `[lo, hi)` of `order`'s documents of epoch `e`."""
-    if isinstance(order, ReshardedOrder):
-        return order.epoch_range(e)
-    n = len(order)
-    return min(e * order.per_epoch, n), min((e + 1) * order.per_epoch, n)
-
-
-def epoch_of(order, x: int) -> int:
-    """The epoch of `order`'s document `x`."""
-    if isinstance(order, ReshardedOrder):
-        return order.epoch_of(x)
-    return x // order.per_epoch
 
 
 def heads_of(order) -> dict[int, int]:
@@ -85,10 +70,10 @@ class Old:
     def touched(self) -> int:
         """The last epoch this stream (or one before it, resharded) began: -1 if none."""
         if self.head:
-            last = epoch_of(self.order, self.next)
+            last = self.order.epoch_of(self.next)
         else:
-            last = epoch_of(self.order, self.next - 1) if self.next else -1
-        return max(last, self.order.last if isinstance(self.order, ReshardedOrder) else -1)
+            last = self.order.epoch_of(self.next - 1) if self.next else -1
+        return max(last, self.order.last)
 
 
 class ReshardedOrder:
@@ -105,7 +90,7 @@ class ReshardedOrder:
         self.k, self.n = deal
         self.shuffle, self.epochs, self.per_epoch = fresh.shuffle, fresh.epochs, fresh.per_epoch
         self.last = max((o.touched() for o in olds), default=-1)
-        ends = [epoch_of(o.order, o.next) for o in olds if o.next < len(o.order)]
+        ends = [o.order.epoch_of(o.next) for o in olds if o.next < len(o.order)]
         self.first = min(ends, default=self.last + 1)
         if self.last - self.first >= MAX_EPOCHS_APART:
             raise InvalidSpecError(
@@ -122,33 +107,30 @@ class ReshardedOrder:
         self.heads = self._heads()
 
     def _segments(self) -> None:
-        """R_e of every begun epoch as segments of old streams' ordinals, end to end."""
-        seg_old, seg_lo, seg_len, seg_head = [], [], [], []
+        """R_e of every begun epoch as segments of old streams' ordinals, end to end: (old
+        stream, first ordinal, length, head), a partly used document a segment of its own."""
+        segments = []
         r_start, a_start = [], []  # per epoch: where R_e starts, and this stream's share
         r, a = 0, 0
         for e in range(self.first, self.last + 1):
             r_start.append(r)
             a_start.append(a)
-            rest = []
+            begun, rest = [], []
             for i, o in enumerate(self.olds):
-                lo, hi = epoch_range(o.order, e)
-                begun = bool(o.head) and lo <= o.next < hi
-                if begun:
-                    seg_old.append(i), seg_lo.append(o.next), seg_len.append(1)
-                    seg_head.append(o.head)
-                lo = max(lo, o.next + begun)
+                lo, hi = o.order.epoch_range(e)
+                partly = bool(o.head) and lo <= o.next < hi
+                if partly:
+                    begun.append((i, o.next, 1, o.head))
+                lo = max(lo, o.next + partly)
                 if hi > lo:
-                    rest.append((i, lo, hi - lo))
-            for i, lo, length in rest:
-                seg_old.append(i), seg_lo.append(lo), seg_len.append(length), seg_head.append(0)
-            size = sum(seg_len) - r
+                    rest.append((i, lo, hi - lo, 0))
+            segments += begun + rest
+            size = sum(length for _, _, length, _ in begun + rest)
             r += size
             a += len(range(self.k, size, self.n))
-        self._seg_old = np.asarray(seg_old, np.int64)
-        self._seg_lo = np.asarray(seg_lo, np.int64)
-        self._seg_len = np.asarray(seg_len, np.int64)
+        columns = np.asarray(segments, np.int64).reshape(-1, 4).T
+        self._seg_old, self._seg_lo, self._seg_len, self._seg_head = columns
         self._seg_start = np.cumsum(self._seg_len) - self._seg_len
-        self._seg_head = np.asarray(seg_head, np.int64)
         self._r_start = np.asarray(r_start, np.int64)
         self._a_start = np.asarray(a_start, np.int64)
         self.dealt = a  # this stream's documents of the begun epochs

@@ -117,6 +117,18 @@ class DocumentOrder:
         """Documents in the stream; a very large number when it repeats forever."""
         return self.per_epoch * self.epochs if self.epochs else _FOREVER
 
+    # The last epoch an earlier stream had begun for this one (a `ReshardedOrder`'s own): none.
+    last = -1
+
+    def epoch_range(self, e: int) -> tuple[int, int]:
+        """The ordinals `[lo, hi)` of its documents of epoch `e`."""
+        n = len(self)
+        return min(e * self.per_epoch, n), min((e + 1) * self.per_epoch, n)
+
+    def epoch_of(self, x: int) -> int:
+        """The epoch of its document `x`."""
+        return x // self.per_epoch
+
     def held_bytes(self) -> int:
         """The most its permutations hold at once: none unshuffled, one epoch's when it reads
         one epoch, else two (`OrderBudget` counts it before any is computed)."""
