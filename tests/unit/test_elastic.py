@@ -19,6 +19,12 @@ PACKINGS = ["first_fit", "concat_then_split", "none"]
 POLICIES = ["trim", "chunk", "split"]
 
 
+def valid_policy(packing: str, policy: str) -> str:
+    """`policy`, or trim where it is split and the packing cannot run a document on from row
+    to row (only concat_then_split can)."""
+    return "trim" if policy == "split" and packing != "concat_then_split" else policy
+
+
 def kept(length: int, packing: str, policy: str, seq_len: int) -> int:
     """The tokens of a document of `length` that a stream delivers."""
     whole = policy == "chunk" or (policy == "split" and packing == "concat_then_split")
@@ -84,8 +90,7 @@ def check_exactly_once(lengths, c, new_count, progress, packing, policy, seq_len
 def test_every_token_of_every_begun_epoch_once(
     data, components, c, new_count, packing, policy, seq_len, size, shuffle
 ):
-    if policy == "split" and packing != "concat_then_split":
-        policy = "trim"  # split runs a document on from row to row: concat_then_split only
+    policy = valid_policy(packing, policy)
     # Empty documents only where they take a row (none packing keeps them, unless chunked
     # into no pieces): a forever stream of a shard holding only empty ones places nothing.
     least = 0 if packing == "none" and policy != "chunk" else 1
@@ -196,8 +201,7 @@ def test_resharded_again_and_fanned_in_every_token_once_an_epoch(
 ):
     """Changes of host count and of servers a host (`reshard`, `reshard_servers`), one after
     another before the documents of the last ran out; the last hosts read to the end."""
-    if policy == "split" and packing != "concat_then_split":
-        policy = "trim"
+    policy = valid_policy(packing, policy)
     lengths = [data.draw(st.lists(st.integers(1, 30), min_size=36, max_size=48), label="lengths")]
     delivered, states = Counter(), None
     for step, (count, servers) in enumerate(chain):
@@ -292,8 +296,7 @@ def test_a_resharded_stream_resumed_from_any_of_its_states_continues_byte_for_by
 ):
     """Before and after it has read what it was dealt (its states then plain, holding no old
     state), every state of a resharded stream resumes to the same batches."""
-    if policy == "split" and packing != "concat_then_split":
-        policy = "trim"
+    policy = valid_policy(packing, policy)
     lengths = [[1 + (r * 11 + k) % 37 for r in range(20 + 3 * k)] for k in range(components)]
 
     def spec(i, count):
