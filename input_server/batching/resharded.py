@@ -65,8 +65,7 @@ class Resharded:
         self._streams = 0
         order = self._order(d, self.spec.shard, 0)
         if self.budget is not None:
-            comps = order.components if isinstance(order, MixtureOrder) else [order]
-            self.budget.check(comps, " and the old hosts' orders it continues")
+            self.budget.check(self._parts(order), " and the old hosts' orders it continues")
         return order
 
     def _order(self, d: dict[str, Any], shard: ShardSpec, depth: int):
