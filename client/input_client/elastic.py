@@ -24,8 +24,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-# The keys a fanned-in state holds its sub-streams under (`fanin.STATE_KEY`: not imported,
-# as fanin imports this module).
+# The key a fanned-in state holds its sub-streams under (`fanin` names it STATE_KEY: it
+# imports this module, so the name lives here), and a resharded state its old states.
 FAN_IN = "fan_in"
 ELASTIC = "elastic"
 # A new state holds every old state; the server reads requests of at most 4 MiB.

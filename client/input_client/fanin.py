@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from input_client.elastic import reshard_servers
+from input_client.elastic import FAN_IN, reshard_servers
 from input_client.errors import ReconnectError, SequenceError, StreamError
 from input_client.spec import PipelineSpec, ShardSpec
 
 ORDERS = ("round_robin", "arrival")
 # The key of a fanned-in state that holds the sub-streams' positions.
-STATE_KEY = "fan_in"
+STATE_KEY = FAN_IN
 _WAKE_S = 0.1  # the arrival order's longest sleep between looks (a lost wake-up costs this)
 
 
