@@ -10,6 +10,7 @@ one numpy call.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -109,9 +110,18 @@ class DocumentOrder:
         self.shuffle = shuffle
         self.epochs = epochs
         self._cache: dict[int, np.ndarray] = {}
+        # A worker process's threads share one order: the cache's check, eviction and insert
+        # are one step under this lock (unguarded, two threads evicted the same epoch: KeyError).
+        self._lock = threading.Lock()
 
     def __getstate__(self):
-        return {**self.__dict__, "_cache": {}}
+        state = {**self.__dict__, "_cache": {}}
+        del state["_lock"]  # a lock does not pickle; each copy makes its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         """Documents in the stream; a very large number when it repeats forever."""
@@ -138,14 +148,15 @@ class DocumentOrder:
         return per_doc * self.per_epoch * (1 if self.epochs == 1 else 2)
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        perm = self._cache.get(epoch)
-        if perm is None:
-            # The oldest goes before the next is computed: at most two held at once.
-            if len(self._cache) >= 2:
-                self._cache.pop(min(self._cache))
-            perm = permutation(self.seed, epoch, self.per_epoch)
-            self._cache[epoch] = perm
-        return perm
+        with self._lock:  # held while computing too: a thread that needs it would wait anyway
+            perm = self._cache.get(epoch)
+            if perm is None:
+                # The oldest goes before the next is computed: at most two held at once.
+                if len(self._cache) >= 2:
+                    del self._cache[min(self._cache)]
+                perm = permutation(self.seed, epoch, self.per_epoch)
+                self._cache[epoch] = perm
+            return perm
 
     def source_indices(self, start: int, stop: int) -> np.ndarray:
         """Source record indices of stream documents `[start, stop)`."""
