@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import ipaddress
 import os
 import socket
@@ -89,6 +90,30 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(bare).is_loopback
     except ValueError:
         return False
+
+
+# socket()'s answers on a host that allows no sockets of a family: EAFNOSUPPORT from a kernel
+# or sandbox without it (gVisor on TPU hosts: Unix sockets only), EPERM or EACCES from a
+# seccomp or LSM policy. Others (out of descriptors, memory) are not the host's rule.
+_REFUSALS = (errno.EAFNOSUPPORT, errno.EPERM, errno.EACCES)
+
+
+def tcp_refused() -> str | None:
+    """Why this host makes no TCP sockets at all, neither IPv4 nor IPv6 (e.g. "this host
+    refuses TCP sockets (Address family not supported by protocol)"), or None where it makes
+    one of them: what needs TCP (a TCP listener, the metrics page, the health port, loopback
+    benchmarks) says so instead of failing deeper down. Creates sockets only; binds nothing."""
+    reasons = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.socket(family, socket.SOCK_STREAM).close()
+        except OSError as e:
+            if e.errno not in _REFUSALS:
+                return None
+            reasons.append(e.strerror or str(e))
+        else:
+            return None
+    return f"this host refuses TCP sockets ({'; '.join(dict.fromkeys(reasons))})"
 
 
 def claim_socket_path(path: str, address: str) -> None:

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from input_client.proto import pb
 from input_server import __version__
+from input_server.serving import listen
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,13 @@ class MetricsEndpoint:
             raise OSError(
                 f"--metrics-port {port}: Grain serves its own metrics there ({GRAIN_SWITCH}"
                 f"=true); choose another port."
+            )
+        refused = listen.tcp_refused()
+        if refused:
+            raise OSError(
+                f"--metrics-port {port}: {refused}, and the metrics page is served over TCP "
+                f"only; leave out --metrics-port and read the same figures with `input-server "
+                f"info` or `input-server stats` over the Unix socket."
             )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(info))

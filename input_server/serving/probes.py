@@ -53,8 +53,14 @@ def health_server(servicer: health.HealthServicer, port: int) -> tuple[grpc.Serv
     every thread of the main pool cannot starve a probe, nor can silent calls on this port.
 
     Raises:
-      OSError: the port cannot be bound (in use?).
+      OSError: the port cannot be bound (in use?), or the host refuses TCP.
     """
+    refused = listen.tcp_refused()
+    if refused:  # before gRPC's core logs each address it failed to bind
+        raise OSError(
+            f"--health-port {port}: {refused}, and probes dial TCP; leave out --health-port "
+            f"(a probe on the same host can run `input-server info` on the Unix socket)."
+        )
     threads = CallLimits.threads() + SPARE_THREADS
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="health"),

@@ -33,6 +33,7 @@ from input_server.serving.listen import (  # noqa: F401
     claim_socket_path,
     connection_options,
     parse_address,
+    tcp_refused,
 )
 from input_server.serving.service import InputServicer, add_to_server
 
@@ -246,6 +247,13 @@ class Server:
         """Binds `a` (TLS on TCP with `credentials`; a socket file born 0600, then shared with
         `gid`) and adds its target; on a failure, releases what was bound before raising."""
         path = socket_path(a.bind) if a.kind == "file" else None
+        refused = None if a.is_unix else tcp_refused()
+        if refused:  # before gRPC's core logs the address it failed to bind
+            self._unbind()
+            raise OSError(
+                f"--listen {a.bind!r}: {refused}; listen on a Unix socket instead "
+                f"(unix:///PATH.sock, or leave out --listen for the default one)."
+            )
         try:
             if path is None and credentials is not None and not a.is_unix:
                 port = self._server.add_secure_port(a.bind, credentials)
