@@ -7,7 +7,6 @@ exception is re-raised to the consumer; `stop()` unblocks a producer waiting for
 
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-_ITEM, _END, _ERROR = range(3)
+_ITEM, _END, _ERROR, _WAKE = range(4)
 
 
 class Prefetcher(Generic[T]):
@@ -27,8 +26,11 @@ class Prefetcher(Generic[T]):
     raises StopIteration after the last item; when it raises, `get()` re-raises its exception
     after the items put before it.
 
-    A waiting `put` and a waiting `get` sleep on one condition that every put, get and `stop`
-    notifies: neither wakes on a clock (a stream whose consumer is slow costs no wake-ups).
+    Items and room travel through two `queue.SimpleQueue`s (the room as `depth` tokens): a
+    `get` of a queued item is two calls into C, where a `threading.Condition` takes a dozen
+    Python-level lock steps. The client's `next()` runs it once a batch in the training
+    process, whose dispatch waits for the GIL meanwhile. A waiting `put` or `get` blocks in
+    C; neither wakes on a clock (a stream whose consumer is slow costs no wake-ups).
 
     Args:
       produce: the producer, called once on the thread.
@@ -49,9 +51,10 @@ class Prefetcher(Generic[T]):
         if depth < 1:
             raise ValueError(f"`depth` must be at least 1, got {depth}.")
         self._produce = produce
-        self._depth = depth
-        self._items: collections.deque = collections.deque()
-        self._cond = threading.Condition()
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._room: queue.SimpleQueue = queue.SimpleQueue()  # one token a free place
+        for _ in range(depth):
+            self._room.put(None)
         self._stop = threading.Event()
         self._on_put = on_put
         self._exited = False  # the producer's thread is done (its end or error queued, or not)
@@ -64,13 +67,12 @@ class Prefetcher(Generic[T]):
         return self._put((_ITEM, item))
 
     def _put(self, entry: tuple) -> bool:
-        with self._cond:
-            while len(self._items) >= self._depth and not self._stop.is_set():
-                self._cond.wait()
-            if self._stop.is_set():
-                return False
-            self._items.append(entry)
-            self._cond.notify_all()
+        if self._stop.is_set():
+            return False
+        self._room.get()
+        if self._stop.is_set():  # stop() or close() gave the token that woke it
+            return False
+        self._items.put(entry)
         if self._on_put is not None:
             self._on_put()
         return True
@@ -84,18 +86,17 @@ class Prefetcher(Generic[T]):
             else:
                 self._put((_END, None))
         finally:
-            with self._cond:
-                self._exited = True
-                self._cond.notify_all()
+            self._exited = True
+            self._items.put((_WAKE, None))  # a waiting get() looks again
 
     def queued(self) -> int:
-        """Items waiting to be taken now (at most `depth`)."""
-        return len(self._items)
+        """Items waiting to be taken now (at most `depth`; a wake-up note may count too)."""
+        return self._items.qsize()
 
     def ready(self) -> bool:
         """Whether `get()` would return (or raise) at once: an item, the end or the error is
         queued, or the producer is gone."""
-        return bool(self._items) or self._finished or self._exited
+        return not self._items.empty() or self._finished or self._exited
 
     def get(self, timeout: float | None = None) -> T:
         """The next item.
@@ -107,21 +108,17 @@ class Prefetcher(Generic[T]):
           Exception: the producer's, after the items it put before raising.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                if self._finished:
-                    raise StopIteration
-                if self._items:
-                    kind, value = self._items.popleft()
-                    self._cond.notify_all()  # room for a waiting put
-                    break
-                if self._stop.is_set() or self._exited:
-                    self._finished = True
-                    raise StopIteration
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise queue.Empty
-                self._cond.wait(left)
+        while True:
+            if self._finished:
+                raise StopIteration
+            if (self._stop.is_set() or self._exited) and self._items.empty():
+                self._finished = True
+                raise StopIteration
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            kind, value = self._items.get(timeout=left)  # raises queue.Empty
+            if kind != _WAKE:
+                break
+        self._room.put(None)  # room for a waiting put
         if kind == _ITEM:
             return value
         self._finished = True
@@ -144,8 +141,8 @@ class Prefetcher(Generic[T]):
     def stop(self) -> None:
         """Tells the producer to stop: its waiting `put` returns False at once."""
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._room.put(None)  # wakes a put waiting for room, which then sees the stop
+        self._items.put((_WAKE, None))  # and a get waiting for an item
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stops the producer, frees what it queued, and waits up to `timeout` for it to end."""
@@ -153,11 +150,15 @@ class Prefetcher(Generic[T]):
         self._drain()
         self._thread.join(timeout)
         self._drain()  # what it put while we waited
+        self._items.put((_WAKE, None))  # for a get that waits still
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     def _drain(self) -> None:
-        with self._cond:
-            self._items.clear()
-            self._cond.notify_all()
+        while True:
+            try:
+                self._items.get_nowait()
+            except queue.Empty:
+                return
+            self._room.put(None)

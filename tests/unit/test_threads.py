@@ -84,3 +84,35 @@ def test_the_thread_is_named_and_a_daemon():
     assert t.daemon
     release.set()
     p.close()
+
+
+def test_a_get_waiting_without_timeout_ends_when_another_thread_stops_it():
+    release = threading.Event()
+    p = Prefetcher(lambda put: release.wait(10), depth=2, name="t")
+    outcome: list = []
+
+    def consume():
+        try:
+            p.get()
+        except StopIteration:
+            outcome.append("ended")
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    time.sleep(0.2)  # the get is waiting
+    p.stop()
+    consumer.join(5)
+    assert outcome == ["ended"]
+    release.set()
+    p.close(timeout=5)
+
+
+def test_items_taken_free_room_for_exactly_as_many_more():
+    put_results: list = []
+    p = Prefetcher(lambda put: [put_results.append(put(i)) for i in range(6)], depth=2, name="t")
+    time.sleep(0.2)
+    assert len(put_results) == 2  # full: the third put waits
+    assert p.get(timeout=5) == 0
+    time.sleep(0.2)
+    assert len(put_results) == 3 and p.queued() == 2  # one taken, one more put, no more
+    assert drain(p) == [1, 2, 3, 4, 5]
