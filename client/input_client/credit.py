@@ -3,7 +3,8 @@ the server as the credit that lets it send more (the server's side: `serving/cre
 
 from __future__ import annotations
 
-import threading
+import contextlib
+import queue
 from collections.abc import Iterator
 
 from input_client.proto import pb
@@ -16,23 +17,24 @@ class Taken:
     whether the trainer waits for it."""
 
     def __init__(self):
-        self.count = 0
-        self.wait_s = 0.0
+        # (batches taken, seconds waited in all): one attribute, so the request thread never
+        # reads a count with another report's wait.
+        self.latest = (0, 0.0)
         self._ended = False
-        self._cond = threading.Condition()
+        # A note a change: the training loop's `took` is one call into C, which wakes the
+        # request thread only when it sleeps (a Condition's notify is a dozen Python steps,
+        # and this runs in the loop's `next()`).
+        self._changed: queue.SimpleQueue = queue.SimpleQueue()
 
     def took(self, wait_s: float) -> None:
         """One more batch taken; `wait_s`: the seconds the loop has waited for this stream's
         batches in all, up to and including this one."""
-        with self._cond:
-            self.count += 1
-            self.wait_s = wait_s
-            self._cond.notify()
+        self.latest = (self.latest[0] + 1, wait_s)
+        self._changed.put(None)
 
     def end(self) -> None:
-        with self._cond:
-            self._ended = True
-            self._cond.notify()
+        self._ended = True
+        self._changed.put(None)
 
     def requests(self, first: pb.StreamBatchesRequest) -> Iterator[pb.StreamBatchesRequest]:
         """The call's requests: `first`, then the latest count and wait whenever the count has
@@ -41,10 +43,13 @@ class Taken:
         yield first
         reported = 0
         while True:
-            with self._cond:
-                while self.count == reported and not self._ended:
-                    self._cond.wait()
-                if self._ended:
-                    return
-                reported, wait_s = self.count, self.wait_s
-            yield pb.StreamBatchesRequest(batches_taken=reported, data_wait_s=wait_s)
+            self._changed.get()
+            with contextlib.suppress(queue.Empty):  # the notes of later changes: read below
+                while True:
+                    self._changed.get_nowait()
+            if self._ended:
+                return
+            count, wait_s = self.latest
+            if count != reported:
+                reported = count
+                yield pb.StreamBatchesRequest(batches_taken=reported, data_wait_s=wait_s)
