@@ -133,6 +133,10 @@ class BatchIterator:
             return arrays
         import jax  # lazily: a client that wants numpy never loads jax
 
+        if self._sharding.is_fully_addressable:
+            # This process holds the whole batch: one transfer of the six arrays, half the
+            # fetch thread's time (and GIL) of six calls of the general form below.
+            return jax.device_put(arrays, self._sharding)
         return {
             k: jax.make_array_from_process_local_data(self._sharding, v) for k, v in arrays.items()
         }
