@@ -20,7 +20,7 @@ def main() -> int:
     from input_client import PipelineSpec
     from input_server.batching._grain import ensure_absl_flags_parsed
     from input_server.testing import corpus
-    from input_server.tools import bench, bench_kinds
+    from input_server.tools import bench, bench_kinds, bench_table
 
     ensure_absl_flags_parsed()
 
@@ -57,7 +57,7 @@ def main() -> int:
         print(bench_kinds.format_kinds_table(result))
     else:
         result = bench.run(spec, rounds=args.rounds or 5, **options)
-        print(bench.format_table(result))
+        print(bench_table.format_table(result))
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

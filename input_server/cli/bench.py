@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from input_client.spec import PipelineSpec
 from input_server.cli.arguments import positive
@@ -68,7 +69,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from input_server.batching.pipeline import Pipeline
-    from input_server.tools import bench
+    from input_server.tools import bench, bench_rounds, bench_table
 
     spec = PipelineSpec.from_toml(args.spec)
     Pipeline(spec)  # missing files or model, a spec that does not fit the data: one line
@@ -90,8 +91,16 @@ def run(args: argparse.Namespace) -> int:
             rounds=args.rounds or 5,
             reference_processes=args.reference_processes,
         )
-        print(bench.format_table(result))
+        print(bench_table.format_table(result))
     if args.json:
         with open(args.json, "w") as f:
             f.write(json.dumps(result, indent=2) + "\n")
+    failed = bench_rounds.failures(result)
+    if failed:  # the other rows' figures are printed and written: exit 1, not a traceback
+        print(
+            f"input-server: bench: {len(failed)} measurement(s) failed ({'; '.join(failed)}); "
+            f"the others' figures are above" + (f" and in {args.json}." if args.json else "."),
+            file=sys.stderr,
+        )
+        return 1
     return 0

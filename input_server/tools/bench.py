@@ -33,6 +33,13 @@ from input_server.tools.bench_kinds import (
     reference_dataset,
     row_of,
 )
+from input_server.tools.bench_rounds import (
+    Rounds,
+    has_figures,
+    medians,
+    run_rounds,
+    unavailable,
+)
 from input_server.tools.bench_server import _consume, bench_server
 from input_server.tools.bench_time import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
 from input_server.tools.report import plural
@@ -85,29 +92,6 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
         "reference": efficiency(ref, "inputs_segment_ids"),
         "ours_batches": len(ours),
         "reference_batches": len(ref),
-    }
-
-
-def _best(samples: list[dict]) -> dict:
-    """The fastest of interleaved rounds (the others were slowed by whatever else ran), with
-    every round's rate kept for the record."""
-    best = max(samples, key=lambda r: r["tokens_per_s"])
-    return {**best, "rounds_tokens_per_s": [r["tokens_per_s"] for r in samples]}
-
-
-def _round_ratios(
-    samples: dict[str, list[dict]], transports: tuple[str, ...]
-) -> dict[str, list[float]]:
-    """Each round's ratios, from measurements taken back to back in that round."""
-    rate = {k: [r["tokens_per_s"] for r in v] for k, v in samples.items()}
-
-    def over(a: str, b: str) -> list[float]:
-        return [x / y for x, y in zip(rate[a], rate[b], strict=True)]
-
-    return {
-        "in_process_over_limit": over("ours", "limit"),
-        **{f"server_{t}_over_in_process": over(t, "ours") for t in transports},
-        **{f"server_{t}_over_limit": over(t, "limit") for t in transports},
     }
 
 
@@ -190,43 +174,67 @@ def _say_estimate(
 
 
 def _bench_references(
-    spec: PipelineSpec, texts: list[str], epochs: int, processes_tried: list[int], say
+    spec: PipelineSpec, texts: list[str], epochs: int, tried: list[int], o: _Options
 ) -> dict[int, dict]:
-    """The slow reference once per worker count, on a quarter of the tokens."""
-    reference = {}
+    """The slow reference once per worker count, on a quarter of the tokens; one that fails is
+    kept with its error."""
+    once = Rounds(samples={})
     ref_spec = spec.replace(order={"epochs": max(1, epochs // 4)})
-    for processes in processes_tried:
-        reference[processes] = bench_reference(ref_spec, texts, processes)
-        say(
-            f"MaxText-style reference, {plural(processes, 'process', 'processes')}: "
-            f"{reference[processes]['tokens_per_s'] / 1e6:.2f} M tokens/s"
-        )
+    reference = {}
+    for processes in tried:
+        name = f"MaxText-style reference, {plural(processes, 'process', 'processes')}"
+        figures = once.once(name, lambda p=processes: bench_reference(ref_spec, texts, p), o.say)
+        if figures is not None:
+            o.say(f"{name}: {figures['tokens_per_s'] / 1e6:.2f} M tokens/s")
+        reference[processes] = {**(figures or once.missing[name]), "processes": processes}
     return reference
 
 
-def _bench_rounds(
-    spec: PipelineSpec, texts: list[str], call: str, o: _Options
-) -> dict[str, list[dict]]:
-    """The limit, this pipeline and each served transport, back to back in every round."""
-    rounds, min_seconds, transports, say = o.rounds, o.min_seconds, o.transports, o.say
-    samples: dict[str, list[dict]] = {"limit": [], "ours": [], **{t: [] for t in transports}}
+def _over_reference(ours: dict, reference: dict[int, dict]) -> dict[str, Any]:
+    """This pipeline against the best reference that ran (nothing if either has no figures)."""
+    ran = [r for r in reference.values() if has_figures(r)]
+    if not ran or not has_figures(ours):
+        return {}
+    best_ref = max(ran, key=lambda r: r["tokens_per_s"])
+    return {
+        "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
+        "best_reference_processes": best_ref["processes"],
+    }
+
+
+def _bench_rounds(spec: PipelineSpec, texts: list[str], call: str, o: _Options) -> Rounds:
+    """The limit, this pipeline and each served transport, back to back in every round; a
+    transport this host cannot serve is skipped saying why."""
     served_spec = spec.replace(workers={"count": 0})
-    for r in range(rounds):
-        samples["limit"].append(bench_limit(texts, spec, min_seconds=min_seconds, call=call))
-        samples["ours"].append(bench_pipeline(spec, Parallelism(0, default_threads(0))))
-        for t in transports:
-            samples[t].append(bench_server(served_spec, t))
-        say(
-            f"round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f}" for k, v in samples.items())
-            + " M tokens/s"
-        )
-    return samples
+    rows = {
+        "limit": lambda: bench_limit(texts, spec, min_seconds=o.min_seconds, call=call),
+        "ours": lambda: bench_pipeline(spec, Parallelism(0, default_threads(0))),
+        **{t: (lambda t=t: bench_server(served_spec, t)) for t in o.transports},
+    }
+    skip = unavailable(o.transports)
+    for t, why in skip.items():
+        o.say(f"{t}: skipped ({why['skipped']})")
+    return run_rounds(rows, o.rounds, skip, o.say)
+
+
+def _ratios(rounds: Rounds, transports: tuple[str, ...]) -> dict[str, list[float]]:
+    """Each round's ratios, from measurements taken back to back in that round."""
+    return rounds.ratios(
+        {
+            "in_process_over_limit": ("ours", "limit"),
+            **{f"server_{t}_over_in_process": (t, "ours") for t in transports},
+            **{f"server_{t}_over_limit": (t, "limit") for t in transports},
+        }
+    )
 
 
 def _add_packing(result: dict[str, Any], spec: PipelineSpec, texts: list[str], say) -> None:
-    """Adds the packing comparison's figures and ratios to `result`."""
-    same = compare_packing(spec, texts)
+    """Adds the packing comparison's figures and ratios to `result` (or why it failed)."""
+    once = Rounds(samples={})
+    same = once.once("packing comparison", lambda: compare_packing(spec, texts), say)
+    if same is None:
+        result["packing_same_order"] = once.missing["packing comparison"]
+        return
     say(
         f"first_fit packing efficiency, same order: ours {same['ours']:.4f}, "
         f"reference {same['reference']:.4f}"
@@ -256,7 +264,9 @@ def run(
     other load on a shared machine skews one round, not the result; each rate reported is its
     best round. The slow reference runs once per worker count (`reference_processes`, default
     0, 1 and the core count), on a quarter of the tokens. `packing=False` leaves out the
-    packing comparison; `texts` is the corpus, if read already.
+    packing comparison; `texts` is the corpus, if read already. A transport this host cannot
+    serve (TCP where it refuses TCP) is kept as `{"skipped": why}`, and a measurement that
+    raises as `{"failed": why}` (with any rounds it measured before): the others go on.
 
     Raises:
       SpecError: a mixture, pre-tokenized data or no model: this compares one text source
@@ -272,11 +282,10 @@ def run(
     backend = backend_report(spec, texts, o.say)
     call, tried = _pick_limit(spec, texts, cores, min_seconds, o.say)
     _say_estimate(o, kind, tried[call]["tokens_per_s"], corpus, cores, processes_tried)
-    reference = _bench_references(spec, texts, corpus["epochs"], processes_tried, o.say)
-    samples = _bench_rounds(spec, texts, call, o)
-    ours = _best(samples["ours"])
-    best_ref = max(reference.values(), key=lambda r: r["tokens_per_s"])
-    per_round = _round_ratios(samples, transports)
+    reference = _bench_references(spec, texts, corpus["epochs"], processes_tried, o)
+    done = _bench_rounds(spec, texts, call, o)
+    ours = done.best("ours")
+    per_round = _ratios(done, transports)
     result = {
         "corpus": corpus,
         "spec": dataclasses.asdict(spec.batch),
@@ -285,17 +294,13 @@ def run(
         "tokenizer_backend": backend,
         "cores": cores,
         "rounds": rounds,
-        "limit": _best(samples["limit"]),
+        "limit": done.best("limit"),
         "limit_calls_tried": {n: r["tokens_per_s"] for n, r in tried.items()},
         "reference": {str(k): v for k, v in reference.items()},
         "reference_encode": REFERENCE_ENCODE[kind],
         "pipeline_in_process": ours,
-        "server": {t: _best(samples[t]) for t in transports},
-        "ratios": {
-            **{k: float(np.median(v)) for k, v in per_round.items()},
-            "in_process_over_best_reference": ours["tokens_per_s"] / best_ref["tokens_per_s"],
-            "best_reference_processes": best_ref["processes"],
-        },
+        "server": {t: done.best(t) for t in transports},
+        "ratios": {**medians(per_round), **_over_reference(ours, reference)},
         "ratios_per_round": per_round,
     }
     if packing:
@@ -352,44 +357,3 @@ def run_kinds(
         "kinds": [row_of(k, results[k]) for k in kinds],
         "results": results,
     }
-
-
-def format_table(result: dict[str, Any]) -> str:
-    kind = result.get("kind", "sentencepiece")
-    rows = [(f"{kind} batch encode (limit)", result["limit"])]
-    rows += [
-        (f"MaxText-style reference, {plural(int(k), 'process', 'processes')}", v)
-        for k, v in result["reference"].items()
-    ]
-    rows.append(("this pipeline, in process", result["pipeline_in_process"]))
-    rows += [(f"through server + client, {k}", v) for k, v in result["server"].items()]
-    lines = [f"{'what':<42} {'M tokens/s':>10} {'packing':>8}  CPU ns/token"]
-    for name, r in rows:
-        eff = r.get("packing_efficiency")
-        if "server_cpu_ns_per_token" in r:
-            cpu = (
-                f"{r['server_cpu_ns_per_token']:.0f} server + "
-                f"{r['client_cpu_ns_per_token']:.0f} client"
-            )
-        else:
-            cpu = f"{r['cpu_ns_per_token']:.0f}" if "cpu_ns_per_token" in r else ""
-        lines.append(
-            f"{name:<42} {r['tokens_per_s'] / 1e6:>10.2f} "
-            f"{'' if eff is None else f'{eff:.3f}':>8}  {cpu}"
-        )
-    ratios, per_round = result["ratios"], result.get("ratios_per_round", {})
-    lines.append("")
-    for k, v in ratios.items():
-        line = f"{k:<42} {v:>10.3f}" if isinstance(v, float) else f"{k:<42} {v:>10}"
-        if k in per_round:  # the median of these
-            line += "   rounds: " + " ".join(f"{x:.2f}" for x in per_round[k])
-        lines.append(line)
-    for t, r in result["server"].items():
-        lines.append(f"{'wire bytes per token, ' + t:<42} {r['wire_bytes_per_token']:>10.2f}")
-    b = result.get("tokenizer_backend")
-    if b:
-        lines.append(f"tokenizer backend: {b['backend']} ({b['why']})")
-        lines.append(f"documents whose ids differ from the reference's: {b['documents_differing']}")
-    lines.append(f"limit: {result['limit']['call']}")
-    lines.append(f"reference encode: {result['reference_encode']}")
-    return "\n".join(lines)

@@ -204,30 +204,49 @@ def make_models(
     return {k: spec.tokenizer.model if k == spec.tokenizer.kind else make[k]() for k in kinds}
 
 
+def _measured(row: dict) -> float | None:
+    return row.get("tokens_per_s")  # None: skipped or failed (the kind's result says why)
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
-    """The `--kinds` table's row from one kind's `bench.run` result."""
-    best_ref = max(result["reference"].values(), key=lambda r: r["tokens_per_s"])
+    """The `--kinds` table's row from one kind's `bench.run` result; a figure that row's run
+    could not measure is None."""
+    ran = [r for r in result["reference"].values() if _measured(r) is not None]
+    best_ref = max(ran, key=_measured) if ran else {}
     ratios = result["ratios"]
+    unix = _measured(result["server"]["unix"])
     return {
         "kind": kind,
         "vocab_size": result["vocab_size"],
-        "limit_call": result["limit"]["call"],
-        "limit_tokens_per_s": result["limit"]["tokens_per_s"],
-        "in_process_tokens_per_s": result["pipeline_in_process"]["tokens_per_s"],
-        "server_unix_tokens_per_s": result["server"]["unix"]["tokens_per_s"],
-        "best_reference_tokens_per_s": best_ref["tokens_per_s"],
-        "best_reference_processes": best_ref["processes"],
-        "in_process_over_limit": ratios["in_process_over_limit"],
-        "server_unix_over_limit": ratios["server_unix_over_limit"],
-        "in_process_over_best_reference": ratios["in_process_over_best_reference"],
-        "server_unix_over_best_reference": (
-            result["server"]["unix"]["tokens_per_s"] / best_ref["tokens_per_s"]
-        ),
+        "limit_call": result["limit"].get("call"),
+        "limit_tokens_per_s": _measured(result["limit"]),
+        "in_process_tokens_per_s": _measured(result["pipeline_in_process"]),
+        "server_unix_tokens_per_s": unix,
+        "best_reference_tokens_per_s": _measured(best_ref),
+        "best_reference_processes": best_ref.get("processes"),
+        "in_process_over_limit": ratios.get("in_process_over_limit"),
+        "server_unix_over_limit": ratios.get("server_unix_over_limit"),
+        "in_process_over_best_reference": ratios.get("in_process_over_best_reference"),
+        "server_unix_over_best_reference": _over(unix, _measured(best_ref)),
         "reference_encode": result["reference_encode"],
         "tokenizer_backend": result["tokenizer_backend"]["backend"],
         "tokenizer_backend_why": result["tokenizer_backend"]["why"],
         "documents_differing": result["tokenizer_backend"]["documents_differing"],
     }
+
+
+def _cell(value: float | None, width: int, form: str, suffix: str = "") -> str:
+    """A table cell (form "M": a rate in millions); "-" where nothing was measured (the
+    kind's result says why)."""
+    if value is None:
+        return f"{'-':>{width}}{' ' * len(suffix)}"
+    if form == "M":
+        value, form = value / 1e6, ".2f"
+    return f"{value:>{width}{form}}{suffix}"
 
 
 def format_kinds_table(result: dict[str, Any]) -> str:
@@ -240,13 +259,20 @@ def format_kinds_table(result: dict[str, Any]) -> str:
     lines = [head]
     for r in result["kinds"]:
         lines.append(
-            f"{r['kind']:<14} {r['vocab_size']:>6} {r['limit_tokens_per_s'] / 1e6:>7.2f} "
-            f"{r['in_process_tokens_per_s'] / 1e6:>7.2f} "
-            f"{r['server_unix_tokens_per_s'] / 1e6:>7.2f} "
-            f"{r['best_reference_tokens_per_s'] / 1e6:>7.2f} "
-            f"{r['in_process_over_limit']:>10.2f} {r['server_unix_over_limit']:>10.2f} "
-            f"{r['in_process_over_best_reference']:>8.1f}x "
-            f"{r['server_unix_over_best_reference']:>8.1f}x"
+            f"{r['kind']:<14} {r['vocab_size']:>6} "
+            + " ".join(
+                _cell(r[key], *how)
+                for key, *how in (
+                    ("limit_tokens_per_s", 7, "M"),
+                    ("in_process_tokens_per_s", 7, "M"),
+                    ("server_unix_tokens_per_s", 7, "M"),
+                    ("best_reference_tokens_per_s", 7, "M"),
+                    ("in_process_over_limit", 10, ".2f"),
+                    ("server_unix_over_limit", 10, ".2f"),
+                    ("in_process_over_best_reference", 8, ".1f", "x"),
+                    ("server_unix_over_best_reference", 8, ".1f", "x"),
+                )
+            )
         )
     lines.append("")
     lines.append("M real tokens/s; ref = the best MaxText-style reference; limits and references:")

@@ -5,6 +5,7 @@ and every process it starts, gRPC's C core included."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -151,3 +152,28 @@ def test_demo_trains_through_its_unix_socket(tmp_path):
     out = run(*demo, cwd=tmp_path, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "steps timed             2 (1 excluded)" in out.stdout, out.stdout
+
+
+def test_bench_skips_the_tcp_row_saying_why_and_keeps_every_other(tmp_path, spec_file):
+    out_json = tmp_path / "bench.json"
+    bench = cli_argv(
+        "bench", spec_file, "--min-tokens", "30000", "--rounds", "1",
+        "--reference-processes", "0", "--json", str(out_json),
+    )  # fmt: skip
+    out = run(*bench, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out_json.read_text())
+    assert result["server"]["tcp"] == {"skipped": f"{REFUSED}; served over the Unix socket only"}
+    for row in (
+        result["limit"],
+        result["reference"]["0"],
+        result["pipeline_in_process"],
+        result["server"]["unix"],
+    ):
+        assert row["tokens_per_s"] > 0, row
+    assert result["ratios"]["server_unix_over_in_process"] > 0
+    assert "server_tcp_over_in_process" not in result["ratios"]
+    assert result["packing_same_order"]["ours"] > 0
+    table = out.stdout
+    assert f"through server + client, tcp               skipped: {REFUSED}" in table, table
+    assert "through server + client, unix" in table
