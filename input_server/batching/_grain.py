@@ -13,9 +13,13 @@ import os
 import signal
 import threading
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grain
+if TYPE_CHECKING:
+    import grain
+
+# Grain (and the JAX it imports, ~1.2-1.6 s on a 2-core host) is imported where a stream first
+# needs it, not with this module: the server listens before it (`serving.warm`).
 
 
 def ensure_absl_flags_parsed() -> None:
@@ -97,6 +101,8 @@ def _flush_at_exit() -> None:
 def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain.IterDataset:
     """`groups` computed `threads` at a time in each of `processes` worker processes (0 = in
     this process), in order."""
+    import grain
+
     ds = groups.to_iter_dataset(
         grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
     )
@@ -120,6 +126,8 @@ def worker_processes(iterator: Any) -> list[tuple[int, BaseProcess]]:
     which is when its death matters. May raise RuntimeError if the graph changes under the
     walk; call again.
     """
+    import grain
+
     found, seen = [], set()
     todo = [(iterator, 0)]
     while todo:

@@ -15,9 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
-from typing import Any
-
-import grain
+from typing import TYPE_CHECKING, Any
 
 from input_client.spec import PipelineSpec
 from input_server import cancel
@@ -36,6 +34,9 @@ from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizers import TokenGroup, load_tokenizer
 from input_server.data.tokenizers.base import AUDIT_EVERY
+
+if TYPE_CHECKING:  # imported where groups are made: the server listens before Grain loads
+    import grain
 
 # Text to tokenize per group (after long documents are cut, see groups.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
@@ -207,6 +208,8 @@ class Pipeline:
 
     def groups(self, first_doc: int = 0, encode: EncodeGroup | None = None) -> grain.MapDataset:
         """Tokenized document groups from the one holding `first_doc` on (by `encode`)."""
+        import grain
+
         size = self.group_size
         encode = encode or self.encoder()
         return grain.MapDataset.range(first_doc // size, math.ceil(len(encode.order) / size)).map(

@@ -23,7 +23,7 @@ from input_server.batching.pipeline import Pipeline
 from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError
-from input_server.serving import auth, probes, tls
+from input_server.serving import auth, probes, tls, warm
 from input_server.serving.auth import default_socket
 from input_server.serving.call_limits import CallLimits
 from input_server.serving.config import ServerConfig
@@ -288,6 +288,7 @@ class Server:
 
     def start(self) -> None:
         self._server.start()
+        warm.load_in_background()  # Grain, which every stream needs and listening does not
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self._probes is not None:

@@ -44,3 +44,16 @@ def test_client_streams_without_grain_sentencepiece_or_jax(server, make_spec):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["batches"] > 10
     assert result["heavy"] == []
+
+
+def test_the_server_listens_before_grain_or_jax_loads():
+    """`serve`'s path to its socket imports neither Grain nor JAX (1.2-1.6 s of a restarted
+    sidecar's 1.7-3.5 s to listening on a 2-core host): streams load them, and the server
+    starts loading them on a thread once it listens (`serving/warm.py`)."""
+    code = (
+        "import sys, input_server.cli, input_server.cli.serve, input_server.serving.server; "
+        "print([m for m in ('grain', 'jax') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
