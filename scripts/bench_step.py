@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import signal
@@ -61,6 +62,7 @@ GRAIN_KEYS = {
 }
 MAXTEXT_GRAIN_RAM_BUDGET_MB = 1024  # MaxText's base.yml `grain_ram_budget_mb`
 STALL_S = 0.1  # a wait this long after the kill is the restart's, not the pipeline's
+AFTER_KILL_S = 20.0  # a restarted server streams again well within this
 ALL_FEEDS = ("device", "host", "server", "server_sharded", "grain_1", "grain_auto")
 
 
@@ -262,7 +264,8 @@ def bench_size(size, feeds: Feeds, names, steps: int, warmup: int, chunk: int) -
 def restart_stall(step, state, feeds: Feeds, kill_at: int, most_steps: int) -> dict:
     """The server SIGKILLed after `kill_at` steps and started again at once (its kept files
     in place), the loop going on until a batch came after a wait of over STALL_S (and 3 steps
-    more), or `most_steps`: the loop's longest wait for a batch after the kill."""
+    more), or AFTER_KILL_S passed (a loop whose prefetched batches outlast the restart never
+    waits), or `most_steps`: the loop's longest wait for a batch after the kill."""
     import jax
 
     it = feeds.client.batches(feeds.spec, prefetch=2)
@@ -279,6 +282,8 @@ def restart_stall(step, state, feeds: Feeds, kill_at: int, most_steps: int) -> d
         if i >= kill_at and stalled is None and waits[-1] > STALL_S:
             stalled = i
         if stalled is not None and i >= stalled + 3:
+            break
+        if i > kill_at and ends[-1] - killed_at > AFTER_KILL_S:
             break
         state, loss = step(state, {k: batch[k] for k in STEP_KEYS})
         jax.block_until_ready(loss)
@@ -341,15 +346,21 @@ def main(argv=None) -> None:
         vocab = feeds.client.describe_tokenizer(spec).vocab_size
         names = [n.strip() for n in args.feeds.split(",") if n.strip()]
         if any(n.startswith("grain_") for n in names):
-            import json
-
             with open(corpus) as f:
                 feeds.texts = [json.loads(line)["text"] for line in f]
-        models = [
-            bench_size(parse_size(s, vocab), feeds, names, args.steps, args.warmup,
-                       args.loss_chunk)
-            for s in args.sizes.split(",")
-        ]  # fmt: skip
+        models = []
+        for s in args.sizes.split(","):
+            try:
+                models.append(
+                    bench_size(parse_size(s, vocab), feeds, names, args.steps, args.warmup,
+                               args.loss_chunk)
+                )  # fmt: skip
+            except Exception as e:  # e.g. the accelerator's memory: the other sizes still run
+                models.append({"size": s, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+            print(json.dumps(models[-1]), file=sys.stderr)
+            if args.out:  # what was measured so far survives a run cut short
+                with open(args.out + ".partial", "w") as f:
+                    json.dump({"server_start": start, "models": models}, f)
         restart = None
         if args.restart_steps:
             size = parse_size(args.sizes.split(",")[0], vocab)

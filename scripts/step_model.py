@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 
-HEAD_DIM = 64
+HEAD_DIM = 128  # Llama's and MaxText's default head_dim
 
 
 @dataclasses.dataclass(frozen=True)
 class Size:
-    """A model's shape: `d_model` wide, `layers` blocks, heads of 64, an MLP 4 x wide."""
+    """A model's shape: `d_model` wide, `layers` blocks, heads of 128, an MLP 4 x wide."""
 
     d_model: int
     layers: int
@@ -35,13 +35,13 @@ class Size:
 
 
 def parse_size(text: str, vocab: int) -> Size:
-    """`D x L` ("256x4"): d_model D (a multiple of 64, or under 64), L layers."""
+    """`D x L` ("256x4"): d_model D (a multiple of 128, or under it), L layers."""
     try:
         d, layers = (int(part) for part in text.lower().split("x"))
     except ValueError:
         raise SystemExit(f"a model size is D x L, such as 256x4; got {text!r}.")
     if d < 1 or layers < 1 or (d > HEAD_DIM and d % HEAD_DIM):
-        raise SystemExit(f"a model size needs d_model under 64 or a multiple of it; got {text!r}.")
+        raise SystemExit(f"a model size needs d_model under 128 or a multiple of it; got {text!r}.")
     return Size(d, layers, vocab)
 
 
@@ -100,7 +100,29 @@ def _rope(x, positions):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
-def _block(h, p, mask, positions, heads: int):
+def _attention(q, k, v, segments):
+    """Causal self-attention within each document of a packed row ([B, T, H, Dh]); padding,
+    segment 0, attends to padding, as MaxText's segment-aware masks do. On a TPU, the Pallas
+    flash kernel with segment ids (what MaxText runs there): the XLA form keeps B x H x T x T
+    float32 scores, 2 GB a layer at 16 x 2048 and 8 heads."""
+    import jax
+    import jax.numpy as jnp
+
+    if jax.default_backend() == "tpu":
+        from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+        out = fa.flash_attention(
+            q, k, v, segment_ids=fa.SegmentIds(segments, segments), causal=True,
+            sm_scale=1.0 / math.sqrt(q.shape[-1]),
+        )  # fmt: skip
+        return out.transpose(0, 2, 1, 3)
+    t = segments.shape[1]
+    mask = (segments[:, :, None] == segments[:, None, :]) & jnp.tril(jnp.ones((t, t), bool))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
+
+
+def _block(h, p, segments, positions, heads: int):
     import jax
     import jax.numpy as jnp
 
@@ -110,7 +132,7 @@ def _block(h, p, mask, positions, heads: int):
     qkv = (x @ p["qkv"].astype(bf)).reshape(b, t, 3, heads, d // heads)
     q, k, v = (qkv[:, :, i] for i in range(3))
     q, k = _rope(q, positions), _rope(k, positions)
-    att = jax.nn.dot_product_attention(q, k, v, mask=mask).reshape(b, t, d)
+    att = _attention(q, k, v, segments).reshape(b, t, d)
     h = h + att @ p["proj"].astype(bf)
     x = _rms_norm(h, p["norm2"])
     return h + jax.nn.gelu(x @ p["up"].astype(bf)) @ p["down"].astype(bf)
@@ -118,17 +140,15 @@ def _block(h, p, mask, positions, heads: int):
 
 def _hidden(params, batch, size: Size):
     """The last layer's normed activations [B, T, D] (bfloat16)."""
+    import jax
     import jax.numpy as jnp
 
-    segments = batch["inputs_segmentation"]
-    t = segments.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    # Attention stays within a document of the packed row (padding, segment 0, attends to
-    # padding), as MaxText's segment-aware masks do.
-    mask = (segments[:, :, None] == segments[:, None, :]) & causal
     h = params["embed"].astype(jnp.bfloat16)[batch["inputs"]]
+    # Each block recomputed in the backward pass (MaxText's remat): otherwise every layer's
+    # attention scores (B x heads x T x T in float32, 2 GB at 16 x 2048) are kept at once.
+    block = jax.checkpoint(_block, static_argnums=4)
     for p in params["blocks"]:
-        h = _block(h, p, mask[:, None], batch["inputs_position"], size.heads)
+        h = block(h, p, batch["inputs_segmentation"], batch["inputs_position"], size.heads)
     return _rms_norm(h, params["norm"])
 
 
