@@ -79,6 +79,7 @@ class Pipeline:
         *,
         audit_every: int = AUDIT_EVERY,
         token_cache=None,
+        tokenizer_cache=None,
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.access = access
@@ -91,7 +92,7 @@ class Pipeline:
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
         self.components = component_fingerprints(spec) if named else None
         if spec.tokenizer.model:
-            self.tokenizer = load_tokenizer(spec.tokenizer, access)
+            self.tokenizer = load_tokenizer(spec.tokenizer, access, keep=tokenizer_cache)
             self.tokenizer.audit_every = audit_every
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)

@@ -43,6 +43,11 @@ FLAG_EXTRAS: dict[str, dict] = {
         "more": " (default $XDG_CACHE_HOME/input-server/tune); off = tune again each start",
     },
     "message_tokens": {"metavar": "N"},
+    # As --tune-cache: the CLI keeps across restarts by default.
+    "tokenizer_cache": {
+        "metavar": "DIR|off",
+        "more": " (default $XDG_CACHE_HOME/input-server/tokenizers); off = derive again each start",
+    },
 }
 # How a flag parses its field's annotation; a field of any other type needs a line here.
 PARSES = {"int": int, "int | None": int, "float": float, "str | None": str, "Sequence[str]": str}
@@ -123,6 +128,15 @@ def tune_cache(value: str | None) -> str | None:
     return os.path.abspath(value) if value else default_folder()
 
 
+def tokenizer_cache(value: str | None) -> str | None:
+    """--tokenizer-cache's folder: `off` none, absent the default folder."""
+    from input_server.data.tokenizers.keep import default_folder
+
+    if value == "off":
+        return None
+    return os.path.abspath(value) if value else default_folder()
+
+
 def config_of(args: argparse.Namespace) -> ServerConfig:
     """The ServerConfig of `serve`'s flags; a flag not given keeps the field's default."""
     pipelines = {}
@@ -130,6 +144,7 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
         pipelines.update(load_pipelines(path))
     given = {f.name: getattr(args, f.name) for f in FIELDS if getattr(args, f.name) is not None}
     given["tune_cache"] = tune_cache(args.tune_cache)
+    given["tokenizer_cache"] = tokenizer_cache(args.tokenizer_cache)
     return ServerConfig(pipelines=pipelines, **given)
 
 

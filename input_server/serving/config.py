@@ -142,6 +142,15 @@ class ServerConfig:
         doc="a folder where each document's token ids are kept once tokenized, read back in "
         "later epochs and after restarts instead of reading and tokenizing again (default: none)",
     )
+    # None: kept in memory only (the CLI's default is `tokenizers.keep.default_folder()`); the
+    # folder is the operator's (no request names it), refused if others may write into it.
+    tokenizer_cache: str | None = _setting(
+        None,
+        doc="a folder where what is derived from a tokenizer model (the tokenizer.json derived "
+        "from tiktoken ranks, the fast backend gate's verdict on its probes) is kept by model "
+        "digest and library versions, read back by later streams and restarts instead of "
+        "computed again",
+    )
     token_cache_gb: float = _setting(
         10.0, doc="the most --token-cache holds; least recently used documents go first"
     )

@@ -22,6 +22,7 @@ from input_server.autotune.remembered import TuneCache
 from input_server.batching.pipeline import Pipeline
 from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
+from input_server.data.tokenizers.keep import keep_in
 from input_server.errors import InvalidSpecError
 from input_server.serving import auth, probes, tls, warm
 from input_server.serving.auth import default_socket
@@ -105,6 +106,9 @@ class Server:
             from input_server.data.token_cache import TokenCache
 
             self.token_cache = TokenCache(c.token_cache, int(c.token_cache_gb * (1 << 30)))
+        # Before the pipelines, whose tokenizers read it; a folder others may write into is
+        # refused, one that cannot be made (a read-only home) leaves it in memory.
+        self.tokenizer_cache = keep_in(c.tokenizer_cache) if c.tokenizer_cache else None
         pipelines = self._build_pipelines()
         self.drained = False  # set by stop(): whether every stream ended within the grace
         self._draining = threading.Event()
@@ -173,6 +177,7 @@ class Server:
                 operator,
                 audit_every=self.config.tokenizer_audit_every,
                 token_cache=self.token_cache,
+                tokenizer_cache=self.tokenizer_cache,
             )
             for name, spec in c.pipelines.items()
         }
@@ -211,6 +216,7 @@ class Server:
             message_tokens=c.message_tokens,
             audit_every=c.tokenizer_audit_every,
             token_cache=self.token_cache,
+            tokenizer_cache=self.tokenizer_cache,
             draining=self._draining,
             limits=limits,
             openings=Openings(cache=TuneCache(c.tune_cache) if c.tune_cache else None),

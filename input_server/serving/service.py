@@ -41,6 +41,8 @@ class InputServicer(pb_grpc.InputServiceServicer):
       message_tokens: the most tokens of batches that share a message (see `coalesce`).
       audit_every: a request's fast tokenizer backend is audited on one group in this many.
       token_cache: where documents' ids are kept across epochs (`data.token_cache`); None.
+      tokenizer_cache: where what is derived from tokenizer models is kept
+        (`tokenizers.keep.ModelKeep`); None: in memory only.
       draining: set when the server stops; streams then end with UNAVAILABLE.
       openings: how each stream opens, by its `workers` table (the server's, with its
         remembered choices); default a new one.
@@ -57,6 +59,7 @@ class InputServicer(pb_grpc.InputServiceServicer):
         message_tokens: int = MESSAGE_TOKENS,
         audit_every: int = AUDIT_EVERY,
         token_cache=None,
+        tokenizer_cache=None,
         openings: Openings | None = None,
         limits: Limits | None = None,
     ):
@@ -71,8 +74,11 @@ class InputServicer(pb_grpc.InputServiceServicer):
                 limits=self._limits,
                 queue_depth=queue_depth,
                 message_tokens=message_tokens,
-                audit_every=audit_every,
-                token_cache=token_cache,
+                pipeline_options={
+                    "audit_every": audit_every,
+                    "token_cache": token_cache,
+                    "tokenizer_cache": tokenizer_cache,
+                },
                 draining=draining,
                 openings=openings or Openings(),
                 processes=ProcessPool(self._limits.max_workers),

@@ -63,8 +63,9 @@ class Shared:
     limits: Limits
     queue_depth: int
     message_tokens: int
-    audit_every: int
-    token_cache: Any  # a `data.token_cache.TokenCache`, or None
+    # What a request's pipeline is made with beyond its spec: `Pipeline`'s audit_every,
+    # token_cache and tokenizer_cache.
+    pipeline_options: Mapping[str, Any]
     draining: threading.Event
     openings: Openings
     processes: ProcessPool
@@ -231,10 +232,7 @@ class Stream:
         check_fits(spec, shared.limits, **shape)  # before a file is opened
         # With what its batches leave for its document order.
         pipeline = Pipeline(
-            spec,
-            access_for(spec, shared.limits, **shape),
-            audit_every=shared.audit_every,
-            token_cache=shared.token_cache,
+            spec, access_for(spec, shared.limits, **shape), **shared.pipeline_options
         )
         self._held.callback(pipeline.close)  # a named one keeps its text
         return pipeline

@@ -6,14 +6,17 @@ for sentencepiece models (`fast.py` makes them). None serves until the gate (`ga
 compared its ids with the reference's on a fixed set of hostile probes (`PROBES`) and on the
 stream's first documents; any difference, or any error, and the stream uses the reference,
 saying why. The gate's verdict on the probes is remembered per model digest, backend and
-version (`_PROBED`), the documents are compared for each pipeline. While serving, a share of
-groups is audited again (`ModelTokenizer.encode`); what the reference says is what is served.
+version (`_PROBED`, and on disk in the tokenizer cache, `keep.ModelKeep`, for later processes
+and restarts), the documents are compared for each pipeline. While serving, a share of groups is
+audited again (`ModelTokenizer.encode`); what the reference says is what is served.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
+import json
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from input_server.data.tokenizers.checks import _NOT_THE_MODEL
+from input_server.data.tokenizers.keep import ModelKeep
 
 # Bare ids of each text, as the kind's reference gives them without BOS/EOS.
 Encode = Callable[[list[str]], list[np.ndarray]]
@@ -125,25 +129,39 @@ def difference(reference: Encode, fast: Encode, name: str, texts: list[str]) -> 
 
 
 def gate(
-    digest: str, reference: Encode, fast: Encode, backend: Backend, documents: list[str]
+    digest: str,
+    reference: Encode,
+    fast: Encode,
+    backend: Backend,
+    documents: list[str],
+    *,
+    keep: ModelKeep | None = None,
+    reference_version: str = "",
 ) -> Choice:
-    """Whether `backend` may serve: the probes (remembered) and `documents`, encoded by the
-    reference and by `fast` (the kind's route through `backend`) and compared id for id. Each
-    probe is its own call: a text the backend cannot take (lone surrogates) sends only its
+    """Whether `backend` may serve: the probes (their verdict remembered in this process and
+    in `keep`, by model digest and the versions of both libraries) and `documents`, encoded by
+    the reference and by `fast` (the kind's route through `backend`) and compared id for id.
+    Each probe is its own call: a text the backend cannot take (lone surrogates) sends only its
     own group to the reference while serving, so it must not hide the other probes."""
     key = (digest, backend.name, backend.version)
     with _PROBED_LOCK:
         known = key in _PROBED
         why = _PROBED.get(key)
+    kept = False
     if not known:
-        why = next(
-            (w for p in PROBES if (w := difference(reference, fast, backend.name, [p]))), None
-        )
-        why = None if why is None else f"the probe set: {why}"
-        with _PROBED_LOCK:
-            _PROBED[key] = why
-            while len(_PROBED) > MAX_PROBED:
-                _PROBED.popitem(last=False)
+        fields = verdict_fields(digest, backend, reference_version)
+        found = _kept_verdict(keep, fields)
+        kept = found is not None
+        if kept:
+            why = found[0]
+        else:
+            why = next(
+                (w for p in PROBES if (w := difference(reference, fast, backend.name, [p]))), None
+            )
+            why = None if why is None else f"the probe set: {why}"
+            if keep is not None:
+                keep.put(VERDICT, fields, json.dumps({"why": why}).encode())
+        _remember(key, why)
     if why is None and documents:
         why = difference(reference, fast, backend.name, documents)
         why = None if why is None else f"the stream's first documents: {why}"
@@ -151,15 +169,59 @@ def gate(
         return Choice("reference", f"{backend.name} {backend.version} failed the gate on {why}")
     return Choice(
         backend.name,
-        f"{backend.name} {backend.version} gave the reference's ids on {len(PROBES)} probes "
+        f"{backend.name} {backend.version} gave the reference's ids on {len(PROBES)} probes"
+        f"{' (their verdict read from the tokenizer cache)' if kept else ''} "
         f"and the stream's first {len(documents)} documents",
     )
 
 
-def forget(digest: str, name: str, version: str, why: str) -> None:
-    """An audit found `name` wrong for the model: later streams of it skip the backend."""
+# What the tokenizer cache keeps the probes' verdict as, and what decides it.
+VERDICT = "gate verdict on the probes"
+_PROBES_DIGEST = hashlib.sha256("\0".join(PROBES).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def verdict_fields(digest: str, backend: Backend, reference_version: str) -> dict[str, str]:
+    """What the probes' verdict on a model depends on: the model, both libraries, the probes."""
+    return {
+        "digest": digest,
+        "backend": backend.name,
+        "backend_version": backend.version,
+        "reference_version": reference_version,
+        "probes": _PROBES_DIGEST,
+    }
+
+
+def _kept_verdict(keep: ModelKeep | None, fields: dict[str, str]) -> tuple[str | None] | None:
+    """(why,) as kept (why None: it passed), or None when nothing valid is kept."""
+    payload = None if keep is None else keep.get(VERDICT, fields)
+    if payload is None:
+        return None
+    try:
+        why = json.loads(payload)["why"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (why,) if why is None or isinstance(why, str) else None
+
+
+def _remember(key: tuple, why: str | None) -> None:
     with _PROBED_LOCK:
-        _PROBED[(digest, name, version)] = why
-        _PROBED.move_to_end((digest, name, version))  # the newest: evicted last
+        _PROBED[key] = why
+        _PROBED.move_to_end(key)  # the newest: evicted last
         while len(_PROBED) > MAX_PROBED:
             _PROBED.popitem(last=False)
+
+
+def forget(
+    digest: str,
+    backend: Backend,
+    why: str,
+    *,
+    keep: ModelKeep | None = None,
+    reference_version: str = "",
+) -> None:
+    """An audit found `backend` wrong for the model: later streams of it skip the backend, in
+    this process and (through `keep`) in later ones."""
+    _remember((digest, backend.name, backend.version), why)
+    if keep is not None:
+        fields = verdict_fields(digest, backend, reference_version)
+        keep.put(VERDICT, fields, json.dumps({"why": why}).encode())

@@ -6,6 +6,7 @@ tokenizer) and encodes on the calling thread."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import json
 import os
@@ -36,6 +37,10 @@ _DERIVED: collections.OrderedDict[tuple, str] = collections.OrderedDict()
 _DERIVED_LOCK = threading.Lock()
 MAX_DERIVED = 4
 MAX_DERIVED_CHARS = 64 << 20
+# What the tokenizer cache (`keep.ModelKeep`) keeps a derived tokenizer.json as; the
+# derivation's own version, raised whenever `ranks_as_tokenizer_json` changes what it writes.
+DERIVED = "tokenizer.json derived from tiktoken ranks"
+DERIVE_FORMAT = 1
 
 
 def version_of(dist: str) -> str:
@@ -43,6 +48,17 @@ def version_of(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "none"
+
+
+def derived_fields(digest: str, pattern: str) -> dict[str, str]:
+    """What a tokenizer.json derived from ranks depends on: the ranks file (its digest), the
+    split pattern, the derivation, and the library that loads it."""
+    return {
+        "digest": digest,
+        "pattern": hashlib.sha256(pattern.encode()).hexdigest(),
+        "derive_format": str(DERIVE_FORMAT),
+        "fastokens": Fastokens.version,
+    }
 
 
 def byte_chars() -> dict[int, str]:

@@ -41,10 +41,14 @@ def open_tokenizer(
     return KINDS[spec.kind](spec, written=written, sidecars=sidecars)
 
 
-def load_tokenizer(spec: TokenizerSpec, access=None) -> ModelTokenizer:
+def load_tokenizer(spec: TokenizerSpec, access=None, *, keep=None) -> ModelTokenizer:
     """The tokenizer for `spec`, its files found (`resolve_model`) inside `access`'s data roots
-    (default: the operator's tools, which see every path); messages name the model as written."""
+    (default: the operator's tools, which see every path); messages name the model as written.
+    `keep` (a `keep.ModelKeep`, `serve --tokenizer-cache`) is where what is derived from the
+    model is read and kept; None: this process's memory only."""
     model, sidecars = resolve_model(access or OPERATOR, spec)
-    return open_tokenizer(
+    tokenizer = open_tokenizer(
         dataclasses.replace(spec, model=model), written=spec.model, sidecars=sidecars
     )
+    tokenizer.keep = keep
+    return tokenizer

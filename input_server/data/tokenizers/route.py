@@ -17,6 +17,7 @@ from input_server.data.tokenizers import backends
 from input_server.data.tokenizers.backends import Backend, Choice
 from input_server.data.tokenizers.checks import _NOT_THE_MODEL
 from input_server.data.tokenizers.groups import TokenGroup, flat_group, group_of
+from input_server.data.tokenizers.keep import ModelKeep
 from input_server.errors import InvalidSpecError
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,22 @@ class Routed:
     BACKENDS: ClassVar[tuple[str, ...]] = ()
     choice = Choice("reference", "no backend chosen (the pipeline chooses on its sample)")
     audit_every = AUDIT_EVERY
+    # Where what is derived from the model is kept across processes and restarts (`serve
+    # --tokenizer-cache`); None: in this process's memory only.
+    keep: ModelKeep | None = None
+
+    @classmethod
+    def library_version(cls) -> str:
+        raise NotImplementedError
 
     def _backend(self, name: str) -> Backend:
         """The kind's backend `name`, loaded (`fast.py`)."""
         raise NotImplementedError
+
+    def _read_from_cache(self, what: str) -> None:
+        """Notes that `what` (part of loading a backend) was read from `keep`: the choice's
+        why says so."""
+        self.__dict__.setdefault("_cache_reads", []).append(what)
 
     def _not_tried(self, name: str) -> str | None:
         """Why "auto" does not try backend `name` on this model (None: it does)."""
@@ -158,9 +171,15 @@ class Routed:
                 lambda texts, fast=fast: self._served_ids(fast, texts),
                 fast,
                 documents[:GATE_DOCS],
+                keep=self.keep,
+                reference_version=self.library_version(),
             )
             if choice.backend != "reference":
                 self._fast = fast
+                reads = self.__dict__.pop("_cache_reads", [])
+                if reads:
+                    why = f"{choice.why}; read from the tokenizer cache: {', '.join(reads)}"
+                    choice = Choice(choice.backend, why)
                 return self._serve(choice)
             reasons.append(choice.why)
         why = "; ".join(reasons) or f"no fast backend for {self.KIND}"
@@ -177,7 +196,13 @@ class Routed:
         skip the backend (`backends.forget`)."""
         fast = self.__dict__.get("_fast")
         if fast is not None:
-            backends.forget(self.digest(), fast.name, fast.version, why)
+            backends.forget(
+                self.digest(),
+                fast,
+                why,
+                keep=self.keep,
+                reference_version=self.library_version(),
+            )
         self._serve(Choice("reference", why))
 
     def _serving(self) -> Backend | None:

@@ -258,16 +258,25 @@ class TiktokenTokenizer(ModelTokenizer):
         self.cutter = PieceCutter(bos=spec.add_bos, eos=spec.add_eos)
 
     def _backend(self, name: str):
-        from input_server.data.tokenizers.fast import Fastokens
+        from input_server.data.tokenizers.fast import DERIVED, Fastokens, derived_fields
 
         self.model()  # its checks first
-        return Fastokens.from_tiktoken(
+        derived = self.__dict__.get("_derived")  # pickled from the process that chose it
+        fields = derived_fields(self.digest(), PATTERN)
+        kept = None if derived is not None or self.keep is None else self.keep.get(DERIVED, fields)
+        if kept is not None:
+            derived = kept.decode()
+            self._read_from_cache("its tokenizer.json derived from the ranks")
+        fast = Fastokens.from_tiktoken(
             self.spec.model,
             PATTERN,
             lambda: read_ranks(self.spec.model, self.written),
             shorten(self.written),
-            self.__dict__.get("_derived"),  # pickled from the process that chose it
+            derived,
         )
+        if derived is None and fast.derived is not None and self.keep is not None:
+            self.keep.put(DERIVED, fields, fast.derived.encode())
+        return fast
 
     def __getstate__(self):
         state = super().__getstate__()
