@@ -31,6 +31,10 @@ os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 MAX_DERIVE_WORK = 4 << 20
 MAX_MERGES_PER_TOKEN = 8
 MAX_MERGE_CHARS = 32 << 20
+# The tokens whose last join is searched (`_last_pair`): at most this long, and at most this much
+# work in all (the sum of their squared lengths; Llama-3-sized ranks take about 7 M).
+MAX_SEARCHED_BYTES = 64
+MAX_SEARCH_WORK = 32 << 20
 # Derived tokenizer.json texts kept per process, by ranks file identity: at most this many, and
 # this many characters in all (the newest always kept).
 _DERIVED: collections.OrderedDict[tuple, str] = collections.OrderedDict()
@@ -40,7 +44,7 @@ MAX_DERIVED_CHARS = 64 << 20
 # What the tokenizer cache (`keep.ModelKeep`) keeps a derived tokenizer.json as; the
 # derivation's own version, raised whenever `ranks_as_tokenizer_json` changes what it writes.
 DERIVED = "tokenizer.json derived from tiktoken ranks"
-DERIVE_FORMAT = 1
+DERIVE_FORMAT = 2  # 2: one merge a token where tiktoken's last join is known
 
 
 def version_of(dist: str) -> str:
@@ -75,12 +79,48 @@ def byte_chars() -> dict[int, str]:
     return chars
 
 
+def _splits(token: bytes, ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """Every way to cut `token` into two tokens."""
+    return [
+        (token[:c], token[c:])
+        for c in range(1, len(token))
+        if token[:c] in ranks and token[c:] in ranks
+    ]
+
+
+def _last_pair(token: bytes, ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The two tokens tiktoken joins last when it merges `token`'s bytes into `token`, or none
+    when it never does: its merging of the bytes alone (the lowest-ranked adjacent pair first,
+    the leftmost of equals) stopped before the last join.
+
+    Why one pair is enough: wherever tiktoken makes `token` inside a longer piece, no join
+    crossed the token's edges before, so its bytes were joined in the order they are alone;
+    the parts it joins last are these two, and no other cut of `token` is ever adjacent."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        best, at = None, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            return []
+        parts[at : at + 2] = [parts[at] + parts[at + 1]]
+    return [(parts[0], parts[1])] if len(parts) == 2 else []
+
+
 def ranks_as_tokenizer_json(ranks: dict[bytes, int], pattern: str, written: str) -> str:
     """A byte-level BPE `tokenizer.json` that tokenizes as tiktoken does with `ranks` and
     `pattern`: each piece whole if it is a token (`ignore_merges`), else merged pair by pair,
     the pair whose join ranks lowest first, as tiktoken merges. A token that no pair of
     tokens makes (Meta's Llama 3 ranks hold some, which fastokens' own tiktoken loader
-    refuses) is still whole-piece reachable, as in tiktoken."""
+    refuses) is still whole-piece reachable, as in tiktoken.
+
+    A token gets one merge, the pair tiktoken joins last (`_last_pair`), where it can be cut
+    into two tokens in several ways: fastokens' load time grows with the merges (Llama-3-sized
+    ranks: 252,142 merges of every cut loaded in 2.1 s, 124,121 in 1.3 s). Past
+    MAX_SEARCHED_BYTES or MAX_SEARCH_WORK a token keeps a merge for every cut: as exact (a cut
+    tiktoken never makes adjacent never merges), and more to load."""
     work = sum(len(t) for t in ranks)
     if work > MAX_DERIVE_WORK:
         raise InvalidSpecError(
@@ -89,14 +129,15 @@ def ranks_as_tokenizer_json(ranks: dict[bytes, int], pattern: str, written: str)
         )
     chars = byte_chars()
     spell = {t: "".join(chars[b] for b in t) for t in ranks}
-    merges, most, size = [], MAX_MERGES_PER_TOKEN * len(ranks), 0
+    merges, most, size, search = [], MAX_MERGES_PER_TOKEN * len(ranks), 0, MAX_SEARCH_WORK
     for token, rank in ranks.items():
-        for cut in range(1, len(token)):
-            a, b = token[:cut], token[cut:]
-            ra, rb = ranks.get(a), ranks.get(b)
-            if ra is not None and rb is not None:
-                merges.append((rank, ra, rb, spell[a], spell[b]))
-                size += len(token)
+        pairs = _splits(token, ranks)
+        if len(pairs) > 1 and len(token) <= MAX_SEARCHED_BYTES and search > 0:
+            search -= len(token) ** 2
+            pairs = _last_pair(token, ranks)
+        for a, b in pairs:
+            merges.append((rank, ranks[a], ranks[b], spell[a], spell[b]))
+            size += len(token)
         if len(merges) > most or size > MAX_MERGE_CHARS:
             raise InvalidSpecError(
                 f"`tokenizer.model` {written!r}: its ranks make too many merges to derive a "
