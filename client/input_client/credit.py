@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from input_client.proto import pb
 
@@ -14,9 +14,15 @@ class Taken:
     """What the loop has taken of one call's batches, reported to the server as the credit
     that lets it send more (`serving/credit.py`): the call's later requests. Each report also
     carries the loop's exposed data wait so far (`data_wait_s`), so the server can tell
-    whether the trainer waits for it."""
+    whether the trainer waits for it.
 
-    def __init__(self):
+    Args:
+      hold: called before each report (the request thread's; e.g. `Quiet.hold`, so the report
+        and the batch it brings do not land in the loop's dispatch).
+    """
+
+    def __init__(self, hold: Callable[[], None] | None = None):
+        self._hold = hold
         # (batches taken, seconds waited in all): one attribute, so the request thread never
         # reads a count with another report's wait.
         self.latest = (0, 0.0)
@@ -49,6 +55,8 @@ class Taken:
                     self._changed.get_nowait()
             if self._ended:
                 return
+            if self._hold is not None:
+                self._hold()
             count, wait_s = self.latest
             if count != reported:
                 reported = count

@@ -23,6 +23,7 @@ from input_client._slow_start import what_the_server_does
 from input_client.credit import Taken
 from input_client.errors import SequenceError, StreamError
 from input_client.proto import pb
+from input_client.quiet import Quiet
 from input_client.threads import Prefetcher
 from input_client.tls_diagnosis import wait_diagnosing
 from input_client.wire import batches_of, decode_state, encode_state
@@ -93,6 +94,7 @@ class BatchIterator:
         self._lock = threading.Lock()  # orders close() against the fetch thread's new calls
         self._prefetch = prefetch
         self._taken: dict[int, Taken] = {}  # by id() of the call whose batches they count
+        self._quiet = Quiet()  # the loop's dispatch window, kept free of this client's work
         self._call: Any = self._open()
         self._done = False
         self.wait_time_s = 0.0
@@ -111,7 +113,7 @@ class BatchIterator:
         request.resume_state = self._resume
         # The batches this client holds untaken: its prefetch queue and the one in hand.
         request.window = self._prefetch + 1
-        taken = Taken()
+        taken = Taken(hold=self._hold)
         call = self._stub.StreamBatches(taken.requests(request))
         self._taken[id(call)] = taken
         return call
@@ -127,6 +129,10 @@ class BatchIterator:
                 return False
             self._call = call
             return True
+
+    def _hold(self) -> None:
+        """Keeps this background thread off the GIL while the loop dispatches (`quiet`)."""
+        self._quiet.hold(self._fetcher.ready)
 
     def _place(self, arrays: dict[str, Any]) -> dict[str, Any]:
         if self._sharding is None:
@@ -159,6 +165,7 @@ class BatchIterator:
                     if msg.end_of_data:
                         put((_END, msg.sequence_number, None, 0, None))
                         return None
+                    self._hold()
                     arrays = self._check(decode_checked, msg, self._expected)
                     state = self._check(checked_state, msg, self._expected)
                     if not put(
@@ -305,6 +312,7 @@ class BatchIterator:
         if taken is not None:
             # The server may send one more; the wait, counted above, goes with the report.
             taken.took(self.wait_time_s)
+        self._quiet.taken()
         self._expected_seq += 1
         self._state = state
         self.batches_yielded += 1
