@@ -66,8 +66,9 @@ AFTER_KILL_S = 20.0  # a restarted server streams again well within this
 ALL_FEEDS = ("device", "host", "server", "server_sharded", "grain_1", "grain_auto")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, with reaped children's) of `pid` and its live descendants."""
+def tree_cpu_s(pid: int, without: int | None = None) -> float:
+    """CPU seconds (user + system, with reaped children's) of `pid` and its live descendants,
+    leaving out `without`'s tree (the sidecar is this process's child, but not its work)."""
     tick = os.sysconf("SC_CLK_TCK")
     parent, cpu = {}, {}
     for entry in os.listdir("/proc"):
@@ -83,7 +84,7 @@ def tree_cpu_s(pid: int) -> float:
     tree, frontier = {pid}, [pid]
     while frontier:
         p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree and c != without]
         tree.update(kids)
         frontier += kids
     return sum(cpu.get(p, 0.0) for p in tree)
@@ -210,7 +211,12 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
         jax.block_until_ready(loss)
         batch = next(it)
     waits, steps_s = [], []
-    cpu0 = (tree_cpu_s(os.getpid()), tree_cpu_s(input_pid) if input_pid else 0.0)
+    server = feeds.sidecar.p.pid
+
+    def cpu() -> tuple[float, float]:
+        return tree_cpu_s(os.getpid(), server), tree_cpu_s(input_pid) if input_pid else 0.0
+
+    cpu0 = cpu()
     wall0 = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -222,7 +228,7 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
         waits.append(t1 - t0)
         steps_s.append(t2 - t0)
     wall = time.perf_counter() - wall0
-    cpu1 = (tree_cpu_s(os.getpid()), tree_cpu_s(input_pid) if input_pid else 0.0)
+    cpu1 = cpu()
     close = getattr(it, "close", None)
     if close is not None:
         close()
