@@ -1,0 +1,181 @@
+"""Benchmark: how long a (re)started sidecar holds the training loop.
+
+    python scripts/bench_start.py [--model RANKS.tiktoken] [--rounds 3] [--out FILE.json]
+
+Side by side in one run, each server a real `input-server serve` process on a Unix socket, with
+Llama-3-sized tiktoken ranks (default: 128k merges learned from the standard library's sources
+and docstrings, ~123k tokens, plus one token no two tokens make, as Meta's file holds, so the
+tokenizer.json is derived; `--model` takes a real `tokenizer.model`), 16 x 2048, first_fit,
+workers 0 processes x 1 thread (what "auto" picked on the TPU host):
+- `serve_to_listening_s`: from starting `serve` to its "serving on" line;
+- `first_batch_cold_s`: a fresh server's first batch, nothing kept (an empty --tokenizer-cache);
+- `first_batch_warm_s`: a fresh server's first batch, the derived tokenizer.json and the gate's
+  verdict kept by an earlier server;
+- `next_stream_first_batch_s`: the same server's next stream;
+- `kill_restart_to_next_batch_s`: a loop taking batches (prefetch 2) from a server that is
+  SIGKILLed and started again at once on the same socket and cache: from the kill to the first
+  batch the loop had to wait for (the prefetched ones go first), and the loop's stall.
+First batches are timed from the request; `*_from_start_s` adds the time since `serve` started.
+Printed as JSON: each figure's rounds and median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+from report import emit_json  # scripts/, beside this file
+
+from input_client import InputClient, PipelineSpec
+from input_server.testing import corpus
+from input_server.testing.processes import cli_argv
+from input_server.testing.tokenizer_models import write_tiktoken_model
+
+VOCAB = 128_000
+UNREACHABLE = b"\x01\x02\x03"  # no two tokens make it: fastokens' own loader refuses the file
+
+
+def llama3_sized_ranks(folder: pathlib.Path) -> str:
+    """Ranks of Llama 3's size trained offline on real text, made once and kept in `folder`."""
+    path = folder / "llama3-sized.tiktoken"
+    if path.exists():
+        return os.fspath(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    texts = corpus.stdlib_docstrings() + corpus.pydoc_topics()
+    for p in sorted(root.rglob("*.py")):
+        if "site-packages" not in p.parts:
+            try:
+                texts.append(p.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError):
+                pass
+    tmp = write_tiktoken_model(texts, folder / "trained.tiktoken", vocab_size=VOCAB)
+    lines = pathlib.Path(tmp).read_text(encoding="ascii").splitlines()
+    lines.append(f"{base64.b64encode(UNREACHABLE).decode()} {len(lines)}")
+    pathlib.Path(tmp).write_text("\n".join(lines) + "\n", encoding="ascii")
+    os.replace(tmp, path)
+    return os.fspath(path)
+
+
+class Serve:
+    """`input-server serve` on `sock`, its tokenizer cache in `keep`; `listening_s` after its
+    start, `started` its perf_counter at start."""
+
+    def __init__(self, sock: str, keep: str, roots: list[str]):
+        self.started = time.perf_counter()
+        args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", "off"]
+        for root in roots:
+            args += ["--data-root", root]
+        self.p = subprocess.Popen(
+            cli_argv("serve", *args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        line = self.p.stdout.readline()
+        if "serving on" not in line:
+            self.p.kill()
+            raise RuntimeError(f"serve did not start: {line!r}")
+        self.listening_s = time.perf_counter() - self.started
+        self.target = f"unix://{sock}"
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+        self.p.wait(timeout=30)
+
+
+def first_batch(target: str, spec: PipelineSpec) -> tuple[float, float]:
+    """(seconds from the request to the first batch, perf_counter when it came)."""
+    with InputClient(target) as client:
+        start = time.perf_counter()
+        with client.batches(spec) as it:
+            next(it)
+            now = time.perf_counter()
+    return now - start, now
+
+
+def kill_and_restart(sock: str, keep: str, roots: list[str], spec: PipelineSpec) -> dict:
+    """A loop taking batches from a server SIGKILLed and started again at once."""
+    server = Serve(sock, keep, roots)
+    try:
+        with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
+            for _ in range(6):
+                next(it)
+            time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
+            killed = time.perf_counter()
+            server.kill()
+            server = Serve(sock, keep, roots)
+            stall = 0.0
+            while True:
+                asked = time.perf_counter()
+                next(it)
+                waited = time.perf_counter() - asked
+                if waited > 0.05:  # the first batch the loop had to wait for
+                    stall = waited
+                    break
+            return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": stall}
+    finally:
+        server.kill()
+
+
+def one_round(model: str, data: str, work: pathlib.Path) -> dict:
+    roots = sorted({os.path.dirname(model), os.path.dirname(data)})
+    spec = PipelineSpec(
+        source={"paths": [data]},
+        tokenizer={"model": model, "kind": "tiktoken"},
+        batch={"seq_len": 2048, "size": 16, "packing": "first_fit"},
+        order={"epochs": 0},  # forever: the restarted loop always has a next batch
+        workers={"count": 0, "threads": 1},
+    )
+    keep = work / "keep"
+    shutil.rmtree(keep, ignore_errors=True)
+    out: dict = {}
+    for label in ("cold", "warm"):
+        server = Serve(os.fspath(work / f"{label}.sock"), os.fspath(keep), roots)
+        try:
+            took, at = first_batch(server.target, spec)
+            out[f"first_batch_{label}_s"] = took
+            out[f"first_batch_{label}_from_start_s"] = at - server.started
+            out.setdefault("serve_to_listening_s", server.listening_s)
+            if label == "warm":
+                out["next_stream_first_batch_s"] = first_batch(server.target, spec)[0]
+        finally:
+            server.kill()
+    restart = kill_and_restart(os.fspath(work / "r.sock"), os.fspath(keep), roots, spec)
+    out["kill_restart_to_next_batch_s"] = restart["to_next_batch_s"]
+    out["kill_restart_loop_stall_s"] = restart["loop_stall_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="tiktoken ranks (default: Llama-3-sized, made once)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    model = args.model or llama3_sized_ranks(corpus.cache_dir() / "bench_start")
+    with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
+        work = pathlib.Path(tmp)
+        data = corpus.write_jsonl(corpus.stdlib_docstrings(2000), work / "docs.jsonl")
+        rounds = [one_round(os.path.abspath(model), data, work) for _ in range(args.rounds)]
+    result = {
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version},
+        "model": os.path.basename(model),
+        "batch": "16 x 2048, first_fit, workers 0 x 1",
+        "median": {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]},
+        "rounds": [{k: round(v, 3) for k, v in r.items()} for r in rounds],
+    }
+    emit_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
