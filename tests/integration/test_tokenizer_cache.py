@@ -185,3 +185,19 @@ def test_a_cache_folder_others_may_write_into_is_refused(tmp_path):
     folder.chmod(0o777)
     with pytest.raises(ValueError, match="others can write into it"):
         Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tokenizer_cache=str(folder)))
+
+
+def test_a_later_streams_tokenizer_shares_the_loaded_ranks(model, tmp_path):
+    """Each stream of a request's spec makes a new tokenizer: the Encoding read from the
+    ranks is shared within the process while the file stands, read anew once it changes."""
+    from input_client.spec import TokenizerSpec
+    from input_server.data.tokenizers import load_tokenizer
+
+    path = tmp_path / "m.tiktoken"
+    path.write_bytes(pathlib.Path(model).read_bytes())
+    first, second = (load_tokenizer(TokenizerSpec(model=str(path), kind="tiktoken")) for _ in "ab")
+    assert first.model() is second.model()
+    _with_rank(str(path), path, b"\x04\x05\x06")  # rewritten in place: another model
+    third = load_tokenizer(TokenizerSpec(model=str(path), kind="tiktoken"))
+    assert third.model() is not first.model()
+    assert third.info().vocab_size == first.info().vocab_size + 1
