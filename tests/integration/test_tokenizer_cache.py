@@ -20,6 +20,7 @@ import textwrap
 import pytest
 
 from input_client import InputClient, PipelineSpec
+from input_server.data.tokenizers import fast
 from input_server.data.tokenizers.keep import SUFFIX, ModelKeep
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
@@ -60,9 +61,11 @@ _CHOOSE = textwrap.dedent("""
     from input_client.spec import TokenizerSpec
     from input_server.data.tokenizers import fast, load_tokenizer
     from input_server.data.tokenizers.keep import ModelKeep
-    model, folder, version, docs = json.loads(sys.argv[1])
+    model, folder, version, derive_format, docs = json.loads(sys.argv[1])
     if version:  # as after an upgrade of fastokens
         fast.Fastokens.version = version
+    if derive_format:  # as after a change of the derivation, the server's version the same
+        fast.DERIVE_FORMAT = derive_format
     keep = ModelKeep(folder) if folder else None
     tok = load_tokenizer(TokenizerSpec(model=model, kind="tiktoken"), keep=keep)
     choice = tok.choose_backend(docs)
@@ -70,9 +73,11 @@ _CHOOSE = textwrap.dedent("""
 """)
 
 
-def _choose(model: str, folder, texts, version: str = "") -> tuple[str, str]:
+def _choose(
+    model: str, folder, texts, version: str = "", derive_format: int = 0
+) -> tuple[str, str]:
     """(why, log) of the backend choice of `model` in a fresh process."""
-    arg = json.dumps([model, folder and os.fspath(folder), version, texts[:16]])
+    arg = json.dumps([model, folder and os.fspath(folder), version, derive_format, texts[:16]])
     out = subprocess.run(
         [sys.executable, "-c", _CHOOSE, arg], capture_output=True, text=True, timeout=120
     )
@@ -140,6 +145,9 @@ def test_another_digest_or_library_version_keeps_its_own(model, texts, tmp_path)
     assert len(_entries(tmp_path)) == 6  # two entries for each
     why, _ = _choose(model, tmp_path, texts)  # the first's still read back
     assert DERIVED in why and VERDICT in why, why
+    # A new derivation: its tokenizer.json derived again, and the probes run on it again.
+    why, _ = _choose(model, tmp_path, texts, derive_format=fast.DERIVE_FORMAT + 1)
+    assert FROM_CACHE not in why and VERDICT not in why, why
 
 
 def test_without_the_cache_every_process_runs_the_gate(model, texts, tmp_path):

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from input_server.data.tokenizers import fast
 from input_server.data.tokenizers.checks import _NOT_THE_MODEL
 from input_server.data.tokenizers.keep import ModelKeep
 
@@ -181,13 +182,16 @@ _PROBES_DIGEST = hashlib.sha256("\0".join(PROBES).encode("utf-8", "surrogatepass
 
 
 def verdict_fields(digest: str, backend: Backend, reference_version: str) -> dict[str, str]:
-    """What the probes' verdict on a model depends on: the model, both libraries, the probes."""
+    """What the probes' verdict on a model depends on: the model, both libraries, the probes,
+    and the derivation of a tokenizer.json from tiktoken ranks (a new one must pass the probes
+    again: the server's own version does not change with it)."""
     return {
         "digest": digest,
         "backend": backend.name,
         "backend_version": backend.version,
         "reference_version": reference_version,
         "probes": _PROBES_DIGEST,
+        "derive_format": str(fast.DERIVE_FORMAT),
     }
 
 
