@@ -209,3 +209,27 @@ def test_a_later_streams_tokenizer_shares_the_loaded_ranks(model, tmp_path):
     third = load_tokenizer(TokenizerSpec(model=str(path), kind="tiktoken"))
     assert third.model() is not first.model()
     assert third.info().vocab_size == first.info().vocab_size + 1
+
+
+def test_an_entry_another_user_owns_or_may_write_is_not_read(tmp_path, caplog):
+    """An entry planted by another user, or made writable by others after it was written, is
+    not served from (it would decide the ids); a killed writer's old temporary file is removed
+    when the next entry is written."""
+    keep = ModelKeep(str(tmp_path))
+    keep.put("what", {"digest": "d"}, b"payload")
+    (entry,) = _entries(tmp_path)
+    assert keep.get("what", {"digest": "d"}) == b"payload"
+    os.chmod(entry, 0o666)
+    assert keep.get("what", {"digest": "d"}) is None
+    os.chmod(entry, 0o600)
+    os.chown(entry, 65534, 65534)  # tests run as root: another user's file
+    assert keep.get("what", {"digest": "d"}) is None
+    assert sum("not to this server's user alone" in r.getMessage() for r in caplog.records) == 2
+    old = tmp_path / ".killed.tmp"
+    old.write_bytes(b"half")
+    os.utime(old, (1, 1))
+    fresh = tmp_path / ".writing.tmp"
+    fresh.write_bytes(b"half")
+    keep.put("what", {"digest": "d"}, b"payload")  # replaces the planted entry
+    assert keep.get("what", {"digest": "d"}) == b"payload"
+    assert not old.exists() and fresh.exists()  # a live writer's file stays

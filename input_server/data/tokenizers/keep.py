@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from typing import Any
 
 from input_server import __version__
@@ -33,6 +34,8 @@ MAX_ENTRIES = 64
 MAX_PAYLOAD_BYTES = 256 << 20
 MAX_HEADER_BYTES = 1 << 16
 SUFFIX = ".keep"
+# A writer's temporary file older than this is a killed writer's: removed when entries are.
+STALE_TMP_S = 600
 
 
 def default_folder() -> str:
@@ -82,7 +85,8 @@ class ModelKeep:
     processes may read and write it too."""
 
     def __init__(self, folder: str):
-        self.folder = folder
+        # Resolved once: the folder `check_folder` passed, not whatever a link names later.
+        self.folder = os.path.realpath(folder)
 
     def __repr__(self) -> str:
         return f"ModelKeep({self.folder!r})"
@@ -110,6 +114,16 @@ class ModelKeep:
             log.warning("tokenizer cache: cannot read %s (%s); computing %s again", path, e, what)
             return None
         with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                # Not written by this server's user, or writable by others since: what it holds
+                # would decide the ids served. Left alone; `put` replaces it.
+                log.warning(
+                    "tokenizer cache: %s belongs to user %d with mode %o, not to this server's "
+                    "user alone; computing %s again and replacing it",
+                    *(path, st.st_uid, st.st_mode & 0o777, what),
+                )
+                return None
             try:
                 payload = _read_entry(f, key)
             except (OSError, ValueError, KeyError, TypeError) as e:
@@ -150,13 +164,19 @@ class ModelKeep:
             )
 
     def _evict(self) -> None:
-        """The least recently used entries past MAX_ENTRIES removed."""
-        entries = []
+        """The least recently used entries past MAX_ENTRIES removed, and killed writers'
+        temporary files."""
+        entries, stale = [], time.time() - STALE_TMP_S
         with os.scandir(self.folder) as it:
             for e in it:
-                if e.name.endswith(SUFFIX):
-                    with contextlib.suppress(OSError):
-                        entries.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    if e.name.endswith(SUFFIX):
+                        entries.append((st.st_mtime_ns, e.path))
+                    elif (
+                        e.name.startswith(".") and e.name.endswith(".tmp") and (st.st_mtime < stale)
+                    ):
+                        os.unlink(e.path)
         for _, path in sorted(entries)[: max(0, len(entries) - MAX_ENTRIES)]:
             with contextlib.suppress(OSError):
                 os.unlink(path)
