@@ -132,7 +132,12 @@ class BatchIterator:
 
     def _hold(self) -> None:
         """Keeps this background thread off the GIL while the loop dispatches (`quiet`)."""
-        self._quiet.hold(self._fetcher.ready)
+        self._quiet.hold(self._loop_has_a_batch)
+
+    def _loop_has_a_batch(self) -> bool:
+        # Asked only once the loop took a batch: a server's first batch can reach the fetch
+        # thread before the constructor has set `_fetcher` (`self._fetcher.ready` there raised).
+        return self._fetcher.ready()
 
     def _place(self, arrays: dict[str, Any]) -> dict[str, Any]:
         if self._sharding is None:
