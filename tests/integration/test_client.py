@@ -287,3 +287,29 @@ def test_a_socket_file_nobody_answers_on_says_so(tmp_path):
                 client.wait_ready()
     finally:
         s.close()
+
+
+def test_the_client_keeps_off_the_loops_dispatch_window(client, make_spec, monkeypatch):
+    """A loop that takes a batch every 30 ms: the client's request and fetch threads wait out
+    the dispatch window after each `next()` (`input_client.quiet`, at most 3 ms, so never
+    longer), and the batches are the pipeline's, in order."""
+    from input_client import quiet
+
+    held: list[float] = []
+    real_sleep = quiet.sleep
+
+    def recording_sleep(seconds: float) -> None:
+        held.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(quiet, "sleep", recording_sleep)
+    spec = make_spec(order={"epochs": 1})
+    want = run_pipeline(spec)[:12]
+    got = []
+    with client.batches(spec, prefetch=2) as it:
+        for _ in range(12):
+            got.append(next(it))
+            time.sleep(0.03)
+    assert_same_batches(got, want)
+    assert len(held) >= 5, held  # held after most batches taken (not before the first)
+    assert all(0 < s <= quiet.MOST_S for s in held), held
