@@ -148,7 +148,8 @@ def server_start(sidecar: Sidecar, spec: PipelineSpec, host_batches: int) -> tup
 
 
 def grain_iterator(spec: PipelineSpec, texts: list[str], workers: str):
-    """MaxText's Grain pipeline in this process; (iterator, worker processes)."""
+    """MaxText's Grain pipeline in this process; (batches in the step's names, Grain's
+    iterator, worker processes)."""
     import grain
 
     from input_server.tools.bench_kinds import reference_dataset
@@ -164,7 +165,11 @@ def grain_iterator(spec: PipelineSpec, texts: list[str], workers: str):
     else:
         processes = int(workers)
     it = iter(reference_dataset(spec, texts, processes))
-    return ({k: b[g] for k, g in GRAIN_KEYS.items()} for b in it), processes
+    return ({k: b[g] for k, g in GRAIN_KEYS.items()} for b in it), it, processes
+
+
+def _nothing() -> None:
+    pass
 
 
 class Feeds:
@@ -175,26 +180,29 @@ class Feeds:
         self.client = InputClient(sidecar.address, connect_timeout_s=300)
 
     def open(self, name: str):
-        """(an iterator of batches, the process whose tree is the input pipeline, detail)."""
+        """(an iterator of batches, what closes it, the process whose tree is the input
+        pipeline, detail)."""
         import itertools
 
         import jax
 
         if name == "device":
             placed = jax.device_put({k: self.host[0][k] for k in STEP_KEYS})
-            return itertools.repeat(placed), None, {}
+            return itertools.repeat(placed), _nothing, None, {}
         if name == "host":
-            return itertools.cycle(self.host), None, {}
+            return itertools.cycle(self.host), _nothing, None, {}
         if name in ("server", "server_sharded"):
             sharding = None
             if name == "server_sharded":
                 mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
                 sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
             it = self.client.batches(self.spec, prefetch=2, sharding=sharding)
-            return it, self.sidecar.p.pid, {}
+            return it, it.close, self.sidecar.p.pid, {}
         if name.startswith("grain_"):
-            it, processes = grain_iterator(self.spec, self.texts, name.split("_", 1)[1])
-            return it, None, {"grain_workers": processes}
+            it, grain_it, n = grain_iterator(self.spec, self.texts, name.split("_", 1)[1])
+            # Grain's iterator (not this project's): closed if its release can, so its worker
+            # processes end before the next feed.
+            return it, getattr(grain_it, "close", _nothing), None, {"grain_workers": n}
         raise SystemExit(f"unknown feed {name!r}; feeds: {', '.join(ALL_FEEDS)}")
 
 
@@ -203,7 +211,7 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
     import jax
 
     opened = time.perf_counter()
-    it, input_pid, detail = feeds.open(name)
+    it, close, input_pid, detail = feeds.open(name)
     batch = next(it)
     first = time.perf_counter() - opened
     for _ in range(warmup):
@@ -229,9 +237,7 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
         steps_s.append(t2 - t0)
     wall = time.perf_counter() - wall0
     cpu1 = cpu()
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
+    close()
     ordered = sorted(steps_s)
     return state, {
         "median_ms": 1e3 * statistics.median(steps_s),

@@ -16,7 +16,7 @@ from input_server.data.tokenizers.tiktoken import PATTERN
 
 
 def _ranks(seed: int) -> dict[bytes, int]:
-    """The 256 bytes, then 60 random words of 2 to 4 letters of "abc" in a random order: parts
+    """The 256 bytes, then 40 random words of 2 to 5 letters of "abc" in a random order: parts
     may rank above the token they make, and some tokens no join makes (as in Llama 3's)."""
     rng = random.Random(seed)
     words = {
