@@ -22,9 +22,11 @@ from input_client.proto import pb
 from input_client.wire import (
     MAX_BATCHES_PER_MESSAGE,
     PACKED_KEYS,
+    Buffers,
     decode_state,
     expand_packed,
     is_resume_state,
+    packed_runs,
 )
 
 # A state's bytes (`input_server.batching.resume`): ~150 for one source (a version, a 64-hex
@@ -124,9 +126,11 @@ def _array(t: Any, dtypes: tuple[str, ...], shape: tuple[int, ...]) -> np.ndarra
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def decode_checked(msg: Any, expected: Expected) -> dict[str, np.ndarray]:
+def decode_checked(
+    msg: Any, expected: Expected, buffers: Buffers | None = None
+) -> dict[str, np.ndarray]:
     """MaxText's six int32 [size, seq_len] arrays from one batch of the compact form, after
-    checking it against `expected`.
+    checking it against `expected` (into one of `buffers`, when given).
 
     Raises:
       BadBatch: other tensors, a dtype or shape the spec does not give, byte counts that do
@@ -146,24 +150,24 @@ def decode_checked(msg: Any, expected: Expected) -> dict[str, np.ndarray]:
             f"({size * seq_len}) fits a batch of {expected.shape()}"
         )
     lengths = _array(t["segment_lengths"], ("int32",), (k[0],))
-    if (per_row < 0).any() or (lengths < 0).any():
+    if per_row.min() < 0 or (k[0] and lengths.min() < 0):
         raise BadBatch("negative segment counts or lengths")
     if int(per_row.sum(dtype=np.int64)) != k[0]:
         raise BadBatch(
             f"`segments_per_row` counting {int(per_row.sum(dtype=np.int64))} segments for "
             f"{k[0]} `segment_lengths`"
         )
-    cum = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
-    ends = np.cumsum(per_row, dtype=np.int64)
-    used = cum[ends] - cum[ends - per_row]
-    if (used > seq_len).any():
-        row = int(np.argmax(used > seq_len))
+    runs = packed_runs(lengths, per_row, seq_len)  # made once: the checks and the expansion
+    if runs.padding.min() < 0:
+        row = int(np.argmax(runs.padding < 0))
         raise BadBatch(
-            f"row {row} whose segments hold {int(used[row])} tokens, more than its {seq_len}"
+            f"row {row} whose segments hold {seq_len - int(runs.padding[row])} tokens, more "
+            f"than its {seq_len}"
         )
-    if msg.num_tokens != int(cum[-1]):
-        raise BadBatch(f"`num_tokens` {msg.num_tokens} for segments of {int(cum[-1])} tokens")
-    return expand_packed(inputs, lengths, per_row)
+    tokens = size * seq_len - int(runs.padding.sum())
+    if msg.num_tokens != tokens:
+        raise BadBatch(f"`num_tokens` {msg.num_tokens} for segments of {tokens} tokens")
+    return expand_packed(inputs, lengths, per_row, runs, buffers)
 
 
 def checked_state(msg: Any, expected: Expected) -> dict[str, Any]:

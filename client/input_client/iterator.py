@@ -26,12 +26,14 @@ from input_client.proto import pb
 from input_client.quiet import Quiet
 from input_client.threads import Prefetcher
 from input_client.tls_diagnosis import wait_diagnosing
-from input_client.wire import batches_of, decode_state, encode_state
+from input_client.wire import Buffers, batches_of, decode_state, encode_state
 
 log = logging.getLogger(__name__)
 
 # A first batch slower than this gets one log line saying what the server is doing.
 FIRST_BATCH_NOTICE_S = 2.0
+# Decoded batches' buffers kept for reuse (`wire.Buffers`): at most this many bytes of them.
+BUFFERS_BYTES = 256 << 20
 
 _END = object()
 
@@ -93,6 +95,10 @@ class BatchIterator:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # orders close() against the fetch thread's new calls
         self._prefetch = prefetch
+        # The batches held at once: the queue, the loop's and the one before it (a loop may
+        # keep it while it dispatches), the one being decoded.
+        per_batch = 24 * expected.size * expected.seq_len  # six int32 arrays
+        self._buffers = Buffers(keep=min(prefetch + 3, BUFFERS_BYTES // per_batch))
         self._taken: dict[int, Taken] = {}  # by id() of the call whose batches they count
         self._quiet = Quiet()  # the loop's dispatch window, kept free of this client's work
         self._call: Any = self._open()
@@ -171,7 +177,7 @@ class BatchIterator:
                         put((_END, msg.sequence_number, None, 0, None))
                         return None
                     self._hold()
-                    arrays = self._check(decode_checked, msg, self._expected)
+                    arrays = self._check(decode_checked, msg, self._expected, self._buffers)
                     state = self._check(checked_state, msg, self._expected)
                     if not put(
                         (self._place(arrays), msg.sequence_number, state, msg.num_tokens, taken)

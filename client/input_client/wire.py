@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -149,53 +150,130 @@ def _indices(n: int) -> np.ndarray:
     return out
 
 
+# Rows of the one buffer that holds a batch's six arrays: each array's block starts 2 KiB past a
+# multiple of 4 KiB from the one before, so the shift that makes a `targets*` array from its
+# source never stores to an address 4 KiB-aliased with the loads just before it (whole-page
+# blocks made that copy run ~15 x slower, measured).
+_PAGE = 4096
+
+
+def _block_stride(n: int) -> int:
+    """int32 elements from one array's block to the next for `n` tokens."""
+    return (-(-4 * n // _PAGE) * _PAGE + _PAGE // 2) // 4
+
+
+class Buffers:
+    """The buffers a stream's batches are expanded into, used again once nothing views them.
+
+    A batch's six arrays (`expand_packed`) are views of one buffer, and every numpy view holds
+    its buffer; when only this pool still refers to a buffer, the loop is done with that batch
+    and the next one can be written there. Fresh memory costs a page fault a page, 24 bytes a
+    token, on its first write: a fifth of the expansion on a 2-core host, more under gVisor.
+    Not thread-safe: one fetch thread takes from it.
+    """
+
+    def __init__(self, keep: int):
+        """`keep`: the most buffers held (those in use count: a pool of fewer than the batches
+        a client holds at once allocates each batch anew)."""
+        self._keep = keep
+        self._held: list[np.ndarray] = []
+
+    def take(self, shape: tuple[int, int]) -> np.ndarray:
+        """An int32 buffer of `shape` that nothing else refers to: one of the pool's, else new."""
+        for buf in self._held:
+            # The list, `buf` and getrefcount's argument: no array views it any more.
+            if buf.shape == shape and sys.getrefcount(buf) == 3:
+                return buf
+        buf = np.empty(shape, np.int32)
+        if self._keep > 0:
+            self._held.append(buf)
+            if len(self._held) > self._keep:
+                del self._held[0]  # still in use: its views keep it alive, this pool forgets it
+        return buf
+
+
+class Runs(NamedTuple):
+    """A compact batch as runs of tokens, row after row each row's segments then its padding
+    run (maybe empty); `packed_runs` makes it.
+
+    Attributes:
+      length: each run's tokens (int64).
+      segment_id: each run's segment id within its row, 1, 2, ...; 0 for padding (int32).
+      start: each run's first token's index in the batch (int32).
+      padding: each row's padding run's length (int64); negative where a row's segments hold
+        more than `seq_len` tokens (a server's error: `_server_checks` refuses it).
+    """
+
+    length: np.ndarray
+    segment_id: np.ndarray
+    start: np.ndarray
+    padding: np.ndarray
+
+
+def packed_runs(segment_lengths: np.ndarray, segments_per_row: np.ndarray, seq_len: int) -> Runs:
+    """The runs of a batch whose rows hold `segments_per_row` of `segment_lengths` (row after
+    row; non-negative, and as many lengths as the counts sum to) in rows of `seq_len`."""
+    rows, k = len(segments_per_row), len(segment_lengths)
+    per_row = segments_per_row.astype(np.int64)
+    row_ends = np.cumsum(per_row)
+    cum = np.zeros(k + 1, np.int64)
+    np.cumsum(segment_lengths, out=cum[1:])
+    padding = seq_len - (cum[row_ends] - cum[row_ends - per_row])
+    pad_slot = row_ends + np.arange(rows)
+    is_segment = np.ones(k + rows, bool)
+    is_segment[pad_slot] = False
+    length = np.empty(k + rows, np.int64)
+    length[is_segment] = segment_lengths
+    length[pad_slot] = padding
+    # Ids count 1, 2, ... from each row's first run; the padding run's is 0.
+    segment_id = np.arange(1, k + rows + 1, dtype=np.int32)
+    segment_id -= np.repeat((pad_slot - per_row).astype(np.int32), per_row + 1)
+    segment_id[pad_slot] = 0
+    start = np.cumsum(length)
+    start -= length
+    return Runs(length, segment_id, start.astype(np.int32), padding)
+
+
 def expand_packed(
-    inputs: np.ndarray, segment_lengths: np.ndarray, segments_per_row: np.ndarray
+    inputs: np.ndarray,
+    segment_lengths: np.ndarray,
+    segments_per_row: np.ndarray,
+    runs: Runs | None = None,
+    buffers: Buffers | None = None,
 ) -> dict[str, np.ndarray]:
     """MaxText's six arrays from the compact form.
 
-    `inputs` may hold uint16 ids (a small vocabulary's wire form); all six arrays are int32.
-    `segment_lengths` lists every row's segment lengths, row after row; `segments_per_row`
-    says how many belong to each row. Segment ids count 1, 2, ... within a row (0 = padding),
-    positions 0, 1, ... within a segment; targets are the inputs shifted left by one, the last
-    position 0, and so are targets_segmentation and targets_position.
+    `inputs` may hold uint16 ids (a small vocabulary's wire form); all six arrays are int32,
+    views of one buffer (one allocation a batch, not six). `segment_lengths` lists every row's
+    segment lengths, row after row; `segments_per_row` says how many belong to each row
+    (`runs`: their `packed_runs`, when the caller made them already; `buffers`: where the
+    buffer comes from, else it is new). Segment ids count 1, 2,
+    ... within a row (0 = padding), positions 0, 1, ... within a segment; targets are the
+    inputs shifted left by one, the last position 0, and so are targets_segmentation and
+    targets_position.
     """
     rows, seq_len = inputs.shape
-    wire_ids = inputs  # the targets are shifted from these: fewer bytes to read if uint16
-    inputs = inputs.astype(np.int32, copy=False)  # ids may travel as uint16
-    lengths = segment_lengths.astype(np.int64)
-    per_row = segments_per_row.astype(np.int64)
-    # Each row is its segments then one padding run; lay out all runs of the batch in order.
-    row_ends = np.cumsum(per_row)
-    cum = np.concatenate(([0], np.cumsum(lengths)))
-    used = cum[row_ends] - cum[row_ends - per_row]  # real tokens per row
-    slots = per_row + 1
-    run_len = np.empty(int(slots.sum()), np.int64)
-    pad_slot = np.cumsum(slots) - 1
-    is_pad = np.zeros(len(run_len), bool)
-    is_pad[pad_slot] = True
-    run_len[~is_pad] = lengths
-    run_len[pad_slot] = seq_len - used
-    first_slot = pad_slot - per_row
-    run_id = (np.arange(len(run_len)) - np.repeat(first_slot, slots) + 1).astype(np.int32)
-    run_id[pad_slot] = 0
-    seg = np.repeat(run_id, run_len).reshape(rows, seq_len)
-    # A token's position: its index in the batch less its run's first token's (int32 from the
-    # start: each pass over the batch's tokens is most of the client's time), then 0 in each
-    # row's padding, its last `seq_len - used` tokens.
-    run_start = (np.cumsum(run_len) - run_len).astype(np.int32)
-    pos = np.repeat(run_start, run_len)
-    np.subtract(_indices(rows * seq_len), pos, out=pos)
-    pos = pos.reshape(rows, seq_len)
-    if (used < seq_len).any():
-        np.copyto(pos, 0, where=np.arange(seq_len) >= used[:, None])
-    return dict(
-        zip(
-            FIELDS,
-            (inputs, seg, pos, shift_left(wire_ids, np.int32), shift_left(seg), shift_left(pos)),
-            strict=True,
-        )
-    )
+    n = rows * seq_len
+    if runs is None:
+        runs = packed_runs(segment_lengths, segments_per_row, seq_len)
+    # Each pass over the batch's tokens is most of the client's time, and so is each numpy
+    # call on a batch of short documents: the six arrays take seven passes and no call a row.
+    shape = (6, _block_stride(n))
+    buf = np.empty(shape, np.int32) if buffers is None else buffers.take(shape)
+    ids, seg, pos = buf[0, :n], buf[1, :n], buf[2, :n]
+    np.copyto(ids, inputs.reshape(-1))
+    seg[:] = np.repeat(runs.segment_id, runs.length)
+    np.subtract(_indices(n), np.repeat(runs.start, runs.length), out=pos)
+    pad = runs.padding
+    padding = int(pad.sum())
+    if padding:  # a padding run counted positions like a segment: they are 0
+        first = np.arange(seq_len, n + 1, seq_len) - pad
+        pos[np.repeat(first - (np.cumsum(pad) - pad), pad) + np.arange(padding)] = 0
+    # The three targets at once: each source shifted left across the whole batch, then each
+    # row's last position (which took the next row's first token) set to 0.
+    buf[3:, : n - 1] = buf[:3, 1:n]
+    buf[3:, seq_len - 1 : n : seq_len] = 0
+    return dict(zip(FIELDS, (a.reshape(rows, seq_len) for a in buf[:, :n]), strict=True))
 
 
 def decode_batch(tensors: Any) -> dict[str, np.ndarray]:

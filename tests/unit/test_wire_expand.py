@@ -1,14 +1,17 @@
 """`wire.expand_packed` (the client's decode of the compact form) gives MaxText's six arrays as
 their definition reads, for any layout a server may send: full rows, padded and empty rows,
-zero-length segments, ids as uint16 or int32."""
+zero-length segments, ids as uint16 or int32; into buffers used again (`wire.Buffers`) only once
+nothing views them."""
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from input_client.wire import FIELDS, expand_packed
+from input_client.wire import FIELDS, Buffers, expand_packed
 
 
 @st.composite
@@ -50,15 +53,51 @@ def _by_definition(inputs: np.ndarray, segments: list[list[int]]) -> dict[str, l
     return out
 
 
-@settings(max_examples=400, deadline=None)
-@given(layout=layouts())
-def test_expand_packed_is_its_definition(layout):
-    inputs, segments = layout
+def _compact(segments: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.array([n for row in segments for n in row], np.int32)
-    per_row = np.array([len(row) for row in segments], np.int32)
-    got = expand_packed(inputs, lengths, per_row)
+    return lengths, np.array([len(row) for row in segments], np.int32)
+
+
+# Shared by the examples below: buffers of earlier examples' shapes are written again.
+_BUFFERS = Buffers(keep=3)
+
+
+@settings(max_examples=400, deadline=None)
+@given(layout=layouts(), pooled=st.booleans())
+def test_expand_packed_is_its_definition(layout, pooled):
+    inputs, segments = layout
+    got = expand_packed(inputs, *_compact(segments), buffers=_BUFFERS if pooled else None)
     want = _by_definition(inputs, segments)
     assert list(got) == list(FIELDS)
     for name in FIELDS:
         assert got[name].dtype == np.int32 and got[name].shape == inputs.shape, name
         assert got[name].tolist() == want[name], name
+
+
+def _batch(seed: int, buffers: Buffers) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    segments = [[3, 2], [4], [1, 1, 1]]
+    return expand_packed(
+        rng.integers(0, 1000, (3, 6), np.int32), *_compact(segments), None, buffers
+    )
+
+
+def test_a_batch_still_held_is_never_written_over():
+    buffers = Buffers(keep=3)
+    held = _batch(0, buffers)
+    before = {k: v.copy() for k, v in held.items()}
+    for seed in range(1, 10):
+        _batch(seed, buffers)  # dropped at once: its buffer is free again
+    for name in FIELDS:
+        assert np.array_equal(held[name], before[name]), name
+
+
+def test_a_buffer_nothing_views_is_used_again():
+    buffers = Buffers(keep=3)
+    first = _batch(0, buffers)
+    buffer = weakref.ref(first["targets"].base)
+    kept = first["inputs"][1:]  # a view of a view still holds the buffer
+    del first
+    assert _batch(1, buffers)["inputs"].base is not buffer()
+    del kept
+    assert _batch(2, buffers)["inputs"].base is buffer()
