@@ -67,8 +67,7 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    # Streams open on this pipeline (`BatchStream`); the last to close gives back its
-    # descriptors (`release`).
+    # Streams open on this pipeline (`BatchStream`); the last to close gives them back (`release`).
     _users = 0
     _users_lock = threading.Lock()
 
@@ -80,6 +79,7 @@ class Pipeline:
         audit_every: int = AUDIT_EVERY,
         token_cache=None,
         tokenizer_cache=None,
+        load_behind: bool = False,  # a server's request streams: `Routed.load_behind`
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         self.access = access
@@ -94,6 +94,7 @@ class Pipeline:
         if spec.tokenizer.model:
             self.tokenizer = load_tokenizer(spec.tokenizer, access, keep=tokenizer_cache)
             self.tokenizer.audit_every = audit_every
+            self.tokenizer.load_behind = load_behind
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)
         self.source = self._open_source(spec)
@@ -187,9 +188,8 @@ class Pipeline:
         for n, text in zip(lengths, is_text, strict=True):
             chars.append(self.tokenizer.tokenized_chars(n, trim_to) if text else n)
         mean_chars = max(1, sum(chars) // max(1, len(chars)))
-        # Cutting makes long documents cheap to tokenize, not to read or hold: the whole text
-        # of a group stays bounded too (with a short seq_len a group of long documents would
-        # otherwise grow to MAX_GROUP of them).
+        # Cutting makes long documents cheap to tokenize, not to read or hold: a group's text
+        # stays bounded too (a short seq_len would otherwise let MAX_GROUP long documents in).
         mean_raw = max(1, sum(lengths) // max(1, len(lengths)))
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))

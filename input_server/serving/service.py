@@ -78,6 +78,10 @@ class InputServicer(pb_grpc.InputServiceServicer):
                     "audit_every": audit_every,
                     "token_cache": token_cache,
                     "tokenizer_cache": tokenizer_cache,
+                    # A backend not loaded yet loads while the reference serves: a restarted
+                    # sidecar's first batch does not wait for it. Not with a token cache: it
+                    # keeps the reference's ids alone, decided when a pipeline is set up.
+                    "load_behind": token_cache is None,
                 },
                 draining=draining,
                 openings=openings or Openings(),

@@ -64,7 +64,7 @@ class Shared:
     queue_depth: int
     message_tokens: int
     # What a request's pipeline is made with beyond its spec: `Pipeline`'s audit_every,
-    # token_cache and tokenizer_cache.
+    # token_cache, tokenizer_cache and load_behind.
     pipeline_options: Mapping[str, Any]
     draining: threading.Event
     openings: Openings

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import re
+import time
 import uuid
 
 import grpc
@@ -442,6 +443,14 @@ def test_a_served_stream_says_who_tokenized_it(corpus_file, models, short_tmp, p
         listen=[f"unix://{short_tmp}/s.sock"], tokenizer_audit_every=1, metrics_port=0
     )
     with Server(config) as srv, InputClient(srv.targets[0]) as client:
+        # The backend loads in the server behind a first stream (test_backend_behind.py):
+        # the next stream's every group is fastokens'.
+        with client.batches(_spec(corpus_file, models["tiktoken"])) as it:
+            next(it)
+            deadline = time.monotonic() + 60
+            while client.info().streams[0].tokenizer_backend_why.startswith("while "):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
         streams = {}
         for name, spec in (("auto", auto), ("reference", reference)):
             with client.batches(spec) as it:

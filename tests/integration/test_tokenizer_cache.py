@@ -16,6 +16,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -110,7 +111,12 @@ def test_a_restarted_server_reads_what_its_first_start_derived(model, texts, tmp
         try:
             with InputClient(target) as client, client.batches(spec) as it:
                 next(it)
-                (stream,) = client.info().streams
+                deadline = time.monotonic() + 60  # the backend loads behind the stream
+                while (stream := client.info().streams[0]).tokenizer_backend_why.startswith(
+                    "while "
+                ):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
                 assert stream.tokenizer_backend == "fastokens", stream.tokenizer_backend_why
                 whys.append(stream.tokenizer_backend_why)
         finally:

@@ -165,9 +165,11 @@ class ModelTokenizer(Routed):
             return "none"
 
     def __getstate__(self):
+        self.settle()  # a worker process is handed the backend chosen behind the stream
         state = self.__dict__.copy()
         state["_model"] = None
         state.pop("_fast", None)  # each process loads its own
+        state.pop("_behind", None)
         return state
 
     def _encode_faulting(self, texts: list[str], **flags) -> list[np.ndarray]:

@@ -46,6 +46,15 @@ def _failure(e: BaseException) -> BaseException:
     return e
 
 
+class _Behind:
+    """A backend being loaded and gated on a thread while the reference serves."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.groups = 0  # the groups the reference began meanwhile
+
+
 class Routed:
     """Who tokenizes, for a `ModelTokenizer`: `choose_backend` runs the gate; `encode` routes
     each group and audits one in `audit_every`; `fall_back` moves this process's copy (and
@@ -58,6 +67,9 @@ class Routed:
     # Where what is derived from the model is kept across processes and restarts (`serve
     # --tokenizer-cache`); None: in this process's memory only.
     keep: ModelKeep | None = None
+    # Whether a backend not yet loaded in this process loads behind the stream while the
+    # reference serves (a server's request streams); else the choice waits for it.
+    load_behind = False
 
     @classmethod
     def library_version(cls) -> str:
@@ -144,7 +156,8 @@ class Routed:
         """Who tokenizes, as `tokenizer.backend` asks: for "auto" or a backend's name, the
         first backend that passes the gate (`backends.gate`) on the probes and `documents`,
         with the spec's BOS/EOS, else the reference, with why. A backend named for a kind it
-        does not serve is refused."""
+        does not serve is refused. With `load_behind`, a backend not loaded in this process
+        yet is loaded and gated on a thread while the reference serves (`_choose_behind`)."""
         want = self.spec.backend
         if want not in ("auto", "reference", *self.BACKENDS):
             served = ", ".join(self.BACKENDS) or "none"
@@ -154,9 +167,25 @@ class Routed:
             )
         if want == "reference":
             return self._serve(Choice("reference", 'asked for (`tokenizer.backend = "reference"`)'))
+        names = self.BACKENDS if want == "auto" else (want,)
+        if self.load_behind and names and not self._any_loaded(names):
+            return self._choose_behind(names, documents[:GATE_DOCS])
+        choice, fast = self._gated(names, documents[:GATE_DOCS])
+        self._fast = fast
+        return self._serve(choice)
+
+    def _any_loaded(self, names: tuple[str, ...]) -> bool:
+        """Whether one of the backends `names` is loaded in this process for this model."""
+        digest = self.digest()
+        with _BACKENDS_LOCK:
+            return any((type(self), digest, name) in _BACKENDS for name in names)
+
+    def _gated(self, names: tuple[str, ...], documents: list[str]) -> tuple[Choice, Backend | None]:
+        """The first of `names` that loads and passes the gate on `documents`, and it loaded;
+        else the reference's choice, saying why each was not chosen, and None."""
         reasons = []
-        for name in self.BACKENDS if want == "auto" else (want,):
-            if want == "auto" and (skip := self._not_tried(name)):
+        for name in names:
+            if self.spec.backend == "auto" and (skip := self._not_tried(name)):
                 reasons.append(skip)  # named, it is tried: the gate decides
                 continue
             try:
@@ -170,20 +199,58 @@ class Routed:
                 self._encode_faulting,
                 lambda texts, fast=fast: self._served_ids(fast, texts),
                 fast,
-                documents[:GATE_DOCS],
+                documents,
                 keep=self.keep,
                 reference_version=self.library_version(),
             )
             if choice.backend != "reference":
-                self._fast = fast
                 reads = self.__dict__.pop("_cache_reads", [])
                 if reads:
                     why = f"{choice.why}; read from the tokenizer cache: {', '.join(reads)}"
                     choice = Choice(choice.backend, why)
-                return self._serve(choice)
+                return choice, fast
             reasons.append(choice.why)
-        why = "; ".join(reasons) or f"no fast backend for {self.KIND}"
-        return self._serve(Choice("reference", why))
+        return Choice("reference", "; ".join(reasons) or f"no fast backend for {self.KIND}"), None
+
+    def _choose_behind(self, names: tuple[str, ...], documents: list[str]) -> Choice:
+        """The reference serves from the first group while a thread loads the backends and
+        runs the gate (loading Llama 3's derived tokenizer.json took 1.1-1.7 s of a restarted
+        server's first batch); one that passes serves from the next group on. Batches are the
+        same bytes either way (the gate): only who makes them changes."""
+        behind = self.__dict__["_behind"] = _Behind()
+        choice = self._serve(
+            Choice("reference", f"while {' or '.join(names)} loads and meets the gate")
+        )
+        threading.Thread(
+            target=self._settle_behind,
+            args=(behind, names, documents),
+            name="backend-behind",
+            daemon=True,
+        ).start()
+        return choice
+
+    def _settle_behind(self, behind: _Behind, names: tuple[str, ...], documents: list[str]) -> None:
+        try:
+            choice, fast = self._gated(names, documents)
+        except BaseException as e:  # noqa: BLE001 - stopping or out of memory: the reference stays
+            choice = Choice("reference", f"choosing a backend failed ({type(e).__name__}: {e})")
+            fast = None
+        with behind.lock:  # between two groups: `_counted_serving` holds it to pick one
+            if fast is not None:
+                served = f"the reference served the first {behind.groups} groups while it loaded"
+                choice = Choice(choice.backend, f"{choice.why}; {served}")
+            self._fast = fast
+            self._serve(choice)
+            behind.done.set()
+        log.info("`tokenizer.model` %r: %s", self.written, self.choice.why)
+
+    def settle(self) -> Choice:
+        """The choice, once a backend loading behind the stream (`_choose_behind`) is chosen
+        or refused: what a worker process is handed."""
+        behind = self.__dict__.get("_behind")
+        if behind is not None:
+            behind.done.wait()
+        return self.choice
 
     def _serve(self, choice: Choice) -> Choice:
         self.choice = choice
@@ -222,6 +289,18 @@ class Routed:
             self._fast = fast
         return fast
 
+    def _counted_serving(self) -> Backend | None:
+        """`_serving()`; while a backend loads behind the stream, the groups the reference
+        begins are counted (the choice's why says how many it served)."""
+        behind = self.__dict__.get("_behind")
+        if behind is None or behind.done.is_set():
+            return self._serving()
+        with behind.lock:
+            fast = self._serving()
+            if fast is None and not behind.done.is_set():
+                behind.groups += 1
+            return fast
+
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
     ) -> TokenGroup:
@@ -229,7 +308,7 @@ class Routed:
         with the reference's: a difference serves the reference's and falls back for good),
         else by the reference. A backend's failure (a panic too) sends its group to the
         reference, marked `fell_back` (the stream counts it; the first is logged)."""
-        fast = self._serving()
+        fast = self._counted_serving()
         if fast is None:
             return self._reference_group(texts, first_doc, trim_to)
         try:
