@@ -9,8 +9,9 @@ Held back by a few milliseconds, the same work runs while the device computes an
 in `block_until_ready`, GIL released (scripts/bench_client_cost.py measures both; figures in
 docs/benchmarks.md).
 
-The window is a share of the loop's own interval between batches, at most `MOST_S`, and it is
-never held while the loop has no batch queued (it then waits for this one).
+The window is a share of the loop's own interval between batches, at most `MOST_S`, none for a
+loop faster than `LEAST_S / SHARE` a batch, and it is never held while the loop has no batch
+queued (it then waits for this one).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ MOST_S = 0.003
 SHARE = 0.1
 # How fast the interval follows the loop (an exponential moving average's weight).
 FOLLOW = 0.2
+# No window shorter than this: a sleep costs its thread ~0.1 ms past what it asks here, which a
+# loop taking a batch every few milliseconds would feel in throughput (its dispatch is short).
+LEAST_S = 0.0005
 
 
 class Quiet:
@@ -48,8 +52,9 @@ class Quiet:
         self._last = now
 
     def window_s(self) -> float:
-        """How long after a batch is taken the background threads keep off."""
-        return min(MOST_S, SHARE * self._interval)
+        """How long after a batch is taken the background threads keep off (0: not at all)."""
+        window = min(MOST_S, SHARE * self._interval)
+        return window if window >= LEAST_S else 0.0
 
     def hold(self, loop_has_a_batch: Callable[[], bool]) -> None:
         """Sleeps (the GIL released) until the window after the last taken batch has passed;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from input_client import quiet
-from input_client.quiet import MOST_S, SHARE, Quiet
+from input_client.quiet import LEAST_S, MOST_S, SHARE, Quiet
 
 
 class Clock:
@@ -51,6 +51,17 @@ def test_the_window_is_a_share_of_the_loop_s_interval_capped(clock):
     assert slow.window_s() == MOST_S
 
 
+def test_a_loop_faster_than_the_least_window_is_never_held(clock):
+    """A loop taking a batch every 2 ms (a 0.2 ms window, under LEAST_S): a sleep would cost
+    the client's threads more than the window, and the loop's throughput with it."""
+    q = Quiet()
+    _loop(q, clock, 0.002, 10)
+    assert SHARE * 0.002 < LEAST_S and q.window_s() == 0
+    q.taken()
+    q.hold(lambda: True)
+    assert clock.slept == []
+
+
 def test_a_background_thread_waits_out_the_rest_of_the_window(clock):
     q = Quiet()
     _loop(q, clock, 0.040, 4)
@@ -72,8 +83,8 @@ def test_a_loop_with_no_batch_queued_is_never_kept_waiting(clock):
 
 def test_the_interval_follows_a_loop_that_slows_down(clock):
     q = Quiet()
-    _loop(q, clock, 0.005, 10)
+    _loop(q, clock, 0.008, 10)
     before = q.window_s()
     _loop(q, clock, 0.020, 10)
-    assert before == pytest.approx(SHARE * 0.005)
-    assert SHARE * 0.005 < q.window_s() <= SHARE * 0.020
+    assert before == pytest.approx(SHARE * 0.008)
+    assert SHARE * 0.008 < q.window_s() <= SHARE * 0.020
