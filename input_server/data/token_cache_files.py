@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterator
 
 from input_server.data import token_cache_sql as sql
+from input_server.data.own_files import check_own_folder
 
 log = logging.getLogger("input_server.data.token_cache")
 
@@ -41,17 +42,7 @@ class Conn:
 def check_folder(folder: str) -> None:
     """Refuses a folder that another user could write into: ids planted there would be served
     to training as if tokenized here. The database and lock inside must not be links."""
-    st = os.stat(folder)
-    if st.st_uid != os.geteuid():
-        raise ValueError(
-            f"token cache folder {folder!r} belongs to user {st.st_uid}, not to this server's "
-            f"({os.geteuid()}); give a folder of its own."
-        )
-    if st.st_mode & 0o022:
-        raise ValueError(
-            f"token cache folder {folder!r} has mode {st.st_mode & 0o777:o}: others can write "
-            "into it; `chmod go-w` it or give a folder of its own."
-        )
+    check_own_folder(folder, "token cache folder")
     for name in (DB_NAME, LOCK_NAME):
         if os.path.islink(os.path.join(folder, name)):
             raise ValueError(

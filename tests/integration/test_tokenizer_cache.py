@@ -230,7 +230,7 @@ def test_an_entry_another_user_owns_or_may_write_is_not_read(tmp_path, caplog):
     os.chmod(entry, 0o600)
     os.chown(entry, 65534, 65534)  # tests run as root: another user's file
     assert keep.get("what", {"digest": "d"}) is None
-    assert sum("not to this server's user alone" in r.getMessage() for r in caplog.records) == 2
+    assert sum("is not this server's user's alone" in r.getMessage() for r in caplog.records) == 2
     old = tmp_path / ".killed.tmp"
     old.write_bytes(b"half")
     os.utime(old, (1, 1))

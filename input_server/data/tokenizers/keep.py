@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from input_server import __version__
+from input_server.data.own_files import check_own_folder, not_own
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +49,7 @@ def check_folder(folder: str) -> None:
     """Creates `folder` (0700) if missing; refuses one another user owns or may write into:
     a verdict or tokenizer.json planted there would decide the ids served to training."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    st = os.stat(folder)
-    if st.st_uid != os.geteuid():
-        raise ValueError(
-            f"--tokenizer-cache {folder!r} belongs to user {st.st_uid}, not to this server's "
-            f"({os.geteuid()}); give a folder of its own."
-        )
-    if st.st_mode & 0o022:
-        raise ValueError(
-            f"--tokenizer-cache {folder!r} has mode {st.st_mode & 0o777:o}: others can write "
-            "into it; `chmod go-w` it or give a folder of its own."
-        )
+    check_own_folder(folder, "--tokenizer-cache")
 
 
 def keep_in(folder: str) -> ModelKeep | None:
@@ -114,14 +105,14 @@ class ModelKeep:
             log.warning("tokenizer cache: cannot read %s (%s); computing %s again", path, e, what)
             return None
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                # Not written by this server's user, or writable by others since: what it holds
-                # would decide the ids served. Left alone; `put` replaces it.
+            why = not_own(os.fstat(f.fileno()))
+            if why is not None:
+                # Planted by another user, or writable by others since it was written: what it
+                # holds would decide the ids served. Left alone; `put` replaces it.
                 log.warning(
-                    "tokenizer cache: %s belongs to user %d with mode %o, not to this server's "
-                    "user alone; computing %s again and replacing it",
-                    *(path, st.st_uid, st.st_mode & 0o777, what),
+                    "tokenizer cache: %s is not this server's user's alone (it %s); computing %s "
+                    "again and replacing it",
+                    *(path, why, what),
                 )
                 return None
             try:
