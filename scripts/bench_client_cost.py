@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import queue
 import statistics
@@ -41,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from report import emit_json  # scripts/, beside this file
 
 from input_server.testing import corpus
 from input_server.testing.processes import cli_argv
@@ -254,11 +254,7 @@ def main() -> None:
         "python": sys.version.split()[0],
         "cases": {c.name: summarize(c, floors[c.name], names) for c in cases},
     }
-    text_out = json.dumps(result, indent=2)
-    print(text_out)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text_out + "\n")
+    emit_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 from bench_client_cost import sidecar  # a sibling script: its folder is on the path
+from report import emit_json
 
 from input_client._server_checks import Expected, decode_checked
 from input_client.proto import pb
@@ -248,11 +249,7 @@ def main() -> None:
     result = {"args": vars(o), "host_cpus": os.cpu_count(), "expand": bench_expand(o)}
     if o.served_seconds > 0:
         result["served"] = bench_served(o, o.client or [here])
-    text = json.dumps(result, indent=1)
-    print(text)
-    if o.json:
-        with open(o.json, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, o.json)
 
 
 if __name__ == "__main__":
