@@ -210,6 +210,7 @@ def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
     choice = stream.pipeline.tokenizer.choice  # None: pre-tokenized, no model
     if choice is not None:
         info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
+        info.tokenizer_backend_pending = choice.pending
     info.audited_groups, info.audit_mismatches = stream.meter.audits()
     info.backend_failed_groups = stream.meter.backend_failures()
 

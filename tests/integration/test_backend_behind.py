@@ -31,7 +31,7 @@ def _newest(client: InputClient):
 def _chosen(client: InputClient):
     """The newest stream's info once its backend is chosen (at most 60 s)."""
     deadline = time.monotonic() + 60
-    while (info := _newest(client)).tokenizer_backend_why.startswith("while "):
+    while (info := _newest(client)).tokenizer_backend_pending:
         assert time.monotonic() < deadline, info.tokenizer_backend_why
         time.sleep(0.02)
     return info
@@ -54,7 +54,8 @@ def test_a_stream_starts_on_the_reference_while_its_backend_loads(tmp_path, shor
     with Server(config) as srv, InputClient(srv.targets[0]) as client:
         with client.batches(auto) as it:
             got = [next(it)]
-            at_first = _newest(client).tokenizer_backend_why
+            first = _newest(client)
+            at_first = first.tokenizer_backend_why
             chosen = _chosen(client)
             got += list(it)
         deadline = time.monotonic() + 60
@@ -72,6 +73,9 @@ def test_a_stream_starts_on_the_reference_while_its_backend_loads(tmp_path, shor
     assert len(got) > 20
     assert_same_batches(got, want)
     assert at_first.startswith("while fastokens loads") or SERVED.search(at_first), at_first
+    # Pending while the reference serves and fastokens loads; never once chosen.
+    assert first.tokenizer_backend_pending == at_first.startswith("while "), at_first
+    assert not chosen.tokenizer_backend_pending and not later.tokenizer_backend_pending
     assert chosen.tokenizer_backend == "fastokens", chosen.tokenizer_backend_why
     served = SERVED.search(chosen.tokenizer_backend_why)
     assert served, chosen.tokenizer_backend_why
@@ -90,8 +94,10 @@ def test_a_tokenizer_pickled_while_its_backend_loads_is_handed_the_backend(tmp_p
     model = write_tiktoken_model(texts, tmp_path / "pickled.tiktoken", vocab_size=640)
     tok = load_tokenizer(TokenizerSpec(model=model, kind="tiktoken"))
     tok.load_behind = True
-    assert tok.choose_backend(texts[:64]).why.startswith("while fastokens loads")
+    pending = tok.choose_backend(texts[:64])
+    assert pending.why.startswith("while fastokens loads") and pending.pending
     copy = pickle.loads(pickle.dumps(tok))
     assert copy.choice.backend == "fastokens", copy.choice.why
+    assert not copy.choice.pending
     assert copy.choice == tok.choice
     assert copy.encode(texts[:50]).same_ids(tok.encode(texts[:50]))

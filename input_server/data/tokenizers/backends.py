@@ -49,6 +49,9 @@ class Choice:
 
     backend: str  # "reference" or a backend's name
     why: str
+    # A fast backend loads behind the stream (`Routed.load_behind`): this choice serves only
+    # until it is chosen or refused.
+    pending: bool = False
 
 
 # What a backend is most likely to get wrong: specials written as text, long runs, line ends,

@@ -224,7 +224,9 @@ class Routed:
         same bytes either way (the gate): only who makes them changes."""
         behind = self.__dict__["_behind"] = _Behind()
         choice = self._serve(
-            Choice("reference", f"while {' or '.join(names)} loads and meets the gate")
+            Choice(
+                "reference", f"while {' or '.join(names)} loads and meets the gate", pending=True
+            )
         )
         threading.Thread(
             target=self._settle_behind,
