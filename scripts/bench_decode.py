@@ -18,7 +18,8 @@ Two parts, rounds interleaving the cases so the host's drift falls on all alike:
   `--client` folder (default: this checkout's `client/`; e.g. a `git archive` of an older
   commit's `client/` for "before") a consumer process that imports the client from there and
   takes batches as fast as they come. Its CPU per real token, by thread (the fetch thread
-  decodes; gRPC's threads receive), from /proc.
+  decodes; gRPC's threads receive), from /proc, and its minor page faults per million tokens
+  (each costs far more under gVisor, as on the TPU host, than on a plain kernel).
 
 Median and min over rounds; `ratio` is the case's median over the first case's.
 """
@@ -157,20 +158,28 @@ def summarize(ns: dict[str, list[float]]) -> dict:
 # The consumer process: imports the client from argv[1], takes batches for argv[4] seconds after
 # a warm-up, prints its CPU per real token by thread.
 CONSUMER = r"""
-import collections, json, os, sys, threading, time
+import collections, json, os, resource, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from input_client import InputClient
 from input_client.spec import PipelineSpec
 
+TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+
 def cpu():
+    # ns by thread: schedstat, or where it is missing (gVisor) utime + stime in clock ticks.
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 out[int(tid)] = int(f.read().split()[0])
         except OSError:
-            pass
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(tid)] = (int(fields[11]) + int(fields[12])) * TICK_NS
+            except OSError:
+                pass
     return out
 
 spec = PipelineSpec.from_dict(json.loads(sys.argv[3]))
@@ -178,9 +187,11 @@ with InputClient(sys.argv[2], connect_timeout_s=120) as c, c.batches(spec, prefe
     for _ in range(20):
         next(it)
     before, t0, p0, tokens = cpu(), time.perf_counter(), time.process_time(), 0
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     while time.perf_counter() - t0 < float(sys.argv[4]):
         tokens += int(np.count_nonzero(next(it)["inputs_segmentation"]))
     after, wall, proc = cpu(), time.perf_counter() - t0, time.process_time() - p0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     names = {t.native_id: t.name for t in threading.enumerate()}
     by = collections.Counter()
     for tid, n in after.items():
@@ -193,6 +204,7 @@ with InputClient(sys.argv[2], connect_timeout_s=120) as c, c.batches(spec, prefe
         by["fetch" if "fetch" in name else "loop" if name == "MainThread" else "grpc"] += (
             n - before.get(tid, 0))
 print(json.dumps({"tokens_per_s": tokens / wall, "process": 1e9 * proc / tokens,
+                  "minor_faults_per_mtoken": 1e6 * faults / tokens,
                   **{k: v / tokens for k, v in by.items()}}))
 """
 

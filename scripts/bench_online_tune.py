@@ -1,7 +1,7 @@
 """Benchmark: "auto" tuned on the live stream against fixed worker counts, side by side.
 
     python scripts/bench_online_tune.py [--out FILE.json] [--rounds 3] [--seconds 8]
-        [--spec FILE.toml] [--only-unthrottled] [--before TREE]
+        [--spec FILE.toml] [--only-unthrottled] [--before TREE] [--fixed PxT,...]
 
 A real server (`input-server serve`, its own process) streams the standard library's
 docstrings (~4 KB documents, a sentencepiece model trained on them; CPU-bound) to a client in
@@ -370,13 +370,22 @@ def main() -> None:
         "one's, in the same rounds (the unthrottled figures only)",
     )
     parser.add_argument(
+        "--fixed",
+        metavar="PxT,...",
+        help="the fixed counts compared, processes x threads (default: "
+        + ",".join(f"{p}x{t}" for p, t in FIXED)
+        + "; a many-core host has more worth trying, e.g. 4x1,8x1)",
+    )
+    parser.add_argument(
         "--only-unthrottled",
         action="store_true",
         help="measure the unthrottled loop only (a quicker look)",
     )
     args = parser.parse_args()
     ensure_absl_flags_parsed()
-    global BASE
+    global BASE, FIXED
+    if args.fixed:
+        FIXED = [tuple(map(int, c.split("x"))) for c in args.fixed.split(",")]
     if args.spec:
         BASE = PipelineSpec.from_toml(args.spec)
     with tempfile.TemporaryDirectory() as d:
@@ -429,7 +438,7 @@ def main() -> None:
 
         # Throttled loop at PACE: the choice, the CPU it costs, the bound, the demand.
         need = 1.25 * PACE
-        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if rates[k] >= need)
+        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if rates.get(k, 0.0) >= need)
         fp, ft = map(int, fewest.split("x"))
         with Served(d, "off") as served:
             # Twice the window: at a few batches a second the server uses ~2 % of a core.

@@ -44,11 +44,29 @@ def time_call(call: Callable, texts: list[str], min_seconds: float) -> dict:
             }
 
 
-def pick_limit_call(tokenizer, texts: list[str], threads: int, seconds: float) -> tuple[str, dict]:
-    """The fastest of the kind's batch calls here, by a short run of each; (its name, every
-    call's short run)."""
-    calls = tokenizer.limit_calls(threads)
-    tried = {name: time_call(call, texts, seconds) for name, call in calls.items()}
+def limit_threads(cores: int) -> list[int]:
+    """The thread counts the limit is tried at: powers of two below `cores`, and `cores`. A
+    library's calls on every core are not always its fastest: on the 13-core TPU host (gVisor)
+    tiktoken's calls over short documents on 13 threads each hand the GIL on per document."""
+    return sorted({*(2**i for i in range(cores.bit_length()) if 2**i < cores), cores})
+
+
+def limit_calls(tokenizer, cores: int) -> dict[str, tuple[int, Callable]]:
+    """The kind's batch calls at each of `limit_threads(cores)`, by name: (threads, call). A
+    name that does not say its thread count (sentencepiece's, Hugging Face's) says it below
+    `cores`."""
+    calls: dict[str, tuple[int, Callable]] = {}
+    for threads in sorted(limit_threads(cores), reverse=True):
+        for name, call in tokenizer.limit_calls(threads).items():
+            calls[name if name not in calls else f"{name} on {threads} threads"] = (threads, call)
+    return calls
+
+
+def pick_limit_call(tokenizer, texts: list[str], cores: int, seconds: float) -> tuple[str, dict]:
+    """The fastest of the kind's batch calls here, at each of `limit_threads(cores)`, by a
+    short run of each; (its name, every call's short run)."""
+    calls = limit_calls(tokenizer, cores)
+    tried = {name: time_call(call, texts, seconds) for name, (_, call) in calls.items()}
     return max(tried, key=lambda n: tried[n]["tokens_per_s"]), tried
 
 
@@ -87,13 +105,13 @@ def epoch_token_counts(spec: PipelineSpec, texts: list[str]) -> tuple[int, int]:
 def bench_limit(
     texts: list[str], spec: PipelineSpec, *, min_seconds: float, call: str | None = None
 ) -> dict:
-    """The limit: the tokenizer kind's own batch call over the corpus on all cores, in its
-    fastest output form (sentencepiece's: numpy arrays, see scripts/bench_tokenize.py);
-    `call` names one of the tokenizer's `limit_calls` (default its first)."""
-    threads = os.cpu_count() or 1
-    calls = load_tokenizer(spec.tokenizer).limit_calls(threads)
+    """The limit: the tokenizer kind's own batch call over the corpus, in its fastest output
+    form (sentencepiece's: numpy arrays, see scripts/bench_tokenize.py); `call` names one of
+    `limit_calls` (default the first on all cores)."""
+    calls = limit_calls(load_tokenizer(spec.tokenizer), os.cpu_count() or 1)
     call = call or next(iter(calls))
-    return {**time_call(calls[call], texts, min_seconds), "threads": threads, "call": call}
+    threads, run = calls[call]
+    return {**time_call(run, texts, min_seconds), "threads": threads, "call": call}
 
 
 class _TokenizeAndTrim:

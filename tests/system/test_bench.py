@@ -5,6 +5,7 @@ side, not by unit tests)."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from input_client.spec import TokenizerSpec
+from input_server.tools.bench_kinds import limit_threads
 from tests.support import cli_argv, script
 
 
@@ -137,10 +139,13 @@ def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models,
         result["reference"]["0"],
     ):
         assert figure["tokens_per_s"] > 0
-    # The limit is the fastest of the kind's batch calls (Hugging Face and tiktoken have two),
-    # and says which.
+    # The limit is the fastest of the kind's batch calls (Hugging Face and tiktoken have two)
+    # at each thread count up to the cores (`limit_threads`), and says which.
     tried = result["limit_calls_tried"]
-    assert result["limit"]["call"] in tried and len(tried) == (1 if kind == "sentencepiece" else 2)
+    per_count = 1 if kind == "sentencepiece" else 2
+    assert result["limit"]["call"] in tried
+    assert len(tried) == per_count * len(limit_threads(os.cpu_count() or 1)), tried
+    assert result["limit"]["tokens_per_s"] > 0 and result["limit"]["threads"] >= 1
     ratios = result["ratios"]
     # The reference tokenizes as MaxText's class of the kind, the pipeline gives the same ids:
     # the same packing on the same order.
