@@ -347,6 +347,7 @@ def auto_figures(
 
 
 def main() -> None:
+    global BASE, FIXED
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=3)
@@ -383,7 +384,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     ensure_absl_flags_parsed()
-    global BASE, FIXED
     if args.fixed:
         FIXED = [tuple(map(int, c.split("x"))) for c in args.fixed.split(",")]
     if args.spec:
