@@ -97,6 +97,12 @@ class ServerCollector(Collector):
         )
         yield _counter("streams_opened", "Streams opened.", t.streams_opened)
         yield _counter(
+            "tokenizer_backend_groups",
+            "Groups a fast tokenizer backend encoded (audited or not): the audited share is "
+            "tokenizer_audited_groups over this.",
+            t.backend_groups,
+        )
+        yield _counter(
             "tokenizer_audited_groups",
             "Groups a fast tokenizer backend encoded that the reference encoded again.",
             t.audited_groups,
