@@ -33,7 +33,7 @@ class LiveMeter:
         self._blocked_s = 0.0  # the producer waiting for room in the send queue
         self._stages = dict.fromkeys(STAGES, 0.0)
         self._sent_real = self._sent_padding = self._bytes_sent = 0
-        self._audited = self._mismatches = self._failed = 0
+        self._audited = self._mismatches = self._failed = self._by_backend = 0
 
     def group(self, busy_s: float, waited_s: float, stage_s: np.ndarray | None = None) -> None:
         """A tokenized group reached the packer after `waited_s`, having taken `busy_s` in
@@ -47,18 +47,21 @@ class LiveMeter:
                 for stage, seconds in zip(WORKER_STAGES, stage_s.tolist(), strict=True):
                     self._stages[stage] += seconds
 
-    def audit(self, audited: bool, mismatched: bool, fell_back: bool = False) -> None:
-        """A group was encoded again by the reference tokenizer (`audited`), and differed or
-        not; or the backend failed on it and the reference encoded it (`fell_back`)."""
+    def audit(self, group) -> None:
+        """A tokenized group (`TokenGroup`): made by a fast backend or not, encoded again by the
+        reference tokenizer (audited) and differing or not; or the backend failed on it and
+        the reference encoded it (fell back)."""
         with self._lock:
-            self._audited += audited
-            self._mismatches += mismatched
-            self._failed += fell_back
+            self._by_backend += group.by_backend
+            self._audited += group.audited
+            self._mismatches += group.mismatched
+            self._failed += group.fell_back
 
-    def audits(self) -> tuple[int, int]:
-        """(groups audited, audits that found a difference) so far."""
+    def audits(self) -> tuple[int, int, int]:
+        """(groups a fast backend made, groups audited, audits that found a difference) so
+        far: the share verified is the second over the first."""
         with self._lock:
-            return self._audited, self._mismatches
+            return self._by_backend, self._audited, self._mismatches
 
     def backend_failures(self) -> int:
         with self._lock:

@@ -314,21 +314,20 @@ class BatchStream:
             if meter is not None:
                 meter.group(float(element[BUSY_KEY]), waited, element[STAGES_KEY])
             group = TokenGroup.from_element(element)
-            if group.audited or group.fell_back:
-                self._audited(group, meter)
+            if meter is not None:
+                meter.audit(group)
+            if group.mismatched:
+                self._mismatched(group)
             yield group
 
-    def _audited(self, group: TokenGroup, meter: LiveMeter | None) -> None:
-        """A group audited or failed by its backend, counted. A mismatch (its worker fell back
-        itself) moves this process's tokenizer to the reference, for later streams too, and
-        marks the stream `stale`: its other worker processes may run the backend."""
-        if meter is not None:
-            meter.audit(group.audited, group.mismatched, group.fell_back)
-        if group.mismatched:
-            self.stale = self.parallelism.processes > 0
-            if self.pipeline.tokenizer.choice.backend != "reference":
-                why = f"an audit found the backend's ids differ in documents {group.first_doc}+"
-                self.pipeline.tokenizer.fall_back(why)
+    def _mismatched(self, group: TokenGroup) -> None:
+        """An audit's mismatch (its worker fell back itself) moves this process's tokenizer to
+        the reference, for later streams too, and marks the stream `stale`: its other worker
+        processes may run the backend."""
+        self.stale = self.parallelism.processes > 0
+        if self.pipeline.tokenizer.choice.backend != "reference":
+            why = f"an audit found the backend's ids differ in documents {group.first_doc}+"
+            self.pipeline.tokenizer.fall_back(why)
 
     @property
     def next_seq(self) -> int:

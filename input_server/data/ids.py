@@ -162,6 +162,7 @@ def encode_documents(
         audited=texts.audited,  # its texts' audit, carried to the stream's figures
         mismatched=texts.mismatched,
         fell_back=texts.fell_back,
+        by_backend=texts.by_backend,
     )
 
 

@@ -199,6 +199,7 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
     totals.bytes_sent += s.bytes_sent
     totals.client_wait_s += max(0.0, s.client_wait_s)
     totals.audited_groups += info.audited_groups
+    totals.backend_groups += info.backend_groups
     totals.audit_mismatches += info.audit_mismatches
     totals.backend_failed_groups += info.backend_failed_groups
     for t in s.stages:
@@ -211,7 +212,7 @@ def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
     if choice is not None:
         info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why
         info.tokenizer_backend_pending = choice.pending
-    info.audited_groups, info.audit_mismatches = stream.meter.audits()
+    info.backend_groups, info.audited_groups, info.audit_mismatches = stream.meter.audits()
     info.backend_failed_groups = stream.meter.backend_failures()
 
 

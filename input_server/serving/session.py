@@ -15,8 +15,10 @@ from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.wire import encode_state
 from input_server.batching.switching import ServedStream
+from input_server.data.tokenizers.route import Routed
 from input_server.errors import WorkerDiedError, exit_words
 from input_server.serving import memory
+from input_server.serving.audit_pace import AuditPace
 from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
 
 log = logging.getLogger(__name__)
@@ -175,8 +177,10 @@ class StreamSession:
         the batch travels in) and wire arrays, then the end marker; raises what ends it."""
         last_state = b""
         next_seq = self.stream.next_seq
-        vocab_size = self.stream.pipeline.tokenizer.vocab_size
+        tokenizer = self.stream.pipeline.tokenizer
+        vocab_size = tokenizer.vocab_size
         meter = self.stream.meter
+        pace = AuditPace() if isinstance(tokenizer, Routed) else None  # not pre-tokenized
         try:
             for produced in self.stream:
                 started = time.perf_counter()
@@ -190,8 +194,12 @@ class StreamSession:
                 meter.add("encode", waited - started)
                 if not put(item):
                     return
-                # The time it waited for room: the loop's pace, for a live tuner.
-                meter.batch(produced.num_tokens, time.perf_counter() - waited)
+                # The time it waited for room: the loop's pace, for a live tuner, and room
+                # to audit every group while it waits.
+                blocked = time.perf_counter() - waited
+                meter.batch(produced.num_tokens, blocked)
+                if pace is not None:
+                    tokenizer.audit_spare = pace.waited(blocked)
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker

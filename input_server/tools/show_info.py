@@ -16,6 +16,16 @@ from input_client.tls_flags import add_tls_arguments, tls_options
 _QUOTED_INTS = ("TYPE_INT64", "TYPE_UINT64", "TYPE_SINT64", "TYPE_FIXED64", "TYPE_SFIXED64")
 
 
+def audit_words(s) -> str:
+    """What the reference verified of a stream's (or the server's totals') fast-backend
+    groups: "12 of 1,500 groups audited (0.8 %), 0 differed"."""
+    share = s.audited_groups / s.backend_groups if s.backend_groups else 0.0
+    return (
+        f"{s.audited_groups:,} of {s.backend_groups:,} groups audited ({100 * share:.1f} %), "
+        f"{s.audit_mismatches} differed"
+    )
+
+
 def _unquote_ints(message, d: dict) -> None:
     """Turns `d`'s (MessageToDict of `message`) quoted 64-bit integers back into ints."""
     for field in message.DESCRIPTOR.fields:
@@ -121,11 +131,11 @@ def format_table(info, address: str) -> str:
         if s.worker_reason:
             lines.append(f"        why: {s.worker_reason}")
         if s.tokenizer_backend:
-            audits = f"; {s.audited_groups} groups audited, {s.audit_mismatches} differed"
+            audits = f"; {audit_words(s)}"
             failed = f"; the backend failed on {s.backend_failed_groups} groups (the reference's)"
             lines.append(
                 f"        tokenized by {s.tokenizer_backend}: {s.tokenizer_backend_why}"
-                + (audits if s.audited_groups else "")
+                + (audits if s.backend_groups else "")
                 + (failed if s.backend_failed_groups else "")
             )
         for w in s.switches:

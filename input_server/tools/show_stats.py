@@ -8,8 +8,14 @@ import json
 import sys
 import time
 
+from input_server.quoting import quote, quoted_copy
 from input_server.stages import STREAM_STAGES, WORKER_STAGES
-from input_server.tools.show_info import Unreachable, add_connection_arguments, connected
+from input_server.tools.show_info import (
+    Unreachable,
+    add_connection_arguments,
+    audit_words,
+    connected,
+)
 
 
 def _seconds(stats) -> dict[str, float]:
@@ -67,11 +73,14 @@ def format_stream(s, before=None) -> list[str]:
         f"  stream    {_shares(seconds, STREAM_STAGES, span)}  (of {span:.1f} s)",
         f"  queue     {st.queue_fill} of {st.queue_depth} batches ready",
         f"  trainer   {waited}",
+        *([f"  audits    {audit_words(s)}"] if s.backend_groups else []),
     ]
 
 
 def format_stats(info, address: str, before=None) -> str:
-    """Every stream's view (`format_stream`), since `before` (an earlier GetInfoResponse)."""
+    """Every stream's view (`format_stream`), since `before` (an earlier GetInfoResponse);
+    every string quoted (`input_server.quoting`)."""
+    info, address = quoted_copy(info), quote(address)
     earlier = {s.stream_id: s for s in before.streams} if before is not None else {}
     running = [s for s in info.streams if s.HasField("stats")]
     lines = [f"server {address}: {len(running)} streams running"]

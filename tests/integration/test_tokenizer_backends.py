@@ -7,9 +7,7 @@ server's stream says who tokenized it and how many groups were audited."""
 from __future__ import annotations
 
 import collections
-import re
 import time
-import uuid
 
 import grpc
 import numpy as np
@@ -24,7 +22,6 @@ from input_server.data.tokenizers import KINDS, backends, load_tokenizer, route
 from input_server.data.tokenizers.backends import PROBES
 from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
-from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 from input_server.errors import InvalidSpecError
 from input_server.testing.corpus import (
     pydoc_topics,
@@ -33,6 +30,7 @@ from input_server.testing.corpus import (
     write_jsonl,
 )
 from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from tests.backend_support import first_new_word, own_version, skewed_kind
 from tests.support import assert_same_batches, run_pipeline, stream_status
 
 # Which backend serves which kind's fixture model.
@@ -312,48 +310,6 @@ def test_pipelines_of_either_backend_resume_each_others_states(corpus_file, mode
 # -- backends that are wrong: the gate, then the audit ---------------------------------------------
 
 
-class _Skewed:
-    """fastokens, but the first id of each text that `wrong` picks is one more."""
-
-    name = "fastokens"
-
-    def __init__(self, real, version: str, wrong):
-        self.real, self.version, self.wrong = real, version, wrong
-
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        out = []
-        for ids, text in zip(self.real.encode(texts), texts, strict=True):
-            if len(ids) and self.wrong(text):
-                ids = ids.copy()
-                ids[0] += 1
-            out.append(ids)
-        return out
-
-
-def _skewed_kind(wrong, version: str) -> type[TiktokenTokenizer]:
-    class Skewed(TiktokenTokenizer):
-        def _backend(self, name):
-            return _Skewed(super()._backend(name), version, wrong)
-
-    return Skewed
-
-
-def _version() -> str:
-    """A version of its own per test: the gate remembers verdicts by version."""
-    return f"test-{uuid.uuid4().hex}"
-
-
-def _first_new_word(texts: list[str], start: int) -> tuple[str, int]:
-    """A word (and the first document holding it) found in no document before `start` and in
-    no probe: a backend wrong only on it passes the gate on the first documents."""
-    seen = "\0".join([*texts[:start], *PROBES])
-    for i in range(start, len(texts)):
-        for word in re.findall(r"[A-Za-z]{6,}", texts[i]):
-            if word not in seen:
-                return word, i
-    raise AssertionError(f"every word after document {start} appears before it")
-
-
 @pytest.mark.parametrize(
     "wrong_on, why",
     [
@@ -363,11 +319,11 @@ def _first_new_word(texts: list[str], start: int) -> tuple[str, int]:
 )
 def test_the_gate_refuses_a_backend_wrong_from_the_start(texts, models, wrong_on, why):
     if wrong_on == "every text":
-        kind = _skewed_kind(lambda text: True, _version())
+        kind = skewed_kind(lambda text: True, own_version())
     else:
-        word, at = _first_new_word(texts, 0)
+        word, at = first_new_word(texts, 0)
         assert at < GATE_DOCS
-        kind = _skewed_kind(lambda text: word in text, _version())
+        kind = skewed_kind(lambda text: word in text, own_version())
     tok = kind(TokenizerSpec(model=models["tiktoken"], kind="tiktoken"))
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "reference"
@@ -380,9 +336,9 @@ def test_the_gate_refuses_a_backend_wrong_from_the_start(texts, models, wrong_on
 
 
 def test_the_audit_catches_a_backend_wrong_after_the_gate(texts, models):
-    word, at = _first_new_word(texts, 5 * GROUP // 2)  # in the group after two good ones
-    version = _version()
-    kind = _skewed_kind(lambda text: word in text, version)
+    word, at = first_new_word(texts, 5 * GROUP // 2)  # in the group after two good ones
+    version = own_version()
+    kind = skewed_kind(lambda text: word in text, version)
     spec = TokenizerSpec(model=models["tiktoken"], kind="tiktoken")
     tok, ref = kind(spec), _tokenizer(models, "tiktoken", "reference")
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "fastokens"
@@ -400,7 +356,7 @@ def test_the_audit_catches_a_backend_wrong_after_the_gate(texts, models):
     assert backends._PROBED[tok.digest(), "fastokens", version] == tok.choice.why
     again = kind(spec).choose_backend(texts[:GATE_DOCS])
     assert again.backend == "reference" and "an audit found" in again.why, again.why
-    next_version = _skewed_kind(lambda text: word in text, version + "-next")(spec)
+    next_version = skewed_kind(lambda text: word in text, version + "-next")(spec)
     assert next_version.choose_backend(texts[:GATE_DOCS]).backend == "fastokens"
 
 
@@ -410,8 +366,8 @@ def test_a_pipelines_audit_serves_the_references_batches(texts, models, corpus_f
     move to the reference."""
     spec = _spec(corpus_file, models["tiktoken"])
     want = run_pipeline(spec.replace(tokenizer={"backend": "reference"}), threads=1)
-    word, at = _first_new_word(texts, 2000)
-    monkeypatch.setitem(KINDS, "tiktoken", _skewed_kind(lambda text: word in text, _version()))
+    word, at = first_new_word(texts, 2000)
+    monkeypatch.setitem(KINDS, "tiktoken", skewed_kind(lambda text: word in text, own_version()))
     pipeline = Pipeline(spec, audit_every=1)
     assert pipeline.tokenizer.choice.backend == "fastokens"
     assert at >= pipeline.group_size  # the first group is audited and found right
@@ -419,7 +375,9 @@ def test_a_pipelines_audit_serves_the_references_batches(texts, models, corpus_f
     with pipeline.stream(parallelism=Parallelism(0, 1), meter=meter) as stream:
         got = list(stream)
     assert_same_batches([p.batch.arrays() for p in got], [p.batch.arrays() for p in want])
-    assert meter.audits() == (at // pipeline.group_size + 1, 1)
+    # Every group the backend made was audited (audit_every=1), up to the one that differed.
+    made = at // pipeline.group_size + 1
+    assert meter.audits() == (made, made, 1)
     assert pipeline.tokenizer.choice.backend == "reference"
     assert "an audit found" in pipeline.tokenizer.choice.why
     assert Pipeline(spec).tokenizer.choice.backend == "reference"

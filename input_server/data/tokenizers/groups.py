@@ -25,6 +25,8 @@ class TokenGroup:
     mismatched: bool = False
     # Whether the serving backend failed on it (an error, a panic): the reference's tokens.
     fell_back: bool = False
+    # Whether a fast backend encoded it (audited or not): the groups an audit could verify.
+    by_backend: bool = False
 
     @property
     def starts(self) -> np.ndarray:
@@ -38,7 +40,9 @@ class TokenGroup:
             "first_doc": np.int64(self.first_doc),
             "tokens": self.tokens,
             "lengths": self.lengths,
-            "audit": np.asarray([self.audited, self.mismatched, self.fell_back], np.int8),
+            "audit": np.asarray(
+                [self.audited, self.mismatched, self.fell_back, self.by_backend], np.int8
+            ),
         }
 
     @classmethod
@@ -50,6 +54,7 @@ class TokenGroup:
             audited=bool(element["audit"][0]),
             mismatched=bool(element["audit"][1]),
             fell_back=bool(element["audit"][2]),
+            by_backend=bool(element["audit"][3]),
         )
 
     def same_ids(self, other: TokenGroup) -> bool:

@@ -176,7 +176,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state", "stats", "tokenizer_backend", "tokenizer_backend_why", "audited_groups", "audit_mismatches", "backend_failed_groups", "tokenizer_backend_pending")
+    __slots__ = ("stream_id", "pipeline", "worker_processes", "worker_threads", "batches_sent", "worker_reason", "batches_produced", "worker_tuning", "consumed_batches_per_s", "batches_taken", "switches", "demand_batches_per_s", "tuning_state", "stats", "tokenizer_backend", "tokenizer_backend_why", "audited_groups", "audit_mismatches", "backend_failed_groups", "tokenizer_backend_pending", "backend_groups")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     WORKER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class StreamInfo(_message.Message):
     AUDIT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FAILED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_BACKEND_PENDING_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_GROUPS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     pipeline: str
     worker_processes: int
@@ -217,7 +218,8 @@ class StreamInfo(_message.Message):
     audit_mismatches: int
     backend_failed_groups: int
     tokenizer_backend_pending: bool
-    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ..., stats: _Optional[_Union[StreamStats, _Mapping]] = ..., tokenizer_backend: _Optional[str] = ..., tokenizer_backend_why: _Optional[str] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ..., backend_failed_groups: _Optional[int] = ..., tokenizer_backend_pending: bool = ...) -> None: ...
+    backend_groups: int
+    def __init__(self, stream_id: _Optional[int] = ..., pipeline: _Optional[str] = ..., worker_processes: _Optional[int] = ..., worker_threads: _Optional[int] = ..., batches_sent: _Optional[int] = ..., worker_reason: _Optional[str] = ..., batches_produced: _Optional[int] = ..., worker_tuning: _Optional[_Union[WorkerTuning, _Mapping]] = ..., consumed_batches_per_s: _Optional[float] = ..., batches_taken: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[WorkerSwitch, _Mapping]]] = ..., demand_batches_per_s: _Optional[float] = ..., tuning_state: _Optional[str] = ..., stats: _Optional[_Union[StreamStats, _Mapping]] = ..., tokenizer_backend: _Optional[str] = ..., tokenizer_backend_why: _Optional[str] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ..., backend_failed_groups: _Optional[int] = ..., tokenizer_backend_pending: bool = ..., backend_groups: _Optional[int] = ...) -> None: ...
 
 class StageTime(_message.Message):
     __slots__ = ("stage", "seconds")
@@ -333,7 +335,7 @@ class GetInfoResponse(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., pipelines: _Optional[_Mapping[str, PipelineSpec]] = ..., streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., protocol_version: _Optional[int] = ..., totals: _Optional[_Union[ServerTotals, _Mapping]] = ...) -> None: ...
 
 class ServerTotals(_message.Message):
-    __slots__ = ("batches_sent", "real_tokens", "padding_tokens", "bytes_sent", "stages", "client_wait_s", "stream_ends", "streams_opened", "audited_groups", "audit_mismatches", "backend_failed_groups")
+    __slots__ = ("batches_sent", "real_tokens", "padding_tokens", "bytes_sent", "stages", "client_wait_s", "stream_ends", "streams_opened", "audited_groups", "audit_mismatches", "backend_failed_groups", "backend_groups")
     class StreamEndsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +354,7 @@ class ServerTotals(_message.Message):
     AUDITED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     AUDIT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FAILED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_GROUPS_FIELD_NUMBER: _ClassVar[int]
     batches_sent: int
     real_tokens: int
     padding_tokens: int
@@ -363,4 +366,5 @@ class ServerTotals(_message.Message):
     audited_groups: int
     audit_mismatches: int
     backend_failed_groups: int
-    def __init__(self, batches_sent: _Optional[int] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., client_wait_s: _Optional[float] = ..., stream_ends: _Optional[_Mapping[str, int]] = ..., streams_opened: _Optional[int] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ..., backend_failed_groups: _Optional[int] = ...) -> None: ...
+    backend_groups: int
+    def __init__(self, batches_sent: _Optional[int] = ..., real_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageTime, _Mapping]]] = ..., client_wait_s: _Optional[float] = ..., stream_ends: _Optional[_Mapping[str, int]] = ..., streams_opened: _Optional[int] = ..., audited_groups: _Optional[int] = ..., audit_mismatches: _Optional[int] = ..., backend_failed_groups: _Optional[int] = ..., backend_groups: _Optional[int] = ...) -> None: ...

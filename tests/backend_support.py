@@ -1,0 +1,54 @@
+"""Stand-ins for a fast tokenizer backend that is wrong (a third-party library's bug): fastokens,
+but one id off on the texts a predicate picks, to test the gate and the audit."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import numpy as np
+
+from input_server.data.tokenizers.backends import PROBES
+from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
+
+
+class SkewedBackend:
+    """fastokens, but the first id of each text that `wrong` picks is one more."""
+
+    name = "fastokens"
+
+    def __init__(self, real, version: str, wrong):
+        self.real, self.version, self.wrong = real, version, wrong
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        out = []
+        for ids, text in zip(self.real.encode(texts), texts, strict=True):
+            if len(ids) and self.wrong(text):
+                ids = ids.copy()
+                ids[0] += 1
+            out.append(ids)
+        return out
+
+
+def skewed_kind(wrong, version: str) -> type[TiktokenTokenizer]:
+    class Skewed(TiktokenTokenizer):
+        def _backend(self, name):
+            return SkewedBackend(super()._backend(name), version, wrong)
+
+    return Skewed
+
+
+def own_version() -> str:
+    """A version of its own per test: the gate remembers verdicts by version."""
+    return f"test-{uuid.uuid4().hex}"
+
+
+def first_new_word(texts: list[str], start: int) -> tuple[str, int]:
+    """A word (and the first document holding it) found in no document before `start` and in
+    no probe: a backend wrong only on it passes the gate on the first documents."""
+    seen = "\0".join([*texts[:start], *PROBES])
+    for i in range(start, len(texts)):
+        for word in re.findall(r"[A-Za-z]{6,}", texts[i]):
+            if word not in seen:
+                return word, i
+    raise AssertionError(f"every word after document {start} appears before it")
