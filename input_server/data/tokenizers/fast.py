@@ -45,6 +45,12 @@ MAX_DERIVED_CHARS = 64 << 20
 # derivation's own version, raised whenever `ranks_as_tokenizer_json` changes what it writes.
 DERIVED = "tokenizer.json derived from tiktoken ranks"
 DERIVE_FORMAT = 2  # 2: one merge a token where tiktoken's last join is known
+# fastokens holds a tokenizer.json in far more memory than `tokenizers` does: measured on
+# synthetic byte-level BPE files (3-35 MB, 100 K-1 M tokens) at 27-101 x the file's bytes, most
+# for short tokens (10.5 MB of tokens of 2-4 characters: 1,067 MB; 33.8 MB of 1 M tokens: 2.5
+# GB peak, 26 s), where the reference took 10-15 x. A 110 MB file would take ~11 GB: a 3 GB
+# server sat at its limit, then died. The estimate errs above the worst seen.
+FASTOKENS_BYTES_PER_FILE_BYTE = 128
 
 
 def version_of(dist: str) -> str:
@@ -257,6 +263,31 @@ class Kitoken:
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         flat, offsets = self.encode_framed(texts, [], [])
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
+
+
+def check_fastokens_fits(
+    written: str, size: int, tokens: int, reference_bytes: int, budget: int
+) -> None:
+    """Refuses, before it loads, a fastokens copy of a `size`-byte tokenizer.json that would
+    take the model (the reference's `reference_bytes` and fastokens' estimate) past `budget`,
+    the memory the server gives a loaded model: the reference then serves (the backend is
+    only faster), and the stream's why names the numbers.
+
+    Raises:
+      InvalidSpecError: past the budget (`route` falls back to the reference on it)."""
+    need = size * FASTOKENS_BYTES_PER_FILE_BYTE
+    if reference_bytes + need <= budget:
+        return
+    mb = 1 << 20
+    largest = size * budget / (reference_bytes + need)
+    raise InvalidSpecError(
+        f"`tokenizer.model` {written!r} ({size / mb:,.1f} MB, {tokens:,} tokens): fastokens "
+        f"would take about {need / mb:,.0f} MB loaded ({FASTOKENS_BYTES_PER_FILE_BYTE} x the "
+        f"file, FASTOKENS_BYTES_PER_FILE_BYTE) beside the reference's {reference_bytes / mb:,.0f} "
+        f"MB, past the {budget / mb:,.0f} MB the server gives a loaded tokenizer model "
+        f"(MAX_LOADED_BYTES); the reference serves it (fastokens takes files of up to about "
+        f"{largest / mb:,.1f} MB)"
+    )
 
 
 def derived_json(path: str, ranks_of, pattern: str, written: str) -> str:

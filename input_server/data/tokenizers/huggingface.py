@@ -56,8 +56,8 @@ NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
 _LOADED: collections.OrderedDict = collections.OrderedDict()
 _LOADED_LOCK = threading.Lock()
 MAX_LOADED = 8
-# A loaded tokenizer.json takes about 14 x its file in memory (measured in the review: 1.5 GB
-# for a 110 MB file); the estimate errs above it.
+# A loaded tokenizer.json takes 10-15 x its file (1.5 GB for a 110 MB file; fastokens' copy is
+# apart, `fast.FASTOKENS_BYTES_PER_FILE_BYTE`); the estimate errs above it.
 LOAD_BYTES_PER_FILE_BYTE = 16
 # What the loaded models may take together, by that estimate: older ones are dropped past it
 # (a model still used by a stream stays alive through it, then goes).
@@ -346,10 +346,12 @@ class HuggingFaceTokenizer(ModelTokenizer):
     BACKENDS = ("fastokens",)
 
     def _backend(self, name: str):
-        from input_server.data.tokenizers.fast import Fastokens
+        from input_server.data.tokenizers.fast import Fastokens, check_fastokens_fits
 
-        # The model as loaded: its added specials and the post-processor that adds none.
-        return Fastokens.from_json(self.model().to_str())
+        size, tok = os.path.getsize(self.spec.model), self.model()  # estimated before it loads
+        fits = (self.written, size, tok.get_vocab_size(), LOAD_BYTES_PER_FILE_BYTE * size)
+        check_fastokens_fits(*fits, MAX_LOADED_BYTES)  # as loaded: added specials, no BOS/EOS
+        return Fastokens.from_json(tok.to_str())
 
     def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
         return self.specials(add_bos, add_eos)
