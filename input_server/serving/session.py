@@ -199,7 +199,7 @@ class StreamSession:
                 blocked = time.perf_counter() - waited
                 meter.batch(produced.num_tokens, blocked)
                 if pace is not None:
-                    tokenizer.audit_spare = pace.waited(blocked)
+                    tokenizer.audit_share = pace.waited(blocked)
                 self.batches_produced += 1
             failure = self.failure or self._dead_worker()
             if failure is not None:  # never a clean end after a dead worker

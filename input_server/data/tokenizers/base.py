@@ -170,7 +170,7 @@ class ModelTokenizer(Routed):
         state["_model"] = None
         state.pop("_fast", None)  # each process loads its own
         state.pop("_behind", None)
-        state.pop("audit_spare", None)  # the stream's spare room is this process's to see
+        state.pop("audit_share", None)  # the stream's spare room is this process's to see
         return state
 
     def _encode_faulting(self, texts: list[str], **flags) -> list[np.ndarray]:

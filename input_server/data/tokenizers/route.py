@@ -68,10 +68,10 @@ class Routed:
     BACKENDS: ClassVar[tuple[str, ...]] = ()
     choice = Choice("reference", "no backend chosen (the pipeline chooses on its sample)")
     audit_every = AUDIT_EVERY
-    # True while the stream has room to spare (its producer waits on the client: the serving
-    # stream's `AuditPace` says): every group is audited then, not one in `audit_every`. Set
-    # on this process's copy; a worker process's copy keeps the value it was handed.
-    audit_spare = False
+    # The share of the other groups audited too, 0 to 1: the room the stream has to spare
+    # (its producer waits on the client), as the serving stream's `AuditPace` says. Set on this
+    # process's copy; a worker process's copy audits one group in `audit_every`.
+    audit_share = 0.0
     # Where what is derived from the model is kept across processes and restarts (`serve
     # --tokenizer-cache`); None: in this process's memory only.
     keep: ModelKeep | None = None
@@ -315,8 +315,8 @@ class Routed:
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
     ) -> TokenGroup:
-        """The group, by the serving backend if any (one group in `audit_every`, and every
-        group while `audit_spare`, compared with the reference's: a difference serves the
+        """The group, by the serving backend if any (one group in `audit_every`, and
+        `audit_share` of the others, compared with the reference's: a difference serves the
         reference's and falls back for good), else by the reference. A backend's failure (a
         panic too) sends its group to the reference, marked `fell_back` (the stream counts it;
         the first is logged)."""
@@ -337,7 +337,7 @@ class Routed:
             return dataclasses.replace(group, fell_back=True)
         group = dataclasses.replace(group, by_backend=True)
         counter = self.__dict__.setdefault("_groups", itertools.count())  # atomic under the GIL
-        if not self.audit_every or (next(counter) % self.audit_every and not self.audit_spare):
+        if not self.audit_every or (next(counter) % self.audit_every and not self._spare()):
             return group
         want = self._reference_group(texts, first_doc, trim_to)
         if group.same_ids(want):
@@ -351,6 +351,13 @@ class Routed:
         )
         self.fall_back(why)
         return dataclasses.replace(want, audited=True, mismatched=True, by_backend=True)
+
+    def _spare(self) -> bool:
+        """Whether this group is one of the `audit_share` audited on the stream's spare room:
+        the share accrues a group at a time (threads may race on it: a group more or less)."""
+        credit = self.__dict__.get("_audit_credit", 0.0) + self.audit_share
+        self._audit_credit = credit - (credit >= 1.0)
+        return credit >= 1.0
 
     def _reference_group(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
         if trim_to is None or self.cutter is None or not self.cutter.cuts(texts, trim_to):
