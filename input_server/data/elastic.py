@@ -19,13 +19,19 @@ its documents ran out): its epochs are counted through its own `epoch_range`, as
 `DocumentOrder`'s are.
 
 Everything here is a pure function of the old positions and the deal: a few integers per
-old stream and epoch, and the old streams' own orders for the documents (their
-permutations: `held_bytes` counts them).
+old stream, and the old streams' own orders for the documents (their permutations:
+`held_bytes` counts them). R_e is never written out whole: 4,096 old streams 64 epochs apart
+in 16 components are 4 M segments (3.4 s of CPU and 220 MB a request, when it was). Setting
+up takes each begun epoch's size and heads, a few numpy calls over the old streams an epoch;
+an epoch's segments are computed when its documents are read, and the last two kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,6 +45,11 @@ MAX_EPOCHS_APART = 64
 # The most a resharded stream's later ordinals start at: resume states' `doc` stays below
 # 2^63 - 2^40 (`batching.resume.MAX_DOC`), and int64 arithmetic must not wrap before that.
 MAX_ORDINAL = 1 << 62
+# Old streams that are themselves resharded (a state resharded again before its host read
+# what it was dealt) have no closed form for their epochs: each costs a call an epoch, so
+# their count times the epochs spanned is bounded (2^15 calls: about 40 ms here). An honest
+# second change names as many as the hosts of the first.
+MAX_NESTED_EPOCHS = 1 << 15
 
 
 def heads_of(order) -> dict[int, int]:
@@ -67,13 +78,17 @@ class Old:
     next: int
     head: int = 0
 
-    def touched(self) -> int:
-        """The last epoch this stream (or one before it, resharded) began: -1 if none."""
-        if self.head:
-            last = self.order.epoch_of(self.next)
-        else:
-            last = self.order.epoch_of(self.next - 1) if self.next else -1
-        return max(last, self.order.last)
+
+class _Epoch(NamedTuple):
+    """R_e as segments of old streams' ordinals, end to end: the partly used documents first
+    (a segment of one each, with its head), then each old stream's unused run."""
+
+    old: np.ndarray  # the old stream of each segment
+    lo: np.ndarray  # its first ordinal there
+    start: np.ndarray  # where it starts in R_e
+    head: np.ndarray  # tokens used of it (partly used ones), else 0
+    begun: int  # how many partly used documents lead
+    size: int  # documents of R_e
 
 
 class ReshardedOrder:
@@ -83,57 +98,143 @@ class ReshardedOrder:
       olds: every old stream of this component.
       deal: (k, n): this stream takes `R_e[k::n]` of each begun epoch's unused documents.
       fresh: this stream's own shard's order, for the epochs after those.
+      pace: called between epochs while setting up (the caller's CPU budget and fair share:
+        `batching.resharded`); None: not paced.
     """
 
-    def __init__(self, olds: list[Old], deal: tuple[int, int], fresh: DocumentOrder):
+    def __init__(
+        self,
+        olds: list[Old],
+        deal: tuple[int, int],
+        fresh: DocumentOrder,
+        pace: Callable[[], None] | None = None,
+    ):
         self.olds, self.fresh = olds, fresh
         self.k, self.n = deal
         self.shuffle, self.epochs, self.per_epoch = fresh.shuffle, fresh.epochs, fresh.per_epoch
-        self.last = max((o.touched() for o in olds), default=-1)
-        ends = [o.order.epoch_of(o.next) for o in olds if o.next < len(o.order)]
-        self.first = min(ends, default=self.last + 1)
-        if self.last - self.first >= MAX_EPOCHS_APART:
+        self._columns()
+        self.last, self.first = self._span()
+        self._cache: dict[int, _Epoch] = {}
+        self._lock = threading.Lock()
+        self._sizes(pace or (lambda: None))
+
+    def __getstate__(self):
+        state = {**self.__dict__, "_cache": {}}
+        del state["_lock"]  # a lock does not pickle; each copy makes its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _columns(self) -> None:
+        """Each old stream's next document, head, documents an epoch and length, as arrays:
+        a plain shard's epochs are those of its own arithmetic (`DocumentOrder`)."""
+        m, olds = len(self.olds), self.olds
+        self._next = np.fromiter((o.next for o in olds), np.int64, m)
+        self._head = np.fromiter((o.head for o in olds), np.int64, m)
+        self._per = np.fromiter((o.order.per_epoch for o in olds), np.int64, m)
+        self._len = np.fromiter((min(len(o.order), _FOREVER) for o in olds), np.int64, m)
+        self._nested = [i for i, o in enumerate(olds) if not isinstance(o.order, DocumentOrder)]
+
+    def _epochs_of(self, x: np.ndarray) -> np.ndarray:
+        """The epoch of each old stream's document `x[i]` (each at least 0)."""
+        e = x // np.maximum(self._per, 1)
+        for i in self._nested:
+            e[i] = self.olds[i].order.epoch_of(int(x[i]))
+        return e
+
+    def _span(self) -> tuple[int, int]:
+        """The last epoch some old stream (or one before it, resharded) began, and the first
+        one some old stream had not finished; refused when too far apart or too late."""
+        nxt, head = self._next, self._head
+        at = self._epochs_of(np.where(head > 0, nxt, np.maximum(nxt - 1, 0)))
+        touched = np.where((head > 0) | (nxt > 0), at, -1)
+        for i in self._nested:
+            touched[i] = max(int(touched[i]), self.olds[i].order.last)
+        last = int(touched.max(initial=-1))
+        open_ = nxt < self._len
+        first = int(self._epochs_of(np.where(open_, nxt, 0))[open_].min(initial=last + 1))
+        if last - first >= MAX_EPOCHS_APART:
             raise InvalidSpecError(
-                f"`resume_state`'s old hosts stand {self.last - self.first + 1} epochs apart "
-                f"(epochs {self.first} to {self.last}); a resharded state spans at most "
+                f"`resume_state`'s old hosts stand {last - first + 1} epochs apart "
+                f"(epochs {first} to {last}); a resharded state spans at most "
                 f"{MAX_EPOCHS_APART}."
             )
-        if (self.last + 1) * fresh.per_epoch >= MAX_ORDINAL:
+        per = max(self.per_epoch, int(self._per.max(initial=0)))
+        if (last + 1) * per >= MAX_ORDINAL:
             raise InvalidSpecError(
-                f"`resume_state`'s old hosts stand in epoch {self.last:,}: its documents' "
+                f"`resume_state`'s old hosts stand in epoch {last:,}: its documents' "
                 f"ordinals would pass {MAX_ORDINAL:,}."
             )
-        self._segments()
-        self.heads = self._heads()
+        if len(self._nested) * (last - first + 1) > MAX_NESTED_EPOCHS:
+            raise InvalidSpecError(
+                f"`resume_state` holds {len(self._nested):,} old streams resharded before "
+                f"over {last - first + 1} epochs, over the {MAX_NESTED_EPOCHS:,} a resharded "
+                f"state may make the server walk: resume on the last host count until its "
+                f"hosts have read what the earlier change dealt them."
+            )
+        return last, first
 
-    def _segments(self) -> None:
-        """R_e of every begun epoch as segments of old streams' ordinals, end to end: (old
-        stream, first ordinal, length, head), a partly used document a segment of its own."""
-        segments = []
-        r_start, a_start = [], []  # per epoch: where R_e starts, and this stream's share
+    def _epoch(self, e: int) -> _Epoch:
+        """R_e (`first <= e <= last`), computed from the old streams' positions."""
+        lo = np.minimum(e * self._per, self._len)
+        hi = np.minimum((e + 1) * self._per, self._len)
+        for i in self._nested:
+            lo[i], hi[i] = self.olds[i].order.epoch_range(e)
+        partly = (self._head > 0) & (lo <= self._next) & (self._next < hi)
+        lo = np.maximum(lo, self._next + partly)
+        length = np.maximum(hi - lo, 0)
+        begun, rest = np.flatnonzero(partly), np.flatnonzero(length)
+        seg_len = np.concatenate([np.ones(len(begun), np.int64), length[rest]])
+        return _Epoch(
+            old=np.concatenate([begun, rest]),
+            lo=np.concatenate([self._next[begun], lo[rest]]),
+            start=np.cumsum(seg_len) - seg_len,
+            head=np.concatenate([self._head[begun], np.zeros(len(rest), np.int64)]),
+            begun=len(begun),
+            size=int(seg_len.sum()),
+        )
+
+    def _cached(self, e: int) -> _Epoch:
+        """R_e for reading: the last two epochs' kept (a group can straddle an epoch's end)."""
+        with self._lock:
+            got = self._cache.get(e)
+            if got is None:
+                if len(self._cache) >= 2:
+                    del self._cache[min(self._cache)]
+                got = self._cache[e] = self._epoch(e)
+            return got
+
+    def _sizes(self, pace: Callable[[], None]) -> None:
+        """Each begun epoch's share of this stream and the heads of its documents: its own
+        partly used ones, and those an earlier reshard gave the old streams' unused ones."""
+        nested = {}  # epoch -> [(old stream, its ordinal, head)]
+        for i in self._nested:
+            order = self.olds[i].order
+            for j, h in heads_of(order).items():
+                nested.setdefault(order.epoch_of(j), []).append((i, j, h))
+        r_start, a_start, heads = [], [], {}
         r, a = 0, 0
         for e in range(self.first, self.last + 1):
+            pace()
             r_start.append(r)
             a_start.append(a)
-            begun, rest = [], []
-            for i, o in enumerate(self.olds):
-                lo, hi = o.order.epoch_range(e)
-                partly = bool(o.head) and lo <= o.next < hi
-                if partly:
-                    begun.append((i, o.next, 1, o.head))
-                lo = max(lo, o.next + partly)
-                if hi > lo:
-                    rest.append((i, lo, hi - lo, 0))
-            segments += begun + rest
-            size = sum(length for _, _, length, _ in begun + rest)
-            r += size
-            a += len(range(self.k, size, self.n))
-        columns = np.asarray(segments, np.int64).reshape(-1, 4).T
-        self._seg_old, self._seg_lo, self._seg_len, self._seg_head = columns
-        self._seg_start = np.cumsum(self._seg_len) - self._seg_len
+            t = self._epoch(e)
+            places = {p: int(t.head[p]) for p in range(t.begun)}
+            for i, j, h in nested.get(e, ()):
+                s = np.flatnonzero(t.old[t.begun :] == i) + t.begun
+                if len(s) and t.lo[s[0]] <= j:  # one unused run per old stream an epoch
+                    places[int(t.start[s[0]] + j - t.lo[s[0]])] = h
+            for p, h in places.items():
+                if p >= self.k and (p - self.k) % self.n == 0:
+                    heads[a + (p - self.k) // self.n] = h
+            r += t.size
+            a += len(range(self.k, t.size, self.n))
         self._r_start = np.asarray(r_start, np.int64)
         self._a_start = np.asarray(a_start, np.int64)
         self.dealt = a  # this stream's documents of the begun epochs
+        self.heads = heads
 
     def __len__(self) -> int:
         if not self.epochs:
@@ -159,32 +260,6 @@ class ReshardedOrder:
             return self.last + 1 + (x - self.dealt) // self.per_epoch
         return self.first + int(np.searchsorted(self._a_start, x, side="right")) - 1
 
-    def _dealt_place(self, places: np.ndarray) -> np.ndarray:
-        """This stream's ordinals of places in R (all epochs end to end), -1 for others'."""
-        e = np.searchsorted(self._r_start, places, side="right") - 1
-        p = places - self._r_start[e]
-        mine = p % self.n == self.k
-        return np.where(mine, self._a_start[e] + (p - self.k) // self.n, -1)
-
-    def _heads(self) -> dict[int, int]:
-        """Its documents old streams had begun: their own partly used ones, and the heads an
-        earlier reshard gave their unused ones."""
-        out, partial = {}, self._seg_head > 0
-        for s in np.flatnonzero(partial).tolist():
-            x = int(self._dealt_place(self._seg_start[s : s + 1])[0])
-            if x >= 0:
-                out[x] = int(self._seg_head[s])
-        ends = self._seg_lo + self._seg_len
-        for i, o in enumerate(self.olds):
-            for j, h in heads_of(o.order).items():
-                holds = (self._seg_old == i) & ~partial & (self._seg_lo <= j) & (j < ends)
-                for s in np.flatnonzero(holds).tolist():
-                    place = self._seg_start[s : s + 1] + j - self._seg_lo[s]
-                    x = int(self._dealt_place(place)[0])
-                    if x >= 0:
-                        out[x] = h
-        return out
-
     def source_indices(self, start: int, stop: int) -> np.ndarray:
         """Source record indices of stream documents `[start, stop)`."""
         return self.indices_of(np.arange(start, min(stop, len(self)), dtype=np.int64))
@@ -194,17 +269,25 @@ class ReshardedOrder:
         out = np.empty(len(ordinals), np.int64)
         dealt = ordinals < self.dealt
         if dealt.any():
-            x = ordinals[dealt]
-            e = np.searchsorted(self._a_start, x, side="right") - 1
-            place = self._r_start[e] + self.k + self.n * (x - self._a_start[e])
-            s = np.searchsorted(self._seg_start, place, side="right") - 1
-            old, at = self._seg_old[s], self._seg_lo[s] + place - self._seg_start[s]
-            got = np.empty(len(x), np.int64)
-            for i in np.unique(old).tolist():
-                mask = old == i
-                got[mask] = self.olds[i].order.indices_of(at[mask])
-            out[dealt] = got
+            out[dealt] = self._dealt_indices(ordinals[dealt])
         if not dealt.all():
             x = ordinals[~dealt] - self.dealt + (self.last + 1) * self.per_epoch
             out[~dealt] = self.fresh.indices_of(x)
         return out
+
+    def _dealt_indices(self, x: np.ndarray) -> np.ndarray:
+        """Source record indices of its documents `x` of the begun epochs."""
+        e = np.searchsorted(self._a_start, x, side="right") - 1
+        place = self.k + self.n * (x - self._a_start[e])  # in R_e
+        got = np.empty(len(x), np.int64)
+        for i in np.unique(e).tolist():
+            mine = e == i
+            t = self._cached(self.first + i)
+            s = np.searchsorted(t.start, place[mine], side="right") - 1
+            old, at = t.old[s], t.lo[s] + place[mine] - t.start[s]
+            part = np.empty(len(s), np.int64)
+            for o in np.unique(old).tolist():
+                which = old == o
+                part[which] = self.olds[o].order.indices_of(at[which])
+            got[mine] = part
+        return got
