@@ -23,6 +23,7 @@ from input_server.cli import (  # noqa: E402
     tune,
 )
 from input_server.errors import InputServerError  # noqa: E402
+from input_server.serving.logs import TEXT_FORMAT  # noqa: E402
 
 # One module per command, named for it (`_` in a module's name is `-` in the command's):
 # `register(subparsers)` adds the command's parser, `run(args)` runs it and returns the exit
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=TEXT_FORMAT,
     )
     try:
         return COMMANDS[args.command].run(args)

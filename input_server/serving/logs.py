@@ -1,8 +1,15 @@
-"""`serve --log-format json`: one JSON object a line, stream events with their fields.
+"""`serve --log-format text|json`: one record a line, stream events with their fields, and
+every value a client may have written quoted (`input_server.quoting`).
 
 A stream event is a record logged with `extra={"event": NAME, "fields": {...}}` (`stream_open`,
 `stream_switch`, `stream_verdict`, `stream_end`): its line carries `event` and the fields beside
 the standard keys (`time`, `level`, `logger`, `message`, and `traceback` with an exception).
+
+Both formats show a record's arguments quoted (a stream's label, a path, a peer), and its
+traceback with each exception message on one quoted line: a client's glob once wrote a forged
+line and a raw ESC into the text log. JSON may carry U+2028, U+2029 and NEL raw, which line
+splitters (and JavaScript before ES2019) take for line ends: the JSON lines escape them, and
+every other character `quote` would, as JSON escapes.
 """
 
 from __future__ import annotations
@@ -11,8 +18,35 @@ import datetime
 import json
 import logging
 
+from input_server import quoting
+
 FORMATS = ("text", "json")
 STANDARD = ("time", "level", "logger", "message")
+# The text log's lines (`input_server.cli.main` configures logging with it).
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """The text log's lines: `main`'s format, with the record's arguments and its traceback's
+    exception messages quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # What `logging.Formatter.format` does, but quoting where it would call getMessage
+        # and formatException (the record itself is left as it is for other handlers).
+        record.message = quoting.message(record.msg, record.args)
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
+        if record.exc_info:
+            text += "\n" + quoting.exception_lines(record.exc_info)
+        elif record.exc_text:
+            text += "\n" + quoting.quote(record.exc_text)
+        if record.stack_info:  # the server's own frames
+            text += "\n" + self.formatStack(record.stack_info)
+        return text
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return quoting.exception_lines(ei)
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,33 +60,55 @@ class JsonFormatter(logging.Formatter):
             ),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": quoting.message(record.msg, record.args),
         }
         event = getattr(record, "event", None)
         if event is not None:
             line["event"] = str(event)
             fields = getattr(record, "fields", None) or {}
-            line.update((str(k), v) for k, v in fields.items() if k not in line)
+            line.update(
+                (quoting.quote(k), quoting.quote_value(v))
+                for k, v in fields.items()
+                if k not in line
+            )
         if record.exc_info:
-            line["traceback"] = self.formatException(record.exc_info)
+            line["traceback"] = quoting.exception_lines(record.exc_info)
         elif record.exc_text:
-            line["traceback"] = record.exc_text
+            line["traceback"] = quoting.quote(record.exc_text)
         # default=str: a field of another type (a path, an enum) is written as its text.
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return json_escaped(json.dumps(line, default=str, ensure_ascii=False))
+
+
+def json_escaped(line: str) -> str:
+    """A JSON text with every character `quote` escapes written as a JSON escape: json.dumps
+    leaves U+2028, U+2029, NEL and the other C1 and format controls raw (JSON allows them).
+    Outside strings a JSON text has only ASCII punctuation, so each is inside a string, where
+    the escape means the same character."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else _json_escape(c) for c in line)
+
+
+def _json_escape(c: str) -> str:
+    n = ord(c)
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
 
 
 def configure(log_format: str) -> None:
     """Formats every record of the root logger's handlers (`main`'s basicConfig) as
-    `log_format`; json also routes Python's warnings through logging, so that no plain line
-    is left on stderr among the JSON ones."""
+    `log_format`, quoted; Python's warnings go through logging too (quoted, and no plain line
+    is left on stderr among the JSON ones)."""
     if log_format not in FORMATS:
         raise ValueError(f"--log-format must be one of {', '.join(FORMATS)}, got {log_format!r}.")
-    if log_format == "text":
-        return
-    formatter = JsonFormatter()
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig()
     for handler in root.handlers:
-        handler.setFormatter(formatter)
+        if log_format == "json":
+            handler.setFormatter(JsonFormatter())
+        else:
+            handler.setFormatter(TextFormatter(TEXT_FORMAT))
     logging.captureWarnings(True)

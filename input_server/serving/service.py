@@ -22,6 +22,7 @@ from input_server.batching.pipeline import Pipeline
 from input_server.data.roots import DataAccess
 from input_server.data.tokenizers.base import AUDIT_EVERY
 from input_server.errors import InvalidSpecError, RefusedError
+from input_server.quoting import quote_message
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.describe import describe_tokenizer
 from input_server.serving.guards import guard_stream, guard_unary, parsed
@@ -135,12 +136,16 @@ class InputServicer(pb_grpc.InputServiceServicer):
         """What GetInfo answers (and the metrics read): the server, its pipelines, its streams
         and the totals over every stream it ran."""
         streams, totals = self._streams.info()
-        return pb.GetInfoResponse(
-            server_version=__version__,
-            protocol_version=PROTOCOL_VERSION,
-            pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
-            streams=streams,
-            totals=totals,
+        # Quoted once here, for every reader (GetInfo's clients, the metrics' labels): a
+        # stream's label and reasons repeat what its client wrote.
+        return quote_message(
+            pb.GetInfoResponse(
+                server_version=__version__,
+                protocol_version=PROTOCOL_VERSION,
+                pipelines={name: p.spec.to_proto() for name, p in self._pipelines.items()},
+                streams=streams,
+                totals=totals,
+            )
         )
 
 

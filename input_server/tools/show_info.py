@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from input_client.tls_flags import add_tls_arguments, tls_options
+from input_server.quoting import quote, quoted_copy
 
 # Integer kinds that proto3's JSON mapping quotes ("16"); `--json` writes them as numbers.
 _QUOTED_INTS = ("TYPE_INT64", "TYPE_UINT64", "TYPE_SINT64", "TYPE_FIXED64", "TYPE_SFIXED64")
@@ -92,7 +93,9 @@ def _short(text: str, width: int) -> str:
 
 
 def format_table(info, address: str) -> str:
-    """What a person reads: the server, the address used, each pipeline and each stream."""
+    """What a person reads: the server, the address used, each pipeline and each stream; every
+    string quoted (a client's path or label, or what any server sends, starts no line)."""
+    info, address = quoted_copy(info), quote(address)
     lines = [
         f"server     input-server {info.server_version} (wire protocol {info.protocol_version})",
         f"address    {address}",
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         with connected(args) as (client, address):
             info = client.info()
     except Unreachable as e:
-        print(e, file=sys.stderr)
+        print(quote(e), file=sys.stderr)  # it may repeat what a server sent
         return 2
     print(to_json(info) if args.json else format_table(info, address))
     return 0

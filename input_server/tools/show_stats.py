@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 before, done = info, done + 1
     except Unreachable as e:
-        print(e, file=sys.stderr)
+        print(quote(e), file=sys.stderr)  # it may repeat what a server sent
         return 2
     except KeyboardInterrupt:  # --watch ends with Ctrl-C
         return 0
