@@ -242,6 +242,7 @@ class ParquetReader:
             self.token_field or self.text_field,
             ids=self.token_field is not None,
             limit=self.max_decompressed,
+            max_document=self.max_bytes,
         )
         try:
             if self.token_field is None:
@@ -262,7 +263,7 @@ class ParquetReader:
             return self._read_ids(indices)
         try:
             with self._loaded() as column:
-                texts = column.take(indices)
+                texts = column.take(indices, self.max_bytes)
         except UnicodeDecodeError:  # find and name the row
             return [self[i] for i in indices]
         limit = self.max_bytes or float("inf")
@@ -294,7 +295,8 @@ class ParquetReader:
         if self.token_field is not None:
             return self._row_ids(index)
         try:
-            with self._loaded() as column:
+            with self._loaded() as column:  # its size checked before it is a Python string
+                check_size(column.size(index), self.max_bytes, self.where(index))
                 text = column[index].as_py()
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.where(index)}: not valid UTF-8 ({e}).") from e
@@ -303,8 +305,6 @@ class ParquetReader:
                 f"{self.where(index)}: column {self.text_field!r} holds "
                 f"{type(text).__name__}, not a string."
             )
-        # Characters, a lower bound of the bytes: the column is in memory already.
-        check_size(len(text), self.max_bytes, self.where(index))
         return text
 
     def _row_ids(self, index: int) -> np.ndarray:

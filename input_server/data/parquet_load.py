@@ -8,6 +8,11 @@ footer's count of values (8 bytes each at most, plus an offset a row), text by r
 row group as dictionary indices first (what the file holds, at most its encoded size) and
 summing the lengths the indices would decode to. A row group past the budget is refused with
 RESOURCE_EXHAUSTED naming the file, the row group and the flag; nothing of it is decoded.
+A text row group whose footer proves a value past --max-document-mb (the mean of its values
+is past it) is refused with INVALID_ARGUMENT before it is read: a tiny file of one 381 MB cell
+took a server from 404 MB to 2,152 MB before its row was refused. A long value among shorter
+ones is decoded within the budget and refused, by its row, before it becomes a Python string
+(`largest_text`), so the shorter rows stay readable.
 Reserving first gives back other files' columns not being read right now, least recently used
 first (`records.DECODED`): the budget bounds what is held at once, not what was ever read.
 """
@@ -20,7 +25,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from input_server import cancel
-from input_server.data.records import DECOMPRESSED, Reservation, said
+from input_server.data.records import DECOMPRESSED, Reservation, check_size, said
 from input_server.errors import CorruptFileError, OverBudgetError
 
 _MIB = 1 << 20
@@ -29,6 +34,10 @@ _MIB = 1 << 20
 _ID_BYTES = {"INT32": 4, "INT64": 8}
 _ID_BYTES_MAX = 8
 _OFFSET_BYTES = 8
+# What a footer's uncompressed size may hold besides a chunk's values, per value: its length
+# prefix (4) and dictionary index (4), its definition level, and a page header (the most values
+# a page holds is one), whose statistics writers cap at 4 KiB each for min and max.
+_SLACK_PER_VALUE = 16 << 10
 
 
 class Texts:
@@ -54,10 +63,16 @@ class Texts:
         c, local = self._locate(index)
         return self._arrays[c][local]
 
-    def take(self, indices: Sequence[int]) -> list:
-        """The values of rows `indices` as Python objects, in the order given."""
+    def size(self, index: int) -> int:
+        """Row `index`'s bytes, known before its value is made a Python string."""
+        c, local = self._locate(index)
+        return largest_text(self._arrays[c].slice(local, 1))
+
+    def take(self, indices: Sequence[int], limit: int | None = None) -> list:
+        """The values of rows `indices` as Python objects, in the order given; a value of
+        more than `limit` bytes is None (never made a Python string)."""
         if len(self._arrays) == 1:
-            return self._arrays[0].take(indices).to_pylist()
+            return _within(self._arrays[0].take(indices), limit).to_pylist()
         rows = np.asarray(indices, np.int64).reshape(-1)
         rows = np.where(rows < 0, rows + len(self), rows)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
@@ -67,7 +82,7 @@ class Texts:
         for c in np.unique(chunk).tolist():
             at = np.flatnonzero(chunk == c)
             first = self._ends[c - 1] if c else 0
-            values = self._arrays[c].take(rows[at] - first).to_pylist()
+            values = _within(self._arrays[c].take(rows[at] - first), limit).to_pylist()
             for slot, value in zip(at.tolist(), values, strict=True):
                 out[slot] = value
         return out
@@ -82,10 +97,22 @@ class ColumnLoad:
       column: the column's name.
       ids: whether the column is lists of token ids (else text).
       limit: --max-decompressed-mb in bytes; None = not counted.
+      max_document: --max-document-mb in bytes; a row group holding a longer value is
+        refused before it is decoded (None = no cap).
     """
 
-    def __init__(self, path: str, name: str, column: str, *, ids: bool, limit: int | None):
+    def __init__(
+        self,
+        path: str,
+        name: str,
+        column: str,
+        *,
+        ids: bool,
+        limit: int | None,
+        max_document: int | None = None,
+    ):
         self.path, self.name, self.column, self.ids, self.limit = path, name, column, ids, limit
+        self.max_document = max_document
         self.held = Reservation()
         self._estimate = 0  # the row group being read: what its footer said it takes
         self._transient = Reservation()  # a text row group's dictionary indices, while read
@@ -147,6 +174,7 @@ class ColumnLoad:
             # Ids are kept as read: reserved in `held` at once. Text's indices are dropped
             # once decoded: reserved apart, given back after.
             encoded = self.held if self.ids else self._transient
+            self._check_documents(meta, where)
             try:
                 self._reserve_encoded(meta, encoded, where)
                 try:
@@ -182,6 +210,19 @@ class ColumnLoad:
         self._estimate = need
         if not into.grow(need, self.limit):
             raise self._over(need, where)
+
+    def _check_documents(self, meta, where: str) -> None:
+        """Refuses a text row group, from its footer alone, when one of its documents must
+        be past --max-document-mb: the mean of its values (less what else a page holds) is.
+        (Ids decode to about what they take encoded, reserved before they are read.)"""
+        if self.max_document is None or self.ids:
+            return
+        chunks = self._chunks(meta)
+        values = max(1, sum(max(0, c.num_values) for c in chunks))
+        held = sum(max(0, c.total_uncompressed_size) for c in chunks)
+        mean = (held - (values + 1) * _SLACK_PER_VALUE) // values
+        where = f"{self.name} {where}, column {self.column!r} (a document, by the file's footer)"
+        check_size(mean, self.max_document, where)
 
     def _grow(self, more: int, where: str) -> None:
         if more > 0 and not self.held.grow(more, self.limit):
@@ -237,3 +278,23 @@ class ColumnLoad:
             f"are given back first); try again when those streams end, or ask the operator "
             f"for a larger limit."
         )
+
+
+def largest_text(array) -> int:
+    """The longest value of an arrow string array, in bytes (0 for none): a row's size known
+    before it is made a Python string (a 381 MB cell was copied twice more before)."""
+    import pyarrow.compute as pc
+
+    if len(array) == 0:
+        return 0
+    longest = pc.max(pc.binary_length(array)).as_py()
+    return int(longest or 0)
+
+
+def _within(values, limit: int | None):
+    """`values` with each one longer than `limit` bytes made null."""
+    import pyarrow.compute as pc
+
+    if limit is None or largest_text(values) <= limit:
+        return values
+    return pc.if_else(pc.less_equal(pc.binary_length(values), limit), values, None)
