@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import time
 
-# The waits, as a share of each batch interval, smoothed over batches (an exponential mean with
-# this weight for the newest: batches share messages, so one wait often covers several).
-WEIGHT = 0.1
+# The share of the time the producer waits: exponential means of the waits and of the batch
+# intervals, this weight for the newest batch. Batches share messages (16 of 16 x 1024 in one),
+# so the producer waits once a message, long: the means span a couple of messages.
+WEIGHT = 1 / 32
 # The band the share audited is steered into: above HIGH it grows (x GROW, from at least
 # START), below LOW it halves; between, it stays.
 LOW, HIGH = 0.1, 0.25
@@ -31,7 +32,7 @@ class AuditPace:
     def __init__(self, clock=time.perf_counter):
         self._clock = clock
         self._last = clock()
-        self._waiting = 0.0
+        self._wait_s = self._interval_s = 0.0
         self.share = 0.0
 
     def waited(self, seconds: float) -> float:
@@ -39,10 +40,11 @@ class AuditPace:
         groups to audit now, 0 to 1."""
         now = self._clock()
         interval, self._last = now - self._last, now
-        if interval > 0:
-            self._waiting += WEIGHT * (min(1.0, seconds / interval) - self._waiting)
-        if self._waiting > HIGH:
+        self._wait_s += WEIGHT * (min(seconds, interval) - self._wait_s)
+        self._interval_s += WEIGHT * (interval - self._interval_s)
+        waiting = self._wait_s / self._interval_s if self._interval_s > 0 else 0.0
+        if waiting > HIGH:
             self.share = min(1.0, max(START, GROW * self.share))
-        elif self._waiting < LOW:
+        elif waiting < LOW:
             self.share = self.share / 2 if self.share > 1 / 256 else 0.0
         return self.share
