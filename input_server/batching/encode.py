@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 
@@ -16,6 +15,7 @@ from input_server import __version__, stages
 from input_server.data.ids import Specials, encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
+from input_server.data.token_cache_digest import FileState, SourceFiles, Unsettled, file_states
 from input_server.data.tokenizers.groups import group_of
 from input_server.errors import CancelledError
 
@@ -60,25 +60,40 @@ class InFlight:
 class CachedIds:
     """A pipeline's documents in the server's token cache (`serve --token-cache`): each
     document's ids as its group's encode gave them (trimmed as the pipeline trims), under a
-    namespace that names everything they depend on (`Pipeline._cache_namespace`), keyed by
-    the document's index in the source. Pickles with its cache (reopened in a worker)."""
+    namespace that names everything they depend on (`_namespace`: the files' contents by
+    digest), keyed by the document's index in the source. Served and kept only while every
+    file still has the identity it was digested with (`token_cache_digest.SourceFiles`).
+    Pickles with its cache (reopened in a worker)."""
 
-    def __init__(self, cache, namespace: str):
-        self.cache, self.namespace = cache, namespace
+    # Gets trust a check of the files this recent: a stat a file a second, not a group. A
+    # stream's opening and every put check afresh (see `EncodeGroup` and `put`).
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, cache, namespace: str, files: SourceFiles):
+        self.cache, self.namespace, self.files = cache, namespace, files
 
     @classmethod
     def of(cls, cache, pipeline) -> tuple[CachedIds | None, str]:
         """The pipeline's documents in `cache`, if it has one and its ids are the reference's
         own: text tokenized by the reference library. Not a fast backend's (reading ids back
         is no faster than it, and kept ids would escape its audit for good), nor ids read
-        from the data (pre-tokenized: nothing to save). With what the stream's log says."""
+        from the data (pre-tokenized: nothing to save). With what the stream's log says.
+        Digests the files not digested before in their present state (`file_states`)."""
         if cache is None:
             return None, "off"
         if any(s.token_field for s in pipeline.spec.sources):
             return None, "not used: a source is pre-tokenized"
         if pipeline.tokenizer.choice.backend != "reference":
             return None, f"not used: {pipeline.tokenizer.choice.backend} tokenizes"
-        return cls(cache, _namespace(pipeline)), "used"
+        try:
+            states = file_states(cache, pipeline.source.files())
+        except (Unsettled, OSError) as e:
+            return None, f"not used: {e}"
+        return cls(cache, _namespace(pipeline, states), SourceFiles(states)), "used"
+
+    def current(self) -> bool:
+        """Whether the files are still those digested (checked now): as a stream opens."""
+        return self.files.unchanged()
 
     @staticmethod
     def _keys(indices: list[int]) -> list[bytes]:
@@ -86,27 +101,35 @@ class CachedIds:
 
     def get(self, indices: list[int]) -> list[np.ndarray] | None:
         """Every document's ids, or None if any is missing (the group is read and tokenized
-        whole: a partial hit would read the group's files anyway)."""
+        whole: a partial hit would read the group's files anyway) or a file changed."""
+        if not self.files.unchanged(self.CHECK_EVERY_S):
+            return None
         found = self.cache.get_many(self.namespace, self._keys(indices))
         return None if any(x is None for x in found) else found
 
     def put(self, indices: list[int], group) -> None:
+        # Checked after the group was read: unchanged now, its bytes were the digested ones.
+        # Changed, they are not, and their ids must not be kept under that digest.
+        if not self.files.unchanged():
+            return
         ends = np.cumsum(group.lengths).tolist()
         starts = [e - n for e, n in zip(ends, group.lengths.tolist(), strict=True)]
         ids = [group.tokens[s:e] for s, e in zip(starts, ends, strict=True)]
         self.cache.put_many(self.namespace, self._keys(indices), ids)
 
 
-def _namespace(pipeline) -> str:
-    """What a document's cached ids depend on besides its index in the source: each file as
-    it stands (path, size, modification time) with the fields and format read from it, the
-    model (its digest), the flags, the reference library's version, this server's, and how
-    far documents are kept. Any change and the ids are looked up elsewhere (and made again)."""
+def _namespace(pipeline, states: list[FileState]) -> str:
+    """What a document's cached ids depend on besides its index in the source: each file's
+    contents (its path, size and digest: `token_cache_digest`) with the fields and format
+    read from it, the model (its digest), the flags, the reference library's version, this
+    server's, and how far documents are kept. Any change and the ids are looked up elsewhere
+    (and made again)."""
     t, tokenizer = pipeline.spec.tokenizer, pipeline.tokenizer
+    digests = {s.path: s for s in states}
     files = []
     for path in pipeline.source.files():
-        st = os.stat(path)
-        files.append([path, st.st_size, st.st_mtime_ns])
+        s = digests[path]
+        files.append([path, s.identity[2], s.digest.hex()])
     fields = [
         [s.format, s.text_field, s.record_format, s.token_field] for s in pipeline.spec.sources
     ]
@@ -146,7 +169,10 @@ class EncodeGroup:
         self.specials = specials
         # Packings that keep only a document's first seq_len tokens need no more from it.
         self.trim_to = trim_to
-        self.cached = cached  # documents' ids kept from an earlier epoch or run
+        # Documents' ids kept from an earlier epoch or run; not if a file changed since the
+        # pipeline digested it (checked now, as the stream opens: a later stream of a named
+        # pipeline is not served ids of the bytes it had then).
+        self.cached = cached if cached is not None and cached.current() else None
         self.in_flight = InFlight()
 
     def __call__(self, g: int) -> dict[str, np.ndarray]:

@@ -346,6 +346,35 @@ class TokenCache:
         if last is not None:
             db.execute(sql.EVICT, last)
 
+    def digests(self, files: list[tuple[int, ...]]) -> list[bytes | None]:
+        """The content digests remembered for files by identity (`token_cache_digest.py`),
+        None for each one not remembered; all None if the database cannot be read."""
+        try:
+            found = self._run(lambda c: [c.db.execute(sql.DIGEST_OF, f).fetchone() for f in files])
+        except (sqlite3.Error, OSError) as e:
+            self._failed("failed_gets", f"could not read {len(files)} digests", e)
+            return [None] * len(files)
+        return [row and row[0] for row in found]
+
+    def remember_digests(self, rows: list[tuple[tuple[int, ...], bytes]]) -> None:
+        """Keeps each file's digest by its identity (replacing the inode's older one)."""
+
+        def write(conn: Conn) -> None:
+            db, now = conn.db, time.time_ns()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(sql.REMEMBER_DIGEST, [(*f, d, now) for f, d in rows])
+                db.execute(sql.FORGET_DIGESTS, (sql.MAX_DIGESTS,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.rollback()
+                raise
+
+        try:
+            self._run(write)
+        except (sqlite3.Error, OSError) as e:  # only costs digesting the files again
+            self._failed("failed_puts", f"could not store {len(rows)} digests", e)
+
     def stats(self) -> dict[str, int]:
         """The entries and bytes in the cache (all processes'), and this object's counts of
         hits, misses, damaged entries and puts that could not be stored."""

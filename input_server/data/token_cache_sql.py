@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 
-VERSION = 2  # `PRAGMA user_version`; a file of another layout is emptied and laid out anew
+VERSION = 3  # `PRAGMA user_version`; a file of another layout is emptied and laid out anew
 CHUNK = 900  # keys per `IN (...)`: under sqlite's oldest limit of 999 variables a statement
 
 # `bytes` counts what the entries hold (ids and key); the file is larger by sqlite's pages.
@@ -35,6 +35,18 @@ CREATE TABLE IF NOT EXISTS recency (
     size INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS recency_used ON recency (used);
+-- Each source file's content digest by its identity (`token_cache_digest.py`): a file seen
+-- again unchanged is not read again. One row an inode (a rewritten file's row is replaced).
+CREATE TABLE IF NOT EXISTS digests (
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    stamp INTEGER NOT NULL,
+    PRIMARY KEY (dev, ino)
+);
 CREATE TABLE IF NOT EXISTS meta (
     one INTEGER PRIMARY KEY CHECK (one = 0),
     clock INTEGER NOT NULL,
@@ -61,7 +73,10 @@ END;
 PRAGMA user_version = {VERSION};
 """
 # Run before SCHEMA on a file of an older layout (the cache is only a cache: it starts empty).
-DROP = "DROP TABLE IF EXISTS tokens; DROP TABLE IF EXISTS recency; DROP TABLE IF EXISTS meta;"
+DROP = (
+    "DROP TABLE IF EXISTS tokens; DROP TABLE IF EXISTS recency; DROP TABLE IF EXISTS meta; "
+    "DROP TABLE IF EXISTS digests;"
+)
 
 UPSERT = (
     "INSERT INTO tokens (namespace, key, ids, n, crc, stamp) VALUES (?, ?, ?, ?, ?, ?) "
@@ -80,6 +95,19 @@ OLDEST = (
 EVICT = (
     "DELETE FROM tokens WHERE id IN "
     "(SELECT id FROM recency WHERE used <= ?1 AND (used < ?1 OR id <= ?2))"
+)
+# A file's digest, if remembered for the identity it has now (dev, ino, size, mtime, ctime).
+DIGEST_OF = (
+    "SELECT digest FROM digests WHERE dev = ? AND ino = ? AND size = ? AND mtime_ns = ? "
+    "AND ctime_ns = ?"
+)
+REMEMBER_DIGEST = "INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?, ?, ?, ?)"
+# Rows past this many (files no longer served, or on devices gone) go, oldest stamp first:
+# ~100 bytes a row, so the table stays within about 10 MB whatever clients name.
+MAX_DIGESTS = 100_000
+FORGET_DIGESTS = (
+    "DELETE FROM digests WHERE rowid IN (SELECT rowid FROM digests ORDER BY stamp "
+    "LIMIT max(0, (SELECT count(*) FROM digests) - ?))"
 )
 # Damaged database files, as opposed to busy or full ones (which are not the file's fault).
 _DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
