@@ -110,3 +110,50 @@ def write_tiktoken_model(
         for raw, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(raw).decode()} {rank}\n")
     return os.fspath(path)
+
+
+def write_large_bpe(
+    folder: str | os.PathLike, tokens: int, *, max_chars: int = 4, seed: int = 0
+) -> str:
+    """A byte-level BPE `tokenizer.json` of `tokens` random tokens of at most `max_chars`
+    characters, each made by a merge of two tokens before it, with a `tokenizer_config.json`
+    naming BOS and EOS; returns the folder. Not trained (millions of tokens in seconds): the
+    large models an operator may be handed, to measure what loading one costs. Short tokens
+    are what fastokens holds in the most memory a byte of file (issue 39)."""
+    import random
+
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    made, merges, rng = list(alphabet), [], random.Random(seed)
+    while len(made) < tokens:
+        a = made[rng.randrange(len(made))] if rng.random() < 0.7 else rng.choice(alphabet)
+        b = rng.choice(alphabet)
+        if len(a) + len(b) <= max_chars and a + b not in vocab:
+            vocab[a + b] = len(made)
+            made.append(a + b)
+            merges.append(f"{a} {b}")
+    added = []
+    for i, special in enumerate((BOS, EOS)):
+        vocab[special] = len(made) + i
+        flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
+        added.append({"id": len(made) + i, "content": special, **flags, "special": True})
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+    model = {
+        **{"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False},
+        **{"continuing_subword_prefix": None, "end_of_word_suffix": None},
+        **{"byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+    tokenizer = {
+        **{"version": "1.0", "truncation": None, "padding": None, "added_tokens": added},
+        **{"normalizer": None, "post_processor": None, "model": model},
+        **{"pre_tokenizer": {**byte_level, "use_regex": True}, "decoder": byte_level},
+    }
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return os.fspath(folder)
