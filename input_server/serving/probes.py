@@ -9,15 +9,23 @@ verify the certificate". (KEP-4939's `mode: TLS`, alpha in 1.37, still sends no 
 certificate and no token.) So a TLS listener, let alone a mutual-TLS one, cannot be probed
 directly. The port shares the server's `HealthServicer`: a drain shows NOT_SERVING here too.
 It says SERVING or not and nothing else; any other method is UNIMPLEMENTED.
+
+Its answer is kept honest by `SelfCheck`: this port has threads of its own, so it would answer
+SERVING for a main server that cannot serve (once, 38 s after a flood had left, every call on
+the main port failed and a running stream sent nothing while this port said SERVING).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from input_server.serving import listen
 from input_server.serving.call_limits import CallLimits
@@ -82,3 +90,110 @@ def health_server(servicer: health.HealthServicer, port: int) -> tuple[grpc.Serv
             return server, bound
     server.stop(None)
     raise OSError(f"--health-port {port}: cannot bind it on every interface (in use?).")
+
+
+# The self-check: a health Check on the main server, every CHECK_EVERY_S, over a connection of
+# its own. Why a call, and not a look at the thread pool: a call is what a client needs, and
+# it fails for every way the server can be unable to serve: no descriptor for a connection,
+# no pool thread for a call, gRPC's own loop gone (its pool failing to start a thread takes
+# that loop down for good: `grpc/_server.py`, `_process_event_and_continue`). It costs a Unix
+# socket's connection and one call (about a millisecond) every 2 s.
+CHECK_EVERY_S = 2.0
+# An answer later than this is no answer: GetInfo and health must answer within 2.5 s under
+# the floods the project is tested with (docs/security.md).
+CHECK_DEADLINE_S = 2.0
+# Failures in a row before NOT_SERVING (6 to 12 s): one late answer on a loaded host is not a
+# server that cannot serve. One answer brings SERVING back.
+CHECK_FAILURES = 3
+
+
+class SelfCheck:
+    """Sets `services` NOT_SERVING in `servicer` while the main server does not answer a
+    health Check within `CHECK_DEADLINE_S`, `CHECK_FAILURES` times in a row, and SERVING
+    again once it answers; a drain's NOT_SERVING stays (`HealthServicer` ignores `set` then).
+
+    It dials the first socket file among `targets`; without one it adds a socket of its own
+    to `server` (not started yet), in a private folder, plaintext and owner-only: TLS and
+    client certificates would be the check's to hold, and health needs no token.
+
+    Args:
+      servicer: the health state the probe port and the main server share.
+      server: the main gRPC server, not started.
+      targets: the addresses it listens on (`Server.targets`).
+      services: the service names whose status follows the check.
+    """
+
+    def __init__(
+        self,
+        servicer: health.HealthServicer,
+        server: grpc.Server,
+        targets: Sequence[str],
+        services: Sequence[str],
+    ):
+        self._servicer, self._services = servicer, tuple(services)
+        self._folder = None
+        files = [t for t in targets if t.startswith("unix:") and not t.startswith("unix-abstract")]
+        if files:
+            self.target = files[0]
+        else:
+            self._folder = tempfile.mkdtemp(prefix="input-server-check-")  # 0700
+            self.target = f"unix://{self._folder}/check.sock"
+            if not server.add_insecure_port(self.target):
+                shutil.rmtree(self._folder, ignore_errors=True)
+                raise OSError(f"--health-port: cannot bind the self-check's {self.target}.")
+        self.serving = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="health-check", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the checks and removes the private socket's folder; safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.wait(CHECK_EVERY_S):
+            why = self.check()
+            failures = 0 if why is None else failures + 1
+            serving = failures < CHECK_FAILURES
+            if serving == self.serving or self._stop.is_set():
+                continue
+            self.serving = serving
+            status = health_pb2.HealthCheckResponse.SERVING
+            if serving:
+                log.warning("health: SERVING again: the server answers its health check")
+            else:
+                status = health_pb2.HealthCheckResponse.NOT_SERVING
+                log.error(
+                    "health: NOT_SERVING: the server did not answer a health check within "
+                    "%g s, %d times in a row (last: %s); a probe will restart it",
+                    CHECK_DEADLINE_S,
+                    failures,
+                    why,
+                )
+            for service in self._services:
+                self._servicer.set(service, status)
+
+    def check(self) -> str | None:
+        """One health Check on the main server, over a new connection (one that cannot be
+        made is a failure too): None when it answered, else why not."""
+        options = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0)]
+        try:
+            with grpc.insecure_channel(self.target, options=options) as channel:
+                health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=CHECK_DEADLINE_S
+                )
+        except grpc.RpcError as e:
+            return f"{e.code().name}: {e.details()}"
+        except Exception as e:  # no thread or descriptor for the channel: starved as well
+            return f"{type(e).__name__}: {e}"
+        return None

@@ -133,10 +133,17 @@ class Server:
         credentials = self.certificates and self.certificates.credentials()
         for a in addresses:
             self._listen_on(a, credentials, gid)
+        self._check: probes.SelfCheck | None = None
         if c.health_port is not None:
             try:
                 self._probes, self.health_port = probes.health_server(self._health, c.health_port)
+                # The probe port answers from threads of its own: it says what this checks.
+                self._check = probes.SelfCheck(
+                    self._health, self._server, self.targets, ("", SERVICE_NAME)
+                )
             except OSError:
+                if self._probes is not None:
+                    self._probes.stop(None)
                 self._unbind()
                 raise
         if start:
@@ -299,6 +306,8 @@ class Server:
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self._probes is not None:
             self._probes.start()
+        if self._check is not None:
+            self._check.start()
         if self._metrics is not None:
             self._metrics.start()
         log.info(
@@ -317,6 +326,8 @@ class Server:
         if self._stopped.is_set():
             return
         grace = self.config.grace_s if grace is None else grace
+        if self._check is not None:
+            self._check.stop()
         self._health.enter_graceful_shutdown()  # NOT_SERVING for the whole drain
         self._draining.set()
         # Streams end with UNAVAILABLE now (`drain` wakes them); health and info still
