@@ -87,7 +87,11 @@ class BoundedWSGIServer(WSGIServer):
       max_connections, threads, idle_s, head_s: the bounds (defaults above, with why).
     """
 
-    request_queue_size = 64  # the kernel's backlog: a burst of scrapes waits there, no thread
+    # The kernel's backlog: a burst of connections waits there (no thread, no descriptor)
+    # until the loop accepts them, and closes those past the cap. At 64, a server whose loop
+    # waited on the GIL behind a stream's threads dropped SYNs, each a 1 s retransmit for its
+    # peer (a scraper among them): 1,100 connections took 14 s to open.
+    request_queue_size = 1024
 
     def __init__(
         self,
