@@ -18,6 +18,7 @@ from input_client.wire import shift_left
 from input_server.data.tokenizers import KINDS as TOKENIZERS
 from input_server.data.tokenizers import load_tokenizer
 from input_server.tools.bench_server import _consume, _rate
+from input_server.tools.bench_table import audited
 
 KINDS = tuple(TOKENIZERS)
 
@@ -254,6 +255,9 @@ def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
         "tokenizer_backend": result["tokenizer_backend"]["backend"],
         "tokenizer_backend_why": result["tokenizer_backend"]["why"],
         "documents_differing": result["tokenizer_backend"]["documents_differing"],
+        "audited_while_served": audited(result["server"]["unix"])
+        if result["server"]["unix"].get("backend_groups")
+        else None,
     }
 
 
@@ -299,6 +303,7 @@ def format_kinds_table(result: dict[str, Any]) -> str:
         lines.append(
             f"  {' ' * len(r['kind'])}  tokenized by {r['tokenizer_backend']} "
             f"({r['tokenizer_backend_why']}; {r['documents_differing']} documents differ)"
+            + (f"; served, the reference audited {a}" if (a := r["audited_while_served"]) else "")
         )
         lines.append(
             f"  {' ' * len(r['kind'])}  reference ({r['best_reference_processes']} processes "

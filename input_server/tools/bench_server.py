@@ -121,6 +121,18 @@ def _past_pending_backend(client, batches, timeout_s: float = 120.0) -> int:
     return taken
 
 
+def _audits(client, timeout_s: float = 10.0) -> dict:
+    """What the reference verified of the backend's groups while the stream served (the audits
+    follow the stream's room to spare: a loop that takes all it gets leaves little), from the
+    server's totals once the ended stream is counted in them."""
+    deadline = time.monotonic() + timeout_s
+    while (t := client.info().totals).streams_opened > sum(t.stream_ends.values()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return {"backend_groups": t.backend_groups, "audited_groups": t.audited_groups}
+
+
 def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
     """The same pipeline through a real server process and the client, as a sidecar runs:
     `input-server serve [server_args]` in its own process, over a Unix socket or loopback TCP."""
@@ -173,6 +185,7 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         before_backend = _past_pending_backend(client, it)
         process = psutil.Process(server.pid)
         result = _consume(it, lambda b: b["inputs_segmentation"], process, on_last=_Held(process))
+        result.update(_audits(client))
         # This process is the client; the server's CPU is the other process's.
         result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
         result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")

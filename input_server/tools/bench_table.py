@@ -33,6 +33,12 @@ def _row(name: str, r: dict) -> str:
     return line
 
 
+def audited(served: dict) -> str:
+    """The share of a served run's fast-backend groups the reference verified, in words."""
+    made, checked = served["backend_groups"], served["audited_groups"]
+    return f"{checked:,} of {made:,} groups ({100 * checked / made:.1f} %)"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The result of `bench.run` as text."""
     kind = result.get("kind", "sentencepiece")
@@ -58,6 +64,8 @@ def format_table(result: dict[str, Any]) -> str:
         if has_figures(r):
             name = "wire bytes per token, " + t
             lines.append(f"{name:<{NAME_WIDTH}} {r['wire_bytes_per_token']:>10.2f}")
+            if r.get("backend_groups"):
+                lines.append(f"audited by the reference, {t}: {audited(r)}")
     b = result.get("tokenizer_backend")
     if b:
         lines.append(f"tokenizer backend: {b['backend']} ({b['why']})")

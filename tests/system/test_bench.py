@@ -160,6 +160,11 @@ def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models,
     assert backend["documents_differing"] == 0
     assert backend["documents_compared"] == (0 if kind == "sentencepiece" else len(docs))
     assert f"tokenizer backend: {backend['backend']}" in stdout
+    # Served, what the reference verified of the backend's groups (none made: none to say).
+    served = result["server"]["unix"]
+    assert (served["backend_groups"] > 0) == (backend["backend"] != "reference"), served
+    assert served["audited_groups"] <= served["backend_groups"]
+    assert ("audited by the reference, unix:" in stdout) == (served["backend_groups"] > 0)
 
 
 def test_token_cache_script_reports_each_epoch_and_the_same_batches(corpus, spm_model, tmp_path):
