@@ -6,12 +6,17 @@ permissions alone. What a servicer's `context.peer()` reports (grpcio 1.85, chec
 and by tests/integration/test_auth.py): `ipv4:127.0.0.1:PORT` / `ipv6:%5B::1%5D:PORT` for TCP,
 and a bare `unix:` for BOTH socket files and abstract sockets (the client's end has no name).
 So a token needed on an abstract socket is needed on the server's socket files too.
+
+Wrong tokens slow their sender (`backoff.py`): a peer's token is checked again only after a
+delay that doubles with each wrong one; meanwhile its calls are refused at once, unchecked. A
+peer is what `context.peer()` tells apart: a TCP host (IPv6 by its /64), all Unix sockets as one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import grp
 import hmac
 import logging
@@ -30,6 +35,8 @@ from input_client.addresses import (  # noqa: F401 - the server's default is the
     default_socket_dir,
 )
 from input_client.auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
+from input_server.quoting import quote
+from input_server.serving.backoff import Backoff, peer_key
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,10 @@ MAX_TOKEN_BYTES = 4096
 REFUSAL_LOG_S = 60.0
 # Peers remembered for that, at most: past it the oldest are forgotten (a line sooner).
 REFUSAL_PEERS = 1024
+TOO_MANY = (
+    "too many wrong tokens from this peer ({peer}); its token is not checked for another "
+    "{wait:.1f} s (right or wrong), retry then"
+)
 
 
 # --- The default socket's folder -----------------------------------------------------------------
@@ -207,29 +218,52 @@ def token_policy(
 
 class TokenCheck(grpc.ServerInterceptor):
     """Answers UNAUTHENTICATED to a call without the right `authorization: Bearer TOKEN` from a
-    peer that `policy` says must send it; health stays open."""
+    peer that `policy` says must send it, and RESOURCE_EXHAUSTED to any call of a peer whose
+    wrong tokens put it in backoff (`Backoff`); health stays open.
+
+    gRPC runs `intercept_service` on its one thread that takes new calls, where the peer is
+    not known yet: the token is compared there, and the rest is decided in the call, on its
+    pool thread, which answers at once.
+    """
 
     def __init__(self, policy: TokenPolicy):
         assert policy.token is not None
         self._policy = policy
         self._expected = b"Bearer " + policy.token
         self._refusals = Refusals()
+        self._backoff = Backoff()
 
-    def _sent_right_token(self, metadata) -> bool:
-        sent = next((v for k, v in metadata or () if k == "authorization"), "")
+    def _token(self, metadata) -> bool | None:
+        """Whether the call's token is right; None when it sent none (which guesses nothing)."""
+        sent = next((v for k, v in metadata or () if k == "authorization"), None)
+        if sent is None:
+            return None
         sent = sent.encode("utf-8", "replace") if isinstance(sent, str) else sent
         return hmac.compare_digest(sent, self._expected)  # in constant time: no guessing by timing
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if (
-            handler is None
-            or handler_call_details.method.startswith(OPEN_METHODS)
-            or self._sent_right_token(handler_call_details.invocation_metadata)
-        ):
+        if handler is None or handler_call_details.method.startswith(OPEN_METHODS):
             return handler
-        # The peer is known only inside the call: check it there.
-        return _guarded(handler, self._policy.needs_token, self._refusals.add)
+        right = self._token(handler_call_details.invocation_metadata)
+        # Every call is decided in the call, a right token too: one that skipped the backoff
+        # would tell a guesser which of the guesses it sent side by side was right.
+        return _guarded(handler, functools.partial(self._admit, right))
+
+    def _admit(self, right: bool | None, peer: str) -> tuple[grpc.StatusCode, str] | None:
+        """None to serve the call, or the status that refuses it."""
+        if not self._policy.needs_token(peer):
+            return None
+        key = peer_key(peer)
+        # A call without a token (a client not told of it) is no guess: it neither counts nor
+        # waits, so it cannot put its honest neighbours on the same host in backoff.
+        wait = None if right is None else self._backoff.admit(key, right)
+        if wait is None and right:
+            return None
+        self._refusals.add(peer)
+        if wait is None:
+            return grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, TOO_MANY.format(peer=quote(key), wait=wait)
 
 
 class Refusals:
@@ -256,8 +290,8 @@ class Refusals:
             self._seen[host] = (now, 0) if due else (logged, count)
         if due:
             log.warning(
-                "refused %d call%s from %s for a missing or wrong token (logged at most once "
-                "every %g s per peer)",
+                "refused %d call%s from %s for a missing or wrong token, or in its backoff "
+                "after wrong ones (logged at most once every %g s per peer)",
                 count,
                 "" if count == 1 else "s",
                 host,
@@ -267,8 +301,7 @@ class Refusals:
 
 def _guarded(
     handler: grpc.RpcMethodHandler,
-    needs_token: Callable[[str], bool],
-    refused: Callable[[str], None],
+    admit: Callable[[str], tuple[grpc.StatusCode, str] | None],
 ):
     for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
         behavior = getattr(handler, kind)
@@ -276,10 +309,9 @@ def _guarded(
             break
 
     def guarded(request, context):
-        peer = context.peer()
-        if needs_token(peer):
-            refused(peer)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        refused = admit(context.peer())
+        if refused is not None:
+            context.abort(*refused)
         return behavior(request, context)
 
     make = getattr(grpc, f"{kind}_rpc_method_handler")

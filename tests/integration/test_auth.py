@@ -22,6 +22,7 @@ from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server import cli
 from input_server.serving import auth
+from input_server.serving.backoff import FREE_FAILURES
 from input_server.serving.server import Server, ServerConfig
 from tests.support import (
     TOKENS,
@@ -436,10 +437,14 @@ def test_wrong_tokens_are_logged_once_per_peer_with_their_count(tmp_path, caplog
     ):
         stub = pb_grpc.InputServiceStub(channel)
         wrong = [("authorization", f"Bearer {WRONG}")]
+        codes = []
         for _ in range(50):
             with pytest.raises(grpc.RpcError) as e:
                 stub.GetInfo(pb.GetInfoRequest(), timeout=10, metadata=wrong)
-            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            codes.append(e.value.code())
+    # The first few are checked; then the peer's backoff refuses most of them unchecked.
+    assert codes[: FREE_FAILURES + 1] == [grpc.StatusCode.UNAUTHENTICATED] * (FREE_FAILURES + 1)
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 30, codes
     lines = [r.getMessage() for r in caplog.records if "wrong token" in r.getMessage()]
     # The first refusal is logged at once, the other 49 within the minute are only counted.
     assert len(lines) == 1 and "ipv4:127.0.0.1" in lines[0] and "refused 1 call " in lines[0]
