@@ -14,6 +14,13 @@ and the second epoch in 2 worker processes. Printed as JSON: tokens/s of each (b
 the ratios (median of the rounds' own), and whether every batch equals the uncached epoch's.
 With `--spec`, its source, tokenizer and batch (its tokenizer forced to the reference, which is
 what the cache keeps: e.g. a Hugging Face tokenizer.json whose normalizer no backend takes).
+
+Then what keying the cache on the files' contents costs (`data/token_cache_digest.py`), under
+"digest": the first digest of the epoch's files and of a `--digest-mb` file (the corpus's bytes
+over and over, just written, so from the page cache: the hash's rate, not a disk's), the same
+files' digests found remembered (a stat a file and one query), the check that a file is
+unchanged (one stat, before each put and as each stream opens), and a pipeline's opening
+without a cache against with one whose digests are remembered.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from input_client import PipelineSpec
 from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
+from input_server.data import token_cache_digest as digests
 from input_server.data.token_cache import TokenCache
 from input_server.testing import corpus
 
@@ -61,6 +69,55 @@ def _repeated(jsonl: str, times: int, path: str) -> str:
     return path
 
 
+def _settled(paths: list[str]) -> None:
+    """Waits until every file's last change is past the racy window, so that no digest timed
+    below includes `token_cache_digest`'s wait for it."""
+    newest = max(os.stat(p).st_ctime_ns for p in paths)
+    time.sleep(max(0.0, (newest + digests.RACY_NS - time.time_ns()) / 1e9 + 0.05))
+
+
+def _timed(f) -> float:
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
+def digest_cost(spec: PipelineSpec, folder: str, big_mb: int) -> dict:
+    """What the content key costs (see the module's docstring), in seconds unless named."""
+    files = list(dict.fromkeys(Pipeline(spec).source.files()))
+    big = os.path.join(folder, "big.bin")
+    with open(files[0], "rb") as f:
+        chunk = f.read(64 << 20) or b"x"
+    with open(big, "wb") as f:
+        for _ in range(-(-(big_mb << 20) // len(chunk))):
+            f.write(chunk)
+    big_bytes = os.path.getsize(big)
+    _settled([*files, big])
+    cache = TokenCache(os.path.join(folder, "digests"), 1 << 30)
+    size = sum(os.path.getsize(p) for p in files)
+    big_s = _timed(lambda: digests.file_states(cache, [big]))
+    first_s = _timed(lambda: digests.file_states(cache, files))
+    again_s = _timed(lambda: digests.file_states(cache, [*files, big]))
+    states = digests.file_states(cache, files)
+    watch = digests.SourceFiles(states * (1000 // len(states) + 1))
+    check_s = _timed(watch.unchanged) / len(watch.states)
+    open_plain = min(_timed(lambda: Pipeline(spec)) for _ in range(3))
+    open_cached = min(_timed(lambda: Pipeline(spec, token_cache=cache)) for _ in range(3))
+    cache.close()
+    os.remove(big)
+    return {
+        "files": len(files),
+        "bytes": size,
+        "first_s": first_s,
+        "big_bytes": big_bytes,
+        "big_first_s": big_s,
+        "gb_per_s": big_bytes / big_s / 1e9,
+        "remembered_s": again_s,
+        "check_us_a_file": check_s * 1e6,
+        "pipeline_open_s": {"no_cache": open_plain, "cache_remembered": open_cached},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     corpus.add_corpus_arguments(parser)
@@ -68,6 +125,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out")
     parser.add_argument("--spec", help="a spec TOML to measure instead of a corpus and model")
+    parser.add_argument(
+        "--digest-mb", type=int, default=256, help="the file whose first digest is timed"
+    )
     args = parser.parse_args()
     ensure_absl_flags_parsed()
     with tempfile.TemporaryDirectory() as d:
@@ -120,6 +180,7 @@ def main() -> None:
                 "tokens_per_s": {k: max(v) for k, v in rates.items()},
                 "ratios": ratio,
                 "same_batches": same,
+                "digest": digest_cost(spec, d, args.digest_mb),
             },
             args.out,
         )
