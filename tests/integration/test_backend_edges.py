@@ -33,7 +33,7 @@ from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.tiktoken import PATTERN, TiktokenTokenizer
 from input_server.testing.corpus import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.testing.tokenizer_models import write_tiktoken_model
-from tests.integration.test_tokenizer_backends import _first_new_word  # one finder of words
+from tests.backend_support import first_new_word
 from tests.support import assert_same_batches, run_pipeline, same_batches
 
 GROUP = 250  # documents a group, in the tests that encode groups themselves
@@ -250,7 +250,7 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
     """A panic (a BaseException that is no Exception) on some groups: those groups get the
     reference's ids, the others the backend's, the stream goes on, the backend still serves."""
     docs = texts[:3000]
-    word, _ = _first_new_word(docs, GATE_DOCS)
+    word, _ = first_new_word(docs, GATE_DOCS)
     monkeypatch.setattr(_OnWordKind, "on_word", ("panic", word, _version()))
     tok, ref = _OnWordKind(TokenizerSpec(model=model, kind="tiktoken")), _reference(model)
     assert tok.choose_backend(docs[:GATE_DOCS]).backend == "fastokens"
@@ -324,7 +324,7 @@ def test_a_backend_panic_in_the_gate_leaves_the_reference(
     """A panic on one of the gate's documents is the backend failing the gate, said, not an
     error that fails the stream."""
     docs = texts[:GATE_DOCS]
-    word, _ = _first_new_word(texts, 0)
+    word, _ = first_new_word(texts, 0)
     monkeypatch.setattr(_OnWordKind, "on_word", ("panic", word, _version()))
     tok = _OnWordKind(TokenizerSpec(model=model, kind="tiktoken"))
     choice = tok.choose_backend([*docs, f"a text with {word} in it"])
@@ -373,7 +373,7 @@ def test_a_mismatch_in_a_worker_restarts_the_stage_with_the_reference(
     reference = Pipeline(spec.replace(tokenizer={"backend": "reference"}))
     want = run_pipeline(reference, threads=1)
     size = reference.group_size
-    word, at = _first_new_word(docs, 3 * size)
+    word, at = first_new_word(docs, 3 * size)
     assert at + 4 * size < len(docs)  # groups after it, for the restart to serve
     monkeypatch.setattr(_OnWordKind, "on_word", ("skew", word, _version()))
     monkeypatch.setitem(KINDS, "tiktoken", _OnWordKind)
