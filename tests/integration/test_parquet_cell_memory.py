@@ -1,0 +1,102 @@
+"""One oversized Parquet cell against a real server in a 2 GB memory cgroup: an 803-byte file
+holding one 381 MB text cell (brotli) is refused from its footer before it is read, naming the
+file, the row group, the size and --max-document-mb, while another client's stream flows.
+
+Measured before (issue 39): a 643-byte file of one 381 MB cell took a server from 404 MB to
+2,152 MB before --max-document-mb refused the row (a 2 GB pod dies). Only inside a cgroup;
+skipped where none can be made.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from input_client import InputClient, PipelineSpec, StreamError
+from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from tests.integration.test_large_tokenizer_memory import _peak_watcher
+from tests.support import cgroup_server, memory_cgroup
+
+_MIB = 1 << 20
+# One 381 MB cell of one repeated byte, plain-encoded and brotli-compressed: 803 bytes on disk.
+# Written in a child process inside a cgroup: pyarrow holds ~1.25 GB while writing it.
+_WRITE = """
+import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+n = 381 << 20
+data = pa.py_buffer(np.full(n, ord("a"), np.uint8))
+cell = pa.StringArray.from_buffers(1, pa.py_buffer(np.array([0, n], np.int32)), data)
+pq.write_table(pa.table({"text": cell}), sys.argv[1], compression="brotli",
+               use_dictionary=False, store_schema=False, write_statistics=False)
+"""
+
+
+def _write_cell(path: str, procs: str) -> None:
+    def enter_cgroup() -> None:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    subprocess.run([sys.executable, "-c", _WRITE, path], check=True, preexec_fn=enter_cgroup)
+
+
+# ~15 s on a 2-core host (4 s of it writing the file).
+@pytest.mark.timeout(180)
+def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_footer(tmp_path, docs):
+    root = str(tmp_path)
+    with memory_cgroup(2) as procs, memory_cgroup(2) as writer:
+        if procs is None or writer is None:
+            pytest.skip("no memory cgroup can be made here: a 381 MB cell needs one")
+        cell = os.path.join(root, "cell.parquet")
+        _write_cell(cell, writer)
+        assert os.path.getsize(cell) < 4096
+        good = PipelineSpec(
+            source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
+            tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
+            batch={"seq_len": 128, "size": 4},
+            order={"epochs": 0},
+            workers={"count": 0},
+        )
+        with cgroup_server(root, procs=procs, log=os.path.join(root, "server.log")) as (target, p):
+            taken, stop, peak = [0], threading.Event(), [0]
+
+            def other() -> None:
+                with InputClient(target) as c, c.batches(good) as it:
+                    for _ in it:
+                        taken[0] += 1
+                        if stop.is_set():
+                            return
+
+            flowing = threading.Thread(target=other, daemon=True)
+            flowing.start()
+            watcher = _peak_watcher(p.pid, stop, peak)
+            deadline = time.monotonic() + 60
+            while taken[0] < 5 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            before = peak[0]
+            try:
+                spec = good.replace(source={"paths": [cell], "format": "parquet"})
+                with InputClient(target) as c, pytest.raises(StreamError) as e:
+                    with c.batches(spec) as it:
+                        next(it)
+                said = e.value.details
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, said
+                for needle in ("cell.parquet row group 0", "381.0 MB", "--max-document-mb 64"):
+                    assert needle in said, (needle, said)
+                assert "footer" in said, said
+                assert p.poll() is None, "the server died"
+                seen = taken[0]
+                time.sleep(1.0)
+                assert taken[0] > seen, "the other stream stopped"
+                # Refused before a byte of the cell is decompressed (measured: +0 MB over the
+                # flowing stream's server, was +1,748 MB).
+                assert peak[0] - before < 100 * _MIB, (before >> 20, peak[0] >> 20)
+            finally:
+                stop.set()
+                flowing.join(30)
+                watcher.join(5)
+            print(f"peak {before >> 20} MB before the request, {peak[0] >> 20} MB after")
