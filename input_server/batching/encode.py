@@ -89,6 +89,8 @@ class CachedIds:
             states = file_states(cache, pipeline.source.files())
         except (Unsettled, OSError) as e:
             return None, f"not used: {e}"
+        except CancelledError:  # raised by the request's next check, the pipeline built whole
+            return None, "not used: cancelled while the files were digested"
         return cls(cache, _namespace(pipeline, states), SourceFiles(states)), "used"
 
     def current(self) -> bool:
