@@ -4,8 +4,8 @@ once per file identity and remembered in the cache, and the check that the files
 Why a digest of the bytes and not the metadata: a file rewritten in place with its size and
 mtime kept (`cp -p`, `rsync -t`, tar, a restored backup, an image with fixed mtimes) passes any
 check of size and mtime, and was served the old text's ids. Why once per identity and not at
-every stream: digesting reads the whole corpus (sha256 ran at 0.9-1 GB/s a core on the
-development host: a minute for 50 GB), while a stat costs microseconds. The identity is
+every stream: digesting reads the whole corpus (0.43 GB/s read and hashed on the development
+VM: two minutes for 50 GB; docs/benchmarks.md), while a stat costs microseconds. The identity is
 (dev, inode, size, mtime_ns, ctime_ns): ctime is set by the kernel to its clock on every
 write, truncate, rename onto, utime or chmod, and no system call sets it back, so a rewrite
 with the old size and mtime still gets a new identity and is digested again.
@@ -16,7 +16,9 @@ is taken only once the file's ctime is `RACY_NS` old (as git's "racily clean" en
 then any later write gets a later ctime. And a file can change while it is read: its identity
 is taken before and after, and it is read again if they differ. What this trusts: the file
 system's ctime is the kernel's change time (true of Linux's local file systems, NFS, overlay;
-not of vfat/exfat, which have no ctime) and its clock is not behind this host's.
+not of vfat/exfat, which have no ctime) and its clock is not behind this host's. Not covered:
+a file changed while its pipeline is being opened, after its reader indexed it and before the
+digest (the pipeline opens its files before it asks for the digests).
 """
 
 from __future__ import annotations
