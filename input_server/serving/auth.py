@@ -9,7 +9,8 @@ So a token needed on an abstract socket is needed on the server's socket files t
 
 Wrong tokens slow their sender (`backoff.py`): a peer's token is checked again only after a
 delay that doubles with each wrong one; meanwhile its calls are refused at once, unchecked. A
-peer is what `context.peer()` tells apart: a TCP host (IPv6 by its /64), all Unix sockets as one.
+peer is what can be told apart: a TCP host (IPv6 by its /64; on loopback, the user owning the
+client's socket), all Unix sockets as one (gRPC gives no uid).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from input_client.addresses import (  # noqa: F401 - the server's default is the
 )
 from input_client.auth import MAX_TOKEN_FILE_BYTES, token_from_bytes
 from input_server.quoting import quote
-from input_server.serving.backoff import Backoff, peer_key
+from input_server.serving.backoff import Backoff, LoopbackOwners, peer_key
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,7 @@ class TokenCheck(grpc.ServerInterceptor):
         self._expected = b"Bearer " + policy.token
         self._refusals = Refusals()
         self._backoff = Backoff()
+        self._owners = LoopbackOwners()
 
     def _token(self, metadata) -> bool | None:
         """Whether the call's token is right; None when it sent none (which guesses nothing)."""
@@ -254,7 +256,9 @@ class TokenCheck(grpc.ServerInterceptor):
         """None to serve the call, or the status that refuses it."""
         if not self._policy.needs_token(peer):
             return None
-        key = peer_key(peer)
+        if right and self._backoff.quiet():  # no peer waits: no need to know which this is
+            return None
+        key = peer_key(peer, self._owners)
         # A call without a token (a client not told of it) is no guess: it neither counts nor
         # waits, so it cannot put its honest neighbours on the same host in backoff.
         wait = None if right is None else self._backoff.admit(key, right)

@@ -6,7 +6,12 @@ token waits out its backoff like its guesses, so guesses sent side by side learn
 from __future__ import annotations
 
 import collections
+import json
+import os
 import statistics
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -19,6 +24,37 @@ from input_server.serving.backoff import Backoff, peer_key
 from tests.support import serve_cli, write_token_file
 
 FLOOD_S = 4.0
+NOBODY = 65534
+# A guesser that is really another user: it imports while root's files are readable, then
+# switches to `nobody` before it connects (as tests/system/test_other_users.py does).
+_OTHER_USER_GUESSER = textwrap.dedent("""
+    import collections, json, os, sys, threading, time, uuid
+    import grpc, grpc._channel
+    from input_client.proto import pb, pb_grpc
+
+    target, seconds = sys.argv[1], float(sys.argv[2])
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+    codes, stop = collections.Counter(), threading.Event()
+
+    def guess():
+        with grpc.insecure_channel(target) as channel:
+            stub = pb_grpc.InputServiceStub(channel)
+            while not stop.is_set():
+                md = [("authorization", "Bearer " + uuid.uuid4().hex)]
+                try:
+                    stub.GetInfo(pb.GetInfoRequest(), timeout=10, metadata=md)
+                    codes["OK"] += 1
+                except grpc.RpcError as e:
+                    codes[e.code().name] += 1
+
+    threads = [threading.Thread(target=guess) for _ in range(2)]
+    [t.start() for t in threads]
+    print("started", flush=True)
+    time.sleep(seconds)
+    stop.set()
+    [t.join() for t in threads]
+    print(json.dumps(codes), flush=True)
+""")
 # FREE_FAILURES checks at once, then one each 0.05, 0.1, 0.2 ... s: 11 in 4 s, a few more
 # allowed for a slow host's clock between the calls.
 MOST_CHECKS = 15
@@ -120,8 +156,43 @@ def test_the_backoff_doubles_forgets_and_remembers_a_bounded_number_of_peers():
 
 
 def test_a_peer_is_its_host_an_ipv6_one_by_its_64_and_unix_sockets_are_one():
+    """Without `LoopbackOwners` (or where /proc cannot tell), loopback is one host too."""
     assert peer_key("ipv4:127.0.0.1:5555") == peer_key("ipv4:127.0.0.1:6666") == "ipv4:127.0.0.1"
     assert peer_key("ipv6:%5B2001:db8:1:2::7%5D:80") == "ipv6:2001:db8:1:2::/64"
     assert peer_key("ipv6:%5B2001:db8:1:2:ffff::1%5D:81") == "ipv6:2001:db8:1:2::/64"
     assert peer_key("ipv6:%5B2001:db8:1:3::7%5D:80") != peer_key("ipv6:%5B2001:db8:1:2::7%5D:80")
     assert peer_key("unix:") == peer_key("unix:/tmp/s.sock") == "unix"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_on_loopback_a_guessing_user_slows_only_itself(guarded_cli):
+    """Both on 127.0.0.1: the key is the user owning the client's socket (/proc/net/tcp)."""
+    tcp, _, token = guarded_cli
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_USER_GUESSER, tcp, str(FLOOD_S)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "started"
+        latencies, answers = [], collections.Counter()
+        with grpc.insecure_channel(tcp) as channel:
+            stub = pb_grpc.InputServiceStub(channel)
+            deadline = time.monotonic() + FLOOD_S - 0.5
+            while time.monotonic() < deadline:
+                t0 = time.perf_counter()
+                answers[get_info(stub, token)] += 1
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.05)
+        codes = json.loads(child.stdout.readline())
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+    print(
+        f"nobody: {codes}; root on loopback: median {1e3 * statistics.median(latencies):.1f} "
+        f"ms, max {1e3 * max(latencies):.1f} ms over {len(latencies)} calls"
+    )
+    assert codes.get("UNAUTHENTICATED", 0) <= MOST_CHECKS, codes
+    assert codes.get("RESOURCE_EXHAUSTED", 0) >= 50, codes
+    assert answers == {grpc.StatusCode.OK: len(latencies)}, answers
+    assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0, latencies
