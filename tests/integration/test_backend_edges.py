@@ -412,7 +412,7 @@ def test_a_mismatch_in_a_worker_restarts_the_stage_with_the_reference(
 
 def test_the_token_cache_keeps_only_the_references_ids(texts, model, tmp_path):
     """A pipeline served by fastokens neither reads nor fills the cache; the reference's does,
-    under a namespace that changes with the flags and with the data file's modification."""
+    under a namespace that changes with the flags and with the data file's bytes."""
     data = write_jsonl(texts[:200], tmp_path / "few.jsonl")
     cache = TokenCache(os.fspath(tmp_path / "cache"), 16 << 20)
     spec = _spec(data, model)
@@ -435,6 +435,10 @@ def test_the_token_cache_keeps_only_the_references_ids(texts, model, tmp_path):
     assert no_eos.cached.namespace != namespace
     st = os.stat(data)
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    touched = Pipeline(reference, token_cache=cache).cached.namespace
-    assert touched not in (namespace, no_eos.cached.namespace)
+    # Keyed on the bytes (issue 39): a new modification time alone keeps the namespace, new
+    # text does not.
+    assert Pipeline(reference, token_cache=cache).cached.namespace == namespace
+    write_jsonl(texts[200:400], data)
+    changed = Pipeline(reference, token_cache=cache).cached.namespace
+    assert changed not in (namespace, no_eos.cached.namespace)
     cache.close()
