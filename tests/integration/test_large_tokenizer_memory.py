@@ -56,15 +56,16 @@ def _settled(client: InputClient, deadline: float):
         time.sleep(0.05)
 
 
-def large_model_scenario(root: str, docs: list[str], *, tokens: int, cgroup_gb: float) -> dict:
+def large_model_scenario(root: str, docs: list[str], make_model, *, cgroup_gb: float) -> dict:
     """A server in a `cgroup_gb` memory cgroup, another client's stream flowing; two streams
-    of a generated `tokens`-token tokenizer.json with other BOS/EOS flags. Returns what was
-    seen: the streams' backends and whys, peak memory (before, after each), the file's size,
-    batches of the other stream; asserts the server lived and the other stream flowed."""
+    of the tokenizer.json `make_model(folder)` writes there, with other BOS/EOS flags.
+    Returns what was seen: the streams' backends and whys, peak memory (before, after each),
+    the file's size; asserts the server lived and the other stream flowed."""
     with memory_cgroup(cgroup_gb) as procs:
         if procs is None:
             pytest.skip("no memory cgroup can be made here: a large tokenizer needs one")
-        model = write_large_bpe(os.path.join(root, "large"), tokens)
+        model = os.path.join(root, "large")
+        make_model(model)
         size = os.path.getsize(os.path.join(model, "tokenizer.json"))
         corpus = write_jsonl(docs[:200], os.path.join(root, "docs.jsonl"))
         good = PipelineSpec(
@@ -128,7 +129,8 @@ def large_model_scenario(root: str, docs: list[str], *, tokens: int, cgroup_gb: 
 # ~20 s on a 2-core host (the file is generated, loaded by the reference, and tokenized).
 @pytest.mark.timeout(240)
 def test_a_large_tokenizer_json_is_served_within_the_budget_by_the_reference(tmp_path, docs):
-    seen = large_model_scenario(str(tmp_path), docs, tokens=600_000, cgroup_gb=2)
+    make = lambda folder: write_large_bpe(folder, 600_000)  # noqa: E731
+    seen = large_model_scenario(str(tmp_path), docs, make, cgroup_gb=2)
     assert seen["size"] > 15 * _MIB, seen["size"]  # past what fastokens may take (~14.2 MB)
     for name in ("first", "second"):
         backend, why = seen[name]
