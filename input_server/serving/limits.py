@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import grpc
 
@@ -102,16 +103,58 @@ class StreamProcesses:
 
 def check_fits(spec: PipelineSpec, limits: Limits, *, queue_depth: int, message_tokens: int):
     """Refuses a spec over the server's worker cap, or over its memory budget with the
-    parallelism it asks for ("auto": the least; tuning then keeps within the rest)."""
+    parallelism it asks for ("auto": the least; tuning then keeps within the rest), its
+    tokenizer model's copies in its worker processes counted."""
     check_workers(spec, limits.max_workers)
     count = spec.workers.count
-    check_memory(
-        spec,
-        limits.stream_memory_mb,
-        queue_depth=queue_depth,
-        message_tokens=message_tokens,
-        processes=0 if count == "auto" else count,
-        threads=1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads,
+    shape = {
+        "queue_depth": queue_depth,
+        "message_tokens": message_tokens,
+        "processes": 0 if count == "auto" else count,
+        "threads": 1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads,
+    }
+    check_memory(spec, limits.stream_memory_mb, **shape)
+    check_model_copies(spec, limits, stream_memory_mb(spec, **shape), shape["processes"])
+
+
+def model_copy_mb(spec: PipelineSpec, access: DataAccess) -> tuple[float, float]:
+    """(file MiB, loaded MiB) of one process's copy of `spec`'s Hugging Face model by the
+    reference's estimate (the server's own copy is shared by its streams and bounded apart,
+    `huggingface.MAX_LOADED_BYTES`); (0, 0) for other kinds, or a model not found yet
+    (opening the pipeline says why)."""
+    from input_server.data.tokenizers import huggingface
+    from input_server.data.tokenizers.registry import resolve_model
+    from input_server.errors import InputServerError
+
+    if not spec.tokenizer.model or spec.tokenizer.kind != huggingface.HuggingFaceTokenizer.KIND:
+        return 0.0, 0.0
+    try:
+        path, _ = resolve_model(access, spec.tokenizer)
+        size = os.path.getsize(path)
+    except (InputServerError, OSError):
+        return 0.0, 0.0
+    return size / _MIB, size * huggingface.LOAD_BYTES_PER_FILE_BYTE / _MIB
+
+
+def check_model_copies(spec: PipelineSpec, limits: Limits, used_mb: float, processes: int):
+    """Refuses (RESOURCE_EXHAUSTED) a stream whose worker processes, each loading its own copy
+    of the tokenizer model, would take it past --stream-memory-mb: a 118 MB tokenizer.json
+    takes ~1.9 GB a process."""
+    if processes <= 0:
+        return
+    file_mb, copy_mb = model_copy_mb(spec, limits.access)
+    need = used_mb + processes * copy_mb
+    if need <= limits.stream_memory_mb:
+        return
+    fit = max(0, int((limits.stream_memory_mb - used_mb) // copy_mb))
+    raise RefusedError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"`tokenizer.model` {spec.tokenizer.model!r} ({file_mb:,.1f} MB) loads in each of the "
+        f"stream's {processes} worker processes at about {copy_mb:,.0f} MB "
+        f"({copy_mb / file_mb:.0f} x the file): {need:,.0f} MB with its batches, over the server's "
+        f"--stream-memory-mb {limits.stream_memory_mb:g}; ask for at most {fit} in "
+        f"`workers.count` (0 tokenizes in the server, whose copy streams share), or ask the "
+        f"operator for a larger budget.",
     )
 
 
