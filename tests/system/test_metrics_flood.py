@@ -251,7 +251,7 @@ def test_health_turns_not_serving_when_the_server_cannot_start_a_thread(
                 _write(cgroup, "pids.max", _read(cgroup, "pids.current"))
                 starved = time.monotonic()
                 spec = make_spec().to_proto()
-                for _ in range(4):  # calls that each need a pool thread of their own
+                for _ in range(8):  # calls that each need a pool thread of their own
                     threading.Thread(target=_stream, args=(target, spec), daemon=True).start()
                 down = _until(statuses, "NOT_SERVING", 14) - starved
                 _write(cgroup, "pids.max", POD_PIDS)
