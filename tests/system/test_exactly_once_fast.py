@@ -105,7 +105,10 @@ def _stream_of(client: InputClient, backend: str):
     return info
 
 
-def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(servers, world, short_tmp):
+@pytest.mark.parametrize("processes", [0, 1])
+def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(
+    servers, world, short_tmp, processes
+):
     """Two streams of one spec on a server with `--token-cache`: one served by fastokens (the
     cache is not used: it keeps only the reference library's ids), one asking for the
     reference (the cache keeps its ids). In the second epoch, with the first epoch's ids in the
@@ -113,7 +116,9 @@ def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(servers, wor
     clients reconnect by themselves and resume after the last batch they took. Every batch of
     both equals the uninterrupted reference run's (a server without the cache), none lost, none
     repeated; after the restart fastokens serves again, and the reference's stream reads every
-    group back from what the first server cached (it tokenizes nothing)."""
+    group back from what the first server cached (it tokenizes nothing). In the server, or in a
+    worker process of each stream (which the SIGKILL of the server's process group takes too,
+    and which opens the cache itself)."""
     cache = short_tmp / "cache"
     fast = servers("fast", "--token-cache", str(cache))
     ref = servers("ref")
@@ -122,7 +127,7 @@ def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(servers, wor
         tokenizer={"model": world["model"], "kind": "tiktoken"},
         batch={"seq_len": 256, "size": 4},
         order={"seed": 5, "epochs": 0},
-        workers={"count": 0},
+        workers={"count": processes},
     )
     cached = spec.replace(tokenizer={"backend": "reference"})
     got: dict[str, list[dict]] = {"fast": [], "cached": []}
@@ -161,6 +166,7 @@ def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(servers, wor
     # Who tokenized, and whether the cache served, on each start (`stream_open` lines).
     opened = _log_lines(fast, "token cache")
     assert len(opened) == 4, opened
+    assert all(f": {processes} worker processes," in x for x in opened), opened
     assert sum("tokenized by fastokens; token cache not used: fastokens" in x for x in opened) == 2
     assert sum("tokenized by reference; token cache used" in x for x in opened) == 2
     # The restarted reference stream read every group from the first server's cache.
