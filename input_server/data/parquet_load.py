@@ -8,11 +8,13 @@ footer's count of values (8 bytes each at most, plus an offset a row), text by r
 row group as dictionary indices first (what the file holds, at most its encoded size) and
 summing the lengths the indices would decode to. A row group past the budget is refused with
 RESOURCE_EXHAUSTED naming the file, the row group and the flag; nothing of it is decoded.
-A text row group whose footer proves a value past --max-document-mb (the mean of its values
-is past it) is refused with INVALID_ARGUMENT before it is read: a tiny file of one 381 MB cell
-took a server from 404 MB to 2,152 MB before its row was refused. A long value among shorter
-ones is decoded within the budget and refused, by its row, before it becomes a Python string
-(`largest_text`), so the shorter rows stay readable.
+Each row group's page headers are read first (`parquet_pages`): what the reader will allocate
+is reserved even where the footer understates it, and a text row group with a page whose
+values' mean is past --max-document-mb (so one of them is) is refused with INVALID_ARGUMENT
+before a page is read: an 803-byte file of one 381 MB cell took a server from 404 MB to 2,152 MB
+before its row was refused. A long value among shorter ones is decoded within the budget and
+refused, by its row, before it becomes a Python string (`largest_text`), so the shorter rows
+stay readable.
 Reserving first gives back other files' columns not being read right now, least recently used
 first (`records.DECODED`): the budget bounds what is held at once, not what was ever read.
 """
@@ -25,6 +27,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from input_server import cancel
+from input_server.data.parquet_pages import chunk_pages
 from input_server.data.records import DECOMPRESSED, Reservation, check_size, said
 from input_server.errors import CorruptFileError, OverBudgetError
 
@@ -34,10 +37,9 @@ _MIB = 1 << 20
 _ID_BYTES = {"INT32": 4, "INT64": 8}
 _ID_BYTES_MAX = 8
 _OFFSET_BYTES = 8
-# What a footer's uncompressed size may hold besides a chunk's values, per value: its length
-# prefix (4) and dictionary index (4), its definition level, and a page header (the most values
-# a page holds is one), whose statistics writers cap at 4 KiB each for min and max.
-_SLACK_PER_VALUE = 16 << 10
+# What a page holds besides its values' bytes, per value: a length prefix (4) and at most a
+# 32-bit definition level.
+_SLACK_PER_VALUE = 8
 
 
 class Texts:
@@ -174,9 +176,9 @@ class ColumnLoad:
             # Ids are kept as read: reserved in `held` at once. Text's indices are dropped
             # once decoded: reserved apart, given back after.
             encoded = self.held if self.ids else self._transient
-            self._check_documents(meta, where)
+            pages = self._check_pages(meta, where)
             try:
-                self._reserve_encoded(meta, encoded, where)
+                self._reserve_encoded(meta, encoded, where, pages)
                 try:
                     column = f.read_row_group(g, columns=[self.column]).column(self.column)
                 except (OSError, pa.ArrowException) as e:
@@ -196,12 +198,13 @@ class ColumnLoad:
             yield arrays
             first += rows
 
-    def _reserve_encoded(self, meta, into: Reservation, where: str) -> None:
+    def _reserve_encoded(self, meta, into: Reservation, where: str, pages: int) -> None:
         """Reserves what the row group's column takes before it is read: encoded (the
-        footer's uncompressed size; text read as dictionary indices holds no more), and for
-        ids what they decode to (8 bytes a value at most, an offset a row)."""
+        footer's uncompressed size, or its `pages`' if more; text read as dictionary indices
+        holds no more), and for ids what they decode to (8 bytes a value at most, an offset a
+        row)."""
         chunks = self._chunks(meta)
-        need = sum(max(0, c.total_uncompressed_size) for c in chunks)
+        need = max(pages, sum(max(0, c.total_uncompressed_size) for c in chunks))
         if self.ids:
             values = sum(
                 max(0, c.num_values) * _ID_BYTES.get(c.physical_type, _ID_BYTES_MAX) for c in chunks
@@ -211,18 +214,25 @@ class ColumnLoad:
         if not into.grow(need, self.limit):
             raise self._over(need, where)
 
-    def _check_documents(self, meta, where: str) -> None:
-        """Refuses a text row group, from its footer alone, when one of its documents must
-        be past --max-document-mb: the mean of its values (less what else a page holds) is.
-        (Ids decode to about what they take encoded, reserved before they are read.)"""
-        if self.max_document is None or self.ids:
-            return
-        chunks = self._chunks(meta)
-        values = max(1, sum(max(0, c.num_values) for c in chunks))
-        held = sum(max(0, c.total_uncompressed_size) for c in chunks)
-        mean = (held - (values + 1) * _SLACK_PER_VALUE) // values
-        where = f"{self.name} {where}, column {self.column!r} (a document, by the file's footer)"
-        check_size(mean, self.max_document, where)
+    def _check_pages(self, meta, where: str) -> int:
+        """The bytes the row group's pages decompress to, by their headers; a text row group
+        is refused when a page's values' mean (less what else it holds) is past
+        --max-document-mb: one of its documents is. (Ids decode to about what they take
+        encoded, reserved before they are read; each row is checked as it is read.)"""
+        pages = []
+        with open(self.path, "rb") as f:
+            for c in self._chunks(meta):
+                first = c.dictionary_page_offset if c.has_dictionary_page else None
+                first = c.data_page_offset if first is None else first
+                pages += chunk_pages(f, first, max(0, c.total_compressed_size), self.name)
+        if self.max_document is not None and not self.ids:
+            mean = max(
+                ((p.uncompressed - _SLACK_PER_VALUE * p.values) // max(1, p.values) for p in pages),
+                default=0,
+            )
+            shown = f"{self.name} {where}, column {self.column!r} (a document, by its page headers)"
+            check_size(mean, self.max_document, shown)
+        return sum(p.uncompressed for p in pages)
 
     def _grow(self, more: int, where: str) -> None:
         if more > 0 and not self.held.grow(more, self.limit):

@@ -1,6 +1,6 @@
 """One oversized Parquet cell against a real server in a 2 GB memory cgroup: an 803-byte file
-holding one 381 MB text cell (brotli) is refused from its footer before it is read, naming the
-file, the row group, the size and --max-document-mb, while another client's stream flows.
+holding one 381 MB text cell (brotli) is refused from its page headers before a page is read,
+naming the file, the row group, the size and --max-document-mb, while another client's stream flows.
 
 Measured before (issue 39): a 643-byte file of one 381 MB cell took a server from 404 MB to
 2,152 MB before --max-document-mb refused the row (a 2 GB pod dies). Only inside a cgroup;
@@ -46,7 +46,7 @@ def _write_cell(path: str, procs: str) -> None:
 
 # ~15 s on a 2-core host (4 s of it writing the file).
 @pytest.mark.timeout(180)
-def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_footer(tmp_path, docs):
+def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_page_headers(tmp_path, docs):
     root = str(tmp_path)
     with memory_cgroup(2) as procs, memory_cgroup(2) as writer:
         if procs is None or writer is None:
@@ -87,7 +87,7 @@ def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_footer(tmp_path, docs)
                 assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, said
                 for needle in ("cell.parquet row group 0", "381.0 MB", "--max-document-mb 64"):
                     assert needle in said, (needle, said)
-                assert "footer" in said, said
+                assert "page headers" in said, said
                 assert p.poll() is None, "the server died"
                 seen = taken[0]
                 time.sleep(1.0)
