@@ -1,7 +1,7 @@
 """A request's set-up work paced so that it cannot starve the streams already running.
 
 Reading a resharded state (`batching.resharded`) costs CPU that a client chooses: up to about
-half a second for the largest state the bounds admit, and any client may send it from many
+0.8 s for the largest state the bounds admit, and any client may send it from many
 calls at once. In one server process that work competes for the interpreter with every
 running stream's packing and sending, so 8 such calls at once took a running stream from 187
 to 38 batches/s. Here each request's set-up runs free for a short grace (every honest state
@@ -24,7 +24,6 @@ from input_server.errors import OverBudgetError
 
 # Module-level aliases: tests give the pacer other clocks.
 thread_time = time.thread_time
-monotonic = time.monotonic
 sleep = time.sleep
 
 
@@ -41,7 +40,7 @@ class PaceConfig:
       slice_s: CPU a paced request computes between its pauses (a few ms: the interpreter's
         own switch interval is 5 ms).
       budget_s: the most CPU one request's set-up may take; checked before each unit of
-        work (the largest state the bounds admit took 0.6 s here).
+        work (the largest state the bounds admit took 0.6-0.8 s here).
       max_waiting: requests that may wait for their turn; more are refused.
     """
 
@@ -139,11 +138,9 @@ class _Pacer:
         if used < config.grace_s:
             return
         if not self.held:
-            waited = monotonic()
             self.gate._enter(self)
             self.held = True
             self.mark = thread_time()
-            self.waited_s = monotonic() - waited
             return
         burst = now - self.mark
         if burst >= config.slice_s:

@@ -179,7 +179,7 @@ def test_forged_maximal_states_leave_a_running_stream_its_rate(served, forged, m
         if ratio >= 0.8:
             break
     assert ratio >= 0.8, f"the running stream kept {ratios} of its rate"
-    # Read at 1/10 of a core, one at a time: at most one or two served in the window; the
+    # Read at 1/20 of a core, one at a time: at most one or two served in the window; the
     # rest waited their turn until they left (none refused for anything but the queue).
     assert sum(o[0] == "served" for o in outcomes) <= 2, outcomes
     assert all(o[0] in ("served", "CANCELLED", "RESOURCE_EXHAUSTED") for o in outcomes), outcomes
@@ -187,7 +187,7 @@ def test_forged_maximal_states_leave_a_running_stream_its_rate(served, forged, m
 
 
 def test_a_forged_state_once_read_is_served(served, forged):
-    """Alone, the maximal state is read (paced: about 0.6 s of CPU at 1/10 of a core) and
+    """Alone, the maximal state is read (paced: about 0.6 s of CPU at 1/20 of a core) and
     streams its dealt documents."""
     child, target, folder = served
     blob = forged
