@@ -14,7 +14,7 @@ import dataclasses
 
 from input_server.errors import CorruptFileError
 
-MAX_PAGES = 1 << 16
+MAX_PAGES = 1 << 20  # a header is ~10 bytes or more: the walk is bounded by the file too
 MAX_HEADER_BYTES = 1 << 20
 MAX_DEPTH = 16
 DICTIONARY_PAGE = 2
