@@ -105,6 +105,9 @@ def _stream_of(client: InputClient, backend: str):
     return info
 
 
+BACKENDS = {"fast": "fastokens", "cached": "reference"}  # the two streams' tokenizers
+
+
 @pytest.mark.parametrize("processes", [0, 1])
 def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(
     servers, world, short_tmp, processes
@@ -148,7 +151,9 @@ def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(
                     fast.kill()  # SIGKILL, the server's whole process group
                     killed_at = len(got["fast"])
                     # Every document of the first epoch, once (the reference's stream's).
-                    assert TokenCache(str(cache), 1 << 30).stats()["entries"] == DOCS
+                    kept = TokenCache(str(cache), 1 << 30)
+                    assert kept.stats()["entries"] == DOCS
+                    kept.close()
                     fast.start()  # on the same socket and cache folder
             elif after is None and a.reconnects and b.reconnects:
                 after = 30  # batches of the restarted server's streams
@@ -176,17 +181,14 @@ def test_sigkill_with_fastokens_and_the_token_cache_is_exactly_once(
     assert fast_stages["tokenize"] > 0, fast_stages
 
 
-BACKENDS = {"fast": "fastokens", "cached": "reference"}
-
-
-def _marked_spec(world, shard, *, epochs=1) -> PipelineSpec:
+def _marked_spec(world, shard) -> PipelineSpec:
     """Whole documents, one a segment (first_fit, trimmed to seq_len), so each segment of a
     batch names its document."""
     return PipelineSpec(
         source={"paths": [world["data"]]},
         tokenizer={"model": world["model"], "kind": "tiktoken"},
         batch={"seq_len": 128, "size": 4, "packing": "first_fit", "long_documents": "trim"},
-        order={"seed": 11, "epochs": epochs},
+        order={"seed": 11, "epochs": 1},
         shard={"index": shard[0], "count": shard[1]},
         workers={"count": 0},
     )
