@@ -16,7 +16,7 @@ from input_client.threads import Prefetcher
 from input_client.wire import encode_state
 from input_server.batching.switching import ServedStream
 from input_server.data.tokenizers.route import Routed
-from input_server.errors import WorkerDiedError, exit_words
+from input_server.errors import InputServerError, WorkerDiedError, exit_words
 from input_server.serving import memory
 from input_server.serving.audit_pace import AuditPace
 from input_server.serving.coalesce import MESSAGE_TOKENS, Queued, batches_per_message, coalesce
@@ -212,7 +212,14 @@ class StreamSession:
             if failure is None and (m := _GRAIN_WORKER_DIED.search(str(e))):
                 failure = self._worker_died("a worker process", int(m.group(1)))
             if failure is None:
-                log.warning("stream %d (%s) failed", self.stream_id, self.label, exc_info=True)
+                # A status the request or the data earned says all in one line (a fuzzer's
+                # tampered states wrote a 20-line traceback each); anything else in full.
+                said = isinstance(e, InputServerError)
+                log.warning(
+                    "stream %d (%s) failed" + (": %s" if said else ""),
+                    *(self.stream_id, self.label, *([e] if said else [])),
+                    exc_info=not said,
+                )
                 raise
             self._record(failure)
             raise self.failure from e  # the watchdog's, naming the worker, if it came first

@@ -4,6 +4,7 @@ field, value or path; nothing reaches a client as UNKNOWN."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -278,3 +279,24 @@ def test_a_panic_escaping_a_method_gets_a_status_not_unknown():
     with pytest.raises(grpc.RpcError):
         list(Servicer().stream(iter(()), context))
     assert context.status == want
+
+
+def test_a_state_past_its_document_is_refused_and_logged_in_one_line(tmp_path, make_spec, caplog):
+    # The state parses (its numbers fit; this packing stops inside documents), so the stream
+    # fails at its first batch: the server logged a 20-line traceback for each such request
+    # (the fuzzer's seed 9001: 32 of them).
+    spec = make_spec(batch={"seq_len": 128, "size": 4, "packing": "concat_then_split"})
+    state = json.dumps(
+        {"version": 1, "fingerprint": spec.data_fingerprint(), "seq": 0, "doc": 0, "offset": 10**9}
+    ).encode()
+    with (
+        caplog.at_level(logging.WARNING),
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+    ):
+        e = status(srv.targets[0], spec.to_proto(), state)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failed, (e.details(), [r.getMessage() for r in caplog.records])
+    assert all(not r.exc_info and "\n" not in r.getMessage() for r in failed), [
+        (r.getMessage(), r.exc_info) for r in failed
+    ]
