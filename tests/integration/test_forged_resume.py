@@ -23,7 +23,7 @@ from tests.support import assert_same_batches, serve_files
 
 COMPONENTS, OLD = 16, 4096
 AHEAD = 62  # epochs the old stream that took batches is ahead, at most: the bound is 64
-BASE_S, ATTACK_S, WARM_S = 4.0, 6.0, 2.0
+BASE_S, ATTACK_S, WARM_S = 4.0, 8.0, 2.0
 
 
 def _mixture(folder: str, shard: tuple[int, int]) -> PipelineSpec:
