@@ -100,7 +100,6 @@ class Resharded:
     ):
         self.spec, self.components, self.budget = spec, list(components), budget
         self.run = run_fingerprint(spec)
-        self._fingerprint = ShardFingerprints(spec)
         self._rules = dict(splits_documents=splits_documents, chunk_len=chunk_len)
         self._streams = 0
         self._pace: Callable[[], None] = lambda: None
@@ -108,6 +107,7 @@ class Resharded:
     def __call__(self, d: dict[str, Any]) -> DocumentOrder | MixtureOrder | ReshardedOrder:
         """The order of the resharded state `d` (a stream of this spec's shard)."""
         self._streams = 0
+        self._fingerprint = ShardFingerprints(self.spec)  # here: most streams resume no reshard
         with GATE.work("reading `resume_state`'s old hosts' states") as self._pace:
             order = self._order(d, self.spec.shard, 0)
         if self.budget is not None:
