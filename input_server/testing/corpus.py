@@ -18,6 +18,20 @@ from collections.abc import Iterable
 MIN_CHARS = 40
 
 
+def _parse(text: str) -> ast.Module:
+    """`ast.parse`, again if another thread's parse raced it: CPython 3.11's AST conversion
+    keeps one recursion count for the whole process (3.11's tracebacks parse their source
+    lines too, so a server thread logging one meanwhile trips it: "AST constructor recursion
+    depth mismatch", a SystemError, in test fixtures beside a running server)."""
+    for _ in range(5):
+        try:
+            return ast.parse(text)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e):
+                raise
+    return ast.parse(text)
+
+
 def stdlib_docstrings(max_docs: int | None = None) -> list[str]:
     """Docstrings of the standard library's modules, classes and functions, in a fixed order."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
@@ -27,7 +41,7 @@ def stdlib_docstrings(max_docs: int | None = None) -> list[str]:
         if rel[0] in ("site-packages", "dist-packages") or "test" in rel or "tests" in rel:
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            tree = _parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         for node in ast.walk(tree):
