@@ -2,7 +2,13 @@
 
 from input_client.client import InputClient
 from input_client.elastic import reshard
-from input_client.errors import InputClientError, ReconnectError, SequenceError, StreamError
+from input_client.errors import (
+    InputClientError,
+    ReconnectError,
+    SequenceError,
+    SpecError,
+    StreamError,
+)
 from input_client.iterator import BatchIterator
 from input_client.spec import (
     BatchSpec,
@@ -10,7 +16,6 @@ from input_client.spec import (
     PipelineSpec,
     ShardSpec,
     SourceSpec,
-    SpecError,
     TokenizerSpec,
     WorkersSpec,
 )

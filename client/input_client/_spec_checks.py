@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# Defined in the public `errors` module, so tracebacks name its public home.
+from input_client.errors import SpecError
+
 # The spec's types are not imported: `spec` imports this module. Annotations name them.
 PipelineSpec = SourceSpec = TokenizerSpec = Any
 
@@ -30,18 +33,6 @@ MIX_PERIOD = 1 << 16
 MAX_COMPONENTS = 4096
 # Weights are relative; a bound keeps their sum a float (1e308 twice overflows it).
 MAX_WEIGHT = 1e12
-
-
-class SpecError(ValueError):
-    """A spec key holds a value that cannot work; `key` is the dotted key, e.g. `batch.size`."""
-
-    def __init__(self, key: str, value: Any, reason: str):
-        self.key = key
-        self.value = value
-        shown = repr(value)
-        if len(shown) > 80:  # a 5,000-digit number is named, not printed
-            shown = f"{shown[:40]}...{shown[-20:]} ({len(shown)} characters)"
-        super().__init__(f"`{key}` {reason}, got {shown}.")
 
 
 def _is_int(value: Any) -> bool:

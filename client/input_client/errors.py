@@ -1,12 +1,33 @@
-"""The client's exceptions."""
+"""The client's exceptions: every error a user's mistake raises is of a class defined here.
+
+Their `__module__` is this public module, so a traceback names `input_client.errors.SpecError`
+(also `input_client.SpecError`), never the private module that raised it.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import grpc
 
 
 class InputClientError(Exception):
     """Base of the client's errors."""
+
+
+class SpecError(InputClientError, ValueError):
+    """A spec key holds a value that cannot work; `key` is the dotted key, e.g. `batch.size`.
+
+    A ValueError too: code written before the package base caught it as one.
+    """
+
+    def __init__(self, key: str, value: Any, reason: str):
+        self.key = key
+        self.value = value
+        shown = repr(value)
+        if len(shown) > 80:  # a 5,000-digit number is named, not printed
+            shown = f"{shown[:40]}...{shown[-20:]} ({len(shown)} characters)"
+        super().__init__(f"`{key}` {reason}, got {shown}.")
 
 
 class StreamError(InputClientError):

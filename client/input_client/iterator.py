@@ -21,7 +21,7 @@ from input_client._server_checks import (
 )
 from input_client._slow_start import what_the_server_does
 from input_client.credit import Taken
-from input_client.errors import SequenceError, StreamError
+from input_client.errors import InputClientError, SequenceError, StreamError
 from input_client.proto import pb
 from input_client.quiet import Quiet
 from input_client.threads import Prefetcher
@@ -291,7 +291,13 @@ class BatchIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        return self._take()
+        try:
+            return self._take()
+        except InputClientError as e:
+            # Raised on the fetch thread (or in its reconnect loop): those frames say nothing
+            # to the loop, whose traceback is then its own line and this one. The error's
+            # words carry the server's status; a cause it was given on purpose stays.
+            raise e.with_traceback(None) from e.__cause__
 
     def _take(self, waited_s: float = 0.0) -> dict[str, Any]:
         """`next()`; `waited_s`: seconds the caller already waited for this batch elsewhere (a
