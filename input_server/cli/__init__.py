@@ -37,11 +37,30 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command."""
     parser = argparse.ArgumentParser(prog="input-server", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log at INFO level (before or after the verb)"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS.values():
         command.register(subparsers)
     return parser
+
+
+# `-v` is also taken after the verb (`input-server serve -v ...`): people add a flag at the end
+# of the line they just ran, and argparse's "unrecognized arguments: -v" did not say it goes
+# before the verb.
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, with `-v`/`--verbose` anywhere on the line (a verb's parser
+    leaves it unknown; any other unknown argument is refused as argparse refuses it)."""
+    args, unknown = parser.parse_known_args(argv)
+    rest = [a for a in unknown if a not in VERBOSE_FLAGS]
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.verbose = args.verbose or len(rest) < len(unknown)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format=TEXT_FORMAT,

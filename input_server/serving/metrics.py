@@ -40,6 +40,10 @@ STAGES = (
     "credit_wait",
 )
 CODES = frozenset(c.name for c in grpc.StatusCode)
+# A stream ends CANCELLED only when its client cancelled it (the server's own endings are
+# UNAVAILABLE, RESOURCE_EXHAUSTED, ...): a trainer that stops early is no alert.
+CANCELLED = grpc.StatusCode.CANCELLED.name
+NOT_ERRORS = frozenset({"OK", CANCELLED})
 # Grain's own page (grain/_src/core/prometheus_monitoring.py, `SetupTelemetry`): a fixed port,
 # every interface, in any process that imports grain with the variable set.
 GRAIN_PORT = 9431
@@ -89,12 +93,19 @@ class ServerCollector(Collector):
         yield _parallelism(r.streams)
         yield _by_label(
             "stream_errors",
-            "Streams that ended with a status other than OK, by status code name.",
+            "Streams that ended with an error, by status code name: not OK, and not CANCELLED "
+            "(a client's own leaving: input_server_streams_cancelled).",
             "code",
-            [(code, n) for code, n in t.stream_ends.items() if code != "OK"],
+            [(code, n) for code, n in t.stream_ends.items() if code not in NOT_ERRORS],
             allowed=CODES,
         )
         yield _counter("streams_opened", "Streams opened.", t.streams_opened)
+        yield _counter(
+            "streams_cancelled",
+            "Streams their client cancelled (a closed iterator, a trainer that stopped or was "
+            "killed): a client's own leaving, not an error, so not in input_server_stream_errors.",
+            t.stream_ends.get(CANCELLED, 0),
+        )
         yield _counter(
             "tokenizer_backend_groups",
             "Groups a fast tokenizer backend encoded (audited or not): the audited share is "
