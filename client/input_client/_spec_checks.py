@@ -15,7 +15,7 @@ from input_client.errors import SpecError
 # The spec's types are not imported: `spec` imports this module. Annotations name them.
 PipelineSpec = SourceSpec = TokenizerSpec = Any
 
-FORMATS = ("jsonl", "arrayrecord", "parquet", "tfrecord")
+FORMATS = ("jsonl", "text", "arrayrecord", "parquet", "tfrecord")
 RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
 LONG_DOCUMENTS = ("trim", "chunk", "split")
@@ -63,7 +63,17 @@ def _source(s: SourceSpec, key: str) -> None:
     for p in s.paths:
         _check(isinstance(p, str) and p != "", f"{key}.paths", p, "must hold non-empty strings")
         _check("\x00" not in p, f"{key}.paths", p, "must not hold a NUL character")
+    _check(
+        s.format != "",
+        f"{key}.format",
+        s.format,
+        f"is left out, and `{key}.paths` mix plain-text names (.txt, .txt.gz, .txt.zst) with "
+        f"others, so it cannot be inferred: set it, or give each kind of file its own "
+        f"[[source]]",
+    )
     _check(s.format in FORMATS, f"{key}.format", s.format, f"must be one of {', '.join(FORMATS)}")
+    if s.format == "text":
+        _text_source(s, key)
     _check(
         isinstance(s.text_field, str) and s.text_field != "",
         f"{key}.text_field",
@@ -99,6 +109,24 @@ def _source(s: SourceSpec, key: str) -> None:
         f"{key}.name",
         s.name,
         "must be a string of at most 256 characters",
+    )
+
+
+def _text_source(s: SourceSpec, key: str) -> None:
+    """A plain-text source has no fields: a field named would be a spec written for another
+    format, refused rather than silently ignored."""
+    _check(
+        s.text_field == "text",
+        f"{key}.text_field",
+        s.text_field,
+        'means nothing with format "text" (each line is the document): leave it out',
+    )
+    _check(
+        s.token_field == "",
+        f"{key}.token_field",
+        s.token_field,
+        'means nothing with format "text" (lines are text to tokenize; pre-tokenized ids '
+        "come in jsonl, parquet, arrayrecord or tfrecord): leave it out",
     )
 
 

@@ -68,7 +68,7 @@ def to_proto(spec: Any) -> pb.PipelineSpec:
 def _source_spec(s: pb.Source) -> SourceSpec:
     return SourceSpec(
         paths=tuple(s.paths),
-        format=s.format or "jsonl",
+        format=s.format,  # "": inferred from the paths, as in a TOML file
         text_field=s.text_field or "text",
         token_field=s.token_field,
         record_format=s.record_format or "json",

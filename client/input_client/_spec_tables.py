@@ -5,6 +5,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# Names a source of plain text takes (as `input-server tokenizer train` reads them).
+TEXT_NAMES = (".txt", ".txt.gz", ".txt.zst", ".txt.zstd")
+
+
+def inferred_format(paths: Any) -> str:
+    """The format of a source whose `format` is left out: "text" when every path or glob
+    ends in a plain-text name (`TEXT_NAMES`), "jsonl" when none does (what a source was
+    before there was a choice, so such a spec keeps its fingerprint), "" when they disagree
+    (refused by validation: a guess would read some files wrongly)."""
+    names = [p for p in paths if isinstance(p, str)] if isinstance(paths, tuple) else []
+    text = [p.endswith(TEXT_NAMES) for p in names]
+    if text and all(text):
+        return "text"
+    return "" if any(text) else "jsonl"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceSpec:
@@ -12,8 +27,9 @@ class SourceSpec:
 
     Attributes:
       paths: files or glob patterns.
-      format: "jsonl" (plain, .gz or .zst), "arrayrecord", "parquet" or "tfrecord" (records
-        are tf.train.Example).
+      format: "jsonl" (plain, .gz or .zst), "text" (a document a line; plain, .gz or .zst),
+        "arrayrecord", "parquet" or "tfrecord" (records are tf.train.Example). Left out (""),
+        it is inferred from the paths' names (`inferred_format`).
       text_field: JSON key, Parquet column or Example feature holding the text (MaxText's
         default "text").
       token_field: pre-tokenized documents: the key, column or int64 feature holding each
@@ -26,7 +42,7 @@ class SourceSpec:
     """
 
     paths: tuple[str, ...]
-    format: str = "jsonl"
+    format: str = ""
     text_field: str = "text"
     token_field: str = ""
     record_format: str = "json"
@@ -38,6 +54,8 @@ class SourceSpec:
             object.__setattr__(self, "paths", (self.paths,))
         elif isinstance(self.paths, (list, tuple)):
             object.__setattr__(self, "paths", tuple(self.paths))
+        if self.format == "":  # left as "" when the names disagree: validation says so
+            object.__setattr__(self, "format", inferred_format(self.paths))
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML keys; the keys added with mixtures only where they are set, so a spec

@@ -35,6 +35,7 @@ from input_client._spec_tables import (
     SourceSpec,
     TokenizerSpec,
     WorkersSpec,
+    inferred_format,
 )
 from input_client.proto import pb
 
@@ -87,6 +88,18 @@ def _table_of(name: str, cls: type, value: Any) -> Any:
             if f.default is dataclasses.MISSING and f.name not in value
         ]
         raise SpecError(f"{name}.{missing[0] if missing else '?'}", None, "is required") from e
+
+
+def _refollow(name: str, spec: PipelineSpec, keys: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`keys` for `replace`: new source paths with the format left out take the format their
+    names say when the old one was what the old names said (inferred, or written as inferred);
+    a format that differs from the names (JSON lines in .txt files) is kept."""
+    old = spec.source
+    if name != "source" or "paths" not in keys or "format" in keys:
+        return keys
+    if old.format != inferred_format(old.paths):
+        return keys
+    return {**keys, "format": ""}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,7 +188,9 @@ class PipelineSpec:
             if name == "source" and (self.is_mixture or isinstance(keys, (list, tuple))):
                 changed[name] = keys
             else:
-                changed[name] = dataclasses.replace(getattr(self, name), **keys)
+                changed[name] = dataclasses.replace(
+                    getattr(self, name), **_refollow(name, self, keys)
+                )
         return dataclasses.replace(self, **changed)
 
     def to_dict(self, *, weights: bool = True) -> dict[str, Any]:

@@ -149,6 +149,10 @@ def _described(value: object) -> str:
     return f"{shown} ({kind})" if kind else shown
 
 
+class NotJsonError(RecordError):
+    """A line of a jsonl file is not JSON: where it is the first, the file may be plain text."""
+
+
 def _str(value: object) -> str | None:
     return value if type(value) is str else None
 
@@ -165,6 +169,7 @@ class JsonlReader:
     """
 
     max_bytes: int | None = None
+    plain = ".jsonl"  # what a compressed file over the budget is told to become
 
     def __init__(
         self,
@@ -242,7 +247,7 @@ class JsonlReader:
         )
         return OverBudgetError(
             f"{self.name} {what}, over the server's --max-decompressed-mb {flag:g} (compressed "
-            f"files are held whole in memory); decompress it to plain .jsonl (mapped from "
+            f"files are held whole in memory); decompress it to plain {self.plain} (mapped from "
             f"disk, no limit), split it, or ask the operator for a larger limit."
         )
 
@@ -264,13 +269,20 @@ class JsonlReader:
         starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
         ends = np.concatenate((newlines, [size])).astype(np.int64)
         lines = np.arange(1, len(starts) + 1, dtype=np.int64)
-        # Skip blank lines ("", "\r" or one space); any longer line is a record, so a line of
-        # spaces is reported as invalid JSON rather than silently dropped.
+        keep = self.records(starts, ends)
+        return starts[keep], ends[keep], lines[keep], size
+
+    def records(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Which lines (`starts[i]` to `ends[i]`, the newline left out) hold a record, as a
+        mask: a reader of another kind of line (`text_lines.TextReader`) overrides it.
+
+        Blank lines ("", "\r" or one space) are skipped; any longer line is a record, so a
+        line of spaces is reported as invalid JSON rather than silently dropped."""
         keep = (ends - starts) > 1
         one = np.flatnonzero((ends - starts) == 1)
         for i in one:
             keep[i] = self._raw_span(int(starts[i]), int(ends[i])).strip() != b""
-        return starts[keep], ends[keep], lines[keep], size
+        return keep
 
     def __getstate__(self):
         # Workers reopen the file; never pickle a decompressed buffer, a map or a lock.
@@ -319,17 +331,22 @@ class JsonlReader:
         with open(self.path, "rb") as f:  # the map keeps a duplicate of the descriptor
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
-    def _buffer(self):
-        """A context holding the file's bytes: mapped (and kept open) within it, or in memory."""
+    def buffer(self):
+        """A context holding the file's bytes: mapped (and kept open) within it, or in memory.
+        A view of them must not outlive the block (the map cannot close under one)."""
         if self._compressed:
             return contextlib.nullcontext(self._text())
         return OPEN_FILES.use(self, self._map, mmap.mmap.close)
+
+    def spans(self, indices: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Where records `indices` start and end in the file (the newline left out)."""
+        return self._starts[indices].tolist(), self._ends[indices].tolist()
 
     def _raw(self, index: int) -> bytes:
         return self._raw_span(int(self._starts[index]), int(self._ends[index]))
 
     def _raw_span(self, start: int, end: int) -> bytes:
-        with self._buffer() as buf:
+        with self.buffer() as buf:
             return buf[start:end]
 
     def __getitem__(self, index: int) -> str | np.ndarray:
@@ -338,14 +355,14 @@ class JsonlReader:
         try:
             obj = loads_json(raw)
         except (ValueError, RecursionError) as e:
-            raise RecordError(f"{self.where(index)}: not valid JSON ({e}).") from e
+            raise NotJsonError(f"{self.where(index)}: not valid JSON ({e}).") from e
         if self.token_field is not None:
             return ids_of(obj, self.token_field, self.where(index))
         return text_of(obj, self.text_field, self.where(index))
 
     def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
         """The texts (or ids) of many records; one pass with no per-record syscall."""
-        with self._buffer() as buf:
+        with self.buffer() as buf:
             if self.token_field is not None:
                 return self._read_many(buf, indices, self.token_field, _ids)
             return self._read_many(buf, indices, self.text_field, _str)
@@ -354,8 +371,7 @@ class JsonlReader:
         self, buf, indices: Sequence[int], field: str, convert: Callable[[object], object]
     ) -> list:
         """Each record's `field` through `convert` (None: not what it should be)."""
-        starts = self._starts[indices].tolist()
-        ends = self._ends[indices].tolist()
+        starts, ends = self.spans(indices)
         out = []
         limit = self.max_bytes
         for index, start, end in zip(indices, starts, ends, strict=True):

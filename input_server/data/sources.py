@@ -1,6 +1,7 @@
 """Document sources: every record of every file a spec names (a mixture's components one after
 another), as one random-access source for Grain (`DocumentSource`) of texts, or of token-id
-arrays for pre-tokenized files, over a reader per file (`jsonl`, `columnar`, `tfrecord`).
+arrays for pre-tokenized files, over a reader per file (`jsonl`, `text_lines`, `columnar`,
+`tfrecord`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import numpy as np
 from input_client.spec import SourceSpec
 from input_server import cancel
 from input_server.data.columnar import ArrayRecordReader, ParquetReader
-from input_server.data.jsonl import JsonlReader
+from input_server.data.jsonl import JsonlReader, NotJsonError
 from input_server.data.records import Reader
 from input_server.data.roots import OPERATOR, DataAccess, keyed
+from input_server.data.text_lines import TextReader
 from input_server.errors import (
     CorruptFileError,
     InvalidSpecError,
@@ -47,6 +49,8 @@ def open_reader(
             max_decompressed=max_decompressed_bytes,
             name=name,
         )
+    elif spec.format == "text":
+        reader = TextReader(path, max_decompressed=max_decompressed_bytes, name=name)
     elif spec.format == "arrayrecord":
         reader = ArrayRecordReader(
             path, spec.text_field, spec.record_format, token_field=token_field, name=name
@@ -185,9 +189,16 @@ class DocumentSource:
                         if spec.token_field
                         else f"text_field={spec.text_field!r}"
                     )
+                    # A first line that is not JSON: most likely plain text under a name
+                    # the format was not inferred from.
+                    hint = (
+                        '; plain text, a document a line, is format = "text"'
+                        if isinstance(e, NotJsonError)
+                        else ""
+                    )
                     raise InvalidSpecError(
                         f"`{key}` does not fit {r.name} (format={spec.format!r}, {field}, "
-                        f"record_format={spec.record_format!r}): {e}"
+                        f"record_format={spec.record_format!r}): {e}{hint}"
                     ) from e
         if sum(len(r) for r in readers) == 0:
             raise InvalidSpecError(f"`{key}.paths` {list(spec.paths)!r} hold no records.")
