@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -37,6 +38,9 @@ class StepRecord:
       name: "compile" for the first step unless named, else the given name or "train".
       step_s: wall seconds from dispatching the step until its outputs were ready.
       data_wait_s: seconds the loop waited for this step's data (not part of `step_s`).
+      wall_s: real seconds from the previous step's end to this step's end (for the first step,
+        from the timer's creation): the step, its data wait and whatever else the loop did
+        between them (logging, checkpoints, evaluation).
       num_tokens: tokens the step processed, if known.
       tokens_per_s: `num_tokens / step_s`, or None when the token count is unknown.
       tflops_per_device: `flops_per_step / step_s / num_devices / 1e12`, or None when the
@@ -47,22 +51,28 @@ class StepRecord:
     name: str
     step_s: float
     data_wait_s: float
+    wall_s: float
     num_tokens: int | None
     tokens_per_s: float | None
     tflops_per_device: float | None
 
 
-def _json_line(record: StepRecord) -> str:
-    """One record as a line of JSON, its keys the record's fields (`input-server plot-steps`
-    reads them)."""
-    return json.dumps(dataclasses.asdict(record)) + "\n"
+def new_run_id() -> str:
+    """A run id that sorts by start time and tells apart runs started in the same second
+    (several hosts, or a restart): `20261206T134928Z-3fa9c1`."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def _wall_tokens_per_s(records: list[StepRecord]) -> float | None:
-    """Tokens over the time the loop spent on them, data wait included: what the run delivers,
-    where the per-step rates on device time alone say nothing of an input-bound loop."""
+def _json_line(run_id: str, record: StepRecord) -> str:
+    """One record as a line of JSON, its keys `run` and the record's fields (`input-server
+    plot-steps` reads them; `run` tells apart the runs appended to one file)."""
+    return json.dumps({"run": run_id, **dataclasses.asdict(record)}) + "\n"
+
+
+def _tokens_over(records: list[StepRecord], seconds: Callable[[StepRecord], float]) -> float | None:
+    """Tokens of the records whose count is known, over the seconds `seconds` gives them."""
     known = [r for r in records if r.num_tokens is not None]
-    spent = sum(r.step_s + r.data_wait_s for r in known)
+    spent = sum(seconds(r) for r in known)
     return sum(r.num_tokens for r in known) / spent if known and spent > 0 else None
 
 
@@ -89,12 +99,16 @@ class StepTimer:
     input pipeline. So `step` dispatches the step, waits with `jax.block_until_ready` for its
     outputs, and records that span alone; the data wait before the step is recorded beside it.
     TFLOP/s and tokens/s are computed on device time; the input-bound fraction is
-    wait / (wait + device); the wall-clock tokens/s counts the data wait too (not the host's
-    other work between steps, which the timer does not see). Named steps (the first, compiling
-    one; profiler start/stop) can be left out of summaries.
+    wait / (wait + device). The wall-clock tokens/s is tokens over real time: each step counts
+    the seconds from the previous step's end to its own, so everything the loop does between
+    steps (data wait, logging, checkpoints, a sleep) slows it as it slows the run; a figure on
+    step + data wait alone is kept beside it, and the gap between the two is the loop's own
+    time. Named steps (the first, compiling one; profiler start/stop) can be left out of
+    summaries, their real time with them.
 
     With `records_path`, each record is appended to that file as a line of JSON as soon as it
     is made (`input-server plot-steps FILE` draws them), so a run killed midway keeps its steps.
+    Each line carries the timer's `run_id`, so runs appended to one file stay apart.
 
     Usage:
       timer = StepTimer(tokens_per_step=B * L, flops_per_step=6 * n_params * B * L,
@@ -113,6 +127,7 @@ class StepTimer:
         exclude: Iterable[str] = DEFAULT_EXCLUDE,
         data_source: WaitSource | None = None,
         records_path: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
     ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
@@ -127,11 +142,15 @@ class StepTimer:
             iterator; each step records its increase since the previous step as that step's
             data wait.
           records_path: a file each record is appended to as one line of JSON (its fields:
-            index, name, step_s, data_wait_s, num_tokens, tokens_per_s, tflops_per_device),
-            written and flushed when the step is recorded; lines already there are kept.
+            run, index, name, step_s, data_wait_s, wall_s, num_tokens, tokens_per_s,
+            tflops_per_device), written and flushed when the step is recorded; lines already
+            there (earlier runs) are kept.
+          run_id: the `run` of every line this timer writes; default `new_run_id()`, the UTC
+            start time and a random suffix. Lines of one run share it; give your own (an
+            experiment name) to find a run by it in `plot-steps --run`.
 
         Raises:
-          ValueError: a count is not positive.
+          ValueError: a count is not positive, or `run_id` is not a non-empty string.
         """
         if tokens_per_step is not None and tokens_per_step <= 0:
             raise ValueError(f"`tokens_per_step` must be positive or None, got {tokens_per_step}.")
@@ -146,6 +165,10 @@ class StepTimer:
                 f"`exclude` must be a collection of step names, not one string, "
                 f"got {exclude!r}; write ({exclude!r},)."
             )
+        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+            raise ValueError(
+                f"`run_id` must be a non-empty string or None (= a new one), got {run_id!r}."
+            )
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self._num_devices = num_devices
@@ -155,6 +178,9 @@ class StepTimer:
         self._last_wait_s = self._read_wait()
         self.records: list[StepRecord] = []
         self.records_path = os.fspath(records_path) if records_path is not None else None
+        self.run_id = run_id if run_id is not None else new_run_id()
+        # The first step's real time counts from here, as its data wait does.
+        self._last_end = perf_counter()
 
     @property
     def num_devices(self) -> int:
@@ -211,7 +237,11 @@ class StepTimer:
         out = fn(*args, **kwargs)
         # Dispatch is asynchronous: without this the span would end before the device started.
         jax.block_until_ready(out)
-        step_s = perf_counter() - start
+        end = perf_counter()
+        step_s = end - start
+        # From the previous step's end: what the loop did between steps is this step's cost.
+        wall_s = end - self._last_end
+        self._last_end = end
         index = len(self.records)
         if name is None:
             name = "compile" if index == 0 else "train"
@@ -225,6 +255,7 @@ class StepTimer:
             name=name,
             step_s=step_s,
             data_wait_s=wait,
+            wall_s=wall_s,
             num_tokens=tokens,
             tokens_per_s=tokens_per_s,
             tflops_per_device=tflops,
@@ -233,14 +264,14 @@ class StepTimer:
         if self.records_path is not None:
             # Opened per line: nothing to close, and each line is on disk when the step ends.
             with open(self.records_path, "a", encoding="utf-8") as f:
-                f.write(_json_line(record))
+                f.write(_json_line(self.run_id, record))
         return out
 
     def write_jsonl(self, path: str | os.PathLike[str]) -> None:
         """Writes every record so far to `path` (replacing it), one line of JSON each, as
         `records_path` appends them."""
         with open(path, "w", encoding="utf-8") as f:
-            f.writelines(_json_line(r) for r in self.records)
+            f.writelines(_json_line(self.run_id, r) for r in self.records)
 
     def summary(self, exclude: Iterable[str] | None = None) -> dict[str, Any]:
         """Aggregates the records, leaving out steps by name.
@@ -250,12 +281,15 @@ class StepTimer:
 
         Returns:
           A dict: `steps` (counted), `excluded` (left out), `median_step_s`, `p90_step_s`,
-          `total_step_s`, `total_data_wait_s`, `input_bound_fraction` (wait / (wait + step)
-          over counted steps), `mean_tokens_per_s`, `mean_tflops_per_device` (means of the
-          per-step rates, on device time), `wall_tokens_per_s` (tokens over device time plus
-          data wait: what the loop delivered); and, whether counted or not, the first step's
-          data wait (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers
-          makes long) and its device time (`first_step_s`: compilation, for a jitted step).
+          `total_step_s`, `total_data_wait_s`, `total_wall_s` (the counted steps' real time),
+          `total_other_s` (of it, the loop's own time outside steps and data waits),
+          `input_bound_fraction` (wait / (wait + step) over counted steps), `mean_tokens_per_s`,
+          `mean_tflops_per_device` (means of the per-step rates, on device time),
+          `step_and_wait_tokens_per_s` (tokens over device time plus data wait: the rate were
+          the loop to do nothing else), `wall_tokens_per_s` (tokens over real time: what the
+          loop delivered); and, whether counted or not, the first step's data wait
+          (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers makes
+          long) and its device time (`first_step_s`: compilation, for a jitted step).
           Figures are None where no step was counted or the inputs are unknown.
         """
         names = self.exclude if exclude is None else frozenset(exclude)
@@ -264,6 +298,7 @@ class StepTimer:
         total_step = sum(steps)
         total_wait = sum(r.data_wait_s for r in counted)
         busy = total_step + total_wait
+        total_wall = sum(r.wall_s for r in counted)
         return {
             "steps": len(counted),
             "excluded": len(self.records) - len(counted),
@@ -271,10 +306,14 @@ class StepTimer:
             "p90_step_s": _percentile(steps, 90) if steps else None,
             "total_step_s": total_step,
             "total_data_wait_s": total_wait,
+            "total_wall_s": total_wall,
+            # Never below 0: a `data_wait_s` given by hand may exceed the real time.
+            "total_other_s": max(0.0, total_wall - busy),
             "input_bound_fraction": total_wait / busy if busy > 0 else None,
             "mean_tokens_per_s": _mean([r.tokens_per_s for r in counted]),
             "mean_tflops_per_device": _mean([r.tflops_per_device for r in counted]),
-            "wall_tokens_per_s": _wall_tokens_per_s(counted),
+            "step_and_wait_tokens_per_s": _tokens_over(counted, lambda r: r.step_s + r.data_wait_s),
+            "wall_tokens_per_s": _tokens_over(counted, lambda r: r.wall_s),
             "first_data_wait_s": self.records[0].data_wait_s if self.records else None,
             "first_step_s": self.records[0].step_s if self.records else None,
         }
@@ -302,9 +341,15 @@ class StepTimer:
             ("p90 step", ms(s["p90_step_s"])),
             ("total step time", f"{s['total_step_s']:.3f} s"),
             ("total data wait", f"{s['total_data_wait_s']:.3f} s"),
+            (
+                "total wall clock",
+                f"{s['total_wall_s']:.3f} s "
+                f"({s['total_other_s']:.3f} s outside step and data wait)",
+            ),
             ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
             ("tokens/s, device time", num(s["mean_tokens_per_s"], ",.0f")),
-            ("tokens/s, wall clock", num(s["wall_tokens_per_s"], ",.0f")),
+            ("tokens/s, step + data wait", num(s["step_and_wait_tokens_per_s"], ",.0f")),
+            ("tokens/s, wall clock (whole loop)", num(s["wall_tokens_per_s"], ",.0f")),
             ("TFLOP/s/device", num(s["mean_tflops_per_device"], ".4g")),
             (
                 "first step's data wait",

@@ -257,7 +257,14 @@ def test_returns_the_step_output_unchanged():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"tokens_per_step": 0}, {"flops_per_step": -1.0}, {"num_devices": 0}, {"exclude": "compile"}],
+    [
+        {"tokens_per_step": 0},
+        {"flops_per_step": -1.0},
+        {"num_devices": 0},
+        {"exclude": "compile"},
+        {"run_id": " "},
+        {"run_id": 7},
+    ],
 )
 def test_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -273,9 +280,9 @@ def test_the_first_steps_data_wait_is_reported_apart_from_its_compile_time(clock
     assert s["first_data_wait_s"] == pytest.approx(11.5)
     assert s["first_step_s"] == pytest.approx(9.0)
     assert s["total_data_wait_s"] == pytest.approx(0.5)  # the counted steps' only
-    text = timer.format_summary()
-    assert "first step's data wait  11.500 s" in text
-    assert "first step (compile)    9.000 s" in text
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    assert rows["first step's data wait"].strip() == "11.500 s"
+    assert rows["first step (compile)"].strip() == "9.000 s"
     assert StepTimer().summary()["first_data_wait_s"] is None
 
 
@@ -288,12 +295,14 @@ def test_records_path_appends_each_step_as_it_is_recorded(clock, tmp_path):
     assert len(lines) == 2  # on disk before the next step: a killed run keeps it
     timer.step(_step_taking(clock, 0.5), jnp.ones(2), data_wait_s=0.25)
     records = [json.loads(line) for line in path.read_text().splitlines()[1:]]
-    assert records == [dataclasses.asdict(r) for r in timer.records]
+    assert records == [{"run": timer.run_id, **dataclasses.asdict(r)} for r in timer.records]
     assert records[1] == {
+        "run": timer.run_id,
         "index": 1,
         "name": "train",
         "step_s": 0.5,
         "data_wait_s": 0.25,
+        "wall_s": 0.5,  # the fake clock moved only inside the step
         "num_tokens": 1000,
         "tokens_per_s": 2000.0,
         "tflops_per_device": 4.0,
@@ -319,13 +328,78 @@ def test_wall_clock_tokens_per_s_counts_the_data_wait(clock):
     """An input-bound loop: fast on device, slow in all. The per-device-second rate alone
     (what a user read as 16.7 M tokens/s against a real ~21 k) says nothing of the wait."""
     timer = StepTimer(tokens_per_step=1000)
+    clock.advance(10.0)  # the first batch's wait, in real time as in a loop
     timer.step(_step_taking(clock, 5.0), jnp.ones(2), data_wait_s=10.0)  # compile: excluded
     for _ in range(4):
+        clock.advance(0.999)
         timer.step(_step_taking(clock, 0.001), jnp.ones(2), data_wait_s=0.999)
+    assert timer.records[0].wall_s == pytest.approx(15.0)  # from the timer's creation
     s = timer.summary()
     assert s["mean_tokens_per_s"] == pytest.approx(1e6)
     assert s["wall_tokens_per_s"] == pytest.approx(1000.0)
+    assert s["step_and_wait_tokens_per_s"] == pytest.approx(1000.0)  # nothing else between
     rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
     assert rows["tokens/s, device time"].strip() == "1,000,000"
-    assert rows["tokens/s, wall clock"].strip() == "1,000"
+    assert rows["tokens/s, wall clock (whole loop)"].strip() == "1,000"
     assert StepTimer().summary()["wall_tokens_per_s"] is None
+
+
+def test_wall_clock_counts_what_the_loop_does_between_steps(clock):
+    """Logging, checkpoints, evaluation: real time the timer sees only as the gap between one
+    step's end and the next one's. Step + data wait alone is kept apart, named as such."""
+    timer = StepTimer(tokens_per_step=1000)
+    timer.step(_step_taking(clock, 5.0), jnp.ones(2))  # compile: excluded, its real time too
+    for _ in range(4):
+        clock.advance(1.5 + 0.25)  # the loop's own work after the previous step, then the wait
+        timer.step(_step_taking(clock, 0.25), jnp.ones(2), data_wait_s=0.25)
+    assert [r.wall_s for r in timer.records[1:]] == pytest.approx([2.0] * 4)
+    s = timer.summary()
+    assert s["total_wall_s"] == pytest.approx(8.0)
+    assert s["total_other_s"] == pytest.approx(6.0)
+    assert s["wall_tokens_per_s"] == pytest.approx(500.0)
+    assert s["step_and_wait_tokens_per_s"] == pytest.approx(2000.0)
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    assert rows["tokens/s, step + data wait"].strip() == "2,000"
+    assert rows["tokens/s, wall clock (whole loop)"].strip() == "500"
+    assert rows["total wall clock"].strip() == "8.000 s (6.000 s outside step and data wait)"
+
+
+def test_a_loop_that_sleeps_after_each_step_reports_its_real_rate():
+    """The issue's case on the real clock: 0.05 s of sleep after each step printed 8.8 M
+    tokens/s against a real 6.3 k. The wall-clock rate is tokens over the loop's real time."""
+    batches = SleepingBatches(0.005)
+    timer = StepTimer(tokens_per_step=1000, data_source=batches)
+    ends = []
+    for _ in range(12):
+        timer.step(_trivial, next(batches))
+        ends.append(time.perf_counter())
+        time.sleep(0.05)
+    # The counted steps (all but the compiling first) span its end to the last step's end.
+    real = 11 * 1000 / (ends[-1] - ends[0])
+    s = timer.summary()
+    assert s["wall_tokens_per_s"] == pytest.approx(real, rel=0.1)
+    assert s["step_and_wait_tokens_per_s"] > 3 * real  # what used to be printed as wall clock
+    assert s["total_other_s"] >= 11 * 0.05 * 0.9
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    printed = float(rows["tokens/s, wall clock (whole loop)"].replace(",", ""))
+    assert printed == pytest.approx(real, rel=0.1)
+
+
+def test_each_line_names_its_run_so_two_runs_in_one_file_stay_apart(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    first = StepTimer(records_path=path)
+    for _ in range(3):
+        first.step(_trivial, jnp.ones(2))
+    second = StepTimer(records_path=path, run_id="lr-3e-4")
+    for _ in range(2):
+        second.step(_trivial, jnp.ones(2))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["run"], r["index"]) for r in lines] == [
+        (first.run_id, 0),
+        (first.run_id, 1),
+        (first.run_id, 2),
+        ("lr-3e-4", 0),
+        ("lr-3e-4", 1),
+    ]
+    assert first.run_id != StepTimer().run_id  # two timers made at once differ
+    assert first.run_id[:8].isdigit() and first.run_id[8] == "T"  # sorts by start time
