@@ -6,7 +6,9 @@ add_eos_token=add_eos)`. Given those two arguments, transformers (5.x, `Tokenize
 replaces the file's post-processor with `[BOS] $A [EOS]` as the flags say (BOS and EOS being
 `tokenizer_config.json`'s `bos_token`/`eos_token`; a flag whose token is unset adds nothing),
 and adds the config's named special tokens to the vocabulary as special tokens if the file
-lacks them. `encode(text)` then applies the whole `tokenizer.json` pipeline (normalizer,
+lacks them. A model-specific `tokenizer_class` (Qwen2Tokenizer, ...) is taken where what
+transformers builds for it is the file's own pipeline, with that class's default named tokens
+(`hf_config`). `encode(text)` then applies the whole `tokenizer.json` pipeline (normalizer,
 pre-tokenizer, model, special tokens found in the text). The same is done here, and a group is
 one `encode_batch_fast` call, which releases the GIL.
 
@@ -45,13 +47,13 @@ from input_server.data.tokenizers.checks import (
     model_faults,
 )
 from input_server.data.tokenizers.groups import Cutter
+from input_server.data.tokenizers.hf_config import named_tokens
 from input_server.data.tokenizers.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
 from input_server.data.tokenizers.word_cuts import between_letters, cuts_at_words
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 log = logging.getLogger(__name__)
 
-NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
 # Loaded tokenizers by their files' identity, least recent first: (tokenizer, ids, bytes).
 _LOADED: collections.OrderedDict = collections.OrderedDict()
 _LOADED_LOCK = threading.Lock()
@@ -67,19 +69,6 @@ MAX_CONFIG_BYTES = 16 << 20
 # (model, flag) pairs already warned of: a client describing a model over and over must not
 # grow the log by a line a call.
 _WARNED: set = set()
-
-
-def _content(token) -> str | None:
-    """A named token as tokenizer_config.json writes it: a string, or an AddedToken's dict."""
-    if isinstance(token, dict):
-        token = token.get("content")
-    return token if isinstance(token, str) and token else None
-
-
-# The classes whose tokenizer is the file's own pipeline (transformers' `TokenizersBackend`);
-# model-specific classes (Qwen2Tokenizer, GPT2Tokenizer, LlamaTokenizer, ...) rebuild it their
-# own way in transformers 5, with their own defaults, which are not reproduced here.
-PLAIN_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 class HuggingFaceTokenizer(ModelTokenizer):
@@ -165,38 +154,14 @@ class HuggingFaceTokenizer(ModelTokenizer):
     def _refuse(self, why: str) -> InvalidSpecError:
         return InvalidSpecError(f"`tokenizer.model` {shorten(self.written)!r}: {why}.")
 
-    def _named(self) -> tuple[dict[str, str | None], list[str], dict]:
-        """The named tokens, the extra special tokens, and the config's added tokens, refusing
-        what transformers would read otherwise than this class does."""
+    def _named(self, tok) -> tuple[dict[str, str | None], list[str]]:
+        """The named and extra special tokens, as transformers reads the config for its
+        `tokenizer_class` (`hf_config`), refusing what it would read otherwise."""
         config, mapped = self._json("tokenizer_config.json"), self._json("special_tokens_map.json")
-        cls = config.get("tokenizer_class")
-        if cls not in PLAIN_CLASSES:
-            plain = " or ".join(map(str, PLAIN_CLASSES[1:]))
-            raise self._refuse(
-                f"its tokenizer_config.json says tokenizer_class {cls!r}, which transformers "
-                f"builds its own way; the server reproduces {plain} (the file's own pipeline)"
-            )
-        named = {k: _content(config.get(k)) for k in NAMED}
-        for k in NAMED:
-            other = _content(mapped.get(k))
-            if other is not None and other != named[k]:
-                raise self._refuse(
-                    f"its special_tokens_map.json names {k} {other!r} but tokenizer_config.json "
-                    f"{named[k]!r}; the server reads tokenizer_config.json's: make them agree"
-                )
-        extra = []
-        for source in (config, mapped):
-            for key in ("additional_special_tokens", "extra_special_tokens"):
-                tokens = source.get(key) or []
-                if isinstance(tokens, dict):  # {name: token}
-                    tokens = list(tokens.values())
-                if not isinstance(tokens, list):
-                    raise self._refuse(f"its {key} is not a list")
-                extra += [t for t in map(_content, tokens) if t is not None and t not in extra]
-        added = config.get("added_tokens_decoder") or {}
-        if not isinstance(added, dict):
-            raise self._refuse("its tokenizer_config.json's added_tokens_decoder is not a table")
-        return named, extra, added
+        try:
+            return named_tokens(config, mapped, tok)
+        except ValueError as e:
+            raise self._refuse(str(e)) from None
 
     def _load(self):
         check_readable(self.spec.model, self.written)
@@ -273,15 +238,8 @@ class HuggingFaceTokenizer(ModelTokenizer):
                     f"its tokenizer.json sets {what} ({on}); the server packs whole documents: "
                     f"save it with {what} off"
                 )
-        named, extra, added = self._named()
-        have = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
-        for i, t in added.items():
-            content = _content(t)
-            if content is not None and str(have.get(content)) != str(i):
-                raise self._refuse(
-                    f"its tokenizer_config.json adds token {content!r} as id {i}, which its "
-                    f"tokenizer.json does not hold; save both from one tokenizer"
-                )
+        named, extra = self._named(tok)
+        have = {t.content for t in tok.get_added_tokens_decoder().values()}
         missing = [t for t in [*named.values(), *extra] if t is not None and t not in have]
         if missing:  # as transformers adds them
             missing = list(dict.fromkeys(missing))

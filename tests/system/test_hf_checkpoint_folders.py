@@ -1,0 +1,90 @@
+"""Hugging Face checkpoint folders as people have them: MaxText 0.2.5's own Qwen3 folder, whose
+tokenizer_config.json names `Qwen2Tokenizer`, gives the ids of transformers'
+`AutoTokenizer.from_pretrained(folder, add_bos_token=..., add_eos_token=...)` (MaxText's
+`HFTokenizer`) for every flag pair, with the config's EOS `<|im_end|>` and pad, both for the
+folder and for its tokenizer.json named alone (the config beside it read too).
+
+The folder ships inside the maxtext wheel, so this runs in MaxText's venv (`-m "not maxtext"`
+skips it locally; CI runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from input_client.spec import TokenizerSpec
+from input_server.data.tokenizers import load_tokenizer
+
+pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
+
+TEXTS = [
+    "",
+    "Hello world<|im_end|> and <|endoftext|> written in a document, <|im_start|>user too",
+    "naïve café, 東京 and emoji 🙂 with\ttabs\r\nand newlines   and  spaces ",
+    "def f(x):\n    return x ** 2  # it's squared, isn't it? I'll see; we'd 1234567",
+]
+
+TRANSFORMERS = textwrap.dedent("""
+    import json, os, sys
+    from transformers import AutoTokenizer
+    import maxtext
+    folder = os.path.join(os.path.dirname(maxtext.__file__), "assets/tokenizers/qwen3-tokenizer")
+    texts = json.load(open(sys.argv[1]))
+    result = {"folder": folder}
+    for bos in (False, True):
+        for eos in (False, True):
+            tok = AutoTokenizer.from_pretrained(folder, add_bos_token=bos, add_eos_token=eos)
+            result[f"{bos} {eos}"] = {
+                "class": type(tok).__name__, "ids": [tok.encode(s) for s in texts],
+                "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id,
+                "pad_id": tok.pad_token_id, "unk_id": tok.unk_token_id}
+    json.dump(result, open(sys.argv[2], "w"))
+""")
+
+
+@pytest.fixture(scope="module")
+def reference(maxtext_python, docs, tmp_path_factory) -> tuple[list[str], dict]:
+    d = tmp_path_factory.mktemp("qwen3")
+    texts = [*docs[:300], *TEXTS]
+    (d / "texts.json").write_text(json.dumps(texts))
+    out = subprocess.run(
+        [maxtext_python, "-c", TRANSFORMERS, str(d / "texts.json"), str(d / "ids.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return texts, json.loads((d / "ids.json").read_text())
+
+
+@pytest.mark.parametrize("named", ["folder", "tokenizer.json"])
+def test_maxtexts_qwen3_folder_gives_autotokenizers_ids(reference, named):
+    texts, want = reference
+    folder = want["folder"]
+    model = folder if named == "folder" else os.path.join(folder, "tokenizer.json")
+    for flags, theirs in want.items():
+        if flags == "folder":
+            continue
+        assert theirs["class"] == "Qwen2Tokenizer"  # the class the config names, not the file's
+        bos, eos = (f == "True" for f in flags.split())
+        ours = load_tokenizer(
+            TokenizerSpec(model=model, kind="huggingface", add_bos=bos, add_eos=eos)
+        )
+        group = ours.encode(texts)
+        got = [
+            group.tokens[s : s + n].tolist()
+            for s, n in zip(group.starts, group.lengths, strict=True)
+        ]
+        for i, (a, b) in enumerate(zip(got, theirs["ids"], strict=True)):
+            assert a == b, (flags, i, texts[i][:80], a[:20], b[:20])
+        info = ours.info()
+        assert info.eos_id == theirs["eos_id"] == 151645  # <|im_end|>, the config's EOS
+        assert info.pad_id == theirs["pad_id"] == 151643  # <|endoftext|>
+        assert info.bos_id == -1 and theirs["bos_id"] is None  # Qwen names no BOS
+        assert eos == (got[texts.index("")] == [151645])  # "": EOS alone, or nothing
