@@ -1,8 +1,10 @@
 """`input-server plot-steps`: a real StepTimer's records drawn into a valid PNG, the first step
-apart and the stall visible; a file that is not one is one line, exit 2."""
+apart and the stall visible, runs appended to one file drawn apart; a file that is not one is
+one line, exit 2."""
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 import time
@@ -45,6 +47,39 @@ def records(tmp_path):
     for _ in range(12):
         timer.step(step, next(batches))
     return path
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures plot-steps draws, kept open for inspection instead of closed."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    return kept
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """`input-server ARGS` in this process: its exit code, stdout and stderr."""
+    from input_server import cli
+
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _timed_run(path, steps: int, *, run_id=None, sleep_after_s: float = 0.0) -> StepTimer:
+    """A real StepTimer appending `steps` jitted steps to `path`, the loop sleeping after each."""
+    timer = StepTimer(tokens_per_step=8, records_path=path, run_id=run_id)
+    step = jax.jit(lambda x: jnp.tanh(x) * 2)
+    for _ in range(steps):
+        timer.step(step, jnp.ones((8,)))
+        time.sleep(sleep_after_s)
+    return timer
+
+
+def _lines(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines()}
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -97,6 +132,9 @@ def test_only_one_record_still_draws(tmp_path, capsys):
         pytest.param("[1, 2]\n", ["line 1", "not a JSON object"], id="not-an-object"),
         pytest.param('{"index": 0, "data_wait_s": 0}\n', ["line 1", "`step_s`"], id="no-step-s"),
         pytest.param('{"index": 0, "step_s": -1, "data_wait_s": 0}\n', ["`step_s`"], id="negative"),
+        pytest.param(
+            '{"run": 3, "index": 0, "step_s": 1, "data_wait_s": 0}\n', ["`run`"], id="run-not-str"
+        ),
     ],
 )
 def test_a_file_that_is_not_records_is_one_line(tmp_path, capsys, content, needles):
@@ -113,3 +151,87 @@ def test_without_matplotlib_it_says_so_in_one_line(records, tmp_path, capsys, mo
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # an environment without it
     code, err = run_main(capsys, "plot-steps", str(records), "-o", str(tmp_path / "o.png"))
     assert_one_line(code, err, "pip install matplotlib")
+
+
+def test_two_runs_in_one_file_are_drawn_in_two_labelled_panels(tmp_path, capsys, figures):
+    """Each run's steps count from 0: on one axis they fell on each other."""
+    path = tmp_path / "steps.jsonl"
+    first = _timed_run(path, 6)
+    _timed_run(path, 4, run_id="slow-loop", sleep_after_s=0.05)
+    out = tmp_path / "steps.png"
+    code, stdout, err = _main(capsys, "plot-steps", str(path), "-o", str(out))
+    assert (code, err) == (0, "")
+    assert _png_size(out) == (800, 800)  # two 400-pixel panels
+
+    top, bottom = figures[0].axes
+    assert top.get_title() == f"run 1: {first.run_id}"
+    assert bottom.get_title() == "run 2: slow-loop"
+    assert figures[0].get_suptitle() == str(path)
+    assert list(_lines(top)["data wait s"].get_xdata()) == [1, 2, 3, 4, 5]
+    assert list(_lines(bottom)["data wait s"].get_xdata()) == [1, 2, 3]
+    # The second loop slept after each step: its step-to-step real time shows it.
+    wall = _lines(bottom)["step to step (wall clock) s"].get_ydata()
+    assert min(wall) >= 0.05
+    device = _lines(bottom)["step (device) s"].get_ydata()
+    assert all(w > d for w, d in zip(wall, device, strict=True))
+    assert stdout.splitlines() == [
+        f"{path}: 2 runs",
+        f"  run 1: {first.run_id}  6 steps  (panel 1)",
+        "  run 2: slow-loop  4 steps  (panel 2)",
+    ]
+
+
+@pytest.mark.parametrize("wanted", ["slow-loop", "2", "-1"], ids=["by-id", "by-number", "last"])
+def test_run_draws_the_one_run_it_names(tmp_path, capsys, figures, wanted):
+    path = tmp_path / "steps.jsonl"
+    first = _timed_run(path, 6)
+    _timed_run(path, 4, run_id="slow-loop")
+    out = tmp_path / "steps.png"
+    code, stdout, err = _main(capsys, "plot-steps", str(path), "-o", str(out), "--run", wanted)
+    assert (code, err) == (0, "")
+    (ax,) = figures[0].axes
+    assert ax.get_title() == "run 2: slow-loop"
+    assert list(_lines(ax)["step (device) s"].get_xdata()) == [1, 2, 3]
+    assert f"run 1: {first.run_id}  6 steps  (not drawn: --run 1)" in stdout
+
+
+def test_a_run_the_file_does_not_hold_is_one_line_naming_its_runs(tmp_path, capsys):
+    path = tmp_path / "steps.jsonl"
+    _timed_run(path, 2, run_id="a")
+    _timed_run(path, 2, run_id="b")
+    out = tmp_path / "o.png"
+    for wanted in ("c", "3", "-3", "0"):
+        code, err = run_main(capsys, "plot-steps", str(path), "-o", str(out), "--run", wanted)
+        assert_one_line(code, err, f"no run {wanted!r}", "run 1: a, run 2: b")
+    assert not out.exists()
+
+
+def test_an_older_file_without_run_ids_is_split_where_the_index_starts_again(
+    tmp_path, capsys, figures
+):
+    """Files written before StepTimer named its runs stay readable, their runs apart."""
+    path = tmp_path / "old.jsonl"
+    lines = [{"index": i, "name": "train", "step_s": 0.1, "data_wait_s": 0.0} for i in range(4)] + [
+        {"index": i, "name": "train", "step_s": 0.2, "data_wait_s": 0.0} for i in range(3)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, stdout, err = _main(capsys, "plot-steps", str(path), "-o", str(tmp_path / "o.png"))
+    assert (code, err) == (0, "")
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert titles == ["run 1 (no id)", "run 2 (no id)"]
+    assert list(_lines(figures[0].axes[1])["step (device) s"].get_ydata()) == [0.2, 0.2]
+    assert "step to step (wall clock) s" not in _lines(figures[0].axes[0])  # not recorded
+
+
+def test_many_runs_draw_the_last_ones_and_list_the_rest(tmp_path, capsys, figures):
+    from input_server.cli.plot_steps import MAX_PANELS
+
+    path = tmp_path / "steps.jsonl"
+    for n in range(MAX_PANELS + 2):
+        _timed_run(path, 2, run_id=f"r{n}")
+    code, stdout, err = _main(capsys, "plot-steps", str(path), "-o", str(tmp_path / "o.png"))
+    assert (code, err) == (0, "")
+    assert [ax.get_title() for ax in figures[0].axes] == [
+        f"run {n + 1}: r{n}" for n in range(2, MAX_PANELS + 2)
+    ]
+    assert "run 1: r0  2 steps  (not drawn: --run 1)" in stdout
