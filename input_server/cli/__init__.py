@@ -23,7 +23,7 @@ from input_server.cli import (  # noqa: E402
     tune,
 )
 from input_server.errors import InputServerError  # noqa: E402
-from input_server.serving.logs import TEXT_FORMAT  # noqa: E402
+from input_server.serving.logs import TEXT_FORMAT, json_stderr  # noqa: E402
 
 # One module per command, named for it (`_` in a module's name is `-` in the command's):
 # `register(subparsers)` adds the command's parser, `run(args)` runs it and returns the exit
@@ -63,6 +63,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     return args
 
 
+def _asks_for_json(argv: list[str]) -> bool:
+    """Whether `argv` holds `--log-format json` (or `--log-format=json`), seen before parsing."""
+    pairs = zip(argv, argv[1:], strict=False)
+    return "--log-format=json" in argv or any(a == "--log-format" and b == "json" for a, b in pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs `input-server ARGV`; a mistake the user can fix is one line on stderr, exit 2."""
     # Grain reads absl flags; this entry point does not use absl's parser.
@@ -70,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+    if _asks_for_json(sys.argv[1:] if argv is None else argv):
+        json_stderr()  # before argparse, whose usage errors are written as it parses
     args = parse_arguments(build_parser(), argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

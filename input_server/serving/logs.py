@@ -15,8 +15,13 @@ every other character `quote` would, as JSON escapes.
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import logging
+import re
+import sys
+import threading
+from typing import TextIO
 
 from input_server import quoting
 
@@ -100,7 +105,13 @@ def _json_escape(c: str) -> str:
 def configure(log_format: str) -> None:
     """Formats every record of the root logger's handlers (`main`'s basicConfig) as
     `log_format`, quoted; Python's warnings go through logging too (quoted, and no plain line
-    is left on stderr among the JSON ones)."""
+    is left on stderr among the JSON ones).
+
+    With "json", whatever else Python writes to `sys.stderr` is a JSON line too: the CLI's
+    one-line refusals (`input-server: ...`), a drain cut short, an uncaught exception's
+    traceback (one record, logged). What C code writes to file descriptor 2 itself (gRPC's
+    core at GRPC_VERBOSITY=ERROR) does not pass through Python and is not rewritten.
+    """
     if log_format not in FORMATS:
         raise ValueError(f"--log-format must be one of {', '.join(FORMATS)}, got {log_format!r}.")
     root = logging.getLogger()
@@ -112,3 +123,98 @@ def configure(log_format: str) -> None:
         else:
             handler.setFormatter(TextFormatter(TEXT_FORMAT))
     logging.captureWarnings(True)
+    if log_format == "json":
+        json_stderr()
+
+
+def json_stderr() -> None:
+    """Makes every line Python writes to `sys.stderr` a JSON line (`JsonLines`), and an
+    uncaught exception one logged record; the CLI calls it before parsing its arguments when
+    they ask for JSON, so even a usage error is JSON. Idempotent."""
+    if isinstance(sys.stderr, JsonLines):
+        return
+    sys.stderr = JsonLines(sys.stderr)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+
+
+# A glog-style line (gRPC's and absl's C++ logs, absl's Python handler): its level's letter.
+_GLOG = re.compile(r"[IWEF]\d{4} ")
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+STRAY_LOGGER = "stderr"
+
+
+def json_line(line: str) -> str:
+    """`line` if it is a JSON object already, else a JSON record of it (logger "stderr"):
+    a glog line's letter gives its level, the CLI's `input-server: ...` lines are errors
+    (refusals, a drain cut short), any other WARNING."""
+    if line.startswith("{"):
+        try:
+            if isinstance(json.loads(line), dict):
+                return line
+        except ValueError:
+            pass
+    if _GLOG.match(line):
+        level = _GLOG_LEVELS[line[0]]
+    elif line.startswith("input-server: "):
+        level = "ERROR"
+    else:
+        level = "WARNING"
+    record = {
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+        "level": level,
+        "logger": STRAY_LOGGER,
+        "message": line,
+    }
+    return json_escaped(json.dumps(record, ensure_ascii=False))
+
+
+class JsonLines(io.TextIOBase):
+    """`sys.stderr` under `--log-format json`: each line written is passed through
+    `json_line` to `target`, at once (a process that ends with `os._exit` loses none)."""
+
+    def __init__(self, target: TextIO):
+        self._target = target
+        self._partial = ""  # a line's start, until its newline
+        self._lock = threading.Lock()  # lines written by several threads stay whole
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
+            for line in lines:
+                if line.strip():
+                    self._target.write(json_line(line.rstrip("\r")) + "\n")
+            if lines:
+                self._target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def fileno(self) -> int:  # faulthandler writes there itself, plain: a dying process
+        return self._target.fileno()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    @property
+    def encoding(self) -> str:
+        return self._target.encoding
+
+
+def _log_uncaught(exc_type, exc, tb) -> None:
+    logging.getLogger("input_server").critical("uncaught exception", exc_info=(exc_type, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("input_server").error(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
