@@ -1,4 +1,5 @@
-"""Listen addresses: what `--listen` accepts, and making way for a Unix socket file."""
+"""Listen addresses: what `--listen` accepts, making way for a Unix socket file, and binding
+one with a failure said in one line."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import dataclasses
 import errno
 import ipaddress
 import os
+import re
 import socket
 import stat
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
 
-from input_client.addresses import socket_path
+from input_client.addresses import default_socket, socket_path
 
 # Linux's sun_path holds 108 bytes, the last a NUL: a longer path cannot be bound.
 MAX_SOCKET_PATH = 107
@@ -116,21 +122,35 @@ def tcp_refused() -> str | None:
     return f"this host refuses TCP sockets ({'; '.join(dict.fromkeys(reasons))})"
 
 
-def claim_socket_path(path: str, address: str) -> None:
+def claim_socket_path(path: str, said: str) -> None:
     """Makes way for a new Unix socket at `path`: a stale socket file (nobody answers) is
-    removed; a live server's socket, or a file that is not a socket, is refused.
+    removed; a live server's socket, a file that is not a socket, or a folder that is missing
+    or not ours to write in is refused. `said` names the address in the message
+    ("--listen unix:///x.sock", "the default socket unix:///...").
 
     Raises:
-      OSError: the path is in use by a running server, or is not a socket.
+      OSError: one line with the way out.
     """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # checked here: gRPC's core would log its bind failure
+        if os.path.lexists(folder):
+            raise OSError(f"{said}: {folder} is not a folder; choose another path.")
+        raise OSError(
+            f"{said}: the folder {folder} does not exist; create it (mkdir -p {folder}) or "
+            f"choose another path."
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(
+            f"{said}: you may not create files in {folder} (permission denied); choose a "
+            f"folder of yours, or leave out --listen for the default socket ({default_socket()})."
+        )
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise OSError(
-            f"--listen {address}: the path exists and is not a socket; "
-            f"choose another path or remove the file."
+            f"{said}: the path exists and is not a socket; choose another path or remove the file."
         )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2.0)
@@ -140,12 +160,92 @@ def claim_socket_path(path: str, address: str) -> None:
         os.unlink(path)  # stale: left by a server that died
         return
     except OSError as e:
-        raise OSError(f"--listen {address}: cannot check the existing socket ({e}).") from e
+        raise OSError(f"{said}: cannot check the existing socket ({e}).") from e
     finally:
         probe.close()
     raise OSError(
-        f"--listen {address}: in use by a running server; stop it first or listen on another path."
+        f"{said}: in use by a running server (`input-server info unix://{os.path.abspath(path)}` "
+        f"asks it); stop it first or listen on another path."
     )
+
+
+# One line of gRPC's C core on stderr (absl's format): "E1206 13:49:36.460897   23827
+# add_port.cc:83] Failed to add port ...".
+CORE_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+:\d+\] ")
+# What the kernel said, as gRPC's core words it: "Error in bind for address '...': REASON".
+# A wildcard's two binds run together ("...: Address already in useError in bind for ...").
+_BIND_REASON = re.compile(r"Error in bind for address '[^']*': (.+?)(?=Error in bind|[)\n]|$)")
+# Only one thread may hold fd 2 at a time: a second would restore the first's file.
+_HOLDING_STDERR = threading.Lock()
+
+
+def add_port(add: Callable[[], int], said: str, a: Address) -> int:
+    """`add()` (gRPC's `add_insecure_port` or `add_secure_port`), with what gRPC's core writes to
+    stderr held back: a failure is one line with the way out, not the core's log line and
+    "set GRPC_VERBOSITY=debug" (GRPC_VERBOSITY=ERROR still logs it). Other threads' stderr in
+    that moment is written out after.
+
+    Returns:
+      the port bound (a Unix socket: 1).
+
+    Raises:
+      OSError: `add` failed; `said` names the address ("--listen 127.0.0.1:50051").
+    """
+    with _HOLDING_STDERR:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr at all: nothing to hold back
+            saved = None
+        with tempfile.TemporaryFile() as held:
+            if saved is not None:
+                sys.stderr.flush()
+                os.dup2(held.fileno(), 2)
+            try:
+                port, error = add(), ""
+            except RuntimeError as e:
+                port, error = 0, str(e)
+            finally:
+                if saved is not None:
+                    sys.stderr.flush()
+                    os.dup2(saved, 2)
+                    os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+    core = [line for line in lines if CORE_LINE.match(line)]
+    if port:
+        core = []  # a bound port's notes (localhost's ::1 alone) stay the operator's to read
+    others = "".join(line for line in lines if line not in core)
+    if others:
+        os.write(2, others.encode())
+    if port:
+        return port
+    raise OSError(bind_failure(said, a, " ".join(core) or error))
+
+
+def bind_failure(said: str, a: Address, core: str) -> str:
+    """The one line for a bind gRPC refused, from the reason its core gave (`core`: its log
+    line, or its exception's words)."""
+    reasons = _BIND_REASON.findall(core)
+    reason = reasons[-1].strip() if reasons else ""
+    if reason == "Address already in use":
+        if a.is_unix:
+            return f"{said}: cannot bind, in use; choose another name or stop what holds it."
+        return (
+            f"{said}: cannot bind, port {a.port} is in use; choose another port (0 picks a "
+            f"free one) or stop what holds it."
+        )
+    if reason == "Permission denied" and not a.is_unix and 0 < a.port < 1024:
+        return (
+            f"{said}: ports below 1024 need root (or CAP_NET_BIND_SERVICE); choose a port "
+            f"from 1024 up."
+        )
+    if reason == "Cannot assign requested address":
+        return (
+            f"{said}: {a.host} is not an address of this host; listen on one of its "
+            f"addresses (127.0.0.1: this host only)."
+        )
+    tail = core.split("] ", 1)[-1].strip() if core else "no reason given"
+    return f"{said}: cannot bind ({reason or tail})."
 
 
 def connection_options(

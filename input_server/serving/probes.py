@@ -17,6 +17,7 @@ the main port failed and a running stream sent nothing while this port said SERV
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -82,15 +83,15 @@ def health_server(servicer: health.HealthServicer, port: int) -> tuple[grpc.Serv
         ],
     )
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    said = f"--health-port {port}"
     for bind in (f"[::]:{port}", f"0.0.0.0:{port}"):  # IPv4 alone: a host without IPv6
-        try:
-            bound = server.add_insecure_port(bind)
-        except RuntimeError:
-            bound = 0
-        if bound:
-            return server, bound
+        try:  # one line for a port in use, not gRPC core's log line
+            add = functools.partial(server.add_insecure_port, bind)
+            return server, listen.add_port(add, said, listen.parse_address(bind))
+        except OSError as e:
+            failure = e
     server.stop(None)
-    raise OSError(f"--health-port {port}: cannot bind it on every interface (in use?).")
+    raise failure
 
 
 # The self-check: a health Check on the main server, every CHECK_EVERY_S, over a connection of

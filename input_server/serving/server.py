@@ -31,6 +31,7 @@ from input_server.serving.config import ServerConfig
 from input_server.serving.limits import Limits, check_workers
 from input_server.serving.listen import (  # noqa: F401
     Address,
+    add_port,
     claim_socket_path,
     connection_options,
     parse_address,
@@ -267,30 +268,24 @@ class Server:
                 f"--listen {a.bind!r}: {refused}; listen on a Unix socket instead "
                 f"(unix:///PATH.sock, or leave out --listen for the default one)."
             )
+        # A default socket was not asked for by --listen: its messages say which it is.
+        said = f"--listen {a.bind}" if self.config.listen else f"the default socket {a.bind}"
         try:
             if path is None and credentials is not None and not a.is_unix:
-                port = self._server.add_secure_port(a.bind, credentials)
+                port = add_port(lambda: self._server.add_secure_port(a.bind, credentials), said, a)
             elif path is None:
-                port = self._server.add_insecure_port(a.bind)
+                port = add_port(lambda: self._server.add_insecure_port(a.bind), said, a)
             else:
-                claim_socket_path(path, a.bind)
+                claim_socket_path(path, said)
                 with auth.owner_only_umask():  # born 0600: no moment open to others
-                    port = self._server.add_insecure_port(a.bind)
+                    port = add_port(lambda: self._server.add_insecure_port(a.bind), said, a)
                 st = os.stat(path)
                 self._unix_sockets.append((path, (st.st_dev, st.st_ino)))
                 auth.share_socket(path, gid, self.config.socket_group)
-        except (RuntimeError, OSError) as e:
+        except OSError:
             self._unbind()
-            if isinstance(e, OSError):
-                raise
-            raise OSError(f"--listen {a.bind!r}: cannot bind ({e}).") from e
-        if a.is_unix:
-            self.targets.append(a.bind)
-        else:
-            if port == 0:
-                self._unbind()
-                raise OSError(f"--listen {a.bind!r}: cannot bind (address in use?).")
-            self.targets.append(f"{a.host}:{port}")
+            raise
+        self.targets.append(a.bind if a.is_unix else f"{a.host}:{port}")
 
     def _unbind(self) -> None:
         """Releases the addresses already bound, for a start that failed."""
