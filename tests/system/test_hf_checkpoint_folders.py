@@ -2,7 +2,8 @@
 tokenizer_config.json names `Qwen2Tokenizer`, gives the ids of transformers'
 `AutoTokenizer.from_pretrained(folder, add_bos_token=..., add_eos_token=...)` (MaxText's
 `HFTokenizer`) for every flag pair, with the config's EOS `<|im_end|>` and pad, both for the
-folder and for its tokenizer.json named alone (the config beside it read too).
+folder and for its tokenizer.json named alone (the config beside it read too), in process and
+streamed by a real server.
 
 The folder ships inside the maxtext wheel, so this runs in MaxText's venv (`-m "not maxtext"`
 skips it locally; CI runs it).
@@ -12,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import textwrap
 
 import pytest
 
+from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
+from input_server.testing.corpus import write_jsonl
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -88,3 +92,27 @@ def test_maxtexts_qwen3_folder_gives_autotokenizers_ids(reference, named):
         assert info.pad_id == theirs["pad_id"] == 151643  # <|endoftext|>
         assert info.bos_id == -1 and theirs["bos_id"] is None  # Qwen names no BOS
         assert eos == (got[texts.index("")] == [151645])  # "": EOS alone, or nothing
+
+
+@pytest.mark.parametrize("eos", [True, False])
+def test_a_server_streams_the_qwen3_folder_as_autotokenizer_encodes(
+    reference, server, tmp_path, eos
+):
+    texts, want = reference
+    seq = 4096
+    folder = tmp_path / "qwen3-tokenizer"  # inside the server's data roots, as a user's copy
+    shutil.copytree(want["folder"], folder)
+    spec = PipelineSpec(
+        source={"paths": [write_jsonl(texts, tmp_path / "texts.jsonl")]},
+        tokenizer={"model": str(folder), "kind": "huggingface", "add_bos": True, "add_eos": eos},
+        batch={"seq_len": seq, "size": 8, "packing": "none"},
+        order={"shuffle": False, "epochs": 1},
+        workers={"count": 0},
+    )
+    with InputClient(server.targets[0]) as c, c.batches(spec) as it:
+        rows = [r for b in it for r in b["inputs"]]
+    assert len(rows) >= len(texts)
+    for i, ids in enumerate(want[f"True {eos}"]["ids"]):
+        ids = ids[:seq]
+        assert rows[i][: len(ids)].tolist() == ids, (eos, i, texts[i][:80])
+        assert not rows[i][len(ids) :].any()
