@@ -152,8 +152,16 @@ def _refusal(server, spec) -> StreamError:
     return e.value
 
 
+def _metaspace(docs: list[str]) -> Tokenizer:
+    """A sentencepiece-style (Metaspace) BPE, as Llama 2's and Gemma's tokenizer.json are."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"]))
+    return tok
+
+
 def test_classes_the_server_cannot_reproduce_are_refused_with_the_way_out(
-    server, trained, texts_file, tmp_path
+    server, trained, docs, texts_file, tmp_path
 ):
     _, path = texts_file
     extra = Tokenizer.from_str(trained.to_str())
@@ -164,8 +172,8 @@ def test_classes_the_server_cannot_reproduce_are_refused_with_the_way_out(
             _folder(tmp_path / "p", trained, tokenizer_class="Qwen2Tokenizer", add_prefix_space=1),
             ["'Qwen2Tokenizer'", "add_prefix_space", "TokenizersBackend"],
         ),
-        "llama": (
-            _folder(tmp_path / "l", trained, tokenizer_class="LlamaTokenizerFast"),
+        "llama": (  # not byte-level: transformers 5 rebuilds it the sentencepiece way
+            _folder(tmp_path / "l", _metaspace(docs), tokenizer_class="LlamaTokenizerFast"),
             ["'LlamaTokenizerFast'", "sentencepiece", "TokenizersBackend"],
         ),
         "whisper": (
@@ -187,7 +195,13 @@ def test_classes_the_server_cannot_reproduce_are_refused_with_the_way_out(
         assert err.code == grpc.StatusCode.INVALID_ARGUMENT, (name, err)
         for needle in [os.path.basename(model), *needles]:
             assert needle in err.details, (name, needle, err.details)
-    # The way out works: the same file under TokenizersBackend is its own pipeline.
+    # The way out works: the same file under TokenizersBackend is its own pipeline; so is a
+    # byte-level file under LlamaTokenizerFast (DeepSeek's, Llama 3 derivatives'), as
+    # AutoTokenizer loads it (tokenization_auto.py; tests/system compares the ids).
     fixed = _folder(tmp_path / "fixed", trained, tokenizer_class="TokenizersBackend")
-    with InputClient(server.targets[0]) as c, c.batches(_spec(path, fixed)) as it:
-        assert next(it)["inputs"].any()
+    llama = _folder(tmp_path / "byte-level", trained, tokenizer_class="LlamaTokenizerFast")
+    for model in (fixed, llama):
+        with InputClient(server.targets[0]) as c, c.batches(_spec(path, model)) as it:
+            row = next(it)["inputs"][0]
+        want = trained.encode(WRITTEN[0], add_special_tokens=False).ids
+        assert row[: len(want)].tolist() == want, model

@@ -23,6 +23,7 @@ from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
 from input_server.testing.corpus import write_jsonl
+from input_server.testing.tokenizer_models import train_hf_tokenizer
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -38,6 +39,7 @@ TRANSFORMERS = textwrap.dedent("""
     from transformers import AutoTokenizer
     import maxtext
     folder = os.path.join(os.path.dirname(maxtext.__file__), "assets/tokenizers/qwen3-tokenizer")
+    folder = sys.argv[3] if len(sys.argv) > 3 else folder
     texts = json.load(open(sys.argv[1]))
     result = {"folder": folder}
     for bos in (False, True):
@@ -51,20 +53,31 @@ TRANSFORMERS = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def reference(maxtext_python, docs, tmp_path_factory) -> tuple[list[str], dict]:
-    d = tmp_path_factory.mktemp("qwen3")
-    texts = [*docs[:300], *TEXTS]
+def _autotokenizer(maxtext_python, texts: list[str], d, *folder: str) -> dict:
+    """AutoTokenizer's ids of `texts` for every flag pair (MaxText's Qwen3 folder by default)."""
     (d / "texts.json").write_text(json.dumps(texts))
     out = subprocess.run(
-        [maxtext_python, "-c", TRANSFORMERS, str(d / "texts.json"), str(d / "ids.json")],
+        [maxtext_python, "-c", TRANSFORMERS, str(d / "texts.json"), str(d / "ids.json"), *folder],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return texts, json.loads((d / "ids.json").read_text())
+    return json.loads((d / "ids.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(maxtext_python, docs, tmp_path_factory) -> tuple[list[str], dict]:
+    texts = [*docs[:300], *TEXTS]
+    return texts, _autotokenizer(maxtext_python, texts, tmp_path_factory.mktemp("qwen3"))
+
+
+def _ours(model: str, texts: list[str], bos: bool, eos: bool):
+    ours = load_tokenizer(TokenizerSpec(model=model, kind="huggingface", add_bos=bos, add_eos=eos))
+    group = ours.encode(texts)
+    ends = zip(group.starts, group.lengths, strict=True)
+    return ours.info(), [group.tokens[s : s + n].tolist() for s, n in ends]
 
 
 @pytest.mark.parametrize("named", ["folder", "tokenizer.json"])
@@ -77,17 +90,9 @@ def test_maxtexts_qwen3_folder_gives_autotokenizers_ids(reference, named):
             continue
         assert theirs["class"] == "Qwen2Tokenizer"  # the class the config names, not the file's
         bos, eos = (f == "True" for f in flags.split())
-        ours = load_tokenizer(
-            TokenizerSpec(model=model, kind="huggingface", add_bos=bos, add_eos=eos)
-        )
-        group = ours.encode(texts)
-        got = [
-            group.tokens[s : s + n].tolist()
-            for s, n in zip(group.starts, group.lengths, strict=True)
-        ]
+        info, got = _ours(model, texts, bos, eos)
         for i, (a, b) in enumerate(zip(got, theirs["ids"], strict=True)):
             assert a == b, (flags, i, texts[i][:80], a[:20], b[:20])
-        info = ours.info()
         assert info.eos_id == theirs["eos_id"] == 151645  # <|im_end|>, the config's EOS
         assert info.pad_id == theirs["pad_id"] == 151643  # <|endoftext|>
         assert info.bos_id == -1 and theirs["bos_id"] is None  # Qwen names no BOS
@@ -116,3 +121,24 @@ def test_a_server_streams_the_qwen3_folder_as_autotokenizer_encodes(
         ids = ids[:seq]
         assert rows[i][: len(ids)].tolist() == ids, (eos, i, texts[i][:80])
         assert not rows[i][len(ids) :].any()
+
+
+def test_a_llama_class_byte_level_folder_gives_autotokenizers_ids(maxtext_python, docs, tmp_path):
+    """DeepSeek's and Llama 3 derivatives' folders name LlamaTokenizerFast over a byte-level
+    tokenizer.json, which AutoTokenizer loads as the file stands (TokenizersBackend)."""
+    folder = train_hf_tokenizer(docs[:600], tmp_path / "llama", vocab_size=900)
+    config_file = tmp_path / "llama" / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizerFast"}))
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    texts = [*docs[600:800], *TEXTS]
+    want = _autotokenizer(maxtext_python, texts, tmp_path, folder)
+    for flags, theirs in want.items():
+        if flags == "folder":
+            continue
+        assert theirs["class"] == "TokenizersBackend"
+        bos, eos = (f == "True" for f in flags.split())
+        info, got = _ours(folder, texts, bos, eos)
+        for i, (a, b) in enumerate(zip(got, theirs["ids"], strict=True)):
+            assert a == b, (flags, i, texts[i][:80], a[:20], b[:20])
+        assert (info.bos_id, info.eos_id) == (theirs["bos_id"], theirs["eos_id"])

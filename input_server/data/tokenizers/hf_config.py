@@ -121,6 +121,13 @@ def _model_options(tok) -> dict:
     }
 
 
+def _byte_level(tok) -> bool:
+    """Whether the file has a ByteLevel piece, as transformers' `_tokenizer_json_has_byte_level`
+    looks for `"ByteLevel"` in the file (here in its pieces, not its vocabulary)."""
+    pieces = (tok.normalizer, tok.pre_tokenizer, tok.post_processor, tok.decoder)
+    return any(b'"ByteLevel"' in p.__getstate__() for p in pieces if p is not None)
+
+
 def _difference(have, want, at: str) -> tuple[str, object, object]:
     """The first place two descriptions differ: its path, the file's value, the class's."""
     if isinstance(have, dict) and isinstance(want, dict):
@@ -146,6 +153,11 @@ def class_defaults(name, tok, config: dict) -> tuple[dict[str, str | None], bool
         return {}, False
     if not isinstance(name, str):
         raise ValueError(f"its tokenizer_config.json's tokenizer_class is {name!r}, not a name")
+    if name.removesuffix("Fast") == "LlamaTokenizer" and _byte_level(tok):
+        # AutoTokenizer loads TokenizersBackend for these (tokenization_auto.py: "Hub repos that
+        # declare this but ship ByteLevel (Llama3 style) must use TokenizersBackend"): DeepSeek's
+        # and Llama 3 derivatives' folders.
+        return {}, False
     recipe = REBUILT.get(name)
     way_out = (
         "; if its tokenizer.json is the tokenizer the model was trained with, set "
