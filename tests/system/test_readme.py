@@ -52,18 +52,33 @@ def test_the_quick_start_uses_one_address_and_names_its_data_root():
     assert "InputClient()" in loop and "/tmp/input.sock" not in loop
 
 
-def test_bring_your_own_data_runs_as_written(tmp_path, short_tmp):
+# What README says to change for jsonl files.
+FOR_JSONL = "(jsonl: `*.jsonl` where they say `*.txt`)"
+
+
+@pytest.mark.parametrize("corpus", ["txt", "jsonl"])
+def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
+    """As written, on a folder of plain text (a document a line); with README's one change,
+    on jsonl. The same documents either way."""
     from input_server.testing.corpus import stdlib_docstrings, write_jsonl
 
-    blocks = code_blocks(section("Bring your own data"))
+    text = section("Bring your own data")
+    blocks = code_blocks(text)
     shell = [code for lang, code in blocks if lang == "bash"]
     python = [code for lang, code in blocks if lang == "python"]
     assert len(shell) == 1 and len(python) == 1, blocks
     assert "input-server tokenizer train" in shell[0] and "input-server serve" in shell[0]
+    assert FOR_JSONL in " ".join(text.split()) and shell[0].count("*.txt") == 2
 
     (tmp_path / "my-data").mkdir()
-    # Enough real text for the README's vocabulary.
-    write_jsonl(stdlib_docstrings(5000), tmp_path / "my-data" / "docs.jsonl")
+    # Enough real text for the README's vocabulary, a docstring a line in the text file.
+    docs = stdlib_docstrings(5000)
+    if corpus == "jsonl":
+        shell[0] = shell[0].replace("*.txt", "*.jsonl")
+        write_jsonl(docs, tmp_path / "my-data" / "docs.jsonl")
+    else:
+        lines = (" ".join(d.split()) for d in docs)
+        (tmp_path / "my-data" / "docs.txt").write_text("".join(f"{d}\n" for d in lines if d))
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     env["TMPDIR"] = str(short_tmp)  # the default address: a fresh private folder in there
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
