@@ -310,7 +310,12 @@ class BatchIterator:
         except StopIteration:
             self._done = True
             raise StreamError(grpc.StatusCode.CANCELLED, "the iterator was closed.") from None
-        except Exception:  # the stream's failure; a KeyboardInterrupt leaves the stream open
+        except InputClientError as e:  # the stream's failure, raised on the fetch thread
+            self.close()
+            # Its frames there (the reconnect machinery) say nothing to the loop: a fan-in's
+            # `next()` re-raises it too, and shows its caller this frame on, no deeper.
+            raise e.with_traceback(None) from e.__cause__
+        except Exception:  # a KeyboardInterrupt leaves the stream open
             self.close()
             raise
         finally:
