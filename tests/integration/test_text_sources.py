@@ -87,6 +87,15 @@ def test_text_gives_the_batches_of_the_same_documents_in_jsonl(
     assert_same_batches(run_pipeline(spec), jsonl_batches)
 
 
+def test_text_read_in_a_grain_worker_process_gives_the_same_batches(
+    lines, make_spec, jsonl_batches, tmp_path
+):
+    """The reader pickled to a worker process reopens its file there (and decompresses it)."""
+    path = write_bytes(tmp_path / "d.txt.gz", gzip.compress(text_bytes(lines)))
+    spec = make_spec(source={"paths": [path]})
+    assert_same_batches(run_pipeline(spec, processes=1), jsonl_batches)
+
+
 def test_a_dropped_line_changes_the_batches_so_the_comparison_is_not_vacuous(
     lines, make_spec, jsonl_batches, tmp_path
 ):
