@@ -1,7 +1,9 @@
 """One wait for a server to answer: what it says at once, what it says while it waits, and
 the one line it ends with.
 
-A Unix socket file that does not exist yet is waited for (a sidecar starting). Over TCP, a
+A Unix socket file that does not exist yet is waited for (a sidecar starting), and said
+within a second, naming the other default path where a server does listen when there is one
+(a `serve` started with another XDG_RUNTIME_DIR: tmux, an IDE, cron). Over TCP, a
 refused connection is waited for too: a server starting on the same host (a sidecar over TCP,
 a restarted pod) refuses for its first seconds, and a client started alongside must not fail
 then. But it is said at once, in one warning line, and the final error names it: before, a
@@ -24,6 +26,10 @@ from input_client.tls_diagnosis import Unreachable, diagnose
 
 log = logging.getLogger("input_client")
 
+# A socket file still missing after this long is said: a sidecar started alongside usually
+# makes it within this (no warning then), and the user hears of it well within a second.
+SAY_MISSING_AFTER_S = 0.3
+
 
 def socket_file_ready(address: str, timeout_s: float) -> float:
     """Says at once what no waiting can fix, waits for a `unix:` socket file to appear (a
@@ -41,19 +47,45 @@ def socket_file_ready(address: str, timeout_s: float) -> float:
             f"socket needs its scheme: unix://{path}"
         )
     path = addresses.socket_path(address)
-    deadline = time.monotonic() + timeout_s
     if not path:
         return timeout_s
+    start = time.monotonic()
+    deadline, warned = start + timeout_s, False
     while not os.path.exists(path):
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise ConnectionError(
                 f"no input server reachable at {address!r}: no socket at {path} "
-                f"after {timeout_s:g} s; is `input-server serve` running?"
+                f"after {timeout_s:g} s; {where_instead(path)}"
             )
-        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if not warned and now - start >= SAY_MISSING_AFTER_S:
+            # Said once, early, as a refused TCP connect is: the wait goes on (a server may
+            # be starting), but a server at another default path is named now, not in 30 s.
+            log.warning(
+                "no socket at %s; waiting up to %g s for a server there: %s",
+                path,
+                timeout_s,
+                where_instead(path),
+            )
+            warned = True
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if not addresses.is_socket(path):
         raise ConnectionError(f"no input server reachable at {address!r}: {path} is not a socket.")
     return max(0.0, deadline - time.monotonic())
+
+
+def where_instead(path: str) -> str:
+    """The hint for a missing socket file: the other default path where a server answers
+    (a `serve` started with another XDG_RUNTIME_DIR or TMPDIR: tmux, an IDE, cron), else
+    the question whether one runs."""
+    elsewhere = addresses.servers_elsewhere(path)
+    if not elsewhere:
+        return "is `input-server serve` running?"
+    return (
+        f"a server is listening at the other default path unix://{elsewhere[0]} (started "
+        f"with another XDG_RUNTIME_DIR or TMPDIR?); connect to unix://{elsewhere[0]}, or "
+        f"run both with the same XDG_RUNTIME_DIR."
+    )
 
 
 class ConnectWait:

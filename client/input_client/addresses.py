@@ -35,6 +35,35 @@ def default_socket_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"input-server-{os.geteuid()}")
 
 
+def default_socket_paths() -> list[str]:
+    """Where a plain `serve` of this user may listen, whatever its environment: this
+    process's $XDG_RUNTIME_DIR, systemd's /run/user/UID (what a login shell has and cron, tmux or an
+    IDE may not), and `input-server-UID` in $TMPDIR and in /tmp. Folders that are not ours
+    and private are left out: a socket there may be anyone's."""
+    folders = [os.environ.get("XDG_RUNTIME_DIR"), f"/run/user/{os.geteuid()}"]
+    paths = []
+    for folder in filter(None, folders):
+        with contextlib.suppress(OSError, ValueError):  # ValueError: a NUL in the variable
+            if _is_private_dir(os.stat(folder)):
+                paths.append(os.path.join(folder, SOCKET_NAME))
+    for tmp in (tempfile.gettempdir(), "/tmp"):
+        folder = os.path.join(tmp, f"input-server-{os.geteuid()}")
+        if os.path.lexists(folder) and folder_problem(folder) is None:
+            paths.append(os.path.join(folder, SOCKET_NAME))
+    return list(dict.fromkeys(os.path.abspath(p) for p in paths))
+
+
+def servers_elsewhere(path: str) -> list[str]:
+    """For a default socket path `path` (a `serve` of some environment's default), the other
+    default socket paths (`default_socket_paths`) where a server answers now: where the
+    server a client misses may be (started with another XDG_RUNTIME_DIR or TMPDIR). Empty
+    for a path a user chose: a default server is no answer to it."""
+    if os.path.basename(path) != SOCKET_NAME:
+        return []
+    here = os.path.realpath(path)
+    return [p for p in default_socket_paths() if os.path.realpath(p) != here and answers(p)]
+
+
 def default_socket() -> str:
     """The address a plain `input-server serve` listens on, and `InputClient()` dials."""
     return f"unix://{os.path.join(default_socket_dir(), SOCKET_NAME)}"
@@ -91,6 +120,23 @@ def is_socket(path: str) -> bool:
         return stat.S_ISSOCK(os.stat(path).st_mode)
     except OSError:
         return False
+
+
+def answers(path: str) -> bool:
+    """Whether something accepts connections on the socket file at `path` now."""
+    import socket
+
+    if not is_socket(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def nobody_answers(path: str) -> bool:
