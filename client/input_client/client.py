@@ -42,8 +42,10 @@ class InputClient:
         the clients of each. A list of one is that one server.
       connect_timeout_s: how long `batches()` and `info()` wait for the server to be reachable
         before raising, so a missing server is an error, not a hang. A `unix:` socket file
-        that does not exist yet is waited for (a server starting); an address that can never
-        work (a socket path without `unix://`) is refused at once.
+        that does not exist yet is waited for (a server starting), and said in one warning
+        within a second, naming the other default path where a server answers if one does
+        (a `serve` with another XDG_RUNTIME_DIR); an address that can never work (a socket
+        path without `unix://`) is refused at once.
       token: the shared token of a server started with `--token-file`, sent on every call
         (`authorization: Bearer TOKEN`). Its abstract sockets and TCP ports need it; its
         socket files do not (their file mode admits only the server's user), unless it also

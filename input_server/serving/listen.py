@@ -198,7 +198,7 @@ def add_port(add: Callable[[], int], said: str, a: Address) -> int:
             saved = None
         with tempfile.TemporaryFile() as held:
             if saved is not None:
-                sys.stderr.flush()
+                _flush_stderr()
                 os.dup2(held.fileno(), 2)
             try:
                 port, error = add(), ""
@@ -206,7 +206,7 @@ def add_port(add: Callable[[], int], said: str, a: Address) -> int:
                 port, error = 0, str(e)
             finally:
                 if saved is not None:
-                    sys.stderr.flush()
+                    _flush_stderr()
                     os.dup2(saved, 2)
                     os.close(saved)
             held.seek(0)
@@ -220,6 +220,12 @@ def add_port(add: Callable[[], int], said: str, a: Address) -> int:
     if port:
         return port
     raise OSError(bind_failure(said, a, " ".join(core) or error))
+
+
+def _flush_stderr() -> None:
+    """What Python buffered for stderr, written to the fd 2 of its time (none: no stderr)."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
 
 
 def bind_failure(said: str, a: Address, core: str) -> str:
