@@ -87,6 +87,26 @@ def _refuse_repeats(key: str, files: list[tuple[str, str]]) -> None:
         )
 
 
+def _does_not_fit(key: str, spec: SourceSpec, name: str, e: RecordError) -> InvalidSpecError:
+    """A file's first record failing: the spec's keys that decide how it is read, and the
+    reader's reason."""
+    if spec.format == "text":  # no fields: a line is the document
+        keys = "format='text'"
+    else:
+        field = (
+            f"token_field={spec.token_field!r}"
+            if spec.token_field
+            else f"text_field={spec.text_field!r}"
+        )
+        keys = f"format={spec.format!r}, {field}, record_format={spec.record_format!r}"
+    # A first line that is not JSON: most likely plain text under a name the format was not
+    # inferred from.
+    hint = (
+        '; plain text, a document a line, is format = "text"' if isinstance(e, NotJsonError) else ""
+    )
+    return InvalidSpecError(f"`{key}` does not fit {name} ({keys}): {e}{hint}")
+
+
 class DocumentSource:
     """All documents of all files, in file order: a Grain random-access data source of texts
     (or id arrays). A mixture's components follow one another: component c's records are
@@ -184,22 +204,7 @@ class DocumentSource:
                 except CorruptFileError:  # a damaged file is DATA_LOSS, not a spec mistake
                     raise
                 except RecordError as e:  # the first record failing is a spec mistake
-                    field = (
-                        f"token_field={spec.token_field!r}"
-                        if spec.token_field
-                        else f"text_field={spec.text_field!r}"
-                    )
-                    # A first line that is not JSON: most likely plain text under a name
-                    # the format was not inferred from.
-                    hint = (
-                        '; plain text, a document a line, is format = "text"'
-                        if isinstance(e, NotJsonError)
-                        else ""
-                    )
-                    raise InvalidSpecError(
-                        f"`{key}` does not fit {r.name} (format={spec.format!r}, {field}, "
-                        f"record_format={spec.record_format!r}): {e}{hint}"
-                    ) from e
+                    raise _does_not_fit(key, spec, r.name, e) from e
         if sum(len(r) for r in readers) == 0:
             raise InvalidSpecError(f"`{key}.paths` {list(spec.paths)!r} hold no records.")
         return readers

@@ -176,6 +176,8 @@ def test_bad_utf8_is_refused_naming_file_and_line(where, server, lines, make_spe
     # spec does not fit the file (INVALID_ARGUMENT), as for every format.
     first = where == "first-line"
     assert code == (grpc.StatusCode.INVALID_ARGUMENT if first else grpc.StatusCode.DATA_LOSS)
+    if first:  # only the keys that decide how a text file is read
+        assert "(format='text')" in details and "text_field" not in details, details
 
 
 def test_compressed_text_over_max_decompressed_mb_is_refused_naming_file(
