@@ -6,6 +6,7 @@ Their `__module__` is this public module, so a traceback names `input_client.err
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpc
@@ -37,6 +38,36 @@ class StreamError(InputClientError):
         self.code = code
         self.details = details
         super().__init__(f"{code.name}: {details}")
+
+
+# How the server names a spec key first in an INVALID_ARGUMENT's details (the same words as
+# `SpecError`'s): "`tokenizer.model` ... is not a sentencepiece model", "`source[2]` does not fit".
+_SPEC_KEY = re.compile(r"`((?:source|mixture|tokenizer|batch|order|shard|workers)[\w.\[\]]*)`")
+
+
+class ServerSpecError(StreamError, SpecError):
+    """The server refused the spec (INVALID_ARGUMENT naming a spec key): a value that cannot
+    work with the server's files, e.g. a `tokenizer.model` that is no model. A `StreamError`
+    (its `code` and `details`) and a `SpecError` (its `key`; `value` is None: the details
+    name it), so `except input_client.SpecError` catches a spec mistake wherever it was found.
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, key: str):
+        self.key = key
+        self.value = None
+        self.code = code
+        self.details = details
+        # Not StreamError's __init__: its super() here is SpecError's, of other arguments.
+        InputClientError.__init__(self, f"{code.name}: {details}")
+
+
+def stream_error(code: grpc.StatusCode, details: str) -> StreamError:
+    """The error of a stream the server ended with `code` and `details`: a `ServerSpecError`
+    where the server refused a spec key's value, else a `StreamError`."""
+    found = _SPEC_KEY.match(details or "")
+    if code == grpc.StatusCode.INVALID_ARGUMENT and found:
+        return ServerSpecError(code, details, key=found.group(1))
+    return StreamError(code, details)
 
 
 class SequenceError(InputClientError):

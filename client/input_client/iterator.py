@@ -21,7 +21,7 @@ from input_client._server_checks import (
 )
 from input_client._slow_start import what_the_server_does
 from input_client.credit import Taken
-from input_client.errors import InputClientError, SequenceError, StreamError
+from input_client.errors import InputClientError, SequenceError, StreamError, stream_error
 from input_client.proto import pb
 from input_client.quiet import Quiet
 from input_client.threads import Prefetcher
@@ -198,7 +198,7 @@ class BatchIterator:
                     f"before reading it. A faulty server, or not an input server of this "
                     f"release.",
                 ) from None
-            return StreamError(e.code(), e.details())
+            return stream_error(e.code(), e.details())
         finally:
             if taken is not None:
                 taken.end()

@@ -76,9 +76,57 @@ def test_a_spec_mistake_in_the_loop_is_the_public_spec_error(corpus, spm_model):
     assert len(lines) <= 12, shown  # the spec's own check frames, no more
 
 
-@pytest.mark.parametrize("name", ["SpecError", "StreamError", "SequenceError", "ReconnectError"])
+def test_a_spec_value_the_server_refuses_is_a_spec_error_too(server, make_spec, corpus):
+    """The corpus given as the tokenizer model: only the server can find that out. The loop
+    gets a SpecError naming the key (and a StreamError with the server's status)."""
+    spec = make_spec(tokenizer={"model": corpus})
+    lines = _loop(
+        f"""
+        import grpc
+        from input_client import InputClient, PipelineSpec, SpecError, StreamError
+        spec = PipelineSpec.from_dict({spec.to_dict()!r})
+        with InputClient({server.targets[0]!r}, connect_timeout_s=30) as client:
+            try:
+                for batch in client.batches(spec, reconnect_deadline_s=0):
+                    pass
+            except SpecError as e:
+                assert isinstance(e, StreamError) and isinstance(e, ValueError)
+                assert e.key == "tokenizer.model", e.key
+                assert e.code == grpc.StatusCode.INVALID_ARGUMENT
+                raise
+        """
+    )
+    _assert_short_and_public(lines, "input_client.errors.ServerSpecError")
+    assert "INVALID_ARGUMENT: `tokenizer.model`" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "code, details, key",
+    [
+        ("INVALID_ARGUMENT", "`source[2].paths` matches no file", "source[2].paths"),
+        ("INVALID_ARGUMENT", "`resume_state` is not a state of this spec", None),
+        ("NOT_FOUND", "`source.paths`: no file matches", None),
+        ("INVALID_ARGUMENT", "a message that names no key", None),
+    ],
+    ids=["spec-key", "not-a-spec-key", "another-status", "no-key"],
+)
+def test_only_a_refused_spec_key_is_a_spec_error(code, details, key):
+    import grpc
+
+    from input_client.errors import stream_error
+
+    error = stream_error(grpc.StatusCode[code], details)
+    assert isinstance(error, input_client.StreamError)
+    assert isinstance(error, input_client.SpecError) == (key is not None)
+    assert getattr(error, "key", None) == key
+    assert str(error) == f"{code}: {details}"
+
+
+@pytest.mark.parametrize(
+    "name", ["SpecError", "StreamError", "SequenceError", "ReconnectError", "ServerSpecError"]
+)
 def test_every_user_facing_error_names_its_public_home(name):
-    cls = getattr(input_client, name)
+    cls = getattr(input_client.errors, name)
     assert cls.__module__ == "input_client.errors"
     assert issubclass(cls, input_client.InputClientError)
 
