@@ -368,13 +368,22 @@ def _parse(main: Callable[[list[str]], object], argv: list[str], where: str) -> 
     """`main(argv)` up to its `parse_args`, which raises the namespace: run through `main`
     rather than the parser it builds (`input_server.cli.build_parser`), so what is checked is
     the parsing `main` itself does."""
+    from input_server import cli
+
     real = argparse.ArgumentParser.parse_args
+    real_arguments = cli.parse_arguments  # main's own: `-v` anywhere on the line
 
     def spy(self, args=None, namespace=None):
         raise _Parsed(real(self, args, namespace))
 
+    def arguments_spy(parser, argv):
+        raise _Parsed(real_arguments(parser, argv))
+
     err = io.StringIO()
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", spy):
+    with (
+        mock.patch.object(argparse.ArgumentParser, "parse_args", spy),
+        mock.patch.object(cli, "parse_arguments", arguments_spy),
+    ):
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
                 main(argv)
