@@ -6,6 +6,8 @@ downloaded), the way `corpus.train_sentencepiece` makes a sentencepiece one:
 - `train_hf_tokenizer`: a byte-level BPE trained with the `tokenizers` library's own trainer,
   saved as Hugging Face saves a tokenizer: a folder with `tokenizer.json` and
   `tokenizer_config.json` naming its BOS, EOS and (optionally) pad tokens.
+- `train_qwen2_bpe`, `write_hf_folder`: a checkpoint's tokenizer folder as Qwen's are, the
+  class named in `tokenizer_config.json` (what MaxText's `qwen3-tokenizer` holds).
 - `write_tiktoken_model`: the same kind of BPE written as a tiktoken ranks file (one
   `base64(token bytes) rank` line per token, what `tiktoken.load.load_tiktoken_bpe` reads), the
   format of Llama 3's `tokenizer.model`.
@@ -19,6 +21,7 @@ import os
 from collections.abc import Iterable
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _byte_level_bpe(docs: Iterable[str], vocab_size: int, special_tokens: list[str]):
@@ -157,3 +160,51 @@ def write_large_bpe(
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f)
     return os.fspath(folder)
+
+
+def train_qwen2_bpe(docs: list[str]):
+    """A byte-level BPE built as transformers' Qwen2Tokenizer builds one (its regex, NFC, no
+    prefix space), with Qwen's three specials, trained on `docs`: a checkpoint folder's
+    `tokenizer.json` once `write_hf_folder` puts a `tokenizer_config.json` beside it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from input_server.data.tokenizers.hf_config import QWEN2_REGEX
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=900,
+        special_tokens=QWEN_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(docs, trainer)
+    return tok
+
+
+def write_hf_folder(path, tok, **config) -> str:
+    """tok's tokenizer.json beside a tokenizer_config.json holding `config` and, as
+    `save_pretrained` writes it, an added_tokens_decoder of the file's added tokens."""
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    added = {
+        str(i): {
+            "content": t.content,
+            "lstrip": t.lstrip,
+            "rstrip": t.rstrip,
+            "normalized": t.normalized,
+            "single_word": t.single_word,
+            "special": t.special,
+        }
+        for i, t in tok.get_added_tokens_decoder().items()
+    }
+    config = {"added_tokens_decoder": added, "model_max_length": 131072, **config}
+    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return os.fspath(path)

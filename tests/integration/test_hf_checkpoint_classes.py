@@ -21,64 +21,25 @@ import os
 import grpc
 import numpy as np
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
-from input_server.data.tokenizers.hf_config import QWEN2_REGEX
 from input_server.testing.corpus import write_jsonl
+from input_server.testing.tokenizer_models import (
+    QWEN_SPECIALS,
+    train_qwen2_bpe,
+    write_hf_folder,
+)
 
 SEQ = 256
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 WRITTEN = ["a chat turn <|im_start|>user hi<|im_end|> then <|endoftext|> ends", ""]
-
-
-def _train(docs: list[str]) -> Tokenizer:
-    """A byte-level BPE built as Qwen2Tokenizer builds one, trained on `docs`."""
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=900,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(docs, trainer)
-    return tok
-
-
-def _folder(path, tok: Tokenizer, **config) -> str:
-    """tok's tokenizer.json beside a tokenizer_config.json holding `config` and, as
-    `save_pretrained` writes it, an added_tokens_decoder of the file's added tokens."""
-    os.makedirs(path, exist_ok=True)
-    tok.save(os.path.join(path, "tokenizer.json"))
-    added = {
-        str(i): {
-            "content": t.content,
-            "lstrip": t.lstrip,
-            "rstrip": t.rstrip,
-            "normalized": t.normalized,
-            "single_word": t.single_word,
-            "special": t.special,
-        }
-        for i, t in tok.get_added_tokens_decoder().items()
-    }
-    config = {"added_tokens_decoder": added, "model_max_length": 131072, **config}
-    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f)
-    return os.fspath(path)
 
 
 @pytest.fixture(scope="module")
 def trained(docs) -> Tokenizer:
-    return _train(docs[:600])
+    return train_qwen2_bpe(docs[:600])
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +48,13 @@ def folders(trained, tmp_path_factory) -> dict[str, str]:
     qwen3 = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     return {
         # Qwen3's config as MaxText ships it: EOS <|im_end|>, pad <|endoftext|>, no BOS.
-        "qwen3-like": _folder(d / "qwen3", trained, tokenizer_class="Qwen2Tokenizer", **qwen3),
+        "qwen3-like": write_hf_folder(
+            d / "qwen3", trained, tokenizer_class="Qwen2Tokenizer", **qwen3
+        ),
         # No named tokens: Qwen2Tokenizer's defaults (EOS and pad <|endoftext|>).
-        "class-defaults": _folder(d / "defaults", trained, tokenizer_class="Qwen2TokenizerFast"),
+        "class-defaults": write_hf_folder(
+            d / "defaults", trained, tokenizer_class="Qwen2TokenizerFast"
+        ),
     }
 
 
@@ -169,25 +134,27 @@ def test_classes_the_server_cannot_reproduce_are_refused_with_the_way_out(
     cases = {
         # What Qwen2Tokenizer would build differs from the file: its own pre-tokenizer wins.
         "prefix": (
-            _folder(tmp_path / "p", trained, tokenizer_class="Qwen2Tokenizer", add_prefix_space=1),
+            write_hf_folder(
+                tmp_path / "p", trained, tokenizer_class="Qwen2Tokenizer", add_prefix_space=1
+            ),
             ["'Qwen2Tokenizer'", "add_prefix_space", "TokenizersBackend"],
         ),
         "llama": (  # not byte-level: transformers 5 rebuilds it the sentencepiece way
-            _folder(tmp_path / "l", _metaspace(docs), tokenizer_class="LlamaTokenizerFast"),
+            write_hf_folder(tmp_path / "l", _metaspace(docs), tokenizer_class="LlamaTokenizerFast"),
             ["'LlamaTokenizerFast'", "sentencepiece", "TokenizersBackend"],
         ),
         "whisper": (
-            _folder(tmp_path / "w", trained, tokenizer_class="WhisperTokenizer"),
+            write_hf_folder(tmp_path / "w", trained, tokenizer_class="WhisperTokenizer"),
             ["'WhisperTokenizer'", "Qwen2Tokenizer", "TokenizersBackend"],
         ),
         "added": (  # transformers 5 drops a file's added token the config lacks
-            _folder(tmp_path / "a", extra, tokenizer_class="Qwen2Tokenizer"),
+            write_hf_folder(tmp_path / "a", extra, tokenizer_class="Qwen2Tokenizer"),
             ["'<|not_in_config|>'", "added_tokens_decoder"],
         ),
     }
     config = json.loads((tmp_path / "a" / "tokenizer_config.json").read_text())
     config["added_tokens_decoder"] = {
-        k: v for k, v in config["added_tokens_decoder"].items() if v["content"] in SPECIALS
+        k: v for k, v in config["added_tokens_decoder"].items() if v["content"] in QWEN_SPECIALS
     }
     (tmp_path / "a" / "tokenizer_config.json").write_text(json.dumps(config))
     for name, (model, needles) in cases.items():
@@ -198,8 +165,8 @@ def test_classes_the_server_cannot_reproduce_are_refused_with_the_way_out(
     # The way out works: the same file under TokenizersBackend is its own pipeline; so is a
     # byte-level file under LlamaTokenizerFast (DeepSeek's, Llama 3 derivatives'), as
     # AutoTokenizer loads it (tokenization_auto.py; tests/system compares the ids).
-    fixed = _folder(tmp_path / "fixed", trained, tokenizer_class="TokenizersBackend")
-    llama = _folder(tmp_path / "byte-level", trained, tokenizer_class="LlamaTokenizerFast")
+    fixed = write_hf_folder(tmp_path / "fixed", trained, tokenizer_class="TokenizersBackend")
+    llama = write_hf_folder(tmp_path / "byte-level", trained, tokenizer_class="LlamaTokenizerFast")
     for model in (fixed, llama):
         with InputClient(server.targets[0]) as c, c.batches(_spec(path, model)) as it:
             row = next(it)["inputs"][0]

@@ -52,14 +52,31 @@ def test_the_quick_start_uses_one_address_and_names_its_data_root():
     assert "InputClient()" in loop and "/tmp/input.sock" not in loop
 
 
-# What README says to change for jsonl files.
+# What README says to change for jsonl files, and for a checkpoint's tokenizer folder.
 FOR_JSONL = "(jsonl: `*.jsonl` where they say `*.txt`)"
+FOR_CKPT = '(skip step 1; `model = "ckpt"` and `kind = "huggingface"` for `my-data/ckpt/`)'
 
 
-@pytest.mark.parametrize("corpus", ["txt", "jsonl"])
+def _as_checkpoint(shell: str, folder) -> str:
+    """README's commands with a Qwen-class checkpoint folder (as MaxText's qwen3-tokenizer:
+    EOS <|im_end|>, pad <|endoftext|>, no BOS) in place of the tokenizer step 1 trains."""
+    from input_server.testing.corpus import stdlib_docstrings
+    from input_server.testing.tokenizer_models import train_qwen2_bpe, write_hf_folder
+
+    tokens = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    tok = train_qwen2_bpe(stdlib_docstrings(600))
+    write_hf_folder(folder, tok, tokenizer_class="Qwen2Tokenizer", **tokens)
+    lines = [x for x in shell.splitlines() if not x.startswith("input-server tokenizer train")]
+    assert len(lines) == len(shell.splitlines()) - 1
+    shell = "\n".join(lines)
+    assert shell.count('model = "spm.model"') == 1
+    return shell.replace('model = "spm.model"', 'model = "ckpt"\nkind = "huggingface"')
+
+
+@pytest.mark.parametrize("corpus", ["txt", "jsonl", "checkpoint"])
 def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
     """As written, on a folder of plain text (a document a line); with README's one change,
-    on jsonl. The same documents either way."""
+    on jsonl, or with a checkpoint's tokenizer folder. The same documents either way."""
     from input_server.testing.corpus import stdlib_docstrings, write_jsonl
 
     text = section("Bring your own data")
@@ -69,6 +86,7 @@ def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
     assert len(shell) == 1 and len(python) == 1, blocks
     assert "input-server tokenizer train" in shell[0] and "input-server serve" in shell[0]
     assert FOR_JSONL in " ".join(text.split()) and shell[0].count("*.txt") == 2
+    assert FOR_CKPT in " ".join(text.split())
 
     (tmp_path / "my-data").mkdir()
     # Enough real text for the README's vocabulary, a docstring a line in the text file.
@@ -79,6 +97,8 @@ def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
     else:
         lines = (" ".join(d.split()) for d in docs)
         (tmp_path / "my-data" / "docs.txt").write_text("".join(f"{d}\n" for d in lines if d))
+    if corpus == "checkpoint":
+        shell[0] = _as_checkpoint(shell[0], tmp_path / "my-data" / "ckpt")
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     env["TMPDIR"] = str(short_tmp)  # the default address: a fresh private folder in there
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -119,7 +139,8 @@ def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
             pytest.fail("the server did not stop on SIGTERM")
     out = (tmp_path / "shell.log").read_text()
     log.close()
-    assert "wrote my-data/spm.model: unigram, 8,000 pieces (pad 0, bos 1, eos 2, unk 3)" in out
+    if corpus != "checkpoint":
+        assert "wrote my-data/spm.model: unigram, 8,000 pieces (pad 0, bos 1, eos 2, unk 3)" in out
     assert "serving on unix://" in out and "SIGTERM: drained" in out, out
 
 
