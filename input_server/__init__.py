@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from input_server.version import __version__
 
 __all__ = [
     "Pipeline",

@@ -32,13 +32,13 @@ ANSWER_S = 2.5
 Finding = tuple[str, str, str, str]
 
 
-def _raw_stream(channel: grpc.Channel):
+def raw_stream(channel: grpc.Channel):
     return channel.stream_stream(
         STREAM, request_serializer=lambda b: b, response_deserializer=lambda b: b
     )
 
 
-def _answers(channel: grpc.Channel, target: str, what: str) -> list[Finding]:
+def server_answers(channel: grpc.Channel, target: str, what: str) -> list[Finding]:
     """Health and GetInfo, each timed: a finding for each that takes over ANSWER_S."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -85,14 +85,14 @@ def credit_reports(channel: grpc.Channel, target: str, first: bytes, deadline_s:
             yield report
             release.wait(deadline_s + 5)
 
-        call = _raw_stream(channel)(requests(), timeout=deadline_s + 5)
+        call = raw_stream(channel)(requests(), timeout=deadline_s + 5)
         status, message = "OK", ""
         try:
             for _ in call:
                 pass
         except grpc.RpcError as e:
             status, message = e.code().name, e.details() or ""
-        found += _answers(channel, target, f"after a stream with {label}")
+        found += server_answers(channel, target, f"after a stream with {label}")
         release.set()
         if status != "INVALID_ARGUMENT":
             found.append(("credit report accepted", label, status, message))
@@ -127,9 +127,9 @@ def silent_calls(channel: grpc.Channel, target: str, first: bytes, deadline_s: f
             threads.append(threading.Thread(target=run, args=(calls(silent()),), daemon=True))
             threads[-1].start()
     time.sleep(1.0)  # every silent call has reached the server
-    found += _answers(channel, target, f"with {2 * SILENT_CALLS} silent calls open")
+    found += server_answers(channel, target, f"with {2 * SILENT_CALLS} silent calls open")
     try:
-        next(iter(_raw_stream(channel)(iter([first]), timeout=deadline_s + 10)))
+        next(iter(raw_stream(channel)(iter([first]), timeout=deadline_s + 10)))
     except grpc.RpcError as e:
         found.append(("stream refused", "beside silent calls", e.code().name, e.details() or ""))
     for t in threads:
@@ -167,13 +167,15 @@ def many_globs(
         req.spec.source.paths.extend(paths)
         start = time.monotonic()
         try:
-            next(iter(_raw_stream(channel)(iter([req.SerializeToString()]), timeout=deadline_s)))
+            next(iter(raw_stream(channel)(iter([req.SerializeToString()]), timeout=deadline_s)))
             status, message = "OK", ""
         except grpc.RpcError as e:
             status, message = e.code().name, e.details() or ""
         if status in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"):
             found.append(("many globs", label, status, message))
-        found += _answers(channel, target, f"after {label} ({time.monotonic() - start:.1f} s)")
+        found += server_answers(
+            channel, target, f"after {label} ({time.monotonic() - start:.1f} s)"
+        )
     return found
 
 
@@ -213,12 +215,12 @@ def bomb(
 
     def watch() -> None:  # while the server decompresses, everyone else is answered
         while not done.wait(0.5):
-            answers.extend(_answers(channel, target, f"during {label}"))
+            answers.extend(server_answers(channel, target, f"during {label}"))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        next(iter(_raw_stream(channel)(iter([req.SerializeToString()]), timeout=deadline_s)))
+        next(iter(raw_stream(channel)(iter([req.SerializeToString()]), timeout=deadline_s)))
         status, message = "OK", ""
     except grpc.RpcError as e:
         status, message = e.code().name, e.details() or ""
@@ -229,7 +231,7 @@ def bomb(
         found.append(("bomb", label, status, message))
     elif "--max-decompressed-mb" not in message:
         found.append(("bomb message names no flag", label, status, message))
-    return found + answers + _answers(channel, target, f"after {label}")
+    return found + answers + server_answers(channel, target, f"after {label}")
 
 
 def run_attacks(

@@ -20,7 +20,7 @@ import time
 
 import grpc
 import psutil
-from fuzz_attacks import Finding, _answers, _raw_stream
+from fuzz_attacks import Finding, raw_stream, server_answers
 
 from input_server.testing.http2_flood import Flood
 
@@ -43,7 +43,7 @@ def _log_size(log: str | None) -> int:
 def _stream_starts(channel: grpc.Channel, first: bytes) -> tuple[str, str]:
     """A valid stream's first batch, as a trainer starting now would ask: (status, details)."""
     try:
-        next(iter(_raw_stream(channel)(iter([first]), timeout=10)))
+        next(iter(raw_stream(channel)(iter([first]), timeout=10)))
         return "OK", ""
     except grpc.RpcError as e:
         return e.code().name, e.details() or ""
@@ -69,7 +69,7 @@ def flood(channel, target: str, first: bytes, rst: bool, pid: int | None, log: s
         found.append(("stream refused during a flood", label, status, message[:300]))
     while time.monotonic() < until:
         asked = time.monotonic()
-        found += _answers(channel, target, f"during {label}")
+        found += server_answers(channel, target, f"during {label}")
         if pid:
             with contextlib.suppress(psutil.Error):
                 most = max(most, psutil.Process(pid).num_threads())
@@ -88,7 +88,7 @@ def flood(channel, target: str, first: bytes, rst: bool, pid: int | None, log: s
             new = f.read().decode(errors="replace")
         if "Traceback" in new or "can't start new thread" in new:
             found.append(("traceback in the server's log", label, "", new[-300:]))
-    found += _answers(channel, target, f"after {label}")
+    found += server_answers(channel, target, f"after {label}")
     figures = {"calls": calls, "answered": answered, "threads_before": before, "threads": most}
     return found, figures
 

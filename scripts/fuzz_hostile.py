@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import grpc
 import psutil
-from fuzz_attacks import Finding, _answers, _raw_stream
+from fuzz_attacks import Finding, raw_stream, server_answers
 
 from input_client.proto import pb
 from input_server.testing import attacks
@@ -51,7 +51,7 @@ def _status(call) -> tuple[str, str]:
 
 def _first(channel: grpc.Channel, req: pb.StreamBatchesRequest, deadline_s: float):
     """(status, details) of a stream's first message."""
-    call = _raw_stream(channel)
+    call = raw_stream(channel)
     return _status(lambda: next(iter(call(iter([req.SerializeToString()]), timeout=deadline_s))))
 
 
@@ -73,7 +73,7 @@ def watching(channel: grpc.Channel, target: str, label: str, pid: int | None) ->
 
     def watch() -> None:
         while not done.wait(0.5):
-            found.extend(_answers(channel, target, f"during {label}"))
+            found.extend(server_answers(channel, target, f"during {label}"))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -82,7 +82,7 @@ def watching(channel: grpc.Channel, target: str, label: str, pid: int | None) ->
     finally:
         done.set()
         watcher.join()
-    found.extend(_answers(channel, target, f"after {label}"))
+    found.extend(server_answers(channel, target, f"after {label}"))
     if before is not None:
         deadline, after = time.monotonic() + 5, _rss_mb(pid)
         while after is not None and after > before + KEPT_MB and time.monotonic() < deadline:

@@ -21,11 +21,11 @@ from importlib import metadata
 from typing import Any
 
 from input_client.spec import PipelineSpec
-from input_server import __version__
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.policy import cpu_count
 from input_server.data.tokenizers import KINDS
 from input_server.data.tokenizers.fast import version_of
+from input_server.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,14 @@ import time
 
 import numpy as np
 
-from input_server import __version__, stages
+from input_server import stages
 from input_server.data.ids import Specials, encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
 from input_server.data.token_cache_digest import FileState, SourceFiles, Unsettled, file_states
 from input_server.data.tokenizers.groups import group_of
 from input_server.errors import CancelledError
+from input_server.version import __version__
 
 # The element keys of a group's wall time in its worker, and of its seconds in each worker
 # stage (`stages.WORKER_STAGES`, in that order).

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from input_server.data.mixture import MixtureOrder
-from input_server.data.order import _FOREVER, DocumentOrder
+from input_server.data.order import FOREVER, DocumentOrder
 from input_server.errors import InvalidSpecError
 
 # Epochs the old streams may lie across (one ahead of another drifted past an epoch's end):
@@ -134,7 +134,7 @@ class ReshardedOrder:
         self._next = np.fromiter((o.next for o in olds), np.int64, m)
         self._head = np.fromiter((o.head for o in olds), np.int64, m)
         self._per = np.fromiter((o.order.per_epoch for o in olds), np.int64, m)
-        self._len = np.fromiter((min(len(o.order), _FOREVER) for o in olds), np.int64, m)
+        self._len = np.fromiter((min(len(o.order), FOREVER) for o in olds), np.int64, m)
         self._nested = [i for i, o in enumerate(olds) if not isinstance(o.order, DocumentOrder)]
 
     def _epochs_of(self, x: np.ndarray) -> np.ndarray:
@@ -238,7 +238,7 @@ class ReshardedOrder:
 
     def __len__(self) -> int:
         if not self.epochs:
-            return _FOREVER
+            return FOREVER
         return self.dealt + max(0, self.epochs - 1 - self.last) * self.per_epoch
 
     def held_bytes(self) -> int:

@@ -31,10 +31,8 @@ from fractions import Fraction
 import numpy as np
 
 from input_client.spec import MIX_PERIOD
-from input_server.data.order import DocumentOrder, OrderBudget
+from input_server.data.order import FOREVER, DocumentOrder, OrderBudget
 from input_server.errors import InvalidSpecError
-
-_FOREVER = np.iinfo(np.int64).max
 
 
 def quotas(weights: Sequence[float]) -> tuple[int, ...]:
@@ -164,13 +162,13 @@ class MixtureOrder:
     def _length(self) -> int:
         """Ordinals before the first component runs out; a very large number forever."""
         if not self.components[0].epochs:
-            return _FOREVER
+            return FOREVER
         sched, origin = self.schedule, self.at.origin
         ends = [
             sched.position_of(c, len(order) - self.at.bases[c]) - origin
             for c, order in enumerate(self.components)
         ]
-        return min(_FOREVER, max(0, min(ends)))
+        return min(FOREVER, max(0, min(ends)))
 
     def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """For stream documents `[start, stop)`: each one's component and its ordinal there."""

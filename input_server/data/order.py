@@ -16,7 +16,7 @@ import numpy as np
 
 from input_server.errors import OverBudgetError
 
-_FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
+FOREVER = int(np.iinfo(np.int64).max)  # computed once: iinfo takes microseconds a call
 # A shuffled epoch's permutation holds one uint32 a document of the shard when its values fit
 # (fewer than 2**32 documents: every real shard), else one int64. 8 bytes a document refused
 # C4-sized corpora on one host that ran before the order was counted.
@@ -125,7 +125,7 @@ class DocumentOrder:
 
     def __len__(self) -> int:
         """Documents in the stream; a very large number when it repeats forever."""
-        return self.per_epoch * self.epochs if self.epochs else _FOREVER
+        return self.per_epoch * self.epochs if self.epochs else FOREVER
 
     # The last epoch an earlier stream had begun for this one (a `ReshardedOrder`'s own): none.
     last = -1

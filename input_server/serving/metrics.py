@@ -21,9 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from input_client.proto import pb
-from input_server import __version__
 from input_server.serving import listen
 from input_server.serving.bounded_http import BoundedWSGIServer
+from input_server.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import grpc
 
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
-from input_server import __version__
 from input_server.autotune.openings import Openings
 from input_server.autotune.policy import cpu_count
 from input_server.batching.pipeline import Pipeline
@@ -30,6 +29,7 @@ from input_server.serving.limits import Limits
 from input_server.serving.slots import ProcessPool
 from input_server.serving.stream import Shared
 from input_server.serving.streams import Streams
+from input_server.version import __version__
 
 
 class InputServicer(pb_grpc.InputServiceServicer):

@@ -40,7 +40,7 @@ from input_server.tools.bench_rounds import (
     run_rounds,
     unavailable,
 )
-from input_server.tools.bench_server import _consume, bench_server
+from input_server.tools.bench_server import bench_server, consume
 from input_server.tools.bench_time import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
 from input_server.tools.report import plural
 
@@ -56,7 +56,7 @@ bench_sentencepiece = bench_limit  # the name bench_mixture.py (sentencepiece sp
 
 def bench_pipeline(spec: PipelineSpec, parallelism: Parallelism) -> dict:
     with Pipeline(spec).stream(parallelism=parallelism) as stream:
-        result = _consume((p.arrays for p in stream), lambda b: b["inputs_segmentation"])
+        result = consume((p.arrays for p in stream), lambda b: b["inputs_segmentation"])
     return {**result, **parallelism.to_dict()}
 
 

@@ -17,7 +17,7 @@ from input_client.spec import PipelineSpec, TokenizerSpec
 from input_client.wire import shift_left
 from input_server.data.tokenizers import KINDS as TOKENIZERS
 from input_server.data.tokenizers import load_tokenizer
-from input_server.tools.bench_server import _consume, _rate
+from input_server.tools.bench_server import consume, rate_of
 from input_server.tools.bench_table import audited
 
 KINDS = tuple(TOKENIZERS)
@@ -40,7 +40,7 @@ def time_call(call: Callable, texts: list[str], min_seconds: float) -> dict:
             return {
                 "tokens": tokens,
                 "seconds": elapsed,
-                "tokens_per_s": _rate(tokens, elapsed),
+                "tokens_per_s": rate_of(tokens, elapsed),
                 "cpu_ns_per_token": 1e9 * (time.process_time() - cpu) / tokens,
             }
 
@@ -165,7 +165,7 @@ def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dic
     ds = reference_dataset(spec, texts, processes)
     it = iter(ds)
     try:
-        result = _consume(it, lambda b: b["inputs_segment_ids"])
+        result = consume(it, lambda b: b["inputs_segment_ids"])
         if processes:  # the work ran in worker processes this process's CPU time misses
             del result["cpu_ns_per_token"]
     finally:

@@ -15,11 +15,11 @@ from input_client.spec import PipelineSpec
 from input_client.wire import PROTOCOL_VERSION
 
 
-def _rate(tokens: int, seconds: float) -> float:
+def rate_of(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
+def consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
     """Times a batch iterator after its first batch (start-up is not throughput), with the CPU
     time it took per real token: this process's (all threads but `on_last`'s own, when it has
     `cpu_s()`), and `other_process`'s (a psutil.Process, the server) apart. `on_last(result)`
@@ -47,7 +47,7 @@ def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
         "tokens": tokens,
         "batches": rows,
         "seconds": elapsed,
-        "tokens_per_s": _rate(tokens, elapsed),
+        "tokens_per_s": rate_of(tokens, elapsed),
         "packing_efficiency": tokens / slots if slots else 0.0,
         "cpu_ns_per_token": 1e9 * cpu / tokens if tokens else 0.0,
     }
@@ -58,7 +58,7 @@ def _consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
     return result
 
 
-class _Held:
+class Held:
     """The most the server process and its worker processes hold while it streams, sampled
     every 0.1 s on a thread of this process: RSS (all of them), threads (the server's) and
     worker processes. Its own CPU (`cpu_s`) is not the client's: scanning /proc ten times a
@@ -184,7 +184,7 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         it = stack.enter_context(client.batches(spec, prefetch=2))
         before_backend = _past_pending_backend(client, it)
         process = psutil.Process(server.pid)
-        result = _consume(it, lambda b: b["inputs_segmentation"], process, on_last=_Held(process))
+        result = consume(it, lambda b: b["inputs_segmentation"], process, on_last=Held(process))
         result.update(_audits(client))
         # This process is the client; the server's CPU is the other process's.
         result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")

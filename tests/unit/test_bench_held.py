@@ -8,11 +8,11 @@ import time
 import numpy as np
 import psutil
 
-from input_server.tools.bench_server import _consume, _Held
+from input_server.tools.bench_server import Held, consume
 
 
 def test_the_samplers_own_cpu_is_not_the_clients():
-    held = _Held(psutil.Process())  # samples this process: children, RSS, threads
+    held = Held(psutil.Process())  # samples this process: children, RSS, threads
     time.sleep(0.35)  # samples before the timed stream: never subtracted from it
     before = held.cpu_s()
     assert before > 0
@@ -22,7 +22,7 @@ def test_the_samplers_own_cpu_is_not_the_clients():
             time.sleep(0.1)  # the client idle, the sampler busy
             yield np.ones(1000, np.int32)
 
-    result = _consume(batches(), lambda b: b, on_last=held)
+    result = consume(batches(), lambda b: b, on_last=held)
     sampled = held.cpu_s() - before
     assert sampled > 0  # five samples of /proc cost something
     # The client did next to nothing: what the sampler spent is not counted as its CPU.

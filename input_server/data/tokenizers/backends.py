@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from input_server.data.tokenizers import fast
-from input_server.data.tokenizers.checks import _NOT_THE_MODEL
+from input_server.data.tokenizers.checks import NOT_THE_MODEL
 from input_server.data.tokenizers.keep import ModelKeep
 
 # Bare ids of each text, as the kind's reference gives them without BOS/EOS.
@@ -92,7 +92,7 @@ MAX_PROBED = 256
 
 def _keep(e: BaseException) -> None:
     """Raises `e` again if the interpreter must keep it (a stop asked for, memory)."""
-    if isinstance(e, _NOT_THE_MODEL):
+    if isinstance(e, NOT_THE_MODEL):
         raise e
 
 

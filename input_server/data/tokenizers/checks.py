@@ -90,7 +90,7 @@ def bounded(path: str | None, limit: int, written: str, why: str = "") -> str | 
 
 
 # Errors an interpreter must keep: a stop asked for, not a model's fault.
-_NOT_THE_MODEL = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
+NOT_THE_MODEL = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
 
 
 def model_error(written: str, doing: str, e: BaseException) -> InvalidSpecError:
@@ -115,7 +115,7 @@ def model_faults(written: str, doing: str):
         yield
     except InputServerError:
         raise
-    except _NOT_THE_MODEL:
+    except NOT_THE_MODEL:
         raise
     except BaseException as e:  # noqa: BLE001 - see the docstring: panics are BaseException
         raise model_error(written, doing, e) from None

@@ -22,8 +22,8 @@ import tempfile
 import time
 from typing import Any
 
-from input_server import __version__
 from input_server.data.own_files import check_own_folder, not_own
+from input_server.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from input_server.data.tokenizers import backends
 from input_server.data.tokenizers.backends import Backend, Choice
-from input_server.data.tokenizers.checks import _NOT_THE_MODEL
+from input_server.data.tokenizers.checks import NOT_THE_MODEL
 from input_server.data.tokenizers.groups import TokenGroup, flat_group, group_of
 from input_server.data.tokenizers.keep import ModelKeep
 from input_server.errors import InvalidSpecError
@@ -45,7 +45,7 @@ LOADS_BEHIND = ("fastokens",)
 def _failure(e: BaseException) -> BaseException:
     """`e` if the interpreter must keep it (a stop asked for, memory); else a backend's fault,
     which the reference answers for: Rust panics (pyo3's PanicException) are BaseException."""
-    if isinstance(e, _NOT_THE_MODEL):
+    if isinstance(e, NOT_THE_MODEL):
         raise e
     return e
 
