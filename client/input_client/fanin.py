@@ -286,7 +286,7 @@ class FanInIterator:
                 try:
                     # The time spent choosing is a wait for this server's batch: each server
                     # is told its own consumer's wait, and theirs add up to the fan-in's.
-                    batch = sub._take(time.perf_counter() - since)
+                    batch = sub.take(time.perf_counter() - since)
                 except StopIteration:
                     self._ended(j)
                     since = time.perf_counter()

@@ -292,14 +292,14 @@ class BatchIterator:
 
     def __next__(self) -> dict[str, Any]:
         try:
-            return self._take()
+            return self.take()
         except InputClientError as e:
             # Raised on the fetch thread (or in its reconnect loop): those frames say nothing
             # to the loop, whose traceback is then its own line and this one. The error's
             # words carry the server's status; a cause it was given on purpose stays.
             raise e.with_traceback(None) from e.__cause__
 
-    def _take(self, waited_s: float = 0.0) -> dict[str, Any]:
+    def take(self, waited_s: float = 0.0) -> dict[str, Any]:
         """`next()`; `waited_s`: seconds the caller already waited for this batch elsewhere (a
         fan-in choosing among servers), counted as this stream's wait: it is the loop's."""
         if self._done:

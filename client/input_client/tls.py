@@ -1,5 +1,5 @@
 """TLS for the client: its options (`TlsSettings`), the channel they open (`open_channel`),
-the `ssl` context that verifies as gRPC will (`_context`, for `tls_diagnosis`), and the
+the `ssl` context that verifies as gRPC will (`verifying_context`, for `tls_diagnosis`), and the
 refusal of a token sent in the clear. grpcio and the standard library only.
 """
 
@@ -91,13 +91,13 @@ def _read(path: str, option: str) -> bytes:
         raise OSError(f"`{option}` {path}: cannot read it ({e.strerror}).") from None
 
 
-def _reason(e: Exception) -> str:
+def ssl_reason(e: Exception) -> str:
     """OpenSSL's words without the source location."""
     text = str(e.args[1] if isinstance(e, ssl.SSLError) and len(e.args) > 1 else e)
     return re.sub(r"^\[\w+\]\s*|\s*\(_ssl\.c:\d+\)$", "", text)
 
 
-def _context(settings: TlsSettings) -> ssl.SSLContext:
+def verifying_context(settings: TlsSettings) -> ssl.SSLContext:
     """An `ssl` context verifying as gRPC will (CA, client certificate, names).
 
     Raises:
@@ -110,7 +110,7 @@ def _context(settings: TlsSettings) -> ssl.SSLContext:
             ctx.load_verify_locations(cadata=data.decode("ascii", "replace"))
         except (ssl.SSLError, ValueError) as e:
             raise ValueError(
-                f"`tls_ca` {settings.ca}: not a PEM file of CA certificates ({_reason(e)})."
+                f"`tls_ca` {settings.ca}: not a PEM file of CA certificates ({ssl_reason(e)})."
             ) from None
     else:
         _load_grpc_roots(ctx)
@@ -125,7 +125,7 @@ def _context(settings: TlsSettings) -> ssl.SSLContext:
                 f"`tls_key` {settings.key}: does not match `tls_cert` {settings.cert}."
                 if mismatch
                 else f"`tls_cert` {settings.cert} / `tls_key` {settings.key}: not a PEM "
-                f"certificate and unencrypted key ({_reason(e)})."
+                f"certificate and unencrypted key ({ssl_reason(e)})."
             ) from None
     ctx.set_alpn_protocols(["h2"])
     return ctx
@@ -148,12 +148,12 @@ def _no_password() -> bytes:
 
 
 def credentials(settings: TlsSettings) -> grpc.ChannelCredentials:
-    """gRPC channel credentials of `settings`, its files checked first (`_context`).
+    """gRPC channel credentials of `settings`, its files checked first (`verifying_context`).
 
     Raises:
-      OSError, ValueError: as `_context`.
+      OSError, ValueError: as `verifying_context`.
     """
-    _context(settings)
+    verifying_context(settings)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(settings.ca, "tls_ca") if settings.ca else None,
         private_key=_read(settings.key, "tls_key") if settings.key else None,

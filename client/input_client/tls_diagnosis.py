@@ -3,8 +3,8 @@
 gRPC reports a failed TLS handshake to a waiting call only as a deadline passing, so a mistake
 (plaintext against TLS, an untrusted or expired certificate, a wrong name, a missing client
 certificate) would look like a server that never came. `diagnose` repeats the handshake with
-Python's `ssl` module, with the same CA, certificate and name (`tls._context`), and says what
-failed. grpcio and the standard library only.
+Python's `ssl` module, with the same CA, certificate and name (`tls.verifying_context`), and
+says what failed. grpcio and the standard library only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from input_client.tls import TlsSettings, _context, _reason, host_port
+from input_client.tls import TlsSettings, host_port, ssl_reason, verifying_context
 
 # The handshake and its answer come within milliseconds on a live server; a server that takes
 # longer is slow, not mistaken, and the wait for it goes on.
@@ -68,7 +68,7 @@ def diagnose(
     host, port = where
     server = f"the server at {address!r}"
     try:
-        ctx = _context(settings) if settings.enabled else _any_server()
+        ctx = verifying_context(settings) if settings.enabled else _any_server()
     except (OSError, ValueError) as e:
         return str(e)
     name = settings.server_name or host
@@ -99,7 +99,8 @@ def diagnose(
                 return _plaintext(server, settings)  # an HTTP/2 answer to a TLS greeting
             if isinstance(e, ssl.SSLEOFError):
                 return _plaintext(server, settings, closed=True)
-            return f"{server}: the TLS handshake failed ({_reason(e)}); check {settings.options()}."
+            why = ssl_reason(e)
+            return f"{server}: the TLS handshake failed ({why}); check {settings.options()}."
         except OSError:  # a timeout (a slow server), a reset: nothing certain to say
             return None
         if not settings.enabled:
@@ -213,7 +214,7 @@ def _names(address: str, settings: TlsSettings, timeout_s: float) -> list[str]:
     """The names in the server's (trusted) certificate, from a handshake that checks no name."""
     host, port = host_port(address) or ("", 0)
     try:
-        ctx = _context(settings)
+        ctx = verifying_context(settings)
         ctx.check_hostname = False
         with _connect(host, port, timeout_s) as sock, ctx.wrap_socket(sock) as tls:
             cert = tls.getpeercert() or {}

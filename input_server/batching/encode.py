@@ -143,7 +143,7 @@ def _namespace(pipeline, states: list[FileState]) -> str:
             "model": [tokenizer.digest(), t.kind, t.add_bos, t.add_eos],
             "library": tokenizer.library_version(),
             "server": __version__,
-            "trim_to": pipeline._trim_to(),
+            "trim_to": pipeline.trim_to(),
         },
         sort_keys=True,
     )

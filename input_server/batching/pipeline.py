@@ -153,7 +153,7 @@ class Pipeline:
         (`testing.SlowPipeline` stands remote storage's latency in here)."""
         return DocumentSource.from_spec(spec.source, self.access)  # a mixture's: each
 
-    def _trim_to(self) -> int | None:
+    def trim_to(self) -> int | None:
         """Tokens the packer keeps of a document, if it keeps only a document's first ones
         (`batch.long_documents` trim, with every packing; chunk and split keep them all)."""
         b = self.spec.batch
@@ -165,7 +165,7 @@ class Pipeline:
         used for cutting long documents before tokenizing). A document of ids counts two
         characters an id (what it holds, not tokenizing: it costs far less)."""
         sample, lengths, chars = [], [], []
-        trim_to = self._trim_to()
+        trim_to = self.trim_to()
         indices = (
             self.order.source_indices(0, SAMPLE_DOCS).tolist()
             if self.spec.is_mixture
@@ -202,7 +202,7 @@ class Pipeline:
             self.source,
             self.group_size,
             self.tokenizer,
-            trim_to=self._trim_to(),
+            trim_to=self.trim_to(),
             specials=self.specials,
             cached=self.cached,
         )
