@@ -4,7 +4,8 @@
 `search` says what to measure next (pure), `measure` runs one candidate offline, `offline`
 runs the offline search, `live` and `online` measure and steer a served stream, `openings`
 gives each stream its starting parallelism and keeps the choices (`remembered`: across
-restarts), `report` renders a tuning (table, proto, plot).
+restarts), `shared_cores` reads a live search's host-wide busy cores, `reasons` checks a
+reason's words against its table, `report` renders a tuning (table, proto, plot).
 """
 
 from input_server.autotune.measure import measure

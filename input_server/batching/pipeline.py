@@ -131,7 +131,7 @@ class Pipeline:
     def close(self) -> None:
         """`release`, and drops what its files hold in memory (decompressed text, giving it
         back to --max-decompressed-mb; loaded columns): for when the pipeline is done (a
-        request's, at the end of its stream, `service._stream`). A named pipeline is never
+        request's, at the end of its stream: `serving/stream.py`). A named pipeline is never
         closed: its text stays, counted in the budget. A stream opened later reads again."""
         close = getattr(self.source, "close", None)
         if close is not None:

@@ -5,9 +5,9 @@ A long-document stream's groups, token arrays and messages are freed when it end
 keeps freed memory in its arenas (one per thread that allocated: the stream's threads) for
 reuse, so an idle server went on holding what its busiest stream took (1.2-1.5 GB measured
 after long-document streams). `malloc_trim(0)` returns every arena's free pages to the kernel.
-It runs only when no stream is left, a moment after the last one ends (the service drops the
-stream's pipeline and queued messages just after its producer ends), so a running stream
-never waits on the allocator's locks for it.
+It runs only when no stream is left, a moment after the last one ends (the stream drops its
+pipeline and queued messages just after its producer ends), so a running stream never waits
+on the allocator's locks for it.
 """
 
 from __future__ import annotations

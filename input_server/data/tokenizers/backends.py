@@ -8,7 +8,8 @@ stream's first documents; any difference, or any error, and the stream uses the 
 saying why. The gate's verdict on the probes is remembered per model digest, backend and
 version (`_PROBED`, and on disk in the tokenizer cache, `keep.ModelKeep`, for later processes
 and restarts), the documents are compared for each pipeline. While serving, a share of groups is
-audited again (`ModelTokenizer.encode`); what the reference says is what is served.
+audited again (`route.Routed.encode`, the share following the stream's spare room:
+`serving/audit_pace.py`); what the reference says is what is served.
 """
 
 from __future__ import annotations
