@@ -331,3 +331,25 @@ def test_the_servicer_keeps_no_per_stream_state():
                 ):
                     bad.append(f"line {node.lineno}: {ast.unparse(node)}")
     assert not bad, bad
+
+
+def test_no_module_imports_another_modules_private_name():
+    """`from M import _name` where `_name` is a function, class or constant of M, not a module:
+    a private name is its module's own (issue 41). Scripts are held to it too."""
+    files = [*MODULES.values(), *(ROOT / "scripts").rglob("*.py")]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            for a in node.names:
+                if not a.name.startswith("_") or a.name.startswith("__"):
+                    continue
+                if f"{node.module}.{a.name}" in MODULES:  # a package's private module
+                    continue
+                if (node.module or "").startswith("google.protobuf") or "setuptools" in (
+                    node.module or ""
+                ):
+                    continue  # generated stubs and the build backend: outside code's names
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
+    assert not bad, bad
