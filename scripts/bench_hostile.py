@@ -89,7 +89,11 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
         threads = [threading.Thread(target=f, daemon=True) for f in (watch, other)]
         for t in threads:
             t.start()
-        time.sleep(2.0)  # the other stream is flowing
+        # The other stream is flowing: its first batch in (on a loaded 2-core host it took
+        # longer than the 2 s this waited before, and the bombs found no stream to starve).
+        deadline = time.monotonic() + 60
+        while taken[0] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         before = taken[0]
         start = time.monotonic()
         answers: list[tuple[str, str]] = []

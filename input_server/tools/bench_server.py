@@ -41,7 +41,9 @@ def consume(batches, count_tokens, other_process=None, on_last=None) -> dict:
         rows += 1
         slots += seg.size
     elapsed = time.perf_counter() - start
-    cpu, other = own_cpu() - cpu, other_cpu() - other
+    # The sampling thread's CPU is read as of its last sample (up to 0.1 s old): over a short
+    # stream the difference can dip below zero (a loaded host's run read -0.08 cores).
+    cpu, other = max(0.0, own_cpu() - cpu), other_cpu() - other
     del first
     result = {
         "tokens": tokens,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from input_server.testing.corpus import train_sentencepiece
 from tests.support import ROOT
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
@@ -32,7 +32,9 @@ def _block(title: str, needle: str) -> str:
 def test_the_cpu_recipe_trains_as_written(maxtext_python, tmp_path, docs):
     data = tmp_path / "my-data"
     data.mkdir()
-    write_jsonl(docs, data / "docs.jsonl")
+    # As "Bring your own data" writes its spec now: plain text, a document a line.
+    lines = (" ".join(d.split()) for d in docs)
+    (data / "docs.txt").write_text("".join(f"{d}\n" for d in lines if d))
     shutil.copy(train_sentencepiece(docs, tmp_path / "spm", vocab_size=1000), data / "spm.model")
     own_data = _block("Bring your own data", "[batch]")
     (data / "pipeline.toml").write_text(own_data.split("<<'EOF'\n")[1].split("\nEOF")[0] + "\n")
