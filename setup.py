@@ -16,12 +16,12 @@ CLIENT = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["projec
 SERVER = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # One release of both: the server requires the client of its own version, and reports it.
 REPORTED = re.search(
-    r'__version__ = "([^"]+)"', (ROOT / "input_server" / "__init__.py").read_text()
+    r'__version__ = "([^"]+)"', (ROOT / "input_server" / "version.py").read_text()
 ).group(1)
 if not CLIENT["version"] == SERVER["version"] == REPORTED:
     raise SystemExit(
         f"versions differ: client/pyproject.toml {CLIENT['version']}, "
-        f"pyproject.toml {SERVER['version']}, input_server/__init__.py "
+        f"pyproject.toml {SERVER['version']}, input_server/version.py "
         f"{REPORTED}; release them together."
     )
 
