@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from input_server.data.mixture import MixtureOrder
-from input_server.data.order import FOREVER, DocumentOrder
+from input_server.data.order import FOREVER, DocumentOrder, LockedCache
 from input_server.errors import InvalidSpecError
 
 # Epochs the old streams may lie across (one ahead of another drifted past an epoch's end):
@@ -91,7 +91,7 @@ class _Epoch(NamedTuple):
     size: int  # documents of R_e
 
 
-class ReshardedOrder:
+class ReshardedOrder(LockedCache):
     """Maps a resharded stream's ordinals to source indices (see the module's rule).
 
     Args:
@@ -117,15 +117,6 @@ class ReshardedOrder:
         self._cache: dict[int, _Epoch] = {}
         self._lock = threading.Lock()
         self._sizes(pace or (lambda: None))
-
-    def __getstate__(self):
-        state = {**self.__dict__, "_cache": {}}
-        del state["_lock"]  # a lock does not pickle; each copy makes its own
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def _columns(self) -> None:
         """Each old stream's next document, head, documents an epoch and length, as arrays:

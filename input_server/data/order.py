@@ -78,7 +78,21 @@ class OrderBudget:
         )
 
 
-class DocumentOrder:
+class LockedCache:
+    """An order's epoch cache and the lock that guards it (a worker process's threads share one
+    order): a copy (a pickle for a worker process) starts with an empty cache and its own lock."""
+
+    def __getstate__(self):
+        state = {**self.__dict__, "_cache": {}}
+        del state["_lock"]  # a lock does not pickle; each copy makes its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class DocumentOrder(LockedCache):
     """Maps stream ordinals to source indices: shard `index::count`, shuffled per epoch.
 
     Picklable and cheap to send: the permutation of an epoch is computed lazily in each process
@@ -112,15 +126,6 @@ class DocumentOrder:
         self._cache: dict[int, np.ndarray] = {}
         # A worker process's threads share one order: the cache's check, eviction and insert
         # are one step under this lock (unguarded, two threads evicted the same epoch: KeyError).
-        self._lock = threading.Lock()
-
-    def __getstate__(self):
-        state = {**self.__dict__, "_cache": {}}
-        del state["_lock"]  # a lock does not pickle; each copy makes its own
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
