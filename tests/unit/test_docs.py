@@ -11,7 +11,7 @@ import pytest
 from tests.support import ROOT
 
 README = ROOT / "README.md"
-README_MAX_LINES = 400  # issue 28: past the first screen, a newcomer needs a map, not a book
+README_MAX_LINES = 500  # issue 28: a map, not a book; issue 41: room for a section
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 FENCE = re.compile(r"^ *```.*?^ *```$", flags=re.S | re.M)
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")

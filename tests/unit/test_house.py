@@ -10,8 +10,11 @@ import sys
 from tests.support import ROOT
 
 PACKAGES = {"input_client": ROOT / "client" / "input_client", "input_server": ROOT / "input_server"}
-# A module past this holds more than one idea: split it by responsibility.
-MAX_LINES = 400
+# A module holds one concept and is split where its meaning splits, never to meet a count
+# (issue 41: a 400-line cap shaped splits). The ceiling is a backstop well past any one
+# concept's size here; the rule that counts is the docstring test below: every module says,
+# first thing, the one thing it holds.
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -123,7 +126,19 @@ def test_no_hand_written_module_is_over_the_limit():
         for p in MODULES.values()
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
-    assert not big, f"split these by responsibility (at most {MAX_LINES} lines): {big}"
+    assert not big, f"split these where their meaning splits (at most {MAX_LINES} lines): {big}"
+
+
+def test_every_module_says_the_one_thing_it_holds():
+    """A module opens with a docstring whose first line names its concept: a module that
+    cannot say what it holds in a line holds more than one thing."""
+    mute = {
+        str(p.relative_to(ROOT))
+        for p in MODULES.values()
+        if p.name != "__init__.py"
+        and not (ast.get_docstring(ast.parse(p.read_text())) or "").strip().splitlines()
+    }
+    assert not mute, f"say in a docstring's first line what each of these holds: {sorted(mute)}"
 
 
 def test_no_module_is_named_like_a_standard_library_module():
