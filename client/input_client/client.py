@@ -328,9 +328,9 @@ class InputClient:
                 f"{self.address!r} (known: {known}).",
             )
         named = info.pipelines[spec] if isinstance(spec, str) else None
-        return self._stream(spec, state=state, named=named, **options)
+        return self.open_stream(spec, state=state, named=named, **options)
 
-    def _stream(
+    def open_stream(
         self,
         spec: PipelineSpec | str,
         *,
@@ -341,7 +341,8 @@ class InputClient:
         on_item: Any = None,
         named: pb.PipelineSpec | None = None,
     ) -> BatchIterator:
-        """The stream of `spec` from this one server (arguments checked, server ready);
+        """The stream of `spec` from this one server, its arguments already checked and the
+        server ready (`stream` checks them; a fan-in opens each member's stream here);
         `named`: the spec of the server's pipeline `spec` names, as its info gave it.
 
         The stream has a channel of its own, whose receive limit the spec's batch shape sizes

@@ -197,7 +197,7 @@ def fan_in(
     n = len(clients)
 
     def open_stream(j: int, sub_state: dict[str, Any] | None, on_item: Callable[[], None]):
-        return clients[j]._stream(
+        return clients[j].open_stream(
             sub_shard(spec, j, n), state=sub_state, on_item=on_item, **stream_options
         )
 

@@ -89,7 +89,8 @@ class Gate:
         finally:
             self._leave(pacer)
 
-    def _enter(self, pacer: _Pacer) -> None:
+    def enter(self, pacer: _Pacer) -> None:
+        """Makes `pacer` the one paced request, waiting its turn; refuses past `max_waiting`."""
         with self._cond:
             if self._holder is None and not self._queue:
                 self._holder = pacer
@@ -143,7 +144,7 @@ class _Pacer:
         if used < config.grace_s:
             return
         if not self.held:
-            self.gate._enter(self)
+            self.gate.enter(self)
             self.held = True
             self.mark = thread_time()
             return

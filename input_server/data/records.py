@@ -313,7 +313,8 @@ class DecompressedBudget:
     def held(self) -> int:
         return self._held
 
-    def _grow(self, r: Reservation, n: int, limit: int) -> bool:
+    def reserve(self, r: Reservation, n: int, limit: int) -> bool:
+        """Adds `n` bytes to `r` and the total, unless the total would pass `limit`."""
         with self._lock:
             if self._held + n > limit:
                 return False
@@ -321,7 +322,8 @@ class DecompressedBudget:
             r.bytes += n
             return True
 
-    def _free(self, r: Reservation) -> None:
+    def release(self, r: Reservation) -> None:
+        """Gives back all `r` holds."""
         with self._lock:
             self._held -= r.bytes
             r.bytes = 0
@@ -352,14 +354,14 @@ class Reservation:
             return True
         if self.bytes + n > limit:
             return False
-        while not DECOMPRESSED._grow(self, n, limit):
+        while not DECOMPRESSED.reserve(self, n, limit):
             if not DECODED.close_oldest_idle():
                 return False  # what is held is being read now: it cannot be given back
             _note_eviction(limit)
         return True
 
     def free(self) -> None:
-        DECOMPRESSED._free(self)
+        DECOMPRESSED.release(self)
 
     def __del__(self):
         if self.bytes:

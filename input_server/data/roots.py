@@ -89,7 +89,7 @@ class DataAccess:
         if self.roots is None:
             return path
         real = self._real(path)  # non-strict: never raises, even for a name too long
-        if not self._inside(real):
+        if not self.inside(real):
             raise self._outside(key, path)
         try:
             st = os.stat(real)
@@ -111,7 +111,8 @@ class DataAccess:
         # after a link outside the roots, it would tell whether that path is a link.
         return os.path.realpath(os.path.normpath(os.path.join(self.roots[0], path)))
 
-    def _inside(self, real: str) -> bool:
+    def inside(self, real: str) -> bool:
+        """Whether the resolved path `real` lies under a data root (and not in /proc, /sys…)."""
         assert self.roots is not None
         if any(real == p or real.startswith(p + "/") for p in _PSEUDO):
             return False
@@ -177,7 +178,7 @@ class DataAccess:
                 if real is None:
                     real = resolved[pattern] = self.file(pattern, "source.paths")
                 files.append((real, pattern))
-            self._check_count(len(files))
+            self.check_count(len(files))
             if ends is not None:
                 ends.append(len(files))
         return files
@@ -209,7 +210,8 @@ class DataAccess:
             first = last
         return out
 
-    def _check_count(self, n: int) -> None:
+    def check_count(self, n: int) -> None:
+        """Refuses a spec whose paths name more than the server's --max-files."""
         if self.max_files is not None and n > self.max_files:
             raise InvalidSpecError(
                 f"`source.paths` name more than {self.max_files:,} files "
@@ -233,7 +235,7 @@ class DataAccess:
         parts = os.path.normpath(os.path.join(self.roots[0], pattern)).split("/")
         fixed = next(i for i, p in enumerate(parts) if _has_glob(p))
         base = os.path.realpath("/".join(parts[:fixed]) or "/")
-        if not self._inside(base):
+        if not self.inside(base):
             raise self._outside("source.paths", pattern)
         rest = [
             p
@@ -335,7 +337,7 @@ class _Walk:
             for path in self._entries(folder, "*"):
                 self.budget.charge(1, self.pattern)  # resolved and checked: a second visit
                 real = self.budget.real(path)
-                if self.access._inside(real) and self.budget.kind(real) == "dir":
+                if self.access.inside(real) and self.budget.kind(real) == "dir":
                     self.match(real, rest, os.path.join(shown, os.path.basename(path)), seen)
             return
         if _has_glob(head):
@@ -346,7 +348,7 @@ class _Walk:
             )
         for path in paths:
             real = self.budget.real(path)
-            if not self.access._inside(real):
+            if not self.access.inside(real):
                 continue  # silently: the client may not learn it exists
             named = os.path.join(shown, os.path.basename(path))
             if tail:
@@ -354,7 +356,7 @@ class _Walk:
                     self.match(real, tail, named, seen)
             elif real not in self.found and self.budget.kind(real) == "file":
                 self.found[real] = named
-                self.access._check_count(len(self.found))
+                self.access.check_count(len(self.found))
 
     def _entries(self, folder: str, pattern: str) -> list[str]:
         """Names in `folder` matching `pattern` (hidden ones only for a pattern that starts

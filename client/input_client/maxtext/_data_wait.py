@@ -19,6 +19,8 @@ from input_client.maxtext._hook import MaxTextHookError, metric_logger
 
 log = logging.getLogger(__name__)
 
+# The metric writers this module installed: hooking twice would log every line twice.
+_INSTALLED: set[Any] = set()
 SCALAR = "perf/data_wait_seconds"
 
 
@@ -50,7 +52,7 @@ def report_train_wait(source: Any) -> None:
     except MaxTextHookError as e:
         log.warning("input_client.maxtext: no data_wait in MaxText's metrics: %s", e)
         return
-    if getattr(logger.record_train_metrics, "_input_client", False):
+    if logger.record_train_metrics in _INSTALLED:
         return
     _hook_metric_logger(logger, metric_logger().max_logging)
 
@@ -74,5 +76,5 @@ def _hook_metric_logger(logger: type, max_logging: Any) -> None:
             max_logging.log(f"data_wait: {float(scalars[SCALAR]):.3f} s, step: {step}")
         return out
 
-    record_train_metrics._input_client = True
+    _INSTALLED.add(record_train_metrics)
     logger.record_train_metrics, logger.write_metrics = record_train_metrics, write_metrics

@@ -21,6 +21,9 @@ from input_client.maxtext.check import MaxTextConfigError
 from input_client.maxtext.source import ServerIterator
 from input_client.wire import encode_state
 
+# The restore functions this module installed: hooking twice would wrap its own wrapper.
+_INSTALLED: set[Any] = set()
+
 
 class ServerStateCheckpointable:
     """Orbax v1's `StatefulCheckpointable` (save, load) for restoring a `ServerIterator`."""
@@ -60,7 +63,7 @@ def hook_restore() -> None:
       MaxTextHookError: this MaxText restores its data iterator elsewhere.
     """
     module = grain_checkpointing()
-    if getattr(module.for_restore, "_input_client", False):
+    if module.for_restore in _INSTALLED:
         return
     original = module.for_restore
 
@@ -71,5 +74,5 @@ def hook_restore() -> None:
             return ServerStateCheckpointable(local)
         return original(checkpoint_manager, step, data_iterator, expansion_factor_real_data)
 
-    for_restore._input_client = True
+    _INSTALLED.add(for_restore)
     module.for_restore = for_restore
