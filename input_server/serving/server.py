@@ -174,7 +174,7 @@ class Server:
         )
         for name, spec in c.pipelines.items():
             try:
-                check_workers(getattr(spec, "spec", spec), c.max_workers)
+                check_workers(spec.spec if isinstance(spec, Pipeline) else spec, c.max_workers)
             except InvalidSpecError as e:
                 raise InvalidSpecError(f"--pipelines {name!r}: {e}") from None
         return {
