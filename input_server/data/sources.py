@@ -1,7 +1,7 @@
 """Document sources: every record of every file a spec names (a mixture's components one after
 another), as one random-access source for Grain (`DocumentSource`) of texts, or of token-id
-arrays for pre-tokenized files, over a reader per file (`jsonl`, `text_lines`, `columnar`,
-`tfrecord`).
+arrays for pre-tokenized files, over a reader per file (`jsonl`, `text_lines`, `array_record`,
+`parquet`, `tfrecord`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import numpy as np
 
 from input_client.spec import SourceSpec
 from input_server import cancel
-from input_server.data.columnar import ArrayRecordReader, ParquetReader
+from input_server.data.array_record import ArrayRecordReader
 from input_server.data.jsonl import JsonlReader, NotJsonError
+from input_server.data.parquet import ParquetReader
 from input_server.data.records import Reader
 from input_server.data.roots import OPERATOR, DataAccess, keyed
 from input_server.data.text_lines import TextReader

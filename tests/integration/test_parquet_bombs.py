@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from input_client.proto import pb
-from input_server.data.columnar import ParquetReader
+from input_server.data.parquet import ParquetReader
 from input_server.data.records import DECOMPRESSED
 from input_server.errors import OverBudgetError
 from input_server.serving.server import Server, ServerConfig
@@ -117,7 +117,7 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
 
 _PEAK = """
 import resource, sys
-from input_server.data.columnar import ParquetReader
+from input_server.data.parquet import ParquetReader
 reader = ParquetReader(sys.argv[1], "text", token_field="ids", max_decompressed=1 << 30)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 assert reader[0].tolist() == [7] * 2000 and reader[15_999].tolist() == [7] * 2000

@@ -57,7 +57,7 @@ def test_parquet_files_past_the_budget_together_stream_whole_and_the_same(tmp_pa
 def test_a_column_past_the_budget_by_itself_is_refused_without_emptying_the_others(tmp_path):
     """A row group larger than the whole budget is refused by name before anything is given
     back: the columns held for other streams stay loaded (no reload storm for nothing)."""
-    from input_server.data.columnar import ParquetReader
+    from input_server.data.parquet import ParquetReader
     from input_server.data.records import DECOMPRESSED
     from input_server.errors import OverBudgetError
     from input_server.testing.attacks import text_bomb

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from input_server.data.columnar import ParquetReader
+from input_server.data.parquet import ParquetReader
 from input_server.data.parquet_pages import chunk_pages
 from input_server.errors import CorruptFileError, InvalidSpecError
 

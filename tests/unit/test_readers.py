@@ -14,8 +14,9 @@ import shutil
 import pytest
 
 from input_client.spec import SourceSpec
-from input_server.data.columnar import ArrayRecordReader, ParquetReader
+from input_server.data.array_record import ArrayRecordReader
 from input_server.data.jsonl import JsonlReader
+from input_server.data.parquet import ParquetReader
 from input_server.data.records import DECOMPRESSED
 from input_server.data.sources import DocumentSource, open_reader
 from input_server.data.tfrecord import TFRecordReader

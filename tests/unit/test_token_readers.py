@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from input_server import tf_example_pb2
-from input_server.data.columnar import ArrayRecordReader, ParquetReader
+from input_server.data.array_record import ArrayRecordReader
 from input_server.data.jsonl import JsonlReader
+from input_server.data.parquet import ParquetReader
 from input_server.data.tf_example import example_ids, example_text, make_example
 from input_server.errors import InvalidSpecError, RecordError
 from tests.support import write_arrayrecord, write_bytes
