@@ -159,6 +159,11 @@ class MixtureOrder:
     def __len__(self) -> int:
         return self._len
 
+    def held_bytes(self) -> int:
+        """The most its components' permutations hold at once (a resharded one's old hosts'
+        too)."""
+        return sum(c.held_bytes() for c in self.components)
+
     def _length(self) -> int:
         """Ordinals before the first component runs out; a very large number forever."""
         if not self.components[0].epochs:

@@ -1,4 +1,5 @@
-"""What one stream may hold and use: the server's limits, and the memory a spec would take."""
+"""What one stream may hold and use: the server's limits, and the refusals of a spec over them
+(the memory arithmetic is `batching/footprint.py`'s)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,12 @@ import os
 import grpc
 
 from input_client.spec import PipelineSpec
+from input_server.batching.footprint import BYTES_PER_TOKEN, MIB, stream_memory_mb
 from input_server.batching.parallelism import Parallelism
 from input_server.data.order import OrderBudget
 from input_server.data.roots import DataAccess
 from input_server.errors import InvalidSpecError, RefusedError
 from input_server.serving.coalesce import batches_per_message
-
-_MIB = 1 << 20
-# A batch on the server at its widest: MaxText's six arrays of int32 per token (the packed
-# form and the wire form are smaller; this bounds both).
-BYTES_PER_TOKEN = 6 * 4
-# A group of documents being read and tokenized by one thread: its text (at most
-# GROUP_RAW_CHARS) and its tokens.
-GROUP_MIB = 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,23 +26,24 @@ class Limits:
     max_workers: int
 
 
-def stream_memory_mb(
+def _stream_mb(
     spec: PipelineSpec, *, queue_depth: int, message_tokens: int, processes: int, threads: int
 ) -> float:
-    """The most memory a stream of `spec` holds, MiB: the batches queued ahead of the network,
-    one message's coalesced batches, the batch being packed and the one being sent, and the
-    groups of documents in flight in its workers."""
+    """`footprint.stream_memory_mb` with one message of the server's `message_tokens`."""
     b = spec.batch
-    batch_mb = b.size * b.seq_len * BYTES_PER_TOKEN / _MIB
-    batches = queue_depth + batches_per_message(b.size, b.seq_len, message_tokens) + 2
-    groups = max(1, processes) * threads
-    return batches * batch_mb + groups * GROUP_MIB
+    return stream_memory_mb(
+        spec,
+        queue_depth=queue_depth,
+        per_message=batches_per_message(b.size, b.seq_len, message_tokens),
+        processes=processes,
+        threads=threads,
+    )
 
 
 def check_memory(spec: PipelineSpec, limit_mb: float, **shape) -> None:
     """Refuses (RESOURCE_EXHAUSTED) a stream that could hold more than `limit_mb`, naming the
     numbers and the keys to change."""
-    need = stream_memory_mb(spec, **shape)
+    need = _stream_mb(spec, **shape)
     if need > limit_mb:
         b = spec.batch
         raise RefusedError(
@@ -71,36 +66,6 @@ def check_workers(spec: PipelineSpec, cap: int) -> None:
         )
 
 
-class StreamProcesses:
-    """One "auto" stream's view of the server's worker processes (`slots.ProcessPool`), held to
-    `cap` at once: each worker process computes its own copy of the stream's document order,
-    which its tuning (measuring memory once the processes run) would learn of too late.
-
-    Args:
-      pool: the server's processes.
-      cap: the most this stream may hold; None = as many as are free.
-    """
-
-    def __init__(self, pool, cap: int | None):
-        self._pool, self._cap, self._held = pool, cap, 0
-        self.cap = pool.cap  # the server's --max-workers, for messages
-
-    def _room(self, n: int) -> int:
-        return n if self._cap is None else max(0, min(n, self._cap - self._held))
-
-    def free(self) -> int:
-        return self._room(self._pool.free())
-
-    def take_up_to(self, n: int) -> int:
-        got = self._pool.take_up_to(self._room(n))
-        self._held += got
-        return got
-
-    def give(self, n: int) -> None:
-        self._held -= n
-        self._pool.give(n)
-
-
 def check_fits(spec: PipelineSpec, limits: Limits, *, queue_depth: int, message_tokens: int):
     """Refuses a spec over the server's worker cap, or over its memory budget with the
     parallelism it asks for ("auto": the least; tuning then keeps within the rest), its
@@ -114,7 +79,7 @@ def check_fits(spec: PipelineSpec, limits: Limits, *, queue_depth: int, message_
         "threads": 1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads,
     }
     check_memory(spec, limits.stream_memory_mb, **shape)
-    check_model_copies(spec, limits, stream_memory_mb(spec, **shape), shape["processes"])
+    check_model_copies(spec, limits, _stream_mb(spec, **shape), shape["processes"])
 
 
 def model_copy_mb(spec: PipelineSpec, access: DataAccess) -> tuple[float, float]:
@@ -133,7 +98,7 @@ def model_copy_mb(spec: PipelineSpec, access: DataAccess) -> tuple[float, float]
         size = os.path.getsize(path)
     except (InputServerError, OSError):
         return 0.0, 0.0
-    return size / _MIB, size * huggingface.LOAD_BYTES_PER_FILE_BYTE / _MIB
+    return size / MIB, size * huggingface.LOAD_BYTES_PER_FILE_BYTE / MIB
 
 
 def check_model_copies(spec: PipelineSpec, limits: Limits, used_mb: float, processes: int):
@@ -158,34 +123,6 @@ def check_model_copies(spec: PipelineSpec, limits: Limits, used_mb: float, proce
     )
 
 
-def groups_mb(pipeline, limits: Limits, *, queue_depth: int, message_tokens: int) -> float:
-    """The memory a stream's groups in flight (and worker processes, measured) may use: its
-    spec's `ram_budget_mb`, within what the batches and the server's copy of its document
-    order leave of the server's budget for a stream."""
-    spec = pipeline.spec
-    order_mb = order_bytes(pipeline) / _MIB
-    return min(
-        spec.workers.ram_budget_mb,
-        limits.stream_memory_mb
-        - order_mb
-        - stream_memory_mb(
-            spec,
-            queue_depth=queue_depth,
-            message_tokens=message_tokens,
-            processes=0,
-            threads=0,
-        ),
-    )
-
-
-def order_process_cap(order_bytes: int, left_mb: float) -> int | None:
-    """The worker processes whose copies of a document order of `order_bytes` fit in
-    `left_mb` (what the stream's budget leaves); None when the order holds nothing."""
-    if order_bytes <= 0 or left_mb == float("inf"):
-        return None
-    return max(0, int(left_mb * _MIB // order_bytes))
-
-
 def order_budget(
     spec: PipelineSpec, limit_mb: float, *, queue_depth: int, message_tokens: int
 ) -> OrderBudget | None:
@@ -198,10 +135,10 @@ def order_budget(
         return None
     count = spec.workers.count
     # "auto" starts in the server's process; its worker processes are held to the copies
-    # that fit (`StreamProcesses`).
+    # that fit (`slots.Reservation`).
     processes = 0 if count == "auto" else count
     threads = 1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads
-    used = stream_memory_mb(
+    used = _stream_mb(
         spec,
         queue_depth=queue_depth,
         message_tokens=message_tokens,
@@ -209,16 +146,8 @@ def order_budget(
         threads=threads,
     )
     return OrderBudget(
-        max_bytes=int((limit_mb - used) * _MIB), copies=1 + processes, flag_mb=limit_mb
+        max_bytes=int((limit_mb - used) * MIB), copies=1 + processes, flag_mb=limit_mb
     )
-
-
-def order_bytes(pipeline, position=None) -> int:
-    """What one process's copy of a pipeline's document order holds at most; from `position`
-    on, whose order may be a resharded state's (the old hosts' permutations too)."""
-    order = getattr(position, "order", None) or getattr(pipeline, "order", None)
-    orders = getattr(order, "components", None) or ([order] if order is not None else [])
-    return sum(o.held_bytes() for o in orders if hasattr(o, "held_bytes"))
 
 
 def access_for(

@@ -22,7 +22,7 @@ from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.switching import PendingSwitch, ServedStream
-from input_server.serving.slots import ProcessPool
+from input_server.serving.slots import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ class StreamTuner:
       stream: the stream, switchable, with its meter.
       search: the online search, started at the stream's parallelism.
       taken: the batches the loop has taken so far (its credit, or what was sent).
-      processes: the server's worker processes; `reserved` of them are the stream's now.
+      processes: the stream's worker processes, reserved against the server's; its switches
+        grow and shrink them.
       remember: called with a settled choice (not one the server's free processes cut).
       reason: why the stream runs as it opened (`Opening.reason`), until a switch or a
         settled choice says otherwise.
@@ -69,8 +70,7 @@ class StreamTuner:
         search: OnlineSearch,
         *,
         taken: Callable[[], int],
-        processes: ProcessPool,
-        reserved: int,
+        processes: Reservation,
         remember: Callable[[Tuning], None],
         reason: str = "",
         stream_id: int = 0,
@@ -78,7 +78,6 @@ class StreamTuner:
         self.stream = stream
         self.stream_id = stream_id  # what its log lines name
         self.search = search
-        self.reserved = reserved
         self.history: list[Switch] = []
         self.demand = 0.0
         self.reason = reason
@@ -160,7 +159,7 @@ class StreamTuner:
         while step.to is not None and not self._stop.is_set():
             if step.to == self.stream.parallelism:
                 break
-            if self._take_processes(step.to.processes) and self._switch(step, window, demand):
+            if self._processes.grow_to(step.to.processes) and self._switch(step, window, demand):
                 return
             if self._stop.is_set() or self.stream.closed:
                 return
@@ -175,17 +174,6 @@ class StreamTuner:
         log.info("stream tuning settled: %s", tuning.summary())
         if not any(m.skipped == SERVER_CAP for m in tuning.measurements):
             self._remember(tuning)
-
-    def _take_processes(self, wanted: int) -> bool:
-        more = wanted - self.reserved
-        if more <= 0:
-            return True
-        got = self._processes.take_up_to(more)
-        if got < more:
-            self._processes.give(got)
-            return False
-        self.reserved += got
-        return True
 
     def _switch(self, step: Step, window: Window, demand: float | None) -> bool:
         """Switches to `step.to`; False if the stream stopped first or the stage would not
@@ -228,22 +216,16 @@ class StreamTuner:
             self.stream.withdraw(self._asked)
         self._asked.wait()
         if not self._asked.made:  # stopped meanwhile, the stream ended, or it would not open
-            self._keep_processes(before.processes)
+            self._processes.shrink_to(before.processes)
             return False
         self.history.append(record)
         self.reason = reason
         self.search.switched(after)
-        self._keep_processes(after.processes)
+        self._processes.shrink_to(after.processes)
         if self.search.settled:
             self._settled()
         self._warm_up()
         return True
-
-    def _keep_processes(self, running: int) -> None:
-        """Gives the server back what the stream holds beyond the stage it runs."""
-        if running < self.reserved:
-            self._processes.give(self.reserved - running)
-            self.reserved = running
 
     def _warm_up(self) -> None:
         """Waits for the stage's first batch and WARMUP_S more."""

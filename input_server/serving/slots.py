@@ -1,4 +1,5 @@
-"""What a server shares among its streams: stream slots and worker processes."""
+"""What a server shares among its streams, and each stream's hold on it: stream slots and worker
+processes."""
 
 from __future__ import annotations
 
@@ -81,3 +82,77 @@ class ProcessPool:
             with self._cond:
                 self._free += n
                 self._cond.notify_all()
+
+
+class Reservation:
+    """One stream's worker processes, reserved against the server's (`ProcessPool`): the
+    stream opens with them, its live tuner (`retune.StreamTuner`) grows and shrinks them as it
+    switches, and `close` gives back what is held, once. The one count of what the stream holds.
+
+    An "auto" stream's are held to `most` at once: each worker process computes its own copy
+    of the stream's document order, which its tuning (measuring memory once the processes
+    run) would learn of too late (`footprint.order_process_cap`).
+
+    Args:
+      pool: the server's processes.
+      most: the most this stream may take at once; None = as many as are free.
+    """
+
+    def __init__(self, pool: ProcessPool, most: int | None = None):
+        self._pool = pool
+        self._most = most
+        self._held = 0
+        self._lock = threading.Lock()  # the tuner's thread changes it, `close` another's
+        self.cap = pool.cap  # the server's --max-workers, for messages
+
+    @property
+    def held(self) -> int:
+        """The processes the stream holds now."""
+        return self._held
+
+    def _room(self, n: int) -> int:
+        return n if self._most is None else max(0, min(n, self._most - self._held))
+
+    def free(self) -> int:
+        """What the stream may take now: the server's free processes, within `most`."""
+        return self._room(self._pool.free())
+
+    def take(self, n: int, *stop: threading.Event) -> None:
+        """Takes a fixed count's `n` processes, waiting for them (`ProcessPool.take`, which
+        says what it raises); `most` does not bound them: the order's budget counted their
+        copies before the order was computed (`limits.order_budget`)."""
+        self._pool.take(n, *stop)
+        with self._lock:
+            self._held += n
+
+    def take_up_to(self, n: int) -> int:
+        """Takes at most `n` processes, as many as are free to the stream, without waiting."""
+        with self._lock:
+            got = self._pool.take_up_to(self._room(n))
+            self._held += got
+            return got
+
+    def grow_to(self, n: int) -> bool:
+        """Holds `n` processes if that many are free to the stream (True), else takes none
+        (False)."""
+        with self._lock:
+            more = n - self._held
+            if more <= 0:
+                return True
+            got = self._pool.take_up_to(self._room(more))
+            if got < more:
+                self._pool.give(got)
+                return False
+            self._held += got
+            return True
+
+    def shrink_to(self, n: int) -> None:
+        """Gives the server back what the stream holds beyond `n`."""
+        with self._lock:
+            if n < self._held:
+                self._pool.give(self._held - n)
+                self._held = n
+
+    def close(self) -> None:
+        """Gives the server back all the stream holds. Idempotent."""
+        self.shrink_to(0)

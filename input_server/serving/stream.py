@@ -28,6 +28,7 @@ from input_server.autotune import report
 from input_server.autotune.online import OnlineSearch
 from input_server.autotune.openings import Opening, Openings
 from input_server.autotune.policy import cpu_count
+from input_server.batching.footprint import GROUP_MIB, groups_mb, order_bytes, order_process_cap
 from input_server.batching.parallelism import default_threads
 from input_server.batching.pipeline import Pipeline
 from input_server.batching.switching import SwitchingStream
@@ -39,20 +40,12 @@ from input_server.errors import (
     shorten,
 )
 from input_server.serving.accounting import Accounting, log_open, tokenizer_figures
+from input_server.serving.coalesce import batches_per_message
 from input_server.serving.credit import Credit
-from input_server.serving.limits import (
-    GROUP_MIB,
-    Limits,
-    StreamProcesses,
-    access_for,
-    check_fits,
-    groups_mb,
-    order_bytes,
-    order_process_cap,
-)
+from input_server.serving.limits import Limits, access_for, check_fits
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
-from input_server.serving.slots import ProcessPool
+from input_server.serving.slots import ProcessPool, Reservation
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,7 +107,6 @@ class Stream:
         self._doing = "opening its files and model"
         self._left = threading.Event()
         self._held = contextlib.ExitStack()  # what it made, closed in reverse
-        self._reserved = 0  # the server's worker processes it holds
         self._opening: Opening | None = None
         self.session: StreamSession | None = None
         self.accounting: Accounting | None = None  # its figures, once it runs
@@ -174,8 +166,9 @@ class Stream:
                 self._set_up("choosing its workers")
                 # An "auto" stream's processes: no more than copies of its order fit.
                 cap = order_process_cap(order_bytes(pipeline, position), self._groups_mb(pipeline))
-                pool = StreamProcesses(shared.processes, cap)
-                opening = self._reserve(pipeline, pool)
+                processes = Reservation(shared.processes, cap)
+                self._held.callback(processes.close)
+                opening = self._reserve(pipeline, processes)
                 cancel.check()
         except CancelledError:
             if shared.draining.is_set() and not self._left.is_set():  # the client may resume
@@ -198,7 +191,7 @@ class Stream:
             batches.close()
             raise
         self._held.callback(self._end_session, session)
-        live = self._live_tuner(pipeline, batches, opening, pool).start() if auto else None
+        live = self._live_tuner(pipeline, batches, opening, processes).start() if auto else None
         if live is not None:
             self._held.callback(self._end_tuner, live)
         most = min(
@@ -238,32 +231,32 @@ class Stream:
         return pipeline
 
     def _groups_mb(self, pipeline: Pipeline) -> float:
-        shared = self._shared
+        shared, b = self._shared, pipeline.spec.batch
         return groups_mb(
             pipeline,
-            shared.limits,
+            shared.limits.stream_memory_mb,
             queue_depth=shared.queue_depth,
-            message_tokens=shared.message_tokens,
+            per_message=batches_per_message(b.size, b.seq_len, shared.message_tokens),
         )
 
-    def _reserve(self, pipeline: Pipeline, pool: StreamProcesses) -> Opening:
-        """How the stream opens; its worker processes are reserved for it, given back by
-        `close`: a fixed count's waited for, "auto"'s taken from what is free (`pool`)."""
+    def _reserve(self, pipeline: Pipeline, processes: Reservation) -> Opening:
+        """How the stream opens; its worker processes are reserved for it (`processes`,
+        given back by `close`): a fixed count's waited for, "auto"'s taken from what is free."""
         shared, w = self._shared, pipeline.spec.workers
-        self._held.callback(self._give_processes)
         if w.count != "auto":
-            shared.processes.take(w.count, self._left, shared.draining)
-            self._reserved = w.count
-        opening = shared.openings.choose(
+            processes.take(w.count, self._left, shared.draining)
+        return shared.openings.choose(
             pipeline,
-            processes=pool,
+            processes=processes,
             max_threads=max(1, int(self._groups_mb(pipeline) / GROUP_MIB)),
         )
-        self._reserved = opening.parallelism.processes
-        return opening
 
     def _live_tuner(
-        self, pipeline: Pipeline, batches: SwitchingStream, opening: Opening, pool
+        self,
+        pipeline: Pipeline,
+        batches: SwitchingStream,
+        opening: Opening,
+        processes: Reservation,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
@@ -281,8 +274,7 @@ class Stream:
         return StreamTuner(
             batches,
             search,
-            processes=pool,
-            reserved=opening.parallelism.processes,
+            processes=processes,
             taken=self.credit.taken_so_far,
             remember=functools.partial(self._shared.openings.remember, pipeline),
             reason=opening.reason,
@@ -373,16 +365,11 @@ class Stream:
     def _end_tuner(self, live: StreamTuner) -> None:
         live.stop()
         live.join()  # it waits on its stop event, and on a switch being made (not withdrawable)
-        self._reserved = live.reserved  # what the stream holds after its switches
 
     @staticmethod
     def _end_session(session: StreamSession) -> None:
         session.stop()
         session.join(None if session.failure is None else UNSTICK_S)
-
-    def _give_processes(self) -> None:
-        self._shared.processes.give(self._reserved)
-        self._reserved = 0
 
     def close(self) -> None:
         """Gives back what the stream made, in reverse order: its tuner, its producer (and

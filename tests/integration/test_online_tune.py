@@ -169,7 +169,7 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
-    from input_server.serving.slots import ProcessPool
+    from input_server.serving.slots import ProcessPool, Reservation
 
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
     stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
@@ -190,9 +190,10 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
 
     monkeypatch.setattr(switching, "parallel", no_processes_beside)
     pool = ProcessPool(2)
+    reserved = Reservation(pool)
     search = OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads)
     tuner = StreamTuner(
-        stream, search, taken=lambda: 0, processes=pool, reserved=0, remember=lambda tuning: None
+        stream, search, taken=lambda: 0, processes=reserved, remember=lambda tuning: None
     )
     stop = threading.Event()
 
@@ -217,7 +218,7 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
         tuner._follow(Step(to=Parallelism(1, 1), reason="test: one worker process"), measured, None)
         # The stage that would not open left no trace but a skipped row, held no process,
         # and the search went on to a parallelism that opens.
-        assert (pool.free(), tuner.reserved) == (2, 0)
+        assert (pool.free(), reserved.held) == (2, 0)
         assert Parallelism(1, 1) not in [s.after for s in tuner.history]
         assert any(
             (m.parallelism, m.skipped) == (Parallelism(1, 1), SERVER_CAP) for m in search.rows

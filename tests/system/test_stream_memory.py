@@ -7,8 +7,8 @@ import time
 import psutil
 
 from input_client import InputClient
-from input_server.serving.coalesce import MESSAGE_TOKENS
-from input_server.serving.limits import stream_memory_mb
+from input_server.batching.footprint import stream_memory_mb
+from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
 from tests.support import serve_cli
 
 
@@ -37,8 +37,9 @@ def test_a_streams_resident_growth_stays_within_its_estimate(tmp_path, make_spec
                     time.sleep(0.1)
                     peak = max(peak, server.memory_info().rss)
                 next(it)
+        per_message = batches_per_message(16, 8192, MESSAGE_TOKENS)
         estimate = stream_memory_mb(
-            big, queue_depth=8, message_tokens=MESSAGE_TOKENS, processes=0, threads=2
+            big, queue_depth=8, per_message=per_message, processes=0, threads=2
         )
         grew_mb = (peak - before) / (1 << 20)
         assert grew_mb > 8 * 16 * 8192 * 4 / (1 << 20) / 2, grew_mb  # the queue did fill
