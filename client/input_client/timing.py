@@ -1,4 +1,5 @@
-"""StepTimer: the device time of each JAX train step, with the time spent waiting for data apart."""
+"""StepTimer: the device time of each JAX train step, with the time spent waiting for data apart
+(and, on several JAX processes, the worst host's)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
+from input_client import badput as badput_records
+from input_client.badput import RunBadput
+from input_client.pod import PodGather, PodStep, pod_summary
+
 # An alias, so tests can put a fake clock in its place and check the arithmetic exactly.
 perf_counter = time.perf_counter
 
 T = TypeVar("T")
 
 DEFAULT_EXCLUDE = ("compile",)
+
+# Steps per all-gather on several processes: one gather of 23 float64 a process every 10 steps
+# costs well under a millisecond a gather (docs/benchmarks.md, "The pod's view").
+DEFAULT_POD_EVERY = 10
 
 
 class WaitSource(Protocol):
@@ -63,10 +72,28 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def _json_line(run_id: str, record: StepRecord) -> str:
+def _json_line(run_id: str, record: StepRecord, pod: PodStep | None = None) -> str:
     """One record as a line of JSON, its keys `run` and the record's fields (`input-server
-    plot-steps` reads them; `run` tells apart the runs appended to one file)."""
-    return json.dumps({"run": run_id, **dataclasses.asdict(record)}) + "\n"
+    plot-steps` reads them; `run` tells apart the runs appended to one file); with the pod's
+    view of the step, `worst_data_wait_s` and `worst_process` too."""
+    line: dict[str, Any] = {"run": run_id, **dataclasses.asdict(record)}
+    if pod is not None:
+        line["worst_data_wait_s"] = pod.worst_data_wait_s
+        line["worst_process"] = pod.worst_process
+    return json.dumps(line) + "\n"
+
+
+def _check_run(run_id: str | None, pod_every: int) -> None:
+    """`StepTimer`'s run arguments, refused with the value and the way out."""
+    if isinstance(pod_every, bool) or not isinstance(pod_every, int) or pod_every < 0:
+        raise ValueError(
+            f"`pod_every` must be a whole number of steps >= 0 (0 = never gather), "
+            f"got {pod_every!r}."
+        )
+    if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+        raise ValueError(
+            f"`run_id` must be a non-empty string or None (= a new one), got {run_id!r}."
+        )
 
 
 def _tokens_over(records: list[StepRecord], seconds: Callable[[StepRecord], float]) -> float | None:
@@ -110,11 +137,22 @@ class StepTimer:
     is made (`input-server plot-steps FILE` draws them), so a run killed midway keeps its steps.
     Each line carries the timer's `run_id`, so runs appended to one file stay apart.
 
+    On several JAX processes (`jax.process_count() > 1`) a pod trains in lock step, so one host
+    waiting for data holds every chip. Every `pod_every` steps the timer gathers each process's
+    data wait and step time for those steps (one small all-gather, dispatched after the window's
+    last step and read when it has arrived) into `pod_steps`: per step, the worst host's wait
+    and which process it was. Each record's JSON line then carries them too and is written when
+    its window has been gathered; the summary adds the pod's figures by the worst host; and
+    `badput()` is the run's data-loading badput (the worst host's first-batch and step waits).
+    Every process must time the same steps (the gather is a collective) and call `flush()` after
+    the loop, which gathers the last, shorter window. On one process nothing of this runs.
+
     Usage:
       timer = StepTimer(tokens_per_step=B * L, flops_per_step=6 * n_params * B * L,
                         data_source=batches, records_path="steps.jsonl")
       for batch in batches:
         state, metrics = timer.step(p_train_step, state, batch)
+      timer.flush()  # on several processes: every process, at the same point
       print(timer.format_summary())
     """
 
@@ -128,6 +166,8 @@ class StepTimer:
         data_source: WaitSource | None = None,
         records_path: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
+        pod_every: int = DEFAULT_POD_EVERY,
+        badput_path: str | os.PathLike[str] | None = None,
     ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
@@ -148,9 +188,17 @@ class StepTimer:
           run_id: the `run` of every line this timer writes; default `new_run_id()`, the UTC
             start time and a random suffix. Lines of one run share it; give your own (an
             experiment name) to find a run by it in `plot-steps --run`.
+          pod_every: on several JAX processes, gather every process's figures every this many
+            steps (lines of JSON then lag their step by up to this many steps); 0 = never, each
+            process keeps its own view. Ignored on one process.
+          badput_path: a file the run's data-loading badput (`badput()`, a `RunBadput` line) is
+            appended to each time it grows (each gathered window; on one process every
+            `pod_every` steps) and at `flush()`, so a run killed midway keeps its figure.
+            Written by process 0 only; `input_client.badput.job_badput(path)` sums the runs.
 
         Raises:
-          ValueError: a count is not positive, or `run_id` is not a non-empty string.
+          ValueError: a count is not positive (`pod_every` negative), or `run_id` is not a
+            non-empty string.
         """
         if tokens_per_step is not None and tokens_per_step <= 0:
             raise ValueError(f"`tokens_per_step` must be positive or None, got {tokens_per_step}.")
@@ -165,10 +213,7 @@ class StepTimer:
                 f"`exclude` must be a collection of step names, not one string, "
                 f"got {exclude!r}; write ({exclude!r},)."
             )
-        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
-            raise ValueError(
-                f"`run_id` must be a non-empty string or None (= a new one), got {run_id!r}."
-            )
+        _check_run(run_id, pod_every)
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self._num_devices = num_devices
@@ -179,6 +224,13 @@ class StepTimer:
         self.records: list[StepRecord] = []
         self.records_path = os.fspath(records_path) if records_path is not None else None
         self.run_id = run_id if run_id is not None else new_run_id()
+        self.pod_every = pod_every
+        self.badput_path = os.fspath(badput_path) if badput_path is not None else None
+        self.pod_steps: list[PodStep] = []
+        # Known at the first step (jax is imported there, not before).
+        self._pod: PodGather | None = None
+        self._process_index: int | None = None
+        self._gathered = 0  # records sent to a gather so far
         # The first step's real time counts from here, as its data wait does.
         self._last_end = perf_counter()
 
@@ -233,6 +285,9 @@ class StepTimer:
         # Read the data source before the step so the wait for this step's batch counts here.
         source_wait = self._take_wait()
         wait = source_wait if data_wait_s is None else float(data_wait_s)
+        if self._process_index is None:
+            # Before `start`: compiling the gather is the first step's real time, not its own.
+            self._start_pod()
         start = perf_counter()
         out = fn(*args, **kwargs)
         # Dispatch is asynchronous: without this the span would end before the device started.
@@ -261,17 +316,99 @@ class StepTimer:
             tflops_per_device=tflops,
         )
         self.records.append(record)
-        if self.records_path is not None:
-            # Opened per line: nothing to close, and each line is on disk when the step ends.
-            with open(self.records_path, "a", encoding="utf-8") as f:
-                f.write(_json_line(self.run_id, record))
+        if self._pod is not None:
+            self._advance_pod()
+        else:
+            if self.records_path is not None:
+                # Opened per line: nothing to close, and each line is on disk when the step ends.
+                with open(self.records_path, "a", encoding="utf-8") as f:
+                    f.write(_json_line(self.run_id, record))
+            if self.pod_every and len(self.records) % self.pod_every == 0:
+                self._write_badput()
         return out
+
+    def _start_pod(self) -> None:
+        """Asks jax how many processes run; on several (and `pod_every` > 0), sets up the
+        gather."""
+        import jax
+
+        self._process_index = jax.process_index()
+        if self.pod_every and jax.process_count() > 1:
+            self._pod = PodGather(self.pod_every)
+
+    def _advance_pod(self) -> None:
+        """Takes in a gathered window once it has arrived; sends the next once it is full."""
+        pod = self._pod
+        if pod.ready():
+            self._absorb(pod.collect())
+        if len(self.records) - self._gathered >= self.pod_every:
+            if pod.pending:  # one in flight at a time; a window later, it has long arrived
+                self._absorb(pod.collect())
+            self._submit(self.pod_every)
+
+    def _submit(self, count: int) -> None:
+        window = self.records[self._gathered : self._gathered + count]
+        self._pod.submit(
+            self._gathered, [r.data_wait_s for r in window], [r.step_s for r in window]
+        )
+        self._gathered += count
+
+    def _absorb(self, rows: list[tuple[int, tuple[float, ...], tuple[float, ...]]]) -> None:
+        """Keeps a gathered window's steps and writes their lines (and the badput so far)."""
+        steps = [
+            PodStep(index=i, name=self.records[i].name, data_wait_s=waits, step_s=times)
+            for i, waits, times in rows
+        ]
+        self.pod_steps.extend(steps)
+        if self.records_path is not None:
+            with open(self.records_path, "a", encoding="utf-8") as f:
+                f.writelines(_json_line(self.run_id, self.records[s.index], s) for s in steps)
+        self._write_badput()
+
+    def flush(self) -> None:
+        """Gathers the steps not yet gathered (the last, shorter window) and writes their lines
+        and the run's badput.
+
+        On several processes this is a collective: every process calls it at the same point
+        (after the loop, before `summary()`), having timed the same steps. On one process it
+        writes the badput line (with `badput_path`) and nothing else.
+        """
+        pod = self._pod
+        if pod is None:
+            if self.records:
+                self._write_badput()
+            return
+        if pod.pending:
+            self._absorb(pod.collect())
+        rest = len(self.records) - self._gathered
+        if rest:
+            self._submit(rest)
+            self._absorb(pod.collect())
+
+    def badput(self) -> RunBadput:
+        """This run's data-loading badput so far: its first batch's wait plus every later step's,
+        each by the worst host of the step (on several processes, over the gathered steps; on
+        one, or with `pod_every=0`, this process's own waits)."""
+        if self._pod is not None:
+            worst = [(s.worst_data_wait_s, s.worst_process) for s in self.pod_steps]
+            return RunBadput.of(self.run_id, self._pod.processes, worst)
+        here = self._process_index or 0
+        return RunBadput.of(self.run_id, 1, [(r.data_wait_s, here) for r in self.records])
+
+    def _write_badput(self) -> None:
+        # Process 0 alone: every process holds the same gathered figures.
+        if self.badput_path is not None and not self._process_index:
+            badput_records.append(self.badput_path, self.badput())
 
     def write_jsonl(self, path: str | os.PathLike[str]) -> None:
         """Writes every record so far to `path` (replacing it), one line of JSON each, as
         `records_path` appends them."""
+        pod = self.pod_steps
         with open(path, "w", encoding="utf-8") as f:
-            f.writelines(_json_line(self.run_id, r) for r in self.records)
+            f.writelines(
+                _json_line(self.run_id, r, pod[r.index] if r.index < len(pod) else None)
+                for r in self.records
+            )
 
     def summary(self, exclude: Iterable[str] | None = None) -> dict[str, Any]:
         """Aggregates the records, leaving out steps by name.
@@ -290,6 +427,10 @@ class StepTimer:
           loop delivered); and, whether counted or not, the first step's data wait
           (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers makes
           long) and its device time (`first_step_s`: compilation, for a jitted step).
+          On several processes (see the class), over the gathered steps not left out, by the
+          worst host of each step: `pod_processes`, and `pod_summary`'s `pod_steps`,
+          `pod_worst_data_wait_s`, `pod_input_bound_fraction`, `pod_input_bound_steps` (the
+          share over 5 %), `pod_highly_input_bound_steps` (over 20 %), `pod_most_often_worst`.
           Figures are None where no step was counted or the inputs are unknown.
         """
         names = self.exclude if exclude is None else frozenset(exclude)
@@ -316,7 +457,15 @@ class StepTimer:
             "wall_tokens_per_s": _tokens_over(counted, lambda r: r.wall_s),
             "first_data_wait_s": self.records[0].data_wait_s if self.records else None,
             "first_step_s": self.records[0].step_s if self.records else None,
+            **self._pod_summary(names),
         }
+
+    def _pod_summary(self, names: frozenset[str]) -> dict[str, Any]:
+        """The pod's figures over the gathered steps not left out (none on one process)."""
+        if self._pod is None:
+            return {}
+        counted = [s for s in self.pod_steps if s.name not in names]
+        return {"pod_processes": self._pod.processes, **pod_summary(counted)}
 
     def format_summary(self, exclude: Iterable[str] | None = None) -> str:
         """The summary as a small two-column table for logs and terminals.
@@ -362,5 +511,31 @@ class StepTimer:
                 num(s["first_step_s"], ".3f") + " s" if s["first_step_s"] is not None else "n/a",
             ),
         ]
+        if "pod_processes" in s:
+            rows += self._pod_rows(s)
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+    @staticmethod
+    def _pod_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+        """The summary's pod figures as table rows."""
+
+        def pct(value: float | None) -> str:
+            return "n/a" if value is None else format(value, ".1%")
+
+        most = s["pod_most_often_worst"]
+        return [
+            ("pod", f"{s['pod_processes']} processes, {s['pod_steps']} steps gathered"),
+            ("pod data wait (worst host a step)", f"{s['pod_worst_data_wait_s']:.3f} s"),
+            ("pod input-bound fraction (worst host)", pct(s["pod_input_bound_fraction"])),
+            (
+                "pod steps input-bound (>5% / >20%)",
+                f"{pct(s['pod_input_bound_steps'])} / {pct(s['pod_highly_input_bound_steps'])}",
+            ),
+            (
+                "pod's most often worst host",
+                f"process {most['process']} ({most['steps']} input-bound steps)"
+                if most
+                else "none (no input-bound step)",
+            ),
+        ]

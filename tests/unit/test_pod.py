@@ -1,0 +1,133 @@
+"""The pod's figures by the worst host of each step, and the data-loading badput record: the
+arithmetic on steps whose figures are given, and the timer on one process (where no collective
+runs and nothing of its single-process output changes)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+
+from input_client import timing
+from input_client.badput import RECORD, RunBadput, append, job_badput
+from input_client.pod import PodGather, PodStep, pod_summary
+from input_client.timing import StepTimer
+
+
+def _step(index: int, waits: tuple[float, ...], steps: tuple[float, ...], name: str = "train"):
+    return PodStep(index=index, name=name, data_wait_s=waits, step_s=steps)
+
+
+def test_the_worst_host_is_the_process_that_waited_longest():
+    s = _step(0, (0.01, 0.30, 0.02), (1.0, 0.7, 1.0))
+    assert (s.worst_process, s.worst_data_wait_s) == (1, 0.30)
+    assert s.worst_fraction == pytest.approx(0.30 / (0.30 + 0.7))  # its own step beside it
+
+
+def test_a_tie_names_the_lowest_process_and_no_figures_no_fraction():
+    assert _step(0, (0.0, 0.2, 0.2), (1, 1, 1)).worst_process == 1
+    s = _step(0, (0.0, 0.0), (0.0, 0.0))
+    assert (s.worst_process, s.worst_fraction) == (0, None)
+
+
+def test_summary_by_the_worst_host_of_each_step():
+    steps = [
+        _step(0, (0.00, 0.00), (1.0, 1.0)),  # fed
+        _step(1, (0.01, 0.03), (1.0, 0.97)),  # 3 %: under 5 %
+        _step(2, (0.10, 0.00), (0.9, 1.0)),  # 10 %: input-bound, process 0
+        _step(3, (0.00, 0.50), (1.0, 0.5)),  # 50 %: highly, process 1
+        _step(4, (0.00, 0.25), (1.0, 0.75)),  # 25 %: highly, process 1
+    ]
+    s = pod_summary(steps)
+    assert s["pod_steps"] == 5
+    assert s["pod_worst_data_wait_s"] == pytest.approx(0.0 + 0.03 + 0.10 + 0.50 + 0.25)
+    worst_busy = 1.0 + 1.0 + 1.0 + 1.0 + 1.0  # each worst host's wait + its own step
+    assert s["pod_input_bound_fraction"] == pytest.approx(0.88 / worst_busy)
+    assert s["pod_input_bound_steps"] == pytest.approx(3 / 5)
+    assert s["pod_highly_input_bound_steps"] == pytest.approx(2 / 5)
+    assert s["pod_most_often_worst"] == {"process": 1, "steps": 2}
+
+
+def test_summary_of_a_fed_pod_and_of_no_steps():
+    fed = pod_summary([_step(i, (0.0, 0.001), (1.0, 1.0)) for i in range(4)])
+    assert fed["pod_input_bound_steps"] == 0 and fed["pod_most_often_worst"] is None
+    empty = pod_summary([])
+    assert empty["pod_steps"] == 0
+    assert empty["pod_input_bound_fraction"] is None and empty["pod_input_bound_steps"] is None
+
+
+def test_a_runs_badput_is_its_first_batch_plus_its_later_steps():
+    b = RunBadput.of("r", 4, [(2.0, 3), (0.1, 1), (0.0, 0), (0.4, 1)])
+    assert (b.first_batch_wait_s, b.first_batch_process) == (2.0, 3)
+    assert b.step_wait_s == pytest.approx(0.5) and b.badput_s == pytest.approx(2.5)
+    assert RunBadput.of("r", 1, []).badput_s == 0 and RunBadput.of("r", 1, []).steps == 0
+
+
+def test_the_jobs_badput_sums_each_runs_last_line_over_a_restart(tmp_path):
+    path = tmp_path / "badput.jsonl"
+    path.write_text('{"something": "else"}\nnot json\n')  # other lines are skipped
+    append(path, RunBadput.of("a", 2, [(3.0, 0), (0.2, 1)]))
+    append(path, RunBadput.of("a", 2, [(3.0, 0), (0.2, 1), (0.3, 1)]))  # a's figure grows
+    append(path, RunBadput.of("b", 2, [(1.5, 1), (0.1, 0)]))  # the restart
+    job = job_badput(path)
+    assert job["restarts"] == 1
+    assert job["first_batch_wait_s"] == pytest.approx(3.0 + 1.5)
+    assert job["step_wait_s"] == pytest.approx(0.5 + 0.1)
+    assert job["badput_s"] == pytest.approx(5.1)
+    assert [r["run"] for r in job["runs"]] == ["a", "b"]
+    line = json.loads(path.read_text().splitlines()[-1])
+    assert line["record"] == RECORD and line["badput_s"] == pytest.approx(1.6)
+
+
+@jax.jit
+def _trivial(x):
+    return x + 1
+
+
+class Waits:
+    def __init__(self):
+        self.wait_time_s = 0.0
+
+
+def test_one_process_runs_no_gather_and_keeps_its_summary_and_lines(tmp_path, monkeypatch):
+    def no_gather(*args, **kwargs):
+        raise AssertionError("a gather on one process")
+
+    monkeypatch.setattr(timing, "PodGather", no_gather)
+    records = tmp_path / "steps.jsonl"
+    timer = StepTimer(records_path=records, pod_every=2)
+    for _ in range(5):
+        timer.step(_trivial, 1)
+        assert len(records.read_text().splitlines()) == len(timer.records)  # not held back
+    timer.flush()
+    assert timer.pod_steps == []
+    assert not any(k.startswith("pod") for k in timer.summary())
+    assert "pod" not in timer.format_summary()
+    assert not any("worst_process" in line for line in records.read_text().splitlines())
+
+
+def test_one_process_badput_is_its_own_waits(tmp_path):
+    waits = Waits()
+    path = tmp_path / "badput.jsonl"
+    timer = StepTimer(data_source=waits, badput_path=path, pod_every=2)
+    for wait in (1.0, 0.25, 0.0, 0.5, 0.125):
+        waits.wait_time_s += wait
+        timer.step(_trivial, 1)
+    assert len(path.read_text().splitlines()) == 2  # every 2 steps
+    timer.flush()
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["steps"] == 5 and last["processes"] == 1
+    assert last["first_batch_wait_s"] == 1.0 and last["first_batch_process"] == 0
+    assert last["step_wait_s"] == 0.875 and job_badput(path)["badput_s"] == 1.875
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "10"])
+def test_pod_every_must_be_a_whole_number_of_steps(value):
+    with pytest.raises(ValueError, match="pod_every"):
+        StepTimer(pod_every=value)
+
+
+def test_a_gather_window_must_be_positive():
+    with pytest.raises(ValueError, match="window"):
+        PodGather(0)
