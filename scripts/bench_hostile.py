@@ -36,7 +36,8 @@ from input_client.proto import pb
 from input_client.wire import PROTOCOL_VERSION
 from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece
 from input_server.testing.files import jsonl_bytes, write_bytes
-from input_server.testing.processes import cgroup_server, health, memory_cgroup
+from input_server.testing.memory_bound import bounded_server
+from input_server.testing.processes import cgroup_server, health
 
 STREAM = "/input_server.v1.InputService/StreamBatches"
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'
@@ -67,14 +68,9 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
             f.write(c.compress(chunk))
         f.write(c.flush())
     flags = ("--max-decompressed-mb", str(bound_mb))
-    with memory_cgroup(gb) as procs, cgroup_server(root, *flags, procs=procs) as (target, p):
-        peak, taken, stop = [0], [0], threading.Event()
-
-        def watch() -> None:
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(p.pid)
-                while not stop.wait(0.05):
-                    peak[0] = max(peak[0], proc.memory_info().rss)
+    with bounded_server(root, *flags, gb=gb) as server:
+        target, p = server.target, server.process
+        taken, stop = [0], threading.Event()
 
         def other() -> None:  # another client's stream, flowing meanwhile
             with (
@@ -86,9 +82,8 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
                     if stop.is_set():
                         return
 
-        threads = [threading.Thread(target=f, daemon=True) for f in (watch, other)]
-        for t in threads:
-            t.start()
+        flowing = threading.Thread(target=other, daemon=True)
+        flowing.start()
         # The other stream is flowing: its first batch in (on a loaded 2-core host it took
         # longer than the 2 s this waited before, and the bombs found no stream to starve).
         deadline = time.monotonic() + 60
@@ -115,18 +110,18 @@ def bomb(root: str, spec: PipelineSpec, mb: int, gb: float, bound_mb: int, at_on
         time.sleep(1.0)
         during = taken[0] - before
         alive = p.poll() is None
+        peak = server.peak.bytes
         stop.set()
-        for t in threads:
-            t.join(10)
+        flowing.join(10)
     return {
         "bomb_kb": os.path.getsize(path) >> 10,
         "bomb_mb": mb,
         "bombs_at_once": at_once,
-        "cgroup_gb": gb if procs else None,
+        "cgroup_gb": server.gb,
         "status": status,
         "message": message[:400],
         "seconds": round(seconds, 2),
-        "server_peak_rss_mb": round(peak[0] / 2**20),
+        "server_peak_rss_mb": round(peak / 2**20),
         "server_alive": alive,
         "other_stream_batches_meanwhile": during,
     }

@@ -1,7 +1,8 @@
 """Helpers shared by the tests: paths, batch comparisons, worker processes, raw calls to servers,
 a CLI verb's mistakes, other Pythons. What scripts/ share with the tests (child processes,
-pipelines run in process, documents in every file format, the tiny MaxText decoder) lies in
-the installed `input_server.testing` package; the names are re-exported here for the tests.
+servers in a memory cgroup, pipelines run in process, documents in every file format, the tiny
+MaxText decoder) lies in the installed `input_server.testing` package; the names are
+re-exported here for the tests.
 
 Imports of the heavy packages (Grain, grpc, pyarrow, ...) are lazy.
 """
@@ -28,15 +29,18 @@ from input_server.testing.files import (  # noqa: F401
     zst_multiframe,
 )
 from input_server.testing.maxtext import TINY_MAXTEXT  # noqa: F401
+from input_server.testing.memory_bound import (  # noqa: F401
+    bounded_server,
+    can_bound_memory,
+    run_bounded,
+)
 from input_server.testing.processes import (  # noqa: F401
     ChildProcess,
     ServerProcess,
-    cgroup_server,
     cli_argv,
     find_python,
     free_port,
     health,
-    memory_cgroup,
     serve_servicer,
     write_token_file,
 )
@@ -132,6 +136,15 @@ def still_running(processes) -> list:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def needs_memory_cgroup(why: str) -> None:
+    """Skips the test where no memory cgroup can be made (it needs a writable /sys/fs/cgroup):
+    what it does could take the host down, not just its server."""
+    import pytest
+
+    if not can_bound_memory():
+        pytest.skip(f"no memory cgroup can be made here: {why}")
 
 
 def serve_cli(
@@ -233,10 +246,12 @@ def stream_status(target: str, spec, take: int | None = None, timeout: float = 6
 
 
 @contextlib.contextmanager
-def flowing_stream(target: str, spec, timeout: float = 60) -> Iterator[list]:
+def flowing_stream(target: str, spec, timeout: float = 60, started: int = 0) -> Iterator[list]:
     """Another client's raw stream of `spec` (a proto), read in a thread while the block runs:
     the list its messages' arrival times are appended to (it stops growing if the stream
-    fails). Cancelled at its next message once the block ends."""
+    fails). With `started`, the block runs once that many messages came (at most 60 s: a
+    first batch waits for the tokenizer to load, longer on a loaded host). Cancelled at its
+    next message once the block ends."""
     import grpc
 
     from input_client.proto import pb, pb_grpc
@@ -259,6 +274,9 @@ def flowing_stream(target: str, spec, timeout: float = 60) -> Iterator[list]:
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 60
+    while len(flowing) < started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         yield flowing
     finally:

@@ -13,11 +13,16 @@ import os
 import time
 
 import grpc
-import pytest
 
 from input_client.proto import pb
 from input_server.testing.attacks import ids_bomb, text_bomb
-from tests.support import cgroup_server, flowing_stream, health, memory_cgroup, stream_status
+from tests.support import (
+    bounded_server,
+    flowing_stream,
+    health,
+    needs_memory_cgroup,
+    stream_status,
+)
 
 
 def call(target: str, spec: pb.PipelineSpec, take: int = 1) -> tuple[grpc.StatusCode, str]:
@@ -62,27 +67,29 @@ def test_the_attacks_in_a_3_gb_server_are_refused_while_another_stream_flows(tmp
             ["ids.parquet row group", "--max-decompressed-mb 1024"],
         ),
     ]
-    with memory_cgroup(3) as procs:
-        if procs is None:
-            pytest.skip("no memory cgroup can be made here (needs a writable /sys/fs/cgroup)")
-        with (
-            cgroup_server(os.getcwd(), procs=procs) as (target, p),
-            flowing_stream(target, make_spec(order={"epochs": 0}).to_proto(), 300) as flowing,
-        ):
-            for spec, status, words in attacks:
-                code, details = call(target, spec.to_proto())
-                assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
-                assert code == status, (words, code, details)
-                assert all(w in details for w in words), (words, details)
-            # The 4,096 components in one process fit its budget (625 MiB of order):
-            # it streams.
-            mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
-            assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")
-            seen = len(flowing)
-            time.sleep(1)
-            assert len(flowing) > seen, "the other stream stopped"
-            assert p.poll() is None and health(target) == 1
-            peak = os.path.join(os.path.dirname(procs), "memory.max_usage_in_bytes")
-            if os.path.exists(peak):  # cgroup v1: for the record (`pytest -s`)
-                with open(peak) as f:
-                    print(f"server's peak memory: {int(f.read()) >> 20} MiB")
+    needs_memory_cgroup("the attacks at full size need one")
+    with (
+        bounded_server(os.getcwd(), gb=3) as server,
+        flowing_stream(
+            server.target, make_spec(order={"epochs": 0}).to_proto(), 300, started=1
+        ) as flowing,
+    ):
+        target, p = server.target, server.process
+        for spec, status, words in attacks:
+            code, details = call(target, spec.to_proto())
+            assert p.poll() is None, f"the server died ({p.returncode}) on {words[0]}"
+            assert code == status, (words, code, details)
+            assert all(w in details for w in words), (words, details)
+        # The 4,096 components in one process fit its budget (625 MiB of order):
+        # it streams.
+        mixture = make_spec(source=[{"paths": [str(small)]}] * 4096, order={"epochs": 0})
+        assert call(target, mixture.to_proto(), take=2) == (grpc.StatusCode.OK, "")
+        seen = len(flowing)
+        time.sleep(1)
+        assert len(flowing) > seen, "the other stream stopped"
+        assert p.poll() is None and health(target) == 1
+        # For the record (`pytest -s`): the resident peak, and the cgroup's (page cache in).
+        print(
+            f"server's peak memory: {server.peak.bytes >> 20} MiB resident, "
+            f"{(server.cgroup_peak() or 0) >> 20} MiB in its cgroup"
+        )

@@ -14,37 +14,17 @@ host); skipped where none can be made.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
 
-import psutil
 import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_server.testing.corpus import train_sentencepiece, write_jsonl
 from input_server.testing.tokenizer_models import write_large_bpe
-from tests.support import cgroup_server, memory_cgroup
+from tests.support import bounded_server, flowing_stream, needs_memory_cgroup
 
 _MIB = 1 << 20
-
-
-def _peak_watcher(pid: int, stop: threading.Event, peak: list[int]) -> threading.Thread:
-    """A thread keeping in `peak[0]` the server's resident memory at its highest, workers
-    included."""
-
-    def watch() -> None:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            while not stop.wait(0.05):
-                rss = proc.memory_info().rss
-                rss += sum(c.memory_info().rss for c in proc.children(recursive=True))
-                peak[0] = max(peak[0], rss)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    return watcher
 
 
 def _settled(client: InputClient, deadline: float):
@@ -61,68 +41,49 @@ def large_model_scenario(root: str, docs: list[str], make_model, *, cgroup_gb: f
     of the tokenizer.json `make_model(folder)` writes there, with other BOS/EOS flags.
     Returns what was seen: the streams' backends and whys, peak memory (before, after each),
     the file's size; asserts the server lived and the other stream flowed."""
-    with memory_cgroup(cgroup_gb) as procs:
-        if procs is None:
-            pytest.skip("no memory cgroup can be made here: a large tokenizer needs one")
-        model = os.path.join(root, "large")
-        make_model(model)
-        size = os.path.getsize(os.path.join(model, "tokenizer.json"))
-        corpus = write_jsonl(docs[:200], os.path.join(root, "docs.jsonl"))
-        good = PipelineSpec(
-            source={"paths": [corpus]},
-            tokenizer={"model": train_sentencepiece(docs[:300], os.path.join(root, "good"))},
-            batch={"seq_len": 128, "size": 4},
-            order={"epochs": 0},
-            workers={"count": 0},
-        )
-        log = os.path.join(root, "server.log")
-        seen: dict = {"size": size}
-        with cgroup_server(root, procs=procs, log=log) as (target, p):
-            taken, stop, peak = [0], threading.Event(), [0]
-
-            def other() -> None:
-                with InputClient(target) as c, c.batches(good) as it:
-                    for _ in it:
-                        taken[0] += 1
-                        if stop.is_set():
-                            return
-
-            flowing = threading.Thread(target=other, daemon=True)
-            flowing.start()
-            watcher = _peak_watcher(p.pid, stop, peak)
-            deadline = time.monotonic() + 60
-            while taken[0] < 5 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            seen["peak_before"] = peak[0]
-            try:
-                for name, flags in (("first", (True, False)), ("second", (False, True))):
-                    spec = PipelineSpec(
-                        source={"paths": [corpus]},
-                        tokenizer={
-                            "model": model,
-                            "kind": "huggingface",
-                            "add_bos": flags[0],
-                            "add_eos": flags[1],
-                        },
-                        batch={"seq_len": 128, "size": 4},
-                        order={"epochs": 0},
-                        workers={"count": 0},
-                    )
-                    with InputClient(target) as c, c.batches(spec) as it:
-                        got = [next(it) for _ in range(3)]
-                        stream = _settled(c, time.monotonic() + 120)
-                        got += [next(it) for _ in range(3)]
-                    assert len(got) == 6
-                    seen[name] = (stream.tokenizer_backend, stream.tokenizer_backend_why)
-                    seen[f"peak_{name}"] = peak[0]
-                    assert p.poll() is None, f"the server died on the {name} stream"
-                before = taken[0]
-                time.sleep(1.0)
-                assert taken[0] > before, "the other stream stopped"
-            finally:
-                stop.set()
-                flowing.join(30)
-                watcher.join(5)
+    needs_memory_cgroup("a large tokenizer needs one")
+    model = os.path.join(root, "large")
+    make_model(model)
+    size = os.path.getsize(os.path.join(model, "tokenizer.json"))
+    corpus = write_jsonl(docs[:200], os.path.join(root, "docs.jsonl"))
+    good = PipelineSpec(
+        source={"paths": [corpus]},
+        tokenizer={"model": train_sentencepiece(docs[:300], os.path.join(root, "good"))},
+        batch={"seq_len": 128, "size": 4},
+        order={"epochs": 0},
+        workers={"count": 0},
+    )
+    log = os.path.join(root, "server.log")
+    seen: dict = {"size": size}
+    with (
+        bounded_server(root, gb=cgroup_gb, log=log) as server,
+        flowing_stream(server.target, good.to_proto(), timeout=600, started=5) as flowing,
+    ):
+        seen["peak_before"] = server.peak.bytes
+        for name, flags in (("first", (True, False)), ("second", (False, True))):
+            spec = PipelineSpec(
+                source={"paths": [corpus]},
+                tokenizer={
+                    "model": model,
+                    "kind": "huggingface",
+                    "add_bos": flags[0],
+                    "add_eos": flags[1],
+                },
+                batch={"seq_len": 128, "size": 4},
+                order={"epochs": 0},
+                workers={"count": 0},
+            )
+            with InputClient(server.target) as c, c.batches(spec) as it:
+                got = [next(it) for _ in range(3)]
+                stream = _settled(c, time.monotonic() + 120)
+                got += [next(it) for _ in range(3)]
+            assert len(got) == 6
+            seen[name] = (stream.tokenizer_backend, stream.tokenizer_backend_why)
+            seen[f"peak_{name}"] = server.peak.bytes
+            assert server.process.poll() is None, f"the server died on the {name} stream"
+        before = len(flowing)
+        time.sleep(1.0)
+        assert len(flowing) > before, "the other stream stopped"
     return seen
 
 

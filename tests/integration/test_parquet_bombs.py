@@ -101,7 +101,8 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
     ids = ids_bomb(tmp_path / "ids.parquet", row_groups=16)
     with Server(config) as srv:
         target = srv.targets[0]
-        with flowing_stream(target, make_spec(order={"epochs": 0}).to_proto()) as flowing:
+        other = make_spec(order={"epochs": 0}).to_proto()
+        with flowing_stream(target, other, started=1) as flowing:
             for spec in (
                 make_spec(source={"paths": [text], "format": "parquet"}),
                 make_spec(source={"paths": [ids], "format": "parquet", "token_field": "ids"}),

@@ -10,9 +10,7 @@ skipped where none can be made.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import threading
 import time
 
 import grpc
@@ -20,8 +18,7 @@ import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_server.testing.corpus import train_sentencepiece, write_jsonl
-from tests.integration.test_large_tokenizer_memory import _peak_watcher
-from tests.support import cgroup_server, memory_cgroup
+from tests.support import bounded_server, flowing_stream, needs_memory_cgroup, run_bounded
 
 _MIB = 1 << 20
 # One 381 MB cell of one repeated byte, plain-encoded and brotli-compressed: 803 bytes on disk.
@@ -36,67 +33,41 @@ pq.write_table(pa.table({"text": cell}), sys.argv[1], compression="brotli",
 """
 
 
-def _write_cell(path: str, procs: str) -> None:
-    def enter_cgroup() -> None:
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-
-    subprocess.run([sys.executable, "-c", _WRITE, path], check=True, preexec_fn=enter_cgroup)
-
-
 # ~15 s on a 2-core host (4 s of it writing the file).
 @pytest.mark.timeout(180)
 def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_page_headers(tmp_path, docs):
+    needs_memory_cgroup("a 381 MB cell needs one")
     root = str(tmp_path)
-    with memory_cgroup(2) as procs, memory_cgroup(2) as writer:
-        if procs is None or writer is None:
-            pytest.skip("no memory cgroup can be made here: a 381 MB cell needs one")
-        cell = os.path.join(root, "cell.parquet")
-        _write_cell(cell, writer)
-        assert os.path.getsize(cell) < 4096
-        good = PipelineSpec(
-            source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
-            tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
-            batch={"seq_len": 128, "size": 4},
-            order={"epochs": 0},
-            workers={"count": 0},
-        )
-        with cgroup_server(root, procs=procs, log=os.path.join(root, "server.log")) as (target, p):
-            taken, stop, peak = [0], threading.Event(), [0]
-
-            def other() -> None:
-                with InputClient(target) as c, c.batches(good) as it:
-                    for _ in it:
-                        taken[0] += 1
-                        if stop.is_set():
-                            return
-
-            flowing = threading.Thread(target=other, daemon=True)
-            flowing.start()
-            watcher = _peak_watcher(p.pid, stop, peak)
-            deadline = time.monotonic() + 60
-            while taken[0] < 5 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            before = peak[0]
-            try:
-                spec = good.replace(source={"paths": [cell], "format": "parquet"})
-                with InputClient(target) as c, pytest.raises(StreamError) as e:
-                    with c.batches(spec) as it:
-                        next(it)
-                said = e.value.details
-                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, said
-                for needle in ("cell.parquet row group 0", "381.0 MB", "--max-document-mb 64"):
-                    assert needle in said, (needle, said)
-                assert "page headers" in said, said
-                assert p.poll() is None, "the server died"
-                seen = taken[0]
-                time.sleep(1.0)
-                assert taken[0] > seen, "the other stream stopped"
-                # Refused before a byte of the cell is decompressed (measured: +0 MB over the
-                # flowing stream's server, was +1,748 MB).
-                assert peak[0] - before < 100 * _MIB, (before >> 20, peak[0] >> 20)
-            finally:
-                stop.set()
-                flowing.join(30)
-                watcher.join(5)
-            print(f"peak {before >> 20} MB before the request, {peak[0] >> 20} MB after")
+    cell = os.path.join(root, "cell.parquet")
+    run_bounded([sys.executable, "-c", _WRITE, cell], gb=2)
+    assert os.path.getsize(cell) < 4096
+    good = PipelineSpec(
+        source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
+        tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
+        batch={"seq_len": 128, "size": 4},
+        order={"epochs": 0},
+        workers={"count": 0},
+    )
+    with (
+        bounded_server(root, gb=2, log=os.path.join(root, "server.log")) as server,
+        flowing_stream(server.target, good.to_proto(), timeout=600, started=5) as flowing,
+    ):
+        before = server.peak.bytes
+        spec = good.replace(source={"paths": [cell], "format": "parquet"})
+        with InputClient(server.target) as c, pytest.raises(StreamError) as e:
+            with c.batches(spec) as it:
+                next(it)
+        said = e.value.details
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, said
+        for needle in ("cell.parquet row group 0", "381.0 MB", "--max-document-mb 64"):
+            assert needle in said, (needle, said)
+        assert "page headers" in said, said
+        assert server.process.poll() is None, "the server died"
+        seen = len(flowing)
+        time.sleep(1.0)
+        assert len(flowing) > seen, "the other stream stopped"
+        # Refused before a byte of the cell is decompressed (measured: +0 MB over the
+        # flowing stream's server, was +1,748 MB).
+        peak = server.peak.bytes
+        assert peak - before < 100 * _MIB, (before >> 20, peak >> 20)
+    print(f"peak {before >> 20} MB before the request, {peak >> 20} MB after")

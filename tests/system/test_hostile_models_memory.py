@@ -10,20 +10,17 @@ to 20,000 in 20 s, a 10 M-line tiktoken file on one DescribeTokenizer. Only insi
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
-import threading
 import time
 
 import grpc
-import psutil
 import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_server.testing.corpus import train_sentencepiece, write_jsonl
 from input_server.testing.tokenizer_models import train_hf_tokenizer
-from tests.support import cgroup_server, memory_cgroup
+from tests.support import bounded_server, flowing_stream, needs_memory_cgroup
 
 
 def _models(root: str, docs: list[str]) -> dict[str, tuple[str, str, str]]:
@@ -68,65 +65,37 @@ def _models(root: str, docs: list[str]) -> dict[str, tuple[str, str, str]]:
 # 20 s when the bounds hold; without them the server thrashes in its cgroup until killed.
 @pytest.mark.timeout(150)
 def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_path, docs):
+    needs_memory_cgroup("full-size hostile models need one")
     root = str(tmp_path)
-    with memory_cgroup(3) as procs:
-        if procs is None:
-            pytest.skip("no memory cgroup can be made here: full-size hostile models need one")
-        hostile = _models(root, docs)
-        good = PipelineSpec(
-            source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
-            tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
-            batch={"seq_len": 128, "size": 4},
-            order={"epochs": 0},
-            workers={"count": 0},
-        )
-        with cgroup_server(root, procs=procs, log=os.path.join(root, "server.log")) as (target, p):
-            taken, stop, peak = [0], threading.Event(), [0]
-
-            def watch() -> None:  # the server's resident memory, workers included
-                with contextlib.suppress(psutil.Error):
-                    proc = psutil.Process(p.pid)
-                    while not stop.wait(0.05):
-                        rss = proc.memory_info().rss
-                        rss += sum(c.memory_info().rss for c in proc.children(recursive=True))
-                        peak[0] = max(peak[0], rss)
-
-            def other() -> None:  # another client's stream, flowing throughout
-                with InputClient(target) as c, c.batches(good) as it:
-                    for _ in it:
-                        taken[0] += 1
-                        if stop.is_set():
-                            return
-
-            flowing = threading.Thread(target=other, daemon=True)
-            flowing.start()
-            watcher = threading.Thread(target=watch, daemon=True)
-            watcher.start()
-            deadline = time.monotonic() + 60
-            while taken[0] < 5 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            try:
-                for name, (model, kind, corpus) in hostile.items():
-                    spec = PipelineSpec(
-                        source={"paths": [corpus]},
-                        tokenizer={"model": model, "kind": kind},
-                        batch={"seq_len": 128, "size": 4},
-                        workers={"count": 0},
-                    )
-                    with InputClient(target) as c, pytest.raises(StreamError) as e:
-                        with c.batches(spec) as it:
-                            for _ in range(20):
-                                next(it)
-                    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, (name, e.value)
-                    assert model in e.value.details, (name, e.value)
-                    assert p.poll() is None, f"the server died on {name}"
-                before = taken[0]
-                time.sleep(1.0)
-                assert taken[0] > before, "the other stream stopped"
-                # Refused before the work: the most held is the ranks read up to MAX_RANKS
-                # (measured while writing this: 377 MB at the peak, the whole server included).
-                assert peak[0] < 1.5 * (1 << 30), f"peak RSS {peak[0] >> 20} MB"
-            finally:
-                stop.set()
-                flowing.join(30)
-                watcher.join(5)
+    hostile = _models(root, docs)
+    good = PipelineSpec(
+        source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
+        tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
+        batch={"seq_len": 128, "size": 4},
+        order={"epochs": 0},
+        workers={"count": 0},
+    )
+    with (
+        bounded_server(root, gb=3, log=os.path.join(root, "server.log")) as server,
+        flowing_stream(server.target, good.to_proto(), timeout=600, started=5) as flowing,
+    ):
+        for name, (model, kind, corpus) in hostile.items():
+            spec = PipelineSpec(
+                source={"paths": [corpus]},
+                tokenizer={"model": model, "kind": kind},
+                batch={"seq_len": 128, "size": 4},
+                workers={"count": 0},
+            )
+            with InputClient(server.target) as c, pytest.raises(StreamError) as e:
+                with c.batches(spec) as it:
+                    for _ in range(20):
+                        next(it)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, (name, e.value)
+            assert model in e.value.details, (name, e.value)
+            assert server.process.poll() is None, f"the server died on {name}"
+        before = len(flowing)
+        time.sleep(1.0)
+        assert len(flowing) > before, "the other stream stopped"
+        # Refused before the work: the most held is the ranks read up to MAX_RANKS
+        # (measured while writing this: 377 MB at the peak, the whole server included).
+        assert server.peak.bytes < 1.5 * (1 << 30), f"peak RSS {server.peak.bytes >> 20} MB"

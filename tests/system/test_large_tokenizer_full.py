@@ -8,14 +8,12 @@ tests/integration/test_large_tokenizer_memory.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 
 from tests.integration.test_large_tokenizer_memory import large_model_scenario
-from tests.support import memory_cgroup
+from tests.support import run_bounded
 
 _MIB = 1 << 20
 _WRITE = """
@@ -27,17 +25,7 @@ write_large_bpe(sys.argv[1], 4_100_000)
 
 def _write_in_cgroup(folder: str) -> None:
     """Writing 4 M tokens holds ~1.5 GB of Python objects: in a cgroup of its own."""
-    with memory_cgroup(3) as procs:
-
-        def enter_cgroup() -> None:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
-        subprocess.run(
-            [sys.executable, "-c", _WRITE, folder],
-            check=True,
-            preexec_fn=enter_cgroup if procs else None,
-        )
+    run_bounded([sys.executable, "-c", _WRITE, folder], gb=3)
 
 
 # ~2-3 minutes on a 2-core host: writing the file, the reference loading it (~15 s), tokenizing.
