@@ -9,6 +9,7 @@ import uuid
 import numpy as np
 
 from input_server.data.tokenizers.backends import PROBES
+from input_server.data.tokenizers.groups import framed
 from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 
 
@@ -29,11 +30,20 @@ class SkewedBackend:
             out.append(ids)
         return out
 
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.encode(texts)
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum([len(x) for x in ids], out=offsets[1:])
+        flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        return framed(flat.astype(np.int32, copy=False), offsets, head, tail)
+
 
 def skewed_kind(wrong, version: str) -> type[TiktokenTokenizer]:
     class Skewed(TiktokenTokenizer):
-        def _backend(self, name):
-            return SkewedBackend(super()._backend(name), version, wrong)
+        def load_backend(self, name):
+            return SkewedBackend(super().load_backend(name), version, wrong)
 
     return Skewed
 

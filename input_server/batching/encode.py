@@ -195,8 +195,7 @@ class EncodeGroup:
                 element = group_of(kept, first, None).to_element()
                 done = read = time.perf_counter()
             else:
-                read_many = getattr(self.source, "read_many", None)
-                items = read_many(indices) if read_many else [self.source[i] for i in indices]
+                items = self.source.read_many(indices)
                 read = time.perf_counter()
                 # The tokenizer encodes on this thread and releases the GIL while its library
                 # works (every kind; `data.tokenizers.Tokenizer.encode`), so Grain's threads

@@ -7,37 +7,36 @@ batches of the same ids, whether they came as text or pre-tokenized.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizers import TokenGroup
+from input_server.data.tokenizers import Specials, TokenGroup, Tokenizer
+from input_server.data.tokenizers.backends import Choice
 from input_server.errors import RecordError
 
 
-@dataclasses.dataclass(frozen=True)
-class Specials:
-    """What surrounds every document, and the ids that are valid."""
-
-    vocab_size: int
-    bos: int | None  # None: nothing prepended
-    eos: int | None
-    written: str  # the vocabulary's origin, for messages (the model as written, or the key)
-
-
 class IdsOnly:
-    """The tokenizer of a spec without a model (every source pre-tokenized): its vocabulary is
-    `tokenizer.vocab_size`, its specials `bos_id`/`eos_id`. Texts never reach it (validation
-    requires a model for text)."""
-
-    choice = None  # no model: nobody tokenizes (`ModelTokenizer.choice` says who does)
+    """The tokenizer of a spec without a model (every source pre-tokenized; `base.Tokenizer`):
+    its vocabulary is `tokenizer.vocab_size`, its specials `bos_id`/`eos_id`. Texts never
+    reach it (validation requires a model for text), so nobody tokenizes: no choice, no audit.
+    """
 
     def __init__(self, spec: TokenizerSpec):
         self.spec = spec
         self.vocab_size = spec.vocab_size
         self.written = "`tokenizer.vocab_size`"
+        self.choice: Choice | None = None  # no model: nobody tokenizes
+        self.audit_every = 0
+        self.audit_share = 0.0
+        self.load_behind = False
+
+    def choose_backend(self, documents: list[str]) -> Choice | None:
+        return None
+
+    def fall_back(self, why: str) -> None:
+        pass  # no backend serves
 
     def specials(self) -> Specials:
         t = self.spec
@@ -58,17 +57,10 @@ class IdsOnly:
         raise TypeError("a spec without `tokenizer.model` has no text to tokenize")
 
 
-def model_specials(tokenizer) -> Specials:
-    """The specials of a model's tokenizer, of any kind (an id the model lacks, -1, adds
-    nothing, as sentencepiece's own `add_bos` does and transformers' does for an unset
-    `bos_token`)."""
-    info, t = tokenizer.info(), tokenizer.spec
-    return Specials(
-        vocab_size=info.vocab_size,
-        bos=info.bos_id if t.add_bos and info.bos_id >= 0 else None,
-        eos=info.eos_id if t.add_eos and info.eos_id >= 0 else None,
-        written=f"`tokenizer.model` {tokenizer.written!r} ({info.vocab_size} ids)",
-    )
+def model_specials(tokenizer: Tokenizer) -> Specials:
+    """`tokenizer.specials()`, which every tokenizer answers (a model's: an id the model
+    lacks, -1, adds nothing)."""
+    return tokenizer.specials()
 
 
 def _check_range(
@@ -126,7 +118,7 @@ def id_parts(
 
 
 def encode_documents(
-    tokenizer,
+    tokenizer: Tokenizer,
     specials: Specials | None,
     items: Sequence[str | np.ndarray],
     *,

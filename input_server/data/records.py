@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +36,11 @@ class Reader(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> str | np.ndarray: ...  # ids with `token_field`
+
+    def read_many(self, indices: Sequence[int]) -> list[str] | list[np.ndarray]:
+        """The records at `indices`, in the order given: each as `reader[i]` gives it, read
+        in bulk (a group's records from one file)."""
+        ...
 
     def where(self, index: int) -> str:
         """Names the record for error messages, e.g. `data.jsonl line 12`."""

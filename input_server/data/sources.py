@@ -251,12 +251,7 @@ class DocumentSource:
             where = np.flatnonzero(files == f)
             first = self._ends[f - 1] if f else 0
             local = (indices[where] - first).tolist()
-            reader = self._readers[f]
-            texts = (
-                reader.read_many(local)
-                if hasattr(reader, "read_many")
-                else [reader[i] for i in local]
-            )
+            texts = self._readers[f].read_many(local)
             for slot, text in zip(where.tolist(), texts, strict=True):
                 out[slot] = text
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from input_client.spec import PipelineSpec
 from input_server.batching.pipeline import Pipeline
@@ -39,7 +40,7 @@ class Spent:
 class SlowSource:
     """Remote storage's latency: every record takes `delay_s` to arrive (sleeping, no CPU).
 
-    Module-level, so it pickles into Grain's worker processes. No `read_many`: records arrive
+    Module-level, so it pickles into Grain's worker processes. Its `read_many` reads records
     one by one, as from a store that serves single objects.
     """
 
@@ -54,6 +55,9 @@ class SlowSource:
     def __getitem__(self, index: int) -> str:
         self.spent.sleep(self.delay_s)
         return self.inner[index]
+
+    def read_many(self, indices: Sequence[int]) -> list[str]:
+        return [self[i] for i in indices]
 
     def where(self, index: int) -> str:
         return self.inner.where(index)

@@ -1,5 +1,5 @@
 """A stream ahead of its loop audits every group its fast backend makes (`AuditPace`,
-`Routed.audit_spare`), so a divergence the gate missed does not reach a batch unseen; the share
+`Router.audit_share`), so a divergence the gate missed does not reach a batch unseen; the share
 of groups verified is in `info`, `stats` and the totals."""
 
 from __future__ import annotations

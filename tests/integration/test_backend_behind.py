@@ -1,5 +1,5 @@
 """A request's stream whose fast tokenizer backend is not loaded in the server yet starts on the
-reference and switches once the backend has loaded and passed the gate (`Routed.load_behind`):
+reference and switches once the backend has loaded and passed the gate (`Router.load_behind`):
 the same bytes as a reference-only stream; its info says which backend served which groups; a
 worker process is handed the backend chosen, not the reference it started on."""
 

@@ -30,6 +30,7 @@ from input_server.batching.switching import SwitchingStream
 from input_server.data.token_cache import TokenCache
 from input_server.data.tokenizers import KINDS, fast, load_tokenizer, route
 from input_server.data.tokenizers.base import GATE_DOCS
+from input_server.data.tokenizers.groups import framed
 from input_server.data.tokenizers.tiktoken import PATTERN, TiktokenTokenizer
 from input_server.testing.corpus import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.testing.tokenizer_models import write_tiktoken_model
@@ -124,6 +125,15 @@ class _OnWord:
                     flat[offsets[i]] += 1
         return flat, offsets
 
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return framed(*self.encode_flat(texts), head, tail)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        flat, offsets = self.encode_framed(texts, [], [])
+        return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
+
 
 class _OnWordKind(TiktokenTokenizer):
     """tiktoken whose fastokens is `_OnWord` with the class's `on_word` (how, word, version),
@@ -135,8 +145,8 @@ class _OnWordKind(TiktokenTokenizer):
         self.on_word_args = type(self).on_word
         super().__init__(spec, **kwargs)
 
-    def _backend(self, name):
-        return _OnWord(super()._backend(name), *self.on_word_args)
+    def load_backend(self, name):
+        return _OnWord(super().load_backend(name), *self.on_word_args)
 
 
 class _LoadsOnce(TiktokenTokenizer):
@@ -144,12 +154,13 @@ class _LoadsOnce(TiktokenTokenizer):
     `load_error`. The count pickles with the tokenizer."""
 
     load_error: BaseException = RuntimeError("no fastokens in this process")
+    loads = 0
 
-    def _backend(self, name):
-        self.loads = self.__dict__.get("loads", 0) + 1
+    def load_backend(self, name):
+        self.loads += 1
         if self.loads > 1:
             raise self.load_error
-        return super()._backend(name)
+        return super().load_backend(name)
 
 
 @pytest.fixture
@@ -185,14 +196,14 @@ def test_unreachable_ranks_are_served_through_the_derived_json(texts, model, tmp
     assert bare == [len(lines)]  # the appended rank, one token: the texts below reach it
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "fastokens", choice.why
-    assert tok._fast.derived is not None
+    assert tok.router.backend.derived is not None
 
     docs = texts + UNREACHABLE_TEXTS
 
     def assert_serves_the_reference(tokenizer, what):
         # An audit would serve the reference's group, hiding the backend's.
         tokenizer.audit_every = 0
-        tokenizer._reference_group = _never
+        tokenizer.router.reference_group = _never
         for i in range(0, len(docs), GROUP):
             got = tokenizer.encode(docs[i : i + GROUP], i)
             _assert_same_group(got, ref.encode(docs[i : i + GROUP], i), f"{what}, group at {i}")
@@ -201,7 +212,7 @@ def test_unreachable_ranks_are_served_through_the_derived_json(texts, model, tmp
     assert_serves_the_reference(tok, "derived")
 
     blob = pickle.dumps(tok)
-    assert len(blob) > len(tok._fast.derived)  # the derived text rides along
+    assert len(blob) > len(tok.router.backend.derived)  # the derived text rides along
     # As a worker process starts: no backend loaded, nothing derived, and deriving would fail.
     monkeypatch.setattr(route, "_BACKENDS", collections.OrderedDict())
     monkeypatch.setattr(fast, "_DERIVED", collections.OrderedDict())
@@ -211,9 +222,9 @@ def test_unreachable_ranks_are_served_through_the_derived_json(texts, model, tmp
 
     monkeypatch.setattr(fast, "ranks_as_tokenizer_json", no_deriving)
     copy = pickle.loads(blob)
-    assert copy.__dict__.get("_fast") is None
+    assert copy.router.backend is None
     assert_serves_the_reference(copy, "unpickled")
-    assert copy._fast.derived == tok._fast.derived
+    assert copy.router.backend.derived == tok.router.backend.derived
 
 
 def test_ranks_with_too_many_merges_are_refused_quickly(texts, tmp_path):
@@ -236,7 +247,7 @@ def test_ranks_with_too_many_merges_are_refused_quickly(texts, tmp_path):
     assert choice.why.startswith("fastokens could not load the model (InvalidSpecError:")
     assert "too many merges" in choice.why and "MAX_MERGES_PER_TOKEN" in choice.why
     assert took < 10, took
-    assert tok._serving() is None
+    assert tok.router.serving_backend() is None
     got = tok.encode(texts[:GROUP], 0, TRIM)
     _assert_same_group(got, _reference(os.fspath(path)).encode(texts[:GROUP], 0, TRIM), "runs")
 
@@ -264,7 +275,7 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
         _assert_same_group(got, ref.encode(group, i, TRIM), f"group {i}")
         assert got.fell_back == failed, i  # marked, for the stream to count
     assert panicked > 0
-    assert next(tok.fell_back_groups) == panicked + 1
+    assert tok.router.failed_groups == panicked
     assert tok.choice.backend == "fastokens"
     assert sum("failed on the group" in r.getMessage() for r in caplog.records) == 1  # the first
 
@@ -278,7 +289,7 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
     with pipeline.stream(None, parallelism=Parallelism(0, 2), meter=meter) as stream:
         got = list(stream)
     assert_same_batches(got, want)
-    assert next(pipeline.tokenizer.fell_back_groups) - 1 == meter.backend_failures() > 0
+    assert pipeline.tokenizer.router.failed_groups == meter.backend_failures() > 0
     assert pipeline.tokenizer.choice.backend == "fastokens"
 
 
@@ -289,11 +300,11 @@ def test_a_load_holds_up_no_model_already_loaded(
     other stream from a model already loaded; a second load of the same model waits for the
     first and shares it."""
     loaded = TiktokenTokenizer(TokenizerSpec(model=model, kind="tiktoken"))
-    fast_loaded = loaded._loaded_backend("fastokens")
+    fast_loaded = loaded.router.loaded_backend("fastokens")
     other_path = write_tiktoken_model(texts[600:900], tmp_path / "o.tiktoken", vocab_size=700)
     other = TiktokenTokenizer(TokenizerSpec(model=other_path, kind="tiktoken"))
     started, release = threading.Event(), threading.Event()
-    real, loads = TiktokenTokenizer._backend, []
+    real, loads = TiktokenTokenizer.load_backend, []
 
     def slow(self, name):
         if self.digest() == other.digest():
@@ -302,15 +313,19 @@ def test_a_load_holds_up_no_model_already_loaded(
             assert release.wait(60)
         return real(self, name)
 
-    monkeypatch.setattr(TiktokenTokenizer, "_backend", slow)
+    monkeypatch.setattr(TiktokenTokenizer, "load_backend", slow)
     got = []
-    threads = [threading.Thread(target=lambda: got.append(other._loaded_backend("fastokens")))]
+    threads = [
+        threading.Thread(target=lambda: got.append(other.router.loaded_backend("fastokens")))
+    ]
     threads[0].start()
     assert started.wait(60)
-    threads.append(threading.Thread(target=lambda: got.append(other._loaded_backend("fastokens"))))
+    threads.append(
+        threading.Thread(target=lambda: got.append(other.router.loaded_backend("fastokens")))
+    )
     threads[1].start()
     t0 = time.monotonic()
-    assert loaded._loaded_backend("fastokens") is fast_loaded
+    assert loaded.router.loaded_backend("fastokens") is fast_loaded
     assert time.monotonic() - t0 < 1  # not behind the other model's load
     release.set()
     for t in threads:

@@ -127,7 +127,7 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
     info = ref.info()
 
     fast.audit_every = 0  # an audit would serve the reference's group, hiding the backend's
-    fast._reference_group = _never  # nor may a group the backend fails on go there
+    fast.router.reference_group = _never  # nor may a group the backend fails on go there
     for trim_to in (None, TRIM):
         for i in range(0, len(texts), GROUP):
             got = fast.encode(texts[i : i + GROUP], i, trim_to)
@@ -146,7 +146,7 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
         _assert_same_group(got, want, f"{kind}, one long document, trim_to {trim_to}")
     assert fast.choice.backend == BACKEND[kind]  # it served throughout
 
-    del fast._reference_group  # a probe the backend cannot take (lone surrogates) goes there
+    del fast.router.reference_group  # a probe the backend cannot take (lone surrogates) goes there
     for trim_to in (None, TRIM):
         for n, probe in enumerate(PROBES):
             what = f"{kind}, probe {n}, trim_to {trim_to}"
@@ -165,7 +165,7 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
     EOS put in place as it reads (no array a document), and serving goes through it."""
     tok = _tokenizer(models, "sentencepiece", add_bos=True, add_eos=True)
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "kitoken"
-    kitoken = tok._serving()
+    kitoken = tok.router.serving_backend()
     group = [*texts[:40], "", " ", texts[-1]]
     lists = kitoken._tok.encode_all(group, False)
     for head, tail in (([], []), ([1], [2]), ([5, 6], []), ([], [7])):
@@ -199,9 +199,9 @@ def test_auto_does_not_load_kitoken_for_a_unigram_model(texts, spm_model, monkey
     """kitoken differed from sentencepiece on every unigram model measured: "auto" serves one
     by the reference without loading kitoken, saying why; named, kitoken meets the gate."""
     loads = []
-    real = SentencepieceTokenizer._backend
+    real = SentencepieceTokenizer.load_backend
     monkeypatch.setattr(
-        SentencepieceTokenizer, "_backend", lambda self, n: loads.append(n) or real(self, n)
+        SentencepieceTokenizer, "load_backend", lambda self, n: loads.append(n) or real(self, n)
     )
     monkeypatch.setattr(route, "_BACKENDS", collections.OrderedDict())
     auto = load_tokenizer(TokenizerSpec(model=spm_model))  # the fixture's unigram model
@@ -224,7 +224,7 @@ def test_kitoken_is_refused_on_a_model_that_normalizes(texts, models):
         assert (
             choice.why.startswith("kitoken ") and "failed the gate on the probe set" in choice.why
         )
-        assert tok.choice == choice and tok._serving() is None
+        assert tok.choice == choice and tok.router.serving_backend() is None
         tok.audit_every = 1
         got = tok.encode(texts[:GROUP], 0, TRIM)
         _assert_same_group(got, ref.encode(texts[:GROUP], 0, TRIM), backend)
@@ -242,8 +242,8 @@ def test_reference_never_loads_a_backend(texts, models, kind, corpus_file, monke
         loaded.append(name)
         raise RuntimeError("no backend may load")
 
-    monkeypatch.setattr(KINDS[kind], "_backend", load)
-    monkeypatch.setattr(KINDS[kind], "_loaded_backend", load)  # nor one loaded before
+    monkeypatch.setattr(KINDS[kind], "load_backend", load)
+    monkeypatch.setattr(route.Router, "loaded_backend", load)  # nor one loaded before
     tok = _tokenizer(models, kind, backend="reference")
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "reference" and "asked for" in choice.why, choice.why
@@ -328,7 +328,7 @@ def test_the_gate_refuses_a_backend_wrong_from_the_start(texts, models, wrong_on
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "reference"
     assert choice.why.startswith("fastokens test-") and f"gate on {why}" in choice.why, choice.why
-    assert tok._serving() is None
+    assert tok.router.serving_backend() is None
     got = tok.encode(texts[:GROUP], 0, TRIM)
     _assert_same_group(
         got, _tokenizer(models, "tiktoken", "reference").encode(texts[:GROUP], 0, TRIM), why

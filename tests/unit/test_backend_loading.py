@@ -1,4 +1,4 @@
-"""Loading a backend once a model (`Routed._loaded_backend`): a load that fails leaves no
+"""Loading a backend once a model (`route.Router.loaded_backend`): a load that fails leaves no
 thread waiting behind it and nothing marked as loading; the next thread loads it itself."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import threading
 from input_server.data.tokenizers import route
 
 
-class _Stub(route.Routed):
-    """A model whose backend load blocks until `release`, failing the first time."""
+class _Stub:
+    """A model whose backend load blocks until `release`, failing the first time (the part of
+    `route.Routed` a load asks for)."""
 
     def __init__(self):
         self.started, self.release, self.loads = threading.Event(), threading.Event(), 0
@@ -18,7 +19,7 @@ class _Stub(route.Routed):
     def digest(self) -> str:
         return "stub"
 
-    def _backend(self, name: str):
+    def load_backend(self, name: str):
         self.loads += 1
         if self.loads == 1:
             self.started.set()
@@ -45,10 +46,11 @@ def test_a_failed_load_leaves_no_waiter_stuck(monkeypatch):
     monkeypatch.setattr(route, "_BACKENDS", collections.OrderedDict())
     monkeypatch.setattr(route, "_LOADING", {})
     stub, got = _Stub(), {}
+    router = route.Router(stub, ("fast",))
 
     def load(who: str) -> None:
         try:
-            got[who] = stub._loaded_backend("fast")
+            got[who] = router.loaded_backend("fast")
         except RuntimeError as e:
             got[who] = e
 
@@ -68,4 +70,4 @@ def test_a_failed_load_leaves_no_waiter_stuck(monkeypatch):
     assert isinstance(got["first"], RuntimeError)
     assert stub.loads == 2 and got["second"] is route._BACKENDS[key]
     assert route._LOADING == {}  # nothing left marked as loading
-    assert stub._loaded_backend("fast") is got["second"]  # loaded once, then shared
+    assert router.loaded_backend("fast") is got["second"]  # loaded once, then shared

@@ -11,7 +11,7 @@ what pre-tokenized ids are checked against).
 
 from __future__ import annotations
 
-from input_server.data.tokenizers.base import IdsInfo, ModelTokenizer, Tokenizer
+from input_server.data.tokenizers.base import IdsInfo, ModelTokenizer, Specials, Tokenizer
 from input_server.data.tokenizers.groups import TokenGroup
 from input_server.data.tokenizers.registry import (
     KINDS,
@@ -24,6 +24,7 @@ __all__ = [
     "IdsInfo",
     "KINDS",
     "ModelTokenizer",
+    "Specials",
     "TokenGroup",
     "Tokenizer",
     "load_tokenizer",

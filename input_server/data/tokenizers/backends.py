@@ -8,7 +8,7 @@ stream's first documents; any difference, or any error, and the stream uses the 
 saying why. The gate's verdict on the probes is remembered per model digest, backend and
 version (`_PROBED`, and on disk in the tokenizer cache, `keep.ModelKeep`, for later processes
 and restarts), the documents are compared for each pipeline. While serving, a share of groups is
-audited again (`route.Routed.encode`, the share following the stream's spare room:
+audited again (`route.Router.encode`, the share following the stream's spare room:
 `serving/audit_pace.py`); what the reference says is what is served.
 """
 
@@ -33,14 +33,23 @@ Encode = Callable[[list[str]], list[np.ndarray]]
 
 
 class Backend(Protocol):
-    """A library that encodes as a kind's reference does, faster (`fast.py`)."""
+    """A library that encodes as a kind's reference does, faster (`fast.py`). Both calls run
+    on the calling thread, the GIL released where the library allows, and raise on what the
+    library cannot encode (the reference then does)."""
 
     name: str  # as `tokenizer.backend` names it
     version: str  # the library's, part of what the gate's verdict is remembered by
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's bare ids (int32), on the calling thread, the GIL released where the
-        library allows; raises on what it cannot encode (the reference then does)."""
+        """Each text's bare ids (int32)."""
+        ...
+
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids in one int32 array, `head` before and
+        `tail` after each text's own, and where each text starts (len(texts) + 1 offsets,
+        int64): what `route.Router` serves a group from."""
         ...
 
 
@@ -50,7 +59,7 @@ class Choice:
 
     backend: str  # "reference" or a backend's name
     why: str
-    # A fast backend loads behind the stream (`Routed.load_behind`): this choice serves only
+    # A fast backend loads behind the stream (`Router.load_behind`): this choice serves only
     # until it is chosen or refused.
     pending: bool = False
 

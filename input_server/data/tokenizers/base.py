@@ -1,5 +1,5 @@
-"""The tokenizer interface (`Tokenizer`), what every kind reports (`IdsInfo`), and what the kinds
-share (`ModelTokenizer`)."""
+"""The tokenizer interface (`Tokenizer`), what every kind reports (`IdsInfo`, `Specials`), and
+what the kinds share (`ModelTokenizer`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,21 @@ import numpy as np
 
 from input_client import model_files
 from input_client.spec import TokenizerSpec
+from input_server.data.tokenizers.backends import Backend, Choice
 from input_server.data.tokenizers.checks import bounded, model_faults
 from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN, Cutter, TokenGroup
-from input_server.data.tokenizers.route import AUDIT_EVERY, GATE_DOCS, Routed
+from input_server.data.tokenizers.keep import ModelKeep
+from input_server.data.tokenizers.route import AUDIT_EVERY, GATE_DOCS, Router
 
-__all__ = ["AUDIT_EVERY", "GATE_DOCS", "IdsInfo", "ModelTokenizer", "Tokenizer", "over_slices"]
+__all__ = [
+    "AUDIT_EVERY",
+    "GATE_DOCS",
+    "IdsInfo",
+    "ModelTokenizer",
+    "Specials",
+    "Tokenizer",
+    "over_slices",
+]
 
 # The most a model file may hold, unless its kind says less (`ModelTokenizer.MAX_FILE_BYTES`):
 # each kind reads it whole into memory (a named 5 GB jsonl would otherwise be read as a model).
@@ -38,25 +48,59 @@ class IdsInfo:
     unk_id: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Specials:
+    """What surrounds every document, and the ids that are valid: what pre-tokenized ids are
+    checked against and given (`data.ids`)."""
+
+    vocab_size: int
+    bos: int | None  # None: nothing prepended
+    eos: int | None
+    written: str  # the vocabulary's origin, for messages (the model as written, or the key)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
-    """What a tokenizer of any kind gives the pipeline, DescribeTokenizer, the tune cache and
-    `bench`. Picklable: the model is loaded lazily in each process that encodes.
+    """What the pipeline asks of its tokenizer, whether a model's (`ModelTokenizer`) or the
+    ids-only one of a spec without a model (`data.ids.IdsOnly`). Picklable: a model is loaded
+    lazily in each process that encodes.
 
     Attributes:
       spec: the tokenizer, its `model` the path opened (resolved inside the data roots).
-      written: the model's path as the client wrote it, which messages name.
-      vocab_size: ids run from 0 to `vocab_size - 1` (`info().vocab_size`).
-      ADDED_IDS: ids the kind numbers after its model file's own (tiktoken's 256 specials),
-        which a trainer's `vocab_size` does not count.
-      REFERENCE: what `maxtext_encoder` runs, said in `bench`'s results.
+      written: the model's path as the client wrote it (or the key that stands for it), which
+        messages name.
+      vocab_size: ids run from 0 to `vocab_size - 1`.
+      choice: who tokenizes and why (`backends.Choice`); None: no model, nobody tokenizes.
+      audit_every: while a fast backend serves, one group in this many is encoded again by
+        the reference (0: none).
+      audit_share: the share of the other groups audited too, 0 to 1 (the stream's spare
+        room); this process's own, not handed to worker processes.
+      load_behind: whether a fast backend not loaded in this process yet loads behind the
+        stream while the reference serves (a server's request streams).
     """
 
     spec: TokenizerSpec
     written: str
     vocab_size: int
-    ADDED_IDS: int
-    REFERENCE: str
+    choice: Choice | None
+    audit_every: int
+    audit_share: float
+    load_behind: bool
+
+    def choose_backend(self, documents: list[str]) -> Choice | None:
+        """Who tokenizes the stream, as `tokenizer.backend` asks, the gate run on `documents`
+        (the stream's first); the choice, which `choice` holds from then on."""
+        ...
+
+    def fall_back(self, why: str) -> None:
+        """The reference tokenizes from now on, in this process and later streams of the
+        model, `why` said in the choice."""
+        ...
+
+    def specials(self) -> Specials:
+        """What surrounds each document and the ids that are valid: what pre-tokenized ids
+        are checked against and given (`data.ids`)."""
+        ...
 
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
@@ -76,45 +120,31 @@ class Tokenizer(Protocol):
         """About how many of a document's characters get tokenized when `trim_to` are kept."""
         ...
 
-    def info(self) -> IdsInfo:
-        """The vocabulary size and special ids (what DescribeTokenizer answers)."""
-        ...
 
-    def files(self) -> dict[str, str]:
-        """The files its tokens come from, as `input_client.model_files.digest` takes them."""
-        ...
-
-    def digest(self) -> str:
-        """SHA-256 of `files()` (`input_client.model_files.digest`)."""
-        ...
-
-    @classmethod
-    def library_version(cls) -> str:
-        """The version of the library that tokenizes (part of the tune cache's key)."""
-        ...
-
-    def limit_calls(self, threads: int) -> dict[str, LimitCall]:
-        """The kind's own fastest batch calls on `threads` threads, by name (`bench`'s limit)."""
-        ...
-
-    def maxtext_encoder(self) -> Callable[[str], list[int]]:
-        """One document's ids as MaxText's tokenizer class of the kind gives them (`bench`'s
-        reference; see REFERENCE)."""
-        ...
-
-
-class ModelTokenizer(Routed):
+class ModelTokenizer:
     """What the kinds share: the model file resolved and bounded (`resolve`), loaded lazily
     (`model()`, from the kind's `_load`), its files and digest, and `encode` around the kind's
-    batch call `_encode(texts, add_bos=, add_eos=)`. A kind whose pieces never span a space
-    sets `cutter` (`groups.Cutter`) to cut long documents before tokenizing; the others
-    tokenize documents whole, then trim them."""
+    batch call `_encode(texts, add_bos=, add_eos=)`, routed to a fast backend where one serves
+    (its `router`, `route.Router`). A kind whose pieces never span a space sets `cutter`
+    (`groups.Cutter`) to cut long documents before tokenizing; the others tokenize documents
+    whole, then trim them. Beyond the pipeline's `Tokenizer`, DescribeTokenizer, the tune cache
+    and `bench` read its `info`, `files`, `digest`, `library_version`, `limit_calls` and
+    `maxtext_encoder`.
+
+    Attributes:
+      ADDED_IDS: ids the kind numbers after its model file's own (tiktoken's 256 specials),
+        which a trainer's `vocab_size` does not count.
+      REFERENCE: what `maxtext_encoder` runs, said in `bench`'s results.
+      BACKENDS: the fast backends that may be exact for the kind, in the order "auto" tries
+        them.
+    """
 
     KIND: ClassVar[str]  # the `tokenizer.kind` it serves
     LIBRARY: ClassVar[str]  # the distribution that tokenizes
     REFERENCE: ClassVar[str]
     MAX_FILE_BYTES: ClassVar[int] = MAX_MODEL_BYTES
     ADDED_IDS: ClassVar[int] = 0
+    BACKENDS: ClassVar[tuple[str, ...]] = ()
     cutter: Cutter | None = None
 
     def __init__(
@@ -125,6 +155,7 @@ class ModelTokenizer(Routed):
         # Files beside the model that name its tokens (Hugging Face's configs), resolved.
         self.sidecars = dict(sidecars or {})
         self._model = None
+        self.router = Router(self, self.BACKENDS)
         self.vocab_size = self.info().vocab_size
 
     @classmethod
@@ -149,31 +180,129 @@ class ModelTokenizer(Routed):
         raise NotImplementedError
 
     def info(self) -> IdsInfo:
+        """The vocabulary size and special ids (what DescribeTokenizer answers)."""
         raise NotImplementedError
 
     def files(self) -> dict[str, str]:
+        """The files its tokens come from, as `input_client.model_files.digest` takes them."""
         return {"": self.spec.model}
 
     def digest(self) -> str:
+        """SHA-256 of `files()` (`input_client.model_files.digest`)."""
         return model_files.digest(self.files())
 
     @classmethod
     def library_version(cls) -> str:
+        """The version of the library that tokenizes (part of the tune cache's key)."""
         try:
             return metadata.version(cls.LIBRARY)
         except metadata.PackageNotFoundError:
             return "none"
 
+    def limit_calls(self, threads: int) -> dict[str, LimitCall]:
+        """The kind's own fastest batch calls on `threads` threads, by name (`bench`'s limit)."""
+        raise NotImplementedError
+
+    def maxtext_encoder(self) -> Callable[[str], list[int]]:
+        """One document's ids as MaxText's tokenizer class of the kind gives them (`bench`'s
+        reference; see REFERENCE)."""
+        raise NotImplementedError
+
+    def load_backend(self, name: str) -> Backend:
+        """The kind's fast backend `name`, loaded (`fast.py`); the router keeps it loaded
+        once a process for each model (`Router.loaded_backend`)."""
+        raise NotImplementedError(f"{self.KIND} models have no fast backend {name!r}")
+
+    def not_tried(self, name: str) -> str | None:
+        """Why "auto" does not try backend `name` on this model (None: it does)."""
+        return None
+
     def __getstate__(self):
-        self.settle()  # a worker process is handed the backend chosen behind the stream
+        self.router.settle()  # a worker process is handed the backend chosen behind the stream
         state = self.__dict__.copy()
         state["_model"] = None
-        state.pop("_fast", None)  # each process loads its own
-        state.pop("_behind", None)
-        state.pop("audit_share", None)  # the stream's spare room is this process's to see
         return state
 
-    def _encode_faulting(self, texts: list[str], **flags) -> list[np.ndarray]:
+    # -- the pipeline's `Tokenizer`: who tokenizes is the router's ---------------------------
+
+    @property
+    def choice(self) -> Choice:
+        return self.router.choice
+
+    @property
+    def audit_every(self) -> int:
+        return self.router.audit_every
+
+    @audit_every.setter
+    def audit_every(self, every: int) -> None:
+        self.router.audit_every = every
+
+    @property
+    def audit_share(self) -> float:
+        return self.router.audit_share
+
+    @audit_share.setter
+    def audit_share(self, share: float) -> None:
+        self.router.audit_share = share
+
+    @property
+    def load_behind(self) -> bool:
+        return self.router.load_behind
+
+    @load_behind.setter
+    def load_behind(self, behind: bool) -> None:
+        self.router.load_behind = behind
+
+    @property
+    def keep(self) -> ModelKeep | None:
+        """Where what is derived from the model is kept across processes and restarts
+        (`serve --tokenizer-cache`); None: in this process's memory only."""
+        return self.router.keep
+
+    @keep.setter
+    def keep(self, keep: ModelKeep | None) -> None:
+        self.router.keep = keep
+
+    def choose_backend(self, documents: list[str]) -> Choice:
+        return self.router.choose_backend(documents)
+
+    def fall_back(self, why: str) -> None:
+        self.router.fall_back(why)
+
+    def settle(self) -> Choice:
+        """The choice, once a backend loading behind the stream is chosen or refused."""
+        return self.router.settle()
+
+    def encode(
+        self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
+    ) -> TokenGroup:
+        return self.router.encode(texts, first_doc, trim_to)
+
+    def specials(self) -> Specials:
+        """An id the model lacks (-1) adds nothing, as sentencepiece's own `add_bos` does and
+        transformers' does for an unset `bos_token`."""
+        info, t = self.info(), self.spec
+        return Specials(
+            vocab_size=info.vocab_size,
+            bos=info.bos_id if t.add_bos and info.bos_id >= 0 else None,
+            eos=info.eos_id if t.add_eos and info.eos_id >= 0 else None,
+            written=f"`tokenizer.model` {self.written!r} ({info.vocab_size} ids)",
+        )
+
+    def ends(
+        self, add_bos: bool | None = None, add_eos: bool | None = None
+    ) -> tuple[list[int], list[int]]:
+        """The ids put before and after each document's own: BOS and EOS as the flags say (the
+        spec's by default) where the model has them."""
+        info = self.info()
+        add_bos = self.spec.add_bos if add_bos is None else add_bos
+        add_eos = self.spec.add_eos if add_eos is None else add_eos
+        head = [info.bos_id] if add_bos and info.bos_id >= 0 else []
+        return head, [info.eos_id] if add_eos and info.eos_id >= 0 else []
+
+    def reference_ids(self, texts: list[str], **flags: bool) -> list[np.ndarray]:
+        """Each text's ids by the kind's library (the reference), BOS/EOS as the spec says
+        unless `add_bos`/`add_eos` are given; a fault of the model's is named."""
         self.model()  # its own faults say "loading"
         flags = {"add_bos": self.spec.add_bos, "add_eos": self.spec.add_eos, **flags}
         with model_faults(self.written, "tokenizing"):
@@ -184,7 +313,7 @@ class ModelTokenizer(Routed):
         tokenizer, so worker processes start from it rather than CUT_CHARS_PER_TOKEN)."""
         if self.cutter is None or not self.cutter.learns:
             return CUT_CHARS_PER_TOKEN
-        self.cutter.learn(texts, self._encode_faulting(texts))
+        self.cutter.learn(texts, self.reference_ids(texts))
         return self.cutter.chars_per_token
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:

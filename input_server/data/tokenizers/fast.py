@@ -15,6 +15,7 @@ from importlib import metadata
 
 import numpy as np
 
+from input_server.data.tokenizers.groups import framed
 from input_server.errors import InvalidSpecError
 
 # One thread a call: the server's parallelism is Grain's threads and processes, which the
@@ -222,6 +223,12 @@ class Fastokens:
         """All texts' ids in one uint32 array, and where each text's start (n + 1 offsets)."""
         ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False)
         return np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64).astype(np.int64)
+
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_flat`, `head` and `tail` put around each text's ids (`groups.framed`)."""
+        return framed(*self.encode_flat(texts), head, tail)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         flat, offsets = self.encode_flat(texts)

@@ -74,6 +74,30 @@ def group_of(ids: list[np.ndarray], first_doc: int, trim_to: int | None) -> Toke
     return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
 
 
+def framed(
+    flat: np.ndarray, offsets: np.ndarray, head: list[int], tail: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The texts whose bare ids are `flat[offsets[i]:offsets[i + 1]]` (uint32 or int32), `head`
+    put before and `tail` after each: one int32 array and where each text starts (n + 1
+    offsets), without an array per text (`backends.Backend.encode_framed`'s answer)."""
+    flat = flat.view(np.int32) if flat.dtype == np.uint32 else flat.astype(np.int32, copy=False)
+    h, t = len(head), len(tail)
+    if not h and not t:
+        return flat, offsets
+    bare = np.diff(offsets).astype(np.int64)
+    lengths = bare + (h + t)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    tokens = np.empty(int(lengths.sum()), np.int32)
+    body = np.ones(len(tokens), bool)  # a mask, not an index a token: 2-3x cheaper
+    for j, x in enumerate(head):
+        tokens[starts + j], body[starts + j] = x, False
+    for j, x in enumerate(tail):
+        tokens[starts + h + bare + j], body[starts + h + bare + j] = x, False
+    tokens[body] = flat[offsets[0] : offsets[-1]]
+    return tokens, np.concatenate([np.zeros(1, np.int64), ends])
+
+
 def flat_group(
     flat: np.ndarray,
     offsets: np.ndarray,
@@ -85,21 +109,9 @@ def flat_group(
     """The group of documents whose bare ids are `flat[offsets[i]:offsets[i + 1]]` (uint32 or
     int32), `head` and `tail` added to each and each trimmed to `trim_to` tokens, as
     `group_of` makes it from per-document arrays, without an array per document."""
-    bare = np.diff(offsets).astype(np.int64)
-    h, t = len(head), len(tail)
-    lengths = bare + (h + t)
-    flat = flat.view(np.int32) if flat.dtype == np.uint32 else flat.astype(np.int32, copy=False)
-    if not h and not t:
-        tokens = flat[offsets[0] : offsets[-1]]
-    else:
-        starts = np.cumsum(lengths) - lengths
-        tokens = np.empty(int(lengths.sum()), np.int32)
-        body = np.ones(len(tokens), bool)  # a mask, not an index a token: 2-3x cheaper
-        for j, x in enumerate(head):
-            tokens[starts + j], body[starts + j] = x, False
-        for j, x in enumerate(tail):
-            tokens[starts + h + bare + j], body[starts + h + bare + j] = x, False
-        tokens[body] = flat[offsets[0] : offsets[-1]]
+    flat, offsets = framed(flat, offsets, head, tail)
+    lengths = np.diff(offsets).astype(np.int64)
+    tokens = flat[offsets[0] : offsets[-1]]
     if trim_to is not None and len(lengths) and lengths.max() > trim_to:
         starts = np.cumsum(lengths) - lengths
         keep = np.arange(len(tokens)) - np.repeat(starts, lengths) < trim_to

@@ -200,8 +200,12 @@ class HuggingFaceTokenizer(ModelTokenizer):
         `AutoTokenizer.from_pretrained(add_bos_token=...)` adds nothing (a bare tokenizer.json
         without tokenizer_config.json names no BOS): said in the log, naming the model, since
         a trainer expecting a BOS gets none."""
-        for flag, key in (("add_bos", "bos_token"), ("add_eos", "eos_token")):
-            if getattr(self.spec, flag) and self._ids[key] < 0:
+        spec = self.spec
+        for on, flag, key in (
+            (spec.add_bos, "add_bos", "bos_token"),
+            (spec.add_eos, "add_eos", "eos_token"),
+        ):
+            if on and self._ids[key] < 0:
                 with _LOADED_LOCK:
                     if (self.spec.model, flag) in _WARNED:
                         continue
@@ -289,7 +293,9 @@ class HuggingFaceTokenizer(ModelTokenizer):
             ids["unk_token"],
         )
 
-    def specials(self, add_bos: bool | None = None, add_eos: bool | None = None):
+    def ends(
+        self, add_bos: bool | None = None, add_eos: bool | None = None
+    ) -> tuple[list[int], list[int]]:
         """The ids put before and after each document's own (BOS, EOS as the flags say, the
         spec's by default, and the model names them): the loaded model, shared by every flag
         pair, adds none."""
@@ -303,7 +309,7 @@ class HuggingFaceTokenizer(ModelTokenizer):
 
     BACKENDS = ("fastokens",)
 
-    def _backend(self, name: str):
+    def load_backend(self, name: str):
         from input_server.data.tokenizers.fast import Fastokens, check_fastokens_fits
 
         size, tok = os.path.getsize(self.spec.model), self.model()  # estimated before it loads
@@ -311,19 +317,16 @@ class HuggingFaceTokenizer(ModelTokenizer):
         check_fastokens_fits(*fits, MAX_LOADED_BYTES)  # as loaded: added specials, no BOS/EOS
         return Fastokens.from_json(tok.to_str())
 
-    def _ends(self, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
-        return self.specials(add_bos, add_eos)
-
     def _encode(self, texts: list[str], *, add_bos: bool, add_eos: bool) -> list[np.ndarray]:
         encodings = self.model().encode_batch_fast(texts, add_special_tokens=True)
-        head, tail = self.specials(add_bos, add_eos)
+        head, tail = self.ends(add_bos, add_eos)
         if not head and not tail:
             return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
         return [np.asarray([*head, *e.ids, *tail], dtype=np.int32) for e in encodings]
 
     def limit_calls(self, threads: int) -> dict[str, LimitCall]:
         tok = self.model()
-        extra = sum(map(len, self.specials()))
+        extra = sum(map(len, self.ends()))
 
         # Rayon's threads: all cores, unless TOKENIZERS_PARALLELISM=false, which the loader
         # sets (the server's parallelism is Grain's threads); then threads over slices.
@@ -337,7 +340,7 @@ class HuggingFaceTokenizer(ModelTokenizer):
 
     def maxtext_encoder(self) -> Callable[[str], list[int]]:
         # transformers' encode: [BOS] $A [EOS] as the flags say (its post-processor).
-        tok, (head, tail) = self.model(), self.specials()
+        tok, (head, tail) = self.model(), self.ends()
         return lambda text: [*head, *tok.encode(text).ids, *tail]
 
     def __getstate__(self):

@@ -1,7 +1,7 @@
 """The tokenizer kinds by `tokenizer.kind` name, and a spec's tokenizer opened through them.
 
-Adding a kind: a module with a `ModelTokenizer` subclass (or any class satisfying
-`base.Tokenizer` with the same constructor and a `resolve` classmethod), and its line below.
+Adding a kind: a module with a `ModelTokenizer` subclass (its reference library's `_load`,
+`_encode` and `info`, its fast backends' `load_backend`), and its line below.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class SentencepieceTokenizer(ModelTokenizer):
 
     BACKENDS = ("kitoken",)
 
-    def _not_tried(self, name: str) -> str | None:
+    def not_tried(self, name: str) -> str | None:
         from sentencepiece import sentencepiece_model_pb2 as pb2
 
         if self._proto().trainer_spec.model_type != pb2.TrainerSpec.UNIGRAM:
@@ -74,7 +74,7 @@ class SentencepieceTokenizer(ModelTokenizer):
         model.ParseFromString(self.model().serialized_model_proto())
         return model
 
-    def _backend(self, name: str):
+    def load_backend(self, name: str):
         from input_server.data.tokenizers.fast import Kitoken
 
         self.model()  # its checks first

@@ -23,7 +23,7 @@ import numpy as np
 
 from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
 from input_server.data.tokenizers.checks import check_readable, file_identity, kind_hint
-from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN
+from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN, framed
 from input_server.errors import InvalidSpecError, shorten
 
 # MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.
@@ -242,6 +242,33 @@ class PieceCutter:
         return ids
 
 
+class PiecedBackend:
+    """A fast backend (fastokens) fed as MaxText feeds tiktoken a document: in `pieces`, each
+    encoded alone, their ids joined (`backends.Backend`)."""
+
+    def __init__(self, inner):
+        self.inner = inner  # a `fast.Fastokens`
+        self.name, self.version = inner.name, inner.version
+        self.derived = inner.derived  # the tokenizer.json derived from the ranks, if one was
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' bare ids in one array, and where each text starts (n + 1 offsets)."""
+        split = [pieces(t) for t in texts]
+        if all(len(p) == 1 for p in split):
+            return self.inner.encode_flat(texts)
+        flat, offsets = self.inner.encode_flat([p for ps in split for p in ps])
+        return flat, offsets[np.cumsum([0, *map(len, split)])]
+
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return framed(*self.encode_flat(texts), head, tail)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        flat, offsets = framed(*self.encode_flat(texts), [], [])
+        return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
+
+
 class TiktokenTokenizer(ModelTokenizer):
     """A tiktoken BPE model with MaxText's Llama 3 pattern and special tokens.
 
@@ -263,17 +290,21 @@ class TiktokenTokenizer(ModelTokenizer):
     def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
         super().__init__(spec, written=written, sidecars=sidecars)
         self.cutter = PieceCutter(bos=spec.add_bos, eos=spec.add_eos)
+        # The tokenizer.json derived from the ranks, handed over by the process that chose
+        # fastokens (deriving Llama 3's took 1.6 s of a worker's start); None: not handed.
+        self._derived: str | None = None
 
-    def _backend(self, name: str):
+    def load_backend(self, name: str) -> PiecedBackend:
         from input_server.data.tokenizers.fast import DERIVED, Fastokens, derived_fields
 
         self.model()  # its checks first
-        derived = self.__dict__.get("_derived")  # pickled from the process that chose it
+        keep = self.router.keep
+        derived = self._derived
         fields = derived_fields(self.digest(), PATTERN)
-        kept = None if derived is not None or self.keep is None else self.keep.get(DERIVED, fields)
+        kept = None if derived is not None or keep is None else keep.get(DERIVED, fields)
         if kept is not None:
             derived = kept.decode()
-            self._read_from_cache("its tokenizer.json derived from the ranks")
+            self.router.note_cache_read("its tokenizer.json derived from the ranks")
         fast = Fastokens.from_tiktoken(
             self.spec.model,
             PATTERN,
@@ -281,24 +312,16 @@ class TiktokenTokenizer(ModelTokenizer):
             shorten(self.written),
             derived,
         )
-        if derived is None and fast.derived is not None and self.keep is not None:
-            self.keep.put(DERIVED, fields, fast.derived.encode())
-        return fast
+        if derived is None and fast.derived is not None and keep is not None:
+            keep.put(DERIVED, fields, fast.derived.encode())
+        return PiecedBackend(fast)
 
     def __getstate__(self):
         state = super().__getstate__()
-        fast = self.__dict__.get("_fast")
+        fast = self.router.backend
         if fast is not None and fast.derived is not None:
             state["_derived"] = fast.derived
         return state
-
-    def _fast_flat(self, fast, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """As MaxText hands tiktoken a document: in `pieces`, each encoded alone."""
-        split = [pieces(t) for t in texts]
-        if all(len(p) == 1 for p in split):
-            return super()._fast_flat(fast, texts)
-        flat, offsets = super()._fast_flat(fast, [p for ps in split for p in ps])
-        return flat, offsets[np.cumsum([0, *map(len, split)])]
 
     def _load(self):
         """The Encoding, shared by this process's tokenizers of the file as it stands: reading
