@@ -3,7 +3,7 @@
     git worktree add /tmp/before COMMIT   # e.g. the commit before the accounting
     python scripts/bench_accounting.py SPEC.toml --before /tmp/before [--rounds 6]
 
-Each round runs `bench`'s served measurement (`tools.bench_server.bench_server`: a real
+Each round runs `bench`'s served measurement (`benchmark.served.bench_server`: a real
 `input-server serve` process on a Unix socket, the client in another process) once with each
 tree's code, in alternating order, in fresh processes. Printed as JSON: each tree's tokens/s and
 server CPU ns a token per round, and the after/before ratios (median of the rounds' pairs).
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURE = """
 import json, sys
 from input_client.spec import PipelineSpec
-from input_server.tools.bench_server import bench_server
+from input_server.benchmark.served import bench_server
 spec = PipelineSpec.from_toml(sys.argv[1])
 r = bench_server(spec, "unix")
 print(json.dumps({k: r[k] for k in ("tokens_per_s", "server_cpu_ns_per_token", "tokens")}))

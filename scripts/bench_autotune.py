@@ -20,7 +20,7 @@ import platform
 import sys
 import tempfile
 
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
 from input_server import autotune

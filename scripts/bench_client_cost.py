@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_server.testing import corpus
 from input_server.testing.processes import cli_argv

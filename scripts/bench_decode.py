@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 from bench_client_cost import sidecar  # a sibling script: its folder is on the path
-from report import emit_json
+from results import emit_json
 
 from input_client._server_checks import Expected, decode_checked
 from input_client.proto import pb

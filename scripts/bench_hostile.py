@@ -29,7 +29,7 @@ import time
 
 import grpc
 import psutil
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_client import InputClient, PipelineSpec
 from input_client.proto import pb

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_server.testing.maxtext import TINY_MAXTEXT  # the tiny decoder of the MaxText tests
 

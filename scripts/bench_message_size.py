@@ -22,8 +22,9 @@ def main() -> int:
     from input_client import PipelineSpec
     from input_server.batching._grain import ensure_absl_flags_parsed
     from input_server.batching.parallelism import Parallelism, default_threads
+    from input_server.benchmark import measure
+    from input_server.benchmark.served import bench_server
     from input_server.testing import corpus
-    from input_server.tools import bench
 
     ensure_absl_flags_parsed()
 
@@ -47,15 +48,15 @@ def main() -> int:
         batch={"seq_len": args.seq_len, "size": args.batch_size},
         workers={"count": 0},
     )
-    _, kept = bench.epoch_token_counts(spec, bench.corpus_texts(spec))
+    _, kept = measure.epoch_token_counts(spec, measure.corpus_texts(spec))
     spec = spec.replace(order={"epochs": max(1, -(-args.min_tokens // max(1, kept)))})
 
     rounds: list[dict] = []
     for r in range(args.rounds):
-        ours = bench.bench_pipeline(spec, Parallelism(0, default_threads(0)))
+        ours = measure.bench_pipeline(spec, Parallelism(0, default_threads(0)))
         row = {"in_process_tokens_per_s": ours["tokens_per_s"], "sizes": {}}
         for size in sizes:
-            served = bench.bench_server(spec, "unix", ("--message-tokens", str(size)))
+            served = bench_server(spec, "unix", ("--message-tokens", str(size)))
             row["sizes"][size] = {
                 k: served[k]
                 for k in ("tokens_per_s", "client_cpu_ns_per_token", "server_cpu_ns_per_token")

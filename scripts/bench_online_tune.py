@@ -38,7 +38,7 @@ import tempfile
 import time
 
 from bench_autotune import corpus  # scripts/, beside this file
-from report import emit_json
+from results import emit_json
 
 from input_client import InputClient, PipelineSpec
 from input_server.autotune.measure import tree_cpu_seconds

@@ -39,7 +39,7 @@ import sysconfig
 import tempfile
 import time
 
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_client import InputClient, PipelineSpec
 from input_server.testing import corpus

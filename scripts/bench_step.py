@@ -15,7 +15,7 @@ the step compiled once:
   socket, workers "auto"), read through `InputClient.batches(prefetch=2)`;
 - `server_sharded`: the same with `sharding=` (the client places each batch on the devices);
 - `grain_N`: a MaxText-style Grain pipeline in the training process (per-document tokenize
-  and trim, first-fit packing, batch, shift; `input_server.tools.bench_kinds.
+  and trim, first-fit packing, batch, shift; `input_server.benchmark.kinds.
   reference_dataset`) with N worker processes; `grain_auto` takes the count MaxText's
   `grain_worker_count=-1` takes (`grain.experimental.pick_performance_config`, MaxText's
   default `grain_ram_budget_mb` of 1024).
@@ -44,7 +44,7 @@ import tempfile
 import time
 
 import numpy as np
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 from step_model import init_state, make_train_step, param_count, parse_size
 
 from input_client import InputClient, PipelineSpec
@@ -152,7 +152,7 @@ def grain_iterator(spec: PipelineSpec, texts: list[str], workers: str):
     iterator, worker processes)."""
     import grain
 
-    from input_server.tools.bench_kinds import reference_dataset
+    from input_server.benchmark.kinds import reference_dataset
 
     if workers == "auto":  # what MaxText's grain_worker_count=-1 does
         config = grain.experimental.pick_performance_config(

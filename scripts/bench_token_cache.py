@@ -35,7 +35,7 @@ import tempfile
 import time
 
 import numpy as np
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
 from input_server.batching._grain import ensure_absl_flags_parsed

@@ -24,7 +24,7 @@ makes; sentencepiece's own batch limit beside them. Per round the three run back
 ratio is the median of the rounds' own, each rate its best round. Ids: the peer's for every
 document against sentencepiece's (the reference), the probe set too; and our pipeline's rows
 for one unshuffled epoch (in process: invariant 1 makes them the served bytes) against the
-reference's ids run together. Who tokenizes for us is `bench_checks.backend_report`'s.
+reference's ids run together. Who tokenizes for us is `benchmark.checks.backend_report`'s.
 """
 
 from __future__ import annotations
@@ -40,12 +40,15 @@ import tempfile
 import time
 
 import numpy as np
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
 from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
+from input_server.benchmark.checks import backend_report
+from input_server.benchmark.kinds import bench_limit, epoch_token_counts
+from input_server.benchmark.served import bench_server
 from input_server.data.tokenizers import backends
 from input_server.testing.corpus import (
     pydoc_topics,
@@ -53,9 +56,6 @@ from input_server.testing.corpus import (
     train_sentencepiece,
     write_jsonl,
 )
-from input_server.tools.bench_checks import backend_report
-from input_server.tools.bench_kinds import bench_limit, epoch_token_counts
-from input_server.tools.bench_server import bench_server
 
 GROUP = 256  # texts a tf.data batch, as a pipeline's groups hold about
 # The UTF-8 bytes a peer call takes, at most (but for a text longer alone):

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from report import emit_json  # scripts/, beside this file
+from results import emit_json  # scripts/, beside this file
 
 from input_server.testing.processes import (
     ChildProcess,

@@ -1,18 +1,18 @@
-"""`input-server bench`: a spec's throughput against the tokenizer's limit and a MaxText-style
-Grain pipeline."""
+"""`input-server bench`: a spec's throughput (or a builtin corpus's) against the tokenizer's
+limit and a MaxText-style Grain pipeline, through the benchmark package's one entry point."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import tempfile
 
 from input_client.spec import PipelineSpec
 from input_server.cli.arguments import positive
+from input_server.data.builtin_corpora import BUILTIN_CORPORA, build_builtin
 
 
 def _kinds(text: str) -> tuple[str, ...]:
-    from input_server.tools.bench_kinds import parse_kinds
+    from input_server.benchmark.kinds import parse_kinds
 
     try:
         return parse_kinds(text)
@@ -36,7 +36,15 @@ def register(subparsers) -> None:
         help="measure a spec's throughput against the tokenizer's "
         "limit and a MaxText-style Grain pipeline",
     )
-    bench.add_argument("spec", help="pipeline spec TOML")
+    what = bench.add_mutually_exclusive_group(required=True)
+    what.add_argument("spec", nargs="?", help="pipeline spec TOML")
+    what.add_argument(
+        "--builtin",
+        choices=sorted(BUILTIN_CORPORA),
+        help="instead of a spec: a corpus that ships with Python (stdlib-docstrings: many "
+        "short documents; pydoc-topics: few long ones) and a 1000-piece sentencepiece model "
+        "trained on it here, offline, in batches of 32 x 2048",
+    )
     bench.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     bench.add_argument(
         "--min-tokens",
@@ -67,40 +75,32 @@ def register(subparsers) -> None:
     )
 
 
+def _builtin_spec(name: str, folder: str) -> PipelineSpec:
+    """`--builtin`'s spec: the corpus and its model written in `folder`."""
+    jsonl, model = build_builtin(name, folder)
+    # MaxText's default max_target_length, and rows for a small TPU host's share of a global
+    # batch: 65,536 tokens a batch. gRPC's cost per message is mostly fixed, so smaller
+    # batches pay more per token through the server (docs/benchmarks.md, "What `bench`
+    # measures").
+    return PipelineSpec(
+        source={"paths": [jsonl]},
+        tokenizer={"model": model},
+        batch={"seq_len": 2048, "size": 32},
+        workers={"count": 0},
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from input_server.batching.pipeline import Pipeline
-    from input_server.tools import bench, bench_rounds, bench_table
+    from input_server.benchmark import bench
 
-    spec = PipelineSpec.from_toml(args.spec)
-    Pipeline(spec)  # missing files or model, a spec that does not fit the data: one line
-    if args.kinds:
-        from input_server.tools import bench_kinds
-
-        result = bench.run_kinds(
-            spec,
-            args.kinds,
-            min_tokens=args.min_tokens,
-            rounds=args.rounds or 3,
-            reference_processes=args.reference_processes,
-        )
-        print(bench_kinds.format_kinds_table(result))
-    else:
-        result = bench.run(
-            spec,
-            min_tokens=args.min_tokens,
-            rounds=args.rounds or 5,
-            reference_processes=args.reference_processes,
-        )
-        print(bench_table.format_table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(json.dumps(result, indent=2) + "\n")
-    failed = bench_rounds.failures(result)
-    if failed:  # the other rows' figures are printed and written: exit 1, not a traceback
-        print(
-            f"input-server: bench: {len(failed)} measurement(s) failed ({'; '.join(failed)}); "
-            f"the others' figures are above" + (f" and in {args.json}." if args.json else "."),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    options = dict(
+        kinds=args.kinds,
+        min_tokens=args.min_tokens,
+        rounds=args.rounds,
+        reference_processes=args.reference_processes,
+        json_path=args.json,
+    )
+    if args.spec:
+        return bench(PipelineSpec.from_toml(args.spec), **options)
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+        return bench(_builtin_spec(args.builtin, folder), **options)

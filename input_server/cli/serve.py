@@ -14,9 +14,9 @@ import tomllib
 
 from input_client.spec import PipelineSpec, SpecError
 from input_server.cli.arguments import positive
+from input_server.plurals import plural
 from input_server.serving.config import ServerConfig
 from input_server.serving.logs import FORMATS, configure
-from input_server.tools.report import plural
 
 # What a flag takes beyond its field's help and default: a metavar, another name, more help,
 # or a stricter type (refused by argparse, with the usage, before ServerConfig's own checks).

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from input_client import InputClient
+from input_server.cli.info import format_table
 from input_server.serving.server import Server, ServerConfig
-from input_server.tools.show_info import format_table
 
 
 def test_a_clients_spec_is_named_by_its_data_and_model(tmp_path, make_spec):
@@ -39,7 +39,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
-    from input_server.serving.slots import ProcessPool, Reservation
+    from input_server.serving.slots import ProcessPool
 
     def threads(processes: int) -> int:
         return max(1, 8 // max(1, processes))
@@ -76,7 +76,8 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
         stream,
         search,
         taken=lambda: 0,
-        processes=Reservation(ProcessPool(0)),
+        processes=ProcessPool(0),
+        reserved=0,
         remember=print,
         reason=remembered,
     )

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from input_client.spec import TokenizerSpec
-from input_server.tools.bench_kinds import limit_threads
+from input_server.benchmark.kinds import limit_threads
 from tests.support import cli_argv, script
 
 
@@ -196,8 +196,8 @@ def test_bench_kinds_names_the_kinds_it_knows(tmp_path):
 def test_the_reference_encodes_each_document_as_the_pipeline(docs, spm_model, kind_models):
     """The reference's per-document encode (MaxText's, picklable for Grain's workers) and the
     pipeline's tokenizer give the same ids, long runs and special-token text included."""
+    from input_server.benchmark.kinds import DocumentEncoder
     from input_server.data.tokenizers import load_tokenizer
-    from input_server.tools.bench_kinds import DocumentEncoder
 
     texts = [*docs[:200], "a" * 30_000 + " b", " " * 26_000 + "x", "<|begin_of_text|> <|bos|>"]
     for kind, model in {"sentencepiece": spm_model, **kind_models}.items():

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import psutil
 
-from input_server.tools.bench_server import Held, consume
+from input_server.benchmark.served import Held, consume
 
 
 def test_the_samplers_own_cpu_is_not_the_clients():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from input_server.tools.bench_kinds import limit_threads
+from input_server.benchmark.kinds import limit_threads
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from input_server.tools.bench_rounds import failures, medians, run_rounds, unavailable
-from input_server.tools.bench_table import format_table
+from input_server.benchmark.rounds import failures, medians, run_rounds, unavailable
+from input_server.benchmark.table import format_table
 
 
 def _rate(tokens_per_s: float) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from input_client import PipelineSpec
 from input_client.proto import pb
-from input_server.tools.show_info import format_table
+from input_server.cli.info import format_table
 
 
 def test_the_table_names_a_mixture_and_a_spec_without_a_model():

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from input_server.data.text_lines import TextReader
+from input_server.data.tokenizers.corpus_trainer import texts
 from input_server.errors import RecordError
-from input_server.tools.tokenizer_train import texts
 from tests.support import write_bytes, zst_multiframe
 
 MESSY = (

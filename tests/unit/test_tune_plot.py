@@ -64,7 +64,7 @@ def test_the_plateau_detail_states_the_choice_rule():
 
 
 def test_bench_says_roughly_how_long_it_takes():
-    from input_server.tools.bench_time import estimate_s, minutes
+    from input_server.benchmark.estimate import estimate_s, minutes
 
     t = estimate_s(
         limit_tokens_per_s=1.8e6, kept=627_000, epochs=13, rounds=1, min_seconds=2.0, cores=2

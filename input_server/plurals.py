@@ -1,4 +1,4 @@
-"""The CLI's counted words (the scripts' JSON hand-over is scripts/report.py)."""
+"""A count with its word, singular or plural, as the commands print them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The demo's model: a one-layer decoder in plain JAX with its loss and an Adam step, small
-enough to train in seconds on two CPU cores (`tools/demo.py` feeds it the server's batches)."""
+enough to train in seconds on two CPU cores (`cli/demo.py` feeds it the server's batches)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 # The model: small enough to train 50 steps in seconds on two CPU cores, big enough to learn
 # the corpus's unigram and bigram statistics in that time (loss falls from ln(1000) ~ 6.9).
-VOCAB_SIZE = 1000  # the demo tokenizer's vocabulary (input_server.testing.corpus)
+VOCAB_SIZE = (
+    1000  # the demo tokenizer's vocabulary (data/builtin_corpora.py's `ensure_demo_assets`)
+)
 D_MODEL = 64
 NUM_HEADS = 4
 D_FF = 256

@@ -1,9 +1,10 @@
-"""Throughput benchmark: this project's pipeline against the tokenizer's limit and a MaxText-style
-Grain reference, in one run on the same corpus and cores (ratios, since machines are noisy).
+"""What one benchmark run measures, and in what order: this project's pipeline against the
+tokenizer's limit and a MaxText-style Grain reference, in one run on the same corpus and cores
+(ratios, since machines are noisy).
 
-Counts real (non-padding) tokens per second. `input-server bench SPEC.toml` and
-`scripts/bench.py --corpus FILE --model SPM` both land here; any tokenizer kind (its limit and
-the reference's per-document encode: bench_kinds.py); `--kinds` gives a row per kind.
+Counts real (non-padding) tokens per second, for any tokenizer kind (its limit and the
+reference's per-document encode: kinds.py); `run_kinds` gives a row per kind. The package's
+entry point (`input_server.benchmark.bench`, behind `input-server bench`) calls these.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
-from input_server.data.sources import DocumentSource
-from input_server.data.tokenizers import load_tokenizer
-from input_server.tools.bench_checks import backend_report, check_benchable
-from input_server.tools.bench_kinds import (
+from input_server.benchmark.checks import backend_report, check_benchable
+from input_server.benchmark.estimate import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
+from input_server.benchmark.kinds import (
     KINDS,
     REFERENCE_ENCODE,
     bench_limit,
@@ -33,16 +33,17 @@ from input_server.tools.bench_kinds import (
     reference_dataset,
     row_of,
 )
-from input_server.tools.bench_rounds import (
+from input_server.benchmark.rounds import (
     Rounds,
     has_figures,
     medians,
     run_rounds,
     unavailable,
 )
-from input_server.tools.bench_server import bench_server, consume
-from input_server.tools.bench_time import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
-from input_server.tools.report import plural
+from input_server.benchmark.served import bench_server, consume
+from input_server.data.sources import DocumentSource
+from input_server.data.tokenizers import load_tokenizer
+from input_server.plurals import plural
 
 
 def corpus_texts(spec: PipelineSpec) -> list[str]:
@@ -318,12 +319,12 @@ def run_kinds(
     progress: bool = True,
     reference_processes: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """`bench.run` for each of `kinds` on `spec`'s corpus (a model of each from `make_models`),
+    """`measure.run` for each of `kinds` on `spec`'s corpus (a model of each from `make_models`),
     through the server over a Unix socket only and without the packing comparison (the same
     for every kind); returns a row per kind and each kind's whole result.
 
     Raises:
-      SpecError: as `bench.run`, before any model is trained.
+      SpecError: as `measure.run`, before any model is trained.
     """
     check_benchable(spec)
     texts = corpus_texts(spec)

@@ -15,10 +15,10 @@ import numpy as np
 
 from input_client.spec import PipelineSpec, TokenizerSpec
 from input_client.wire import shift_left
+from input_server.benchmark.served import consume, rate_of
+from input_server.benchmark.table import audited
 from input_server.data.tokenizers import KINDS as TOKENIZERS
 from input_server.data.tokenizers import load_tokenizer
-from input_server.tools.bench_server import consume, rate_of
-from input_server.tools.bench_table import audited
 
 KINDS = tuple(TOKENIZERS)
 
@@ -200,8 +200,11 @@ def make_models(
     """A model of each kind for the corpus, in `folder`: the spec's own for its kind, the
     others trained on the corpus's first `TRAIN_CHARS` characters with the spec's model's
     vocabulary size."""
-    from input_server.testing.corpus import train_sentencepiece
-    from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+    from input_server.data.tokenizers.trainers import (
+        train_hf_tokenizer,
+        train_sentencepiece,
+        write_tiktoken_model,
+    )
 
     vocab, used, sample = base_vocab_size(spec.tokenizer), 0, []
     for t in texts:
@@ -232,7 +235,7 @@ def _over(a: float | None, b: float | None) -> float | None:
 
 
 def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
-    """The `--kinds` table's row from one kind's `bench.run` result; a figure that row's run
+    """The `--kinds` table's row from one kind's `measure.run` result; a figure that row's run
     could not measure is None."""
     ran = [r for r in result["reference"].values() if _measured(r) is not None]
     best_ref = max(ran, key=_measured) if ran else {}

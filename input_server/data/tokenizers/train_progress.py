@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from input_server.tools.report import plural
+from input_server.plurals import plural
 
 PROGRESS_EVERY_S = 10.0  # a line at most this often: a long run is never silent for long
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from input_server.tools.bench_rounds import has_figures
-from input_server.tools.report import plural
+from input_server.benchmark.rounds import has_figures
+from input_server.plurals import plural
 
 NAME_WIDTH = 42
 
@@ -40,7 +40,7 @@ def audited(served: dict) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The result of `bench.run` as text."""
+    """The result of `measure.run` as text."""
     kind = result.get("kind", "sentencepiece")
     rows = [(f"{kind} batch encode (limit)", result["limit"])]
     rows += [
