@@ -38,14 +38,15 @@ def backend_report(spec: PipelineSpec, texts: list[str], say=lambda _: None) -> 
     reference.choose_backend([])
     differing = tokens = fell_back = 0
     cpu = {"backend": 0.0, "reference": 0.0}
-    fast = tokenizer._serving()
+    router = tokenizer.router
+    fast = router.serving_backend()
     if fast is not None:
         for i in range(0, len(texts), GROUP):
             started = time.process_time()
             try:  # the backend alone: no audit, no group sent to the reference unseen
-                a = tokenizer._fast_group(fast, texts[i : i + GROUP], i, None)
+                a = router.backend_group(fast, texts[i : i + GROUP], i, None)
             except Exception:  # noqa: BLE001 - what serving sends to the reference: counted
-                a = tokenizer._reference_group(texts[i : i + GROUP], i, None)
+                a = router.reference_group(texts[i : i + GROUP], i, None)
                 fell_back += len(texts[i : i + GROUP])
             between = time.process_time()
             b = reference.encode(texts[i : i + GROUP], i)
