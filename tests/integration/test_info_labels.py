@@ -39,7 +39,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     from input_server.batching.resume import Position
     from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
-    from input_server.serving.slots import ProcessPool
+    from input_server.serving.slots import ProcessPool, Reservation
 
     def threads(processes: int) -> int:
         return max(1, 8 // max(1, processes))
@@ -76,8 +76,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
         stream,
         search,
         taken=lambda: 0,
-        processes=ProcessPool(0),
-        reserved=0,
+        processes=Reservation(ProcessPool(0)),
         remember=print,
         reason=remembered,
     )
