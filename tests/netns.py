@@ -1,15 +1,20 @@
 """Several hosts on one machine: network namespaces joined by veth pairs to a bridge that lives
 in a namespace of its own, on a subnet of the test's own, so no traffic touches the host's
-interfaces. Needs root (CAP_SYS_ADMIN) and iproute2; `Hosts.make` raises `Unavailable` with the
-kernel's reason where namespaces cannot be made.
+interfaces, and `input-server serve` started on one of them. Needs root (CAP_SYS_ADMIN) and
+iproute2; `Hosts.make` raises `Unavailable` with the kernel's reason where namespaces cannot be
+made (`hosts_or_skip`: the test skips).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
+
+from input_server.testing.processes import ChildProcess, cli_argv
 
 # 10.231.0.0/24: private space (RFC 1918) the test claims; host i is 10.231.0.(i + 1).
 SUBNET = "10.231.0"
@@ -85,3 +90,49 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def hosts_or_skip(count: int, tag: str | None = None) -> Hosts:
+    """`Hosts.make`, or the test skipped where namespaces cannot be made; in CI, as root on a
+    kernel that has them, a failure instead of a skip."""
+    import pytest
+
+    try:
+        return Hosts.make(count, tag)
+    except Unavailable as e:
+        if os.environ.get("CI") == "true" and os.geteuid() == 0:
+            raise
+        pytest.skip(f"network namespaces cannot be made here: {e}")
+
+
+def serve_in(
+    hosts: Hosts,
+    i: int,
+    *args: str,
+    log: str,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    ready: str = "serving on",
+) -> ChildProcess:
+    """`input-server serve ARGS` in host `i`'s namespace (after `prefix`, e.g. `prlimit ...`),
+    once it printed a line holding `ready` (the health port's comes after "serving on"): its
+    process, which the caller kills. Its stderr goes to `log`; its later stdout lines arrive in
+    its `lines`.
+
+    Raises:
+      AssertionError: it did not start within 60 s (the log's end says why).
+    """
+    argv = hosts.argv(i, [*prefix, *cli_argv("serve", *args)])
+    child = ChildProcess(argv, log=log, read_lines=True, env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            line = child.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is not None and ready in line:
+            return child
+        if line is None:  # its output ended, or 60 s passed
+            child.kill()
+            with open(log) as f:
+                raise AssertionError(f"serve in {hosts.names[i]} did not start: {f.read()[-2000:]}")

@@ -21,7 +21,7 @@ import pytest
 
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.processes import cli_argv
-from tests.netns import Hosts, Unavailable
+from tests.netns import hosts_or_skip
 
 # A line of gRPC's C core (absl's log format): "E1206 13:49:36.460897   23827 add_port.cc:83] ...".
 CORE_LINE = re.compile(r"^[EIWF]\d{4} ", re.M)
@@ -107,13 +107,7 @@ def test_a_library_server_on_a_port_in_use_raises_one_line_and_writes_nothing(ca
 
 @pytest.fixture(scope="module")
 def host():
-    try:
-        h = Hosts.make(1)
-    except Unavailable as e:
-        if os.environ.get("CI") == "true" and os.geteuid() == 0:
-            raise
-        pytest.skip(f"network namespaces cannot be made here: {e}")
-    with h:
+    with hosts_or_skip(1) as h:
         yield h
 
 

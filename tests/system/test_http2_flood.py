@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
@@ -20,8 +19,8 @@ import time
 
 import pytest
 
-from tests.netns import Hosts, Unavailable
-from tests.support import ROOT, ChildProcess, cli_argv, health
+from tests.netns import Hosts, hosts_or_skip, serve_in
+from tests.support import ROOT, ChildProcess, health
 
 # 1 s probes must pass under a flood: a measure of time, run alone.
 pytestmark = pytest.mark.alone
@@ -32,13 +31,7 @@ PEER = str(ROOT / "input_server" / "testing" / "http2_flood.py")
 
 @pytest.fixture(scope="module")
 def host():
-    try:
-        h = Hosts.make(1, f"hf{os.getpid() % 100000}")
-    except Unavailable as e:
-        if os.environ.get("CI") == "true" and os.geteuid() == 0:
-            raise
-        pytest.skip(f"network namespaces cannot be made here: {e}")
-    with h:
+    with hosts_or_skip(1, f"hf{os.getpid() % 100000}") as h:
         yield h
 
 
@@ -47,16 +40,10 @@ def _serve(host: Hosts, tmp_path, *prefix: str, tcp: bool = False) -> tuple[Chil
     on PORT + 1 too, without a token): the process, the socket."""
     target = f"unix://{tmp_path}/s.sock"
     more = ["--listen", f"127.0.0.1:{PORT + 1}", "--insecure-tcp"] if tcp else []
-    argv = [*prefix, *cli_argv("serve", "--listen", target, *more, "--health-port", str(PORT))]
-    child = ChildProcess(host.argv(0, argv), log=str(tmp_path / "serve.log"), read_lines=True)
-    try:
-        for _ in range(2):  # "serving on", then the health port's line
-            line = child.lines.get(timeout=60)
-    except queue.Empty:
-        line = None
-    if not line or "health" not in line:
-        child.kill()
-        raise AssertionError(f"serve did not start: {(tmp_path / 'serve.log').read_text()[-2000:]}")
+    child = serve_in(
+        host, 0, "--listen", target, *more, "--health-port", str(PORT),
+        log=str(tmp_path / "serve.log"), prefix=prefix, ready="health",
+    )  # fmt: skip
     return child, target
 
 

@@ -28,8 +28,8 @@ import time
 import grpc
 import pytest
 
-from tests.netns import Hosts, Unavailable
-from tests.support import ROOT, ChildProcess, cli_argv, flowing_stream, health
+from tests.netns import Hosts, hosts_or_skip, serve_in
+from tests.support import ROOT, flowing_stream, health
 
 # Thread counts and timings: run alone.
 pytestmark = pytest.mark.alone
@@ -43,13 +43,7 @@ _NUMBERS = itertools.count()
 
 @pytest.fixture(scope="module")
 def host():
-    try:
-        h = Hosts.make(1, f"mf{os.getpid() % 100000}")
-    except Unavailable as e:
-        if os.environ.get("CI") == "true" and os.geteuid() == 0:
-            raise
-        pytest.skip(f"network namespaces cannot be made here: {e}")
-    with h:
+    with hosts_or_skip(1, f"mf{os.getpid() % 100000}") as h:
         yield h
 
 
@@ -97,18 +91,12 @@ def serving(host: Hosts, tmp_path, data_root: str, cgroup: str | None, *flags: s
     """`serve` in the namespace on a Unix socket with the health port (and `flags`), under a
     descriptor limit of 1,024 and in `cgroup`: the process and its target, killed after."""
     target = f"unix://{tmp_path}/s.sock"
-    argv = cli_argv(
-        "serve", "--listen", target, "--data-root", data_root, "--health-port", str(HEALTH_PORT)
-    )
-    log = str(tmp_path / "serve.log")
-    child = ChildProcess(host.argv(0, ["prlimit", "--nofile=1024:1024", *argv, *flags]), log=log,
-                         read_lines=True)  # fmt: skip
+    child = serve_in(
+        host, 0, "--listen", target, "--data-root", data_root,
+        "--health-port", str(HEALTH_PORT), *flags,
+        log=str(tmp_path / "serve.log"), prefix=("prlimit", "--nofile=1024:1024"),
+    )  # fmt: skip
     try:
-        try:
-            line = child.lines.get(timeout=60)
-        except queue.Empty:
-            line = None
-        assert line and "serving on" in line, open(log).read()[-2000:]
         if cgroup is not None:  # every thread moves with the process
             _write(cgroup, "cgroup.procs", child.p.pid)
         yield child, target
