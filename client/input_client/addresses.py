@@ -124,34 +124,27 @@ def is_socket(path: str) -> bool:
 
 def answers(path: str) -> bool:
     """Whether something accepts connections on the socket file at `path` now."""
-    import socket
-
-    if not is_socket(path):
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(0.5)
-    try:
-        probe.connect(path)
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
+    return is_socket(path) and _connect(path, timeout_s=0.5) is None
 
 
 def nobody_answers(path: str) -> bool:
     """Whether the socket file at `path` refuses connections: left by a server that stopped
     without removing it (killed), or one that has bound it and not yet started."""
+    return isinstance(_connect(path, timeout_s=1.0), ConnectionRefusedError)
+
+
+def _connect(path: str, *, timeout_s: float) -> OSError | None:
+    """Connects to the socket file at `path` and hangs up: None if something accepted the
+    connection, else why not (refused: a socket nobody listens on; timed out: a listener too
+    busy to accept; not found, not a socket, ...)."""
     import socket
 
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
+    probe.settimeout(timeout_s)
     try:
         probe.connect(path)
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
+    except OSError as e:
+        return e
     finally:
         probe.close()
-    return False
+    return None

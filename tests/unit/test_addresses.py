@@ -94,3 +94,28 @@ def test_a_client_refuses_a_default_folder_open_to_others(tmp_path, monkeypatch)
     folder.chmod(0o700)
     with InputClient() as client:
         assert client.address == f"unix://{folder}/input-server-{os.geteuid()}.sock"
+
+
+@pytest.mark.parametrize(
+    "state, answers, nobody_answers",
+    [
+        ("listening", True, False),
+        ("bound, not listening", False, True),  # a server's socket after a SIGKILL
+        ("missing", False, False),
+    ],
+)
+def test_a_socket_file_answers_or_refuses_as_its_listener_is(
+    tmp_path, state, answers, nobody_answers
+):
+    import socket
+
+    from input_client import addresses
+
+    path = str(tmp_path / "s.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        if state != "missing":
+            s.bind(path)
+            if state == "listening":
+                s.listen()
+        assert addresses.answers(path) is answers
+        assert addresses.nobody_answers(path) is nobody_answers
