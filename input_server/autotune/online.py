@@ -2,7 +2,7 @@
 
 A stream of "auto" starts at once at a provisional parallelism (the remembered choice, else
 the in-process default) and this search moves it while it serves (`serving/retune.py` runs
-it; `batching/switching.py` switches without changing a batch). Each candidate's row is its
+it; `batching/batch_stream.py` switches without changing a batch). Each candidate's row is its
 capacity measured on the live stream (`live.Window.capacity`), so the offline policy's pure
 functions decide here too:
 

@@ -5,7 +5,7 @@ Groups are a pure function of their index, and the packer (with what it holds of
 so only where the groups come from changes: the batches are the bytes either stage gives.
 The new stage starts its threads or worker processes and computes its first group while the
 running one still serves; the packer waits for it only if it reaches the handover group
-first. `switching.SwitchingStream` asks for handovers; `Feed` is what its packer reads.
+first. `batch_stream.BatchStream` asks for handovers; `Feed` is what its packer reads.
 """
 
 from __future__ import annotations
@@ -16,10 +16,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
 
+from input_server.batching._grain import worker_processes
 from input_server.batching.parallelism import Parallelism
+
+if TYPE_CHECKING:
+    import grain
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +44,14 @@ Element = dict[str, Any]
 class Beside:
     """A stage opened at group `at`, its first group computed on a thread of its own."""
 
-    def __init__(self, open_at: Callable[[int], Iterator[Element]], to: Parallelism, at: int):
+    def __init__(self, open_at: Callable[[int], grain.DatasetIterator], to: Parallelism, at: int):
         self.to, self.at = to, at
         self.first: Element | None = None
         self.error: BaseException | None = None
         self.ready = threading.Event()
         self.started = time.monotonic()
         self.ready_s = 0.0  # opening to its first group
-        self._it: Iterator[Element] | None = None
+        self._it: grain.DatasetIterator | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(
@@ -54,7 +59,7 @@ class Beside:
         )
         self._thread.start()
 
-    def _open(self, open_at: Callable[[int], Iterator[Element]]) -> None:
+    def _open(self, open_at: Callable[[int], grain.DatasetIterator]) -> None:
         it = None
         try:
             it = open_at(self.at)
@@ -69,7 +74,7 @@ class Beside:
         if closed:
             close_iterator(it)
 
-    def take(self) -> tuple[Element, Iterator[Element]]:
+    def take(self) -> tuple[Element, grain.DatasetIterator]:
         """The stage's first group and its iterator (the groups after it); once ready."""
         first, self.first = self.first, None
         return first, self._it
@@ -83,11 +88,11 @@ class Beside:
         close_iterator(it)
 
 
-def close_iterator(it: Any, collect: bool = False) -> None:
-    close = getattr(it, "close", None)
+def close_iterator(it: grain.DatasetIterator | None, collect: bool = False) -> None:
+    """Closes a stage's groups (None: a stage that would not open), `collect`ing its cycles."""
     try:
-        if close is not None:
-            close()
+        if it is not None:
+            it.close()
     except Exception:  # noqa: BLE001 - e.g. Grain's teardown tripping over its pipe
         log.warning("closing a stage's groups failed", exc_info=True)
     if collect:  # Grain's iterators hold each other in cycles: free the processes' memory now
@@ -105,8 +110,8 @@ class Feed:
       size: documents per group (a group's index is its first document // size).
     """
 
-    def __init__(self, it: Iterator[Element], parallelism: Parallelism, first: int, size: int):
-        self._it = it  # Grain's iterator: `_grain.worker_processes` finds its processes here
+    def __init__(self, it: grain.DatasetIterator, parallelism: Parallelism, first: int, size: int):
+        self._it: grain.DatasetIterator | None = it  # None once closed
         self._first: Element | None = None  # a new stage's first group, read beside
         self.parallelism = parallelism
         self._next = first
@@ -124,7 +129,7 @@ class Feed:
     def hand_over(
         self,
         to: Parallelism,
-        open_at: Callable[[int], Iterator[Element]],
+        open_at: Callable[[int], grain.DatasetIterator],
         done: Callable[[bool], None],
         *,
         end: int,
@@ -198,11 +203,20 @@ class Feed:
         if done is not None:
             done(False)
 
+    def worker_processes(self) -> list[tuple[int, BaseProcess]]:
+        """(worker index, process) of each Grain worker process the running stage runs now
+        (`_grain.worker_processes`; a stage opened beside is not counted until handed over);
+        may raise RuntimeError, then call again."""
+        it = self._it
+        return [] if it is None else worker_processes(it)
+
     def close(self) -> None:
+        """Ends its stages and lets go of their groups (shared memory, with worker processes)."""
         beside, self._beside = self._beside, None
         if beside is not None:
             beside.close()
-        close_iterator(self._it)
+        it, self._it, self._first = self._it, None, None
+        close_iterator(it)
         done, self._done = self._done, None
         if done is not None:
             done(False)

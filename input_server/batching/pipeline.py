@@ -1,38 +1,33 @@
-"""Pipeline assembly: ordered documents -> tokenized groups (Grain, parallel) -> packed batches.
+"""The pipeline: a spec's files, order and tokenizer opened; makes its groups and streams.
 
 Grain warns that packing before its multiprocess prefetch makes the output depend on the worker
-count, so only the per-document work (read + tokenize, in order-preserving groups) runs in
-parallel, and packing runs after it, in order, in the consuming process. The resume state is
-the stream position `(doc, offset)` after a batch, which no worker count changes.
+count, so only the per-document work (read + tokenize, in order-preserving groups: `groups`)
+runs in parallel, and packing runs after it, in order, in the consuming process
+(`batch_stream.BatchStream`, which `stream` opens). The resume state is the stream position
+`(doc, offset)` after a batch, which no worker count changes.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import threading
-import time
-from collections.abc import Iterator
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from input_client.spec import PipelineSpec
 from input_server import cancel
-from input_server.batching._grain import parallel, worker_processes
-from input_server.batching.encode import BUSY_KEY, STAGES_KEY, CachedIds, EncodeGroup
+from input_server.batching.batch_stream import BatchStream
+from input_server.batching.encode import CachedIds, EncodeGroup
 from input_server.batching.meter import LiveMeter
-from input_server.batching.pack import DocCursor, Produced, pack_batch
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.resharded import Resharded, run_fingerprint, settled
 from input_server.batching.resume import Position, parse_state
-from input_server.data.elastic import heads_of
 from input_server.data.ids import IdsOnly, model_specials
 from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
-from input_server.data.tokenizers import TokenGroup, load_tokenizer
+from input_server.data.tokenizers import load_tokenizer
 from input_server.data.tokenizers.base import AUDIT_EVERY
 
 if TYPE_CHECKING:  # imported where groups are made: the server listens before Grain loads
@@ -52,9 +47,6 @@ SAMPLE_DOCS = 64
 # document's first SAMPLE_DOC_CHARS: a 64 MB document tokenized whole would hold gigabytes.
 SAMPLE_CHARS = 16 << 20
 SAMPLE_DOC_CHARS = 64 << 10
-# How long a closed stream waits for the groups its threads began before closing its files
-# (a group of slow, remote records may take seconds; past this they close regardless).
-CLOSE_WAIT_S = 5.0
 MAX_NAMED_COMPONENTS = 64
 log = logging.getLogger(__name__)
 
@@ -67,10 +59,6 @@ class Pipeline:
       DataNotFoundError: a file, glob or model is missing.
     """
 
-    # Streams open on this pipeline (`BatchStream`); the last to close gives them back (`release`).
-    _users = 0
-    _users_lock = threading.Lock()
-
     def __init__(
         self,
         spec: PipelineSpec,
@@ -82,6 +70,9 @@ class Pipeline:
         load_behind: bool = False,  # a server's request streams: `Routed.load_behind`
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
+        # Streams open on it (`stream_opened`); the last to close gives its files back.
+        self._streams_open = 0
+        self._streams_lock = threading.Lock()
         self.access = access
         # A named mixture's states are matched without its weights: under new weights each
         # component continues where it was (`resume.parse_state`).
@@ -137,14 +128,16 @@ class Pipeline:
         if close is not None:
             close()
 
-    def _stream_opened(self) -> None:
-        with self._users_lock:
-            self._users += 1
+    def stream_opened(self) -> None:
+        """A stream on it opened (its `BatchStream`'s packer, each time one opens)."""
+        with self._streams_lock:
+            self._streams_open += 1
 
-    def _stream_closed(self) -> None:
-        with self._users_lock:
-            self._users -= 1
-            idle = self._users == 0
+    def stream_closed(self) -> None:
+        """A stream on it closed: the last to close `release`s its files at once."""
+        with self._streams_lock:
+            self._streams_open -= 1
+            idle = self._streams_open == 0
         if idle:
             self.release()
 
@@ -258,142 +251,7 @@ class Pipeline:
     ) -> BatchStream:
         """Batches from the start (state None or empty), or right after the batch whose state
         is given, with the parallelism the caller chose (for "auto", the server's `Openings`
-        and then the stream's live tuning); `meter` counts its groups' busy and waiting time."""
+        and then the stream's live tuning, which `BatchStream.switch`es it between batches);
+        `meter` counts its groups' busy and waiting time (a new one if None)."""
         position = state if isinstance(state, Position) else self.parse_state(state)
-        return BatchStream(self, position, parallelism, meter)
-
-
-class BatchStream:
-    """An iterator of `Produced` batches; `close()` stops the Grain workers."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        pos: Position,
-        parallelism: Parallelism,
-        meter: LiveMeter | None = None,
-    ):
-        self.pipeline = pipeline
-        self.parallelism = parallelism
-        self._seq = pos.seq
-        self._encode = pipeline.encoder(pipeline.order_at(pos))
-        self._mix = getattr(self._encode.order, "at", None)  # a mixture's interleave
-        self._elastic, self._base = pos.elastic, pos.order  # a resharded stream's layout
-        self._it = iter(
-            parallel(
-                pipeline.groups(pos.doc, self._encode),
-                processes=parallelism.processes,
-                threads=parallelism.threads,
-            )
-        )
-        b = pipeline.spec.batch
-        self._meter = meter
-        self._waited_s = 0.0  # the packer waiting for groups (`_groups`)
-        self._cursor = DocCursor(
-            self._groups(meter),
-            pos.doc,
-            pos.offset,
-            long_documents=b.long_documents_policy,
-            seq_len=b.seq_len,
-            heads=heads_of(self._encode.order),
-        )
-        self._closed = False
-        self.stale = False  # worker processes may run a backend an audit found wrong
-        pipeline._stream_opened()
-
-    def _groups(self, meter: LiveMeter | None) -> Iterator[TokenGroup]:
-        it = self._it
-        while True:
-            waited = time.perf_counter()
-            try:
-                element = next(it)
-            except StopIteration:
-                return
-            waited = time.perf_counter() - waited
-            self._waited_s += waited
-            if meter is not None:
-                meter.group(float(element[BUSY_KEY]), waited, element[STAGES_KEY])
-            group = TokenGroup.from_element(element)
-            if meter is not None:
-                meter.audit(group)
-            if group.mismatched:
-                self._mismatched(group)
-            yield group
-
-    def _mismatched(self, group: TokenGroup) -> None:
-        """An audit's mismatch (its worker fell back itself) moves this process's tokenizer to
-        the reference, for later streams too, and marks the stream `stale`: its other worker
-        processes may run the backend."""
-        self.stale = self.parallelism.processes > 0
-        if self.pipeline.tokenizer.choice.backend != "reference":
-            why = f"an audit found the backend's ids differ in documents {group.first_doc}+"
-            self.pipeline.tokenizer.fall_back(why)
-
-    @property
-    def next_seq(self) -> int:
-        """The sequence number the next batch will carry."""
-        return self._seq
-
-    @property
-    def closed(self) -> bool:
-        """Whether the stream has ended or was closed."""
-        return self._closed
-
-    def position(self) -> Position:
-        """Where the next batch starts: a stream opened here yields the same batches."""
-        return Position(self._seq, *self._cursor.at(), self._mix, self._elastic, self._base)
-
-    def __iter__(self) -> Iterator[Produced]:
-        return self
-
-    def __next__(self) -> Produced:
-        if self._closed:
-            raise StopIteration
-        b = self.pipeline.spec.batch
-        started, waited = time.perf_counter(), self._waited_s
-        batch = pack_batch(self._cursor, size=b.size, seq_len=b.seq_len, packing=b.packing)
-        if self._meter is not None:  # packing is what the packer did not spend waiting
-            spent = time.perf_counter() - started - (self._waited_s - waited)
-            self._meter.add("pack", spent)
-        if batch is None:
-            self.close()
-            raise StopIteration
-        seq = self._seq
-        self._seq += 1
-        state = self.pipeline.state_of(self.position())
-        return Produced(seq=seq, batch=batch, state=state)
-
-    def worker_processes(self) -> list[tuple[int, BaseProcess]]:
-        """(worker index, process) of each Grain worker process this stream runs now
-        (`_grain.worker_processes`); may raise RuntimeError, then call again."""
-        return [] if self._it is None else worker_processes(self._it)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close = getattr(self._it, "close", None)
-            if close is not None:
-                close()
-            # The groups the cursor and Grain's buffers hold are backed by shared memory, which
-            # Grain unlinks when the last array of each goes: now, not when this object does
-            # (maybe never, or too late at interpreter exit, where resource_tracker reports
-            # them as leaked).
-            self._cursor = None
-            self._it = None
-            # The files' descriptors and maps, at once: a cancelled stream of 500 files held
-            # 1,009 of 1,024 descriptors until a collection found Grain's cycles. In process,
-            # after the groups Grain's threads are finishing (a group: ~0.1 s).
-            if not self._encode.in_flight.stop(CLOSE_WAIT_S):
-                log.warning("a closed stream's groups still run after %.0f s", CLOSE_WAIT_S)
-            self.pipeline._stream_closed()
-            if not self.parallelism.in_process:
-                # Grain's iterators hold each other in reference cycles, which only the cycle
-                # collector frees; a stream with worker processes closes seldom, so collect
-                # now. In process, no shared memory is at stake.
-                gc.collect()
-
-    def __enter__(self) -> BatchStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return BatchStream(self, position, parallelism, meter=meter)

@@ -207,7 +207,7 @@ def _add(totals: pb.ServerTotals, stages: dict[str, float], info: pb.StreamInfo)
 
 
 def tokenizer_figures(info: pb.StreamInfo, stream) -> None:
-    """Who tokenizes `stream` (a `SwitchingStream`), why, and what its audits found."""
+    """Who tokenizes `stream` (a `BatchStream`), why, and what its audits found."""
     choice = stream.pipeline.tokenizer.choice  # None: pre-tokenized, no model
     if choice is not None:
         info.tokenizer_backend, info.tokenizer_backend_why = choice.backend, choice.why

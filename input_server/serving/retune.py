@@ -2,7 +2,7 @@
 
 The stream opened at a provisional parallelism; this thread reads its meter each window,
 asks the online search (`autotune/online.py`) where to go, switches the stream there
-(`batching/switching.py`: the next batch comes from the new stage, the data unchanged), takes
+(`batching/batch_stream.py`: the next batch comes from the new stage, the data unchanged), takes
 or gives back the server's worker processes, and keeps the history that `input-server info`
 shows. A settled choice is remembered for the spec's later streams and restarts.
 """
@@ -19,9 +19,9 @@ from input_server.autotune.measure import host_busy_seconds, tree_cpu_seconds
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.online import OnlineSearch, Step
 from input_server.autotune.policy import SERVER_CAP
+from input_server.batching.batch_stream import PendingSwitch, ServedStream
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
-from input_server.batching.switching import PendingSwitch, ServedStream
 from input_server.serving.slots import Reservation
 
 log = logging.getLogger(__name__)

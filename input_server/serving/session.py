@@ -14,7 +14,7 @@ from multiprocessing.process import BaseProcess
 from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.wire import encode_state
-from input_server.batching.switching import ServedStream
+from input_server.batching.batch_stream import ServedStream
 from input_server.data.tokenizers.route import Routed
 from input_server.errors import InputServerError, WorkerDiedError, exit_words
 from input_server.serving import memory

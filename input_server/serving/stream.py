@@ -4,7 +4,7 @@ reports its figures and gives it all back, in one place, once.
 What one stream holds, in the order it is made: its credit (the client's later requests,
 read on a thread, which ends with the call), its pipeline (a request's own, closed at the end;
 a named one is the server's), the worker processes reserved for it, its producer
-(`session.StreamSession`, over a `SwitchingStream`: a fixed count's is one that is never
+(`session.StreamSession`, over a `BatchStream`: a fixed count's is one that is never
 switched) and, for "auto", its live tuner (`retune.StreamTuner`); `close` gives back all but
 the credit, in reverse. Its stream slot is the registry's (`streams.Streams.admit`).
 """
@@ -28,10 +28,10 @@ from input_server.autotune import report
 from input_server.autotune.online import OnlineSearch
 from input_server.autotune.openings import Opening, Openings
 from input_server.autotune.policy import cpu_count
+from input_server.batching.batch_stream import BatchStream
 from input_server.batching.footprint import GROUP_MIB, groups_mb, order_bytes, order_process_cap
 from input_server.batching.parallelism import default_threads
 from input_server.batching.pipeline import Pipeline
-from input_server.batching.switching import SwitchingStream
 from input_server.errors import (
     CancelledError,
     DataNotFoundError,
@@ -177,7 +177,7 @@ class Stream:
                 ) from None
             raise
         auto = pipeline.spec.workers.count == "auto"
-        batches = SwitchingStream(pipeline, position, opening.parallelism)
+        batches = BatchStream(pipeline, position, opening.parallelism)
         try:
             session = StreamSession(
                 self.id,
@@ -254,7 +254,7 @@ class Stream:
     def _live_tuner(
         self,
         pipeline: Pipeline,
-        batches: SwitchingStream,
+        batches: BatchStream,
         opening: Opening,
         processes: Reservation,
     ) -> StreamTuner:

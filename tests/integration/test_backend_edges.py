@@ -21,12 +21,12 @@ import pytest
 from input_client import PipelineSpec
 from input_client.spec import TokenizerSpec
 from input_server.batching import pipeline as pipeline_module
+from input_server.batching.batch_stream import BatchStream
 from input_server.batching.encode import CachedIds
 from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.batching.resume import Position
-from input_server.batching.switching import SwitchingStream
 from input_server.data.token_cache import TokenCache
 from input_server.data.tokenizers import KINDS, fast, load_tokenizer, route
 from input_server.data.tokenizers.base import GATE_DOCS
@@ -398,7 +398,7 @@ def test_a_mismatch_in_a_worker_restarts_the_stage_with_the_reference(
 
     meter = LiveMeter()
     got, restarted_at, audits_before = [], None, None
-    with SwitchingStream(pipeline, Position(), Parallelism(2, 1), meter=meter) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(2, 1), meter=meter) as stream:
         for produced in stream:
             if restarted_at is None and stream.switches:
                 restarted_at = produced.seq

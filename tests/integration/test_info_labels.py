@@ -33,11 +33,11 @@ def test_a_clients_spec_is_named_by_its_data_and_model(tmp_path, make_spec):
 def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch
+    from input_server.batching.batch_stream import BatchStream
     from input_server.batching.meter import LiveMeter
     from input_server.batching.parallelism import Parallelism
     from input_server.batching.pipeline import Pipeline
     from input_server.batching.resume import Position
-    from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
     from input_server.serving.slots import ProcessPool, Reservation
 
@@ -68,7 +68,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     assert first.settled and first.current == Parallelism(0, 1)
     remembered = f"auto, remembered: {first.tuning.summary()}"
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
-    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
+    stream = BatchStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
     search = OnlineSearch(
         Parallelism(0, 1), cpus=8, default_threads=threads, remembered=first.tuning
     )

@@ -164,31 +164,23 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
 ):
     from input_server.autotune.live import Window
     from input_server.autotune.online import OnlineSearch, Step
-    from input_server.batching import switching
+    from input_server.batching import batch_stream
+    from input_server.batching.batch_stream import BatchStream
     from input_server.batching.meter import LiveMeter
     from input_server.batching.resume import Position
-    from input_server.batching.switching import SwitchingStream
     from input_server.serving.retune import StreamTuner
     from input_server.serving.slots import ProcessPool, Reservation
 
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
-    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
-    opens = pipeline.stream
+    stream = BatchStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
+    opens = batch_stream.parallel  # every stage: where a batch starts, or beside (`handover.py`)
 
-    def no_worker_processes(state=None, *, parallelism, **kwargs):  # e.g. the host's limit
-        if parallelism.processes:
-            raise OSError("cannot start a worker process")
-        return opens(state, parallelism=parallelism, **kwargs)
-
-    monkeypatch.setattr(pipeline, "stream", no_worker_processes)
-    beside = switching.parallel  # a stage opened beside the running one (`handover.py`)
-
-    def no_processes_beside(groups, *, processes, threads):
+    def no_worker_processes(groups, *, processes, threads):  # e.g. the host's limit
         if processes:
             raise OSError("cannot start a worker process")
-        return beside(groups, processes=processes, threads=threads)
+        return opens(groups, processes=processes, threads=threads)
 
-    monkeypatch.setattr(switching, "parallel", no_processes_beside)
+    monkeypatch.setattr(batch_stream, "parallel", no_worker_processes)
     pool = ProcessPool(2)
     reserved = Reservation(pool)
     search = OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads)

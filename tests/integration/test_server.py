@@ -279,9 +279,9 @@ def test_batches_of_a_full_message_travel_alone(target, make_spec):
 def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     """Batches that come slower than COALESCE_WAIT_S apart go without waiting for company:
     each message leaves within the bound (plus scheduling) of its first batch being made."""
+    from input_server.batching.batch_stream import BatchStream
     from input_server.batching.pipeline import MIN_GROUP
     from input_server.batching.resume import Position
-    from input_server.batching.switching import SwitchingStream
     from input_server.serving.coalesce import COALESCE_WAIT_S
     from input_server.serving.session import StreamSession
     from input_server.testing import SlowPipeline
@@ -289,7 +289,7 @@ def test_a_slow_pipelines_batch_waits_at_most_the_coalescing_bound(make_spec):
     spec = make_spec(batch={"seq_len": 64, "size": 2})  # 128 tokens: 16 a message if they wait
     pipeline = SlowPipeline(spec, delay_s=0.02)
     pipeline.group_size = MIN_GROUP  # a group (a burst of batches) every 8 x 20 ms
-    stream = SwitchingStream(pipeline, Position(), Parallelism(0, 1))  # one never switched
+    stream = BatchStream(pipeline, Position(), Parallelism(0, 1))  # one never switched
     session = StreamSession(1, "slow", stream, depth=16)
     made: dict[int, float] = {}  # batches made so far -> when that count was first seen
 

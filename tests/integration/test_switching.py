@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+from input_server.batching import batch_stream
+from input_server.batching.batch_stream import BatchStream, ServedStream
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import MIN_GROUP, Pipeline
 from input_server.batching.resume import Position
-from input_server.batching.switching import ServedStream, SwitchingStream
 from input_server.testing import SlowPipeline
 from tests.support import assert_same_batches, run_pipeline
 
@@ -27,7 +28,7 @@ def test_random_switches_give_the_fixed_count_batches(make_spec, seed):
     rng = random.Random(seed)
     points = sorted(rng.sample(range(1, len(want) - 1), 5))
     got = []
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         for i, produced in enumerate(stream):
             got.append(produced)
             if i in points:
@@ -39,7 +40,7 @@ def test_random_switches_give_the_fixed_count_batches(make_spec, seed):
 
 def test_a_switch_asked_twice_before_a_batch_takes_the_last(make_spec):
     pipeline = Pipeline(make_spec())
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         next(stream)
         stream.switch(Parallelism(0, 4))
         stream.switch(Parallelism(0, 2))
@@ -54,7 +55,7 @@ def test_a_switch_from_a_resumed_position(make_spec):
     pipeline = Pipeline(make_spec())
     want = run_pipeline(pipeline)
     state = want[6].state
-    with SwitchingStream(pipeline, pipeline.parse_state(state), Parallelism(0, 2)) as stream:
+    with BatchStream(pipeline, pipeline.parse_state(state), Parallelism(0, 2)) as stream:
         got = [next(stream)]
         stream.switch(Parallelism(1, 1))
         got += list(stream)
@@ -64,25 +65,26 @@ def test_a_switch_from_a_resumed_position(make_spec):
 def test_a_stage_that_will_not_open_leaves_the_stream_as_it_was(make_spec, monkeypatch, caplog):
     spec = make_spec()
     pipeline = Pipeline(spec)
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         got = [next(stream)]
-        monkeypatch.setattr(pipeline, "stream", lambda *a, **k: 1 / 0)
+        monkeypatch.setattr(batch_stream, "parallel", lambda *a, **k: 1 / 0)
         stream.switch(Parallelism(0, 4))
         got += [next(stream) for _ in range(5)]
         assert (stream.parallelism.threads, stream.switches, stream.failed_switches) == (1, 0, 1)
+        monkeypatch.undo()  # stages open again: the fixed count's stream below
     assert "switching to 0 processes x 4 threads failed" in caplog.text
     assert_same_batches(got, run_pipeline(spec, limit=len(got)))
 
 
-def test_every_served_stream_is_a_served_stream_and_a_plain_one_is_not(make_spec):
-    """The server's one stream type: a switching stream has every member `ServedStream`
-    declares; the pipeline's plain stream (it cannot switch) has not."""
+def test_every_stream_is_a_served_stream(make_spec):
+    """The server's one stream type: a stream has every member `ServedStream` declares,
+    whether the server or a caller of `Pipeline.stream` opened it."""
     pipeline = Pipeline(make_spec())
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         next(stream)
         assert isinstance(stream, ServedStream)
     with pipeline.stream(parallelism=Parallelism(0, 1)) as plain:
-        assert not isinstance(plain, ServedStream)
+        assert isinstance(plain, ServedStream) and type(plain) is BatchStream
 
 
 def many_groups(spec) -> Pipeline:
@@ -101,7 +103,7 @@ def test_a_switch_opens_the_new_stage_beside_the_running_one(make_spec, to):
     spec = make_spec(order={"epochs": 0}, batch={"size": 2, "seq_len": 64})
     pipeline = many_groups(spec)
     got, at = [], []
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 1)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 1)) as stream:
         got += [next(stream) for _ in range(20)]  # the running stage's pace, for the lead
         asked = stream.switch(to)
         while not asked.wait(0) and len(got) < 5000:
@@ -111,7 +113,7 @@ def test_a_switch_opens_the_new_stage_beside_the_running_one(make_spec, to):
         # The batches right after the ask came from the running stage, while `to` started.
         assert at[0] == Parallelism(0, 1), at[:3]
         got += [next(stream) for _ in range(20)]
-        ready_s = stream._stream._it.last_ready_s
+        ready_s = stream.handover_ready_s
     assert_same_batches(got, run_pipeline(many_groups(spec), limit=len(got)))
     assert ready_s > 0
 
@@ -121,7 +123,7 @@ def test_worker_processes_start_without_stopping_the_stream(make_spec):
     """While two worker processes start (`ready_s`), the stream goes on: its longest wait for
     a batch across the switch is a fraction of their start."""
     pipeline = many_groups(make_spec(order={"epochs": 0}, batch={"size": 2, "seq_len": 64}))
-    with SwitchingStream(pipeline, Position(), Parallelism(0, 2)) as stream:
+    with BatchStream(pipeline, Position(), Parallelism(0, 2)) as stream:
         for _ in range(20):  # the running stage's pace, for the handover's lead
             next(stream)
         asked = stream.switch(Parallelism(2, 1))
@@ -134,6 +136,6 @@ def test_worker_processes_start_without_stopping_the_stream(make_spec):
             next(stream)
             now = time.monotonic()
             longest, last = max(longest, now - last), now
-        ready_s = stream._stream._it.last_ready_s
+        ready_s = stream.handover_ready_s
     assert asked.made
     assert longest < 0.5 * ready_s, (longest, ready_s)
