@@ -145,7 +145,7 @@ def run(
     spec = PipelineSpec(source={"paths": [jsonl]}, tokenizer={"model": model})
     if kind != spec.tokenizer.kind:
         from input_server.benchmark.kinds import make_models
-        from input_server.benchmark.measure import corpus_texts
+        from input_server.benchmark.throughput import corpus_texts
 
         folder = os.path.join(os.path.dirname(os.path.abspath(jsonl)), "bench-fanin-models")
         os.makedirs(folder, exist_ok=True)

@@ -22,7 +22,7 @@ def main() -> int:
     from input_client import PipelineSpec
     from input_server.batching._grain import ensure_absl_flags_parsed
     from input_server.batching.parallelism import Parallelism, default_threads
-    from input_server.benchmark import measure
+    from input_server.benchmark import throughput
     from input_server.benchmark.served import bench_server
     from input_server.testing import corpus
 
@@ -48,12 +48,12 @@ def main() -> int:
         batch={"seq_len": args.seq_len, "size": args.batch_size},
         workers={"count": 0},
     )
-    _, kept = measure.epoch_token_counts(spec, measure.corpus_texts(spec))
+    _, kept = throughput.epoch_token_counts(spec, throughput.corpus_texts(spec))
     spec = spec.replace(order={"epochs": max(1, -(-args.min_tokens // max(1, kept)))})
 
     rounds: list[dict] = []
     for r in range(args.rounds):
-        ours = measure.bench_pipeline(spec, Parallelism(0, default_threads(0)))
+        ours = throughput.bench_pipeline(spec, Parallelism(0, default_threads(0)))
         row = {"in_process_tokens_per_s": ours["tokens_per_s"], "sizes": {}}
         for size in sizes:
             served = bench_server(spec, "unix", ("--message-tokens", str(size)))

@@ -24,7 +24,7 @@ makes; sentencepiece's own batch limit beside them. Per round the three run back
 ratio is the median of the rounds' own, each rate its best round. Ids: the peer's for every
 document against sentencepiece's (the reference), the probe set too; and our pipeline's rows
 for one unshuffled epoch (in process: invariant 1 makes them the served bytes) against the
-reference's ids run together. Who tokenizes for us is `benchmark.checks.backend_report`'s.
+reference's ids run together. Who tokenizes for us is `benchmark.preflight.backend_report`'s.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from input_client import PipelineSpec
 from input_server.batching._grain import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
-from input_server.benchmark.checks import backend_report
 from input_server.benchmark.kinds import bench_limit, epoch_token_counts
+from input_server.benchmark.preflight import backend_report
 from input_server.benchmark.served import bench_server
 from input_server.data.tokenizers import backends
 from input_server.testing.corpus import (

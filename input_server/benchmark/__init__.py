@@ -1,8 +1,8 @@
 """The throughput benchmark behind `input-server bench`, and its one entry point, `bench`.
 
 One run measures a spec's pipeline against its tokenizer's limit and a MaxText-style Grain
-reference on the same corpus and cores (measure.py), in rounds (rounds.py), in process and
-through a real server process (served.py), after checking what it compares (checks.py); it
+reference on the same corpus and cores (throughput.py), in rounds (rounds.py), in process and
+through a real server process (served.py), after checking what it compares (preflight.py); it
 says how long it will take (estimate.py) and prints a table (table.py; kinds.py for a row per
 tokenizer kind). The benchmark scripts reuse its parts.
 """
@@ -35,23 +35,23 @@ def bench(
         anything is measured.
     """
     from input_server.batching.pipeline import Pipeline
-    from input_server.benchmark import measure, table
-    from input_server.benchmark import rounds as rows
+    from input_server.benchmark import table, throughput
+    from input_server.benchmark.rounds import failures
 
     Pipeline(spec)  # missing files or model, a spec that does not fit the data: one line
     options = dict(min_tokens=min_tokens, reference_processes=reference_processes)
     if kinds:
         from input_server.benchmark.kinds import format_kinds_table
 
-        result = measure.run_kinds(spec, kinds, rounds=rounds or 3, **options)
+        result = throughput.run_kinds(spec, kinds, rounds=rounds or 3, **options)
         print(format_kinds_table(result))
     else:
-        result = measure.run(spec, rounds=rounds or 5, **options)
+        result = throughput.run(spec, rounds=rounds or 5, **options)
         print(table.format_table(result))
     if json_path:
         with open(json_path, "w") as f:
             f.write(json.dumps(result, indent=2) + "\n")
-    failed = rows.failures(result)
+    failed = failures(result)
     if failed:  # the other rows' figures are printed and written: exit 1, not a traceback
         print(
             f"input-server: bench: {len(failed)} measurement(s) failed ({'; '.join(failed)}); "

@@ -235,7 +235,7 @@ def _over(a: float | None, b: float | None) -> float | None:
 
 
 def row_of(kind: str, result: dict[str, Any]) -> dict[str, Any]:
-    """The `--kinds` table's row from one kind's `measure.run` result; a figure that row's run
+    """The `--kinds` table's row from one kind's `throughput.run` result; a figure that row's run
     could not measure is None."""
     ran = [r for r in result["reference"].values() if _measured(r) is not None]
     best_ref = max(ran, key=_measured) if ran else {}

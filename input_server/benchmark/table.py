@@ -40,7 +40,7 @@ def audited(served: dict) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The result of `measure.run` as text."""
+    """The result of `throughput.run` as text."""
     kind = result.get("kind", "sentencepiece")
     rows = [(f"{kind} batch encode (limit)", result["limit"])]
     rows += [

@@ -20,7 +20,6 @@ import numpy as np
 from input_client.spec import PipelineSpec
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
-from input_server.benchmark.checks import backend_report, check_benchable
 from input_server.benchmark.estimate import PIPELINE_SHARE, SERVER_START_S, estimate_s, minutes
 from input_server.benchmark.kinds import (
     KINDS,
@@ -33,6 +32,7 @@ from input_server.benchmark.kinds import (
     reference_dataset,
     row_of,
 )
+from input_server.benchmark.preflight import backend_report, check_benchable
 from input_server.benchmark.rounds import (
     Rounds,
     has_figures,
@@ -319,12 +319,12 @@ def run_kinds(
     progress: bool = True,
     reference_processes: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """`measure.run` for each of `kinds` on `spec`'s corpus (a model of each from `make_models`),
+    """`throughput.run` for each of `kinds` on `spec`'s corpus (a model of each from `make_models`),
     through the server over a Unix socket only and without the packing comparison (the same
     for every kind); returns a row per kind and each kind's whole result.
 
     Raises:
-      SpecError: as `measure.run`, before any model is trained.
+      SpecError: as `throughput.run`, before any model is trained.
     """
     check_benchable(spec)
     texts = corpus_texts(spec)
