@@ -25,7 +25,7 @@ from tests.support import ROOT, run_main
 
 PROCESSES = 3
 SLOW = 1  # not process 0, so naming it is no default
-STEPS = 16
+STEPS = 24
 POD_EVERY = 4
 # A record's: a few records a batch, far above a fed server's batch time. The slow process
 # waits once the batches read ahead while every stream started (~0.8 s here) are used up.
@@ -39,9 +39,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def job(make_spec, tmp_path_factory):
-    """The job run once: each process's JSON (by process index), the badput file, process 0's
+def _run_job(make_spec, tmp_path_factory):
+    """The job, run once: each process's JSON (by process index), the badput file, process 0's
     records file."""
     tmp = tmp_path_factory.mktemp("pod")
     spec = make_spec(order={"epochs": 0})
@@ -85,7 +84,7 @@ def job(make_spec, tmp_path_factory):
     return out, badput, tmp / "records0.jsonl"
 
 
-def test_every_process_gathers_the_same_steps_from_each_processs_own_figures(job):
+def _every_process_gathers_the_same_steps_from_each_processs_own_figures(job):
     out, _, _ = job
     for r in range(2):  # the first run and the restart
         gathered = out[0]["runs"][r]["pod_steps"]
@@ -98,7 +97,7 @@ def test_every_process_gathers_the_same_steps_from_each_processs_own_figures(job
             assert [s["step_s"][p] for s in gathered] == [x["step_s"] for x in records]
 
 
-def test_the_slow_process_is_the_worst_host_on_the_steps_it_held(job):
+def _the_slow_process_is_the_worst_host_on_the_steps_it_held(job):
     out, _, records0 = job
     for r in range(2):
         gathered = out[0]["runs"][r]["pod_steps"]
@@ -108,11 +107,11 @@ def test_the_slow_process_is_the_worst_host_on_the_steps_it_held(job):
             if all(s["data_wait_s"][SLOW] > w for p, w in enumerate(s["data_wait_s"]) if p != SLOW)
         ]
         # Slow storage makes the slow process wait on most steps once its read-ahead is used.
-        assert len(held) >= 5, gathered
+        assert len(held) >= STEPS // 4, gathered
         summary = out[0]["runs"][r]["summary"]
         assert summary["pod_processes"] == PROCESSES
         assert summary["pod_most_often_worst"]["process"] == SLOW, summary
-        assert summary["pod_input_bound_steps"] >= 0.25, summary
+        assert summary["pod_input_bound_steps"] >= 0.2, summary
     # Process 0's lines (a fed process) name the slow host on the steps it held, with its wait.
     lines = [json.loads(line) for line in records0.read_text().splitlines()]
     assert len(lines) == 2 * STEPS
@@ -125,7 +124,7 @@ def test_the_slow_process_is_the_worst_host_on_the_steps_it_held(job):
         assert line["data_wait_s"] == waits[0]  # its own wait, unchanged
 
 
-def test_each_process_keeps_its_own_figures(job):
+def _each_process_keeps_its_own_figures(job):
     out, _, _ = job
     for p in range(PROCESSES):
         own = out[p]["runs"][0]
@@ -140,7 +139,7 @@ def test_each_process_keeps_its_own_figures(job):
             assert out[p]["runs"][0]["summary"]["total_data_wait_s"] < slow_wait / 3
 
 
-def test_the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job):
+def _the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job):
     out, badput, _ = job
     figure = job_badput(badput)
     assert figure["restarts"] == 1
@@ -152,7 +151,18 @@ def test_the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job):
     assert [r["run"] for r in figure["runs"]] == [run["run"] for run in runs]  # process 0's
 
 
-def test_plot_steps_reads_the_pod_lines(job, capsys, tmp_path):
+def _plot_steps_reads_the_pod_lines(job, capsys, tmp_path):
     _, _, records0 = job
-    pytest.importorskip("matplotlib")
     assert run_main(capsys, "plot-steps", str(records0), "-o", str(tmp_path / "p.png")) == (0, "")
+
+
+def test_three_processes_one_over_slow_storage(make_spec, tmp_path_factory, capsys, tmp_path):
+    """One test, one job: the processes take ~30 s to start and run, which a test each (on
+    parallel workers) would pay again."""
+    pytest.importorskip("matplotlib")
+    job = _run_job(make_spec, tmp_path_factory)
+    _every_process_gathers_the_same_steps_from_each_processs_own_figures(job)
+    _the_slow_process_is_the_worst_host_on_the_steps_it_held(job)
+    _each_process_keeps_its_own_figures(job)
+    _the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job)
+    _plot_steps_reads_the_pod_lines(job, capsys, tmp_path)
