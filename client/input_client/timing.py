@@ -72,14 +72,20 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def _json_line(run_id: str, record: StepRecord, pod: PodStep | None = None) -> str:
+def _json_line(
+    run_id: str, record: StepRecord, pod: PodStep | None = None, process: int | None = None
+) -> str:
     """One record as a line of JSON, its keys `run` and the record's fields (`input-server
     plot-steps` reads them; `run` tells apart the runs appended to one file); with the pod's
-    view of the step, `worst_data_wait_s` and `worst_process` too."""
+    view of the step, `process` (the writer's index), `worst_process`, `worst_data_wait_s`
+    and `worst_step_s` (the worst host's wait and its own step time) too."""
     line: dict[str, Any] = {"run": run_id, **dataclasses.asdict(record)}
     if pod is not None:
-        line["worst_data_wait_s"] = pod.worst_data_wait_s
-        line["worst_process"] = pod.worst_process
+        worst = pod.worst_process
+        line["process"] = process
+        line["worst_process"] = worst
+        line["worst_data_wait_s"] = pod.data_wait_s[worst]
+        line["worst_step_s"] = pod.step_s[worst]
     return json.dumps(line) + "\n"
 
 
@@ -141,8 +147,9 @@ class StepTimer:
     waiting for data holds every chip. Every `pod_every` steps the timer gathers each process's
     data wait and step time for those steps (one small all-gather, dispatched after the window's
     last step and read when it has arrived) into `pod_steps`: per step, the worst host's wait
-    and which process it was. Each record's JSON line then carries them too and is written when
-    its window has been gathered; the summary adds the pod's figures by the worst host; and
+    and which process it was. Each record's JSON line then carries them too (`process`,
+    `worst_process`, `worst_data_wait_s`, `worst_step_s`) and is written when its window has
+    been gathered; the summary adds the pod's figures by the worst host; and
     `badput()` is the run's data-loading badput (the worst host's first-batch and step waits).
     Every process must time the same steps (the gather is a collective) and call `flush()` after
     the loop, which gathers the last, shorter window. On one process nothing of this runs.
@@ -362,7 +369,10 @@ class StepTimer:
         self.pod_steps.extend(steps)
         if self.records_path is not None:
             with open(self.records_path, "a", encoding="utf-8") as f:
-                f.writelines(_json_line(self.run_id, self.records[s.index], s) for s in steps)
+                f.writelines(
+                    _json_line(self.run_id, self.records[s.index], s, self._process_index)
+                    for s in steps
+                )
         self._write_badput()
 
     def flush(self) -> None:
@@ -406,7 +416,12 @@ class StepTimer:
         pod = self.pod_steps
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(
-                _json_line(self.run_id, r, pod[r.index] if r.index < len(pod) else None)
+                _json_line(
+                    self.run_id,
+                    r,
+                    pod[r.index] if r.index < len(pod) else None,
+                    self._process_index,
+                )
                 for r in self.records
             )
 

@@ -121,7 +121,8 @@ def _the_slow_process_is_the_worst_host_on_the_steps_it_held(job):
         if all(waits[SLOW] > w for p, w in enumerate(waits) if p != SLOW):
             assert line["worst_process"] == SLOW
             assert line["worst_data_wait_s"] == waits[SLOW]
-        assert line["data_wait_s"] == waits[0]  # its own wait, unchanged
+        assert line["worst_step_s"] == step["step_s"][line["worst_process"]]
+        assert line["process"] == 0 and line["data_wait_s"] == waits[0]  # its own, unchanged
 
 
 def _each_process_keeps_its_own_figures(job):
