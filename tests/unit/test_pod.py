@@ -128,6 +128,19 @@ def test_pod_every_must_be_a_whole_number_of_steps(value):
         StepTimer(pod_every=value)
 
 
+def test_a_window_comes_back_bit_for_bit_and_its_padding_left_out():
+    # One process (eight CPU devices here): the same mesh, encoding and compiled gather a pod
+    # uses, with one row.
+    gather = PodGather(4)
+    waits, steps = [0.1, 1 / 3], [2.0, 1e-9]  # float32 would round each of them
+    gather.submit(8, waits, steps)
+    assert gather.pending
+    assert gather.collect() == [(8, (0.1,), (2.0,)), (9, (1 / 3,), (1e-9,))]
+    assert not gather.pending and not gather.ready()
+    with pytest.raises(RuntimeError, match="no gathered window"):
+        gather.collect()
+
+
 def test_a_gather_window_must_be_positive():
     with pytest.raises(ValueError, match="window"):
         PodGather(0)
