@@ -190,7 +190,8 @@ class StepTimer:
             data wait.
           records_path: a file each record is appended to as one line of JSON (its fields:
             run, index, name, step_s, data_wait_s, wall_s, num_tokens, tokens_per_s,
-            tflops_per_device), written and flushed when the step is recorded; lines already
+            tflops_per_device), written and flushed when the step is recorded (on several
+            processes, with the pod's fields, once its window is gathered); lines already
             there (earlier runs) are kept.
           run_id: the `run` of every line this timer writes; default `new_run_id()`, the UTC
             start time and a random suffix. Lines of one run share it; give your own (an
