@@ -173,15 +173,27 @@ def test_serving_never_imports_the_commands():
             )
         )
     ]
+    commands = ("input_server.cli", "input_server.benchmark", "input_server.testing")
+    assert not {m for m in _reached(serving) if m.startswith(commands)}
+
+
+def test_no_command_needs_the_test_fixtures():
+    """`testing/` holds stand-ins and fixtures; what a command needs (`tokenizer train`'s
+    trainer, the demo's corpus, `bench --kinds`' models) is the product's, in `data/`."""
+    commands = [m for m in MODULES if m.startswith(("input_server.cli", "input_server.benchmark"))]
+    assert not {m for m in _reached(commands) if m.startswith("input_server.testing")}
+
+
+def _reached(start: list[str]) -> set[str]:
+    """Every project module `start`'s modules import, directly or not (lazy imports too)."""
     edges = _project_edges()
-    seen, todo = set(), list(serving)
+    seen, todo = set(), list(start)
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
             todo += edges.get(m, ())
-    commands = ("input_server.cli", "input_server.benchmark", "input_server.testing")
-    assert not {m for m in seen if m.startswith(commands)}
+    return seen
 
 
 def test_nothing_outside_the_client_reads_its_private_parts():
