@@ -22,12 +22,12 @@ from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.resharded import Resharded, run_fingerprint, settled
 from input_server.batching.resume import Position, parse_state
-from input_server.data.ids import IdsOnly, model_specials
+from input_server.data.ids import IdsOnly
 from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
 from input_server.data.order import DocumentOrder
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
-from input_server.data.tokenizers import load_tokenizer
+from input_server.data.tokenizers import Tokenizer, load_tokenizer
 from input_server.data.tokenizers.base import AUDIT_EVERY
 
 if TYPE_CHECKING:  # imported where groups are made: the server listens before Grain loads
@@ -67,7 +67,7 @@ class Pipeline:
         audit_every: int = AUDIT_EVERY,
         token_cache=None,
         tokenizer_cache=None,
-        load_behind: bool = False,  # a server's request streams: `Routed.load_behind`
+        load_behind: bool = False,  # a server's request streams: `Router.load_behind`
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         # Streams open on it (`stream_opened`); the last to close gives its files back.
@@ -82,6 +82,7 @@ class Pipeline:
         # what changed; past MAX_NAMED_COMPONENTS the states stay small and the refusal does not.
         named = spec.is_mixture and len(spec.sources) <= MAX_NAMED_COMPONENTS
         self.components = component_fingerprints(spec) if named else None
+        self.tokenizer: Tokenizer  # a model's, or the ids-only one: one interface, no probes
         if spec.tokenizer.model:
             self.tokenizer = load_tokenizer(spec.tokenizer, access, keep=tokenizer_cache)
             self.tokenizer.audit_every = audit_every
@@ -100,33 +101,26 @@ class Pipeline:
         self.release()
 
     def _set_up(self, spec: PipelineSpec) -> None:
-        self.records = getattr(self.source, "components", None) or [(0, len(self.source))]
+        self.records = self.source.components
         self.order = order_for(spec, self.records, self.access.order_budget)
         self.docs_per_epoch = self.order.per_epoch
         self.specials = None
         if any(s.token_field for s in spec.sources):
-            is_model = not isinstance(self.tokenizer, IdsOnly)
-            self.specials = (
-                model_specials(self.tokenizer) if is_model else self.tokenizer.specials()
-            )
+            self.specials = self.tokenizer.specials()
         self.group_size = self._group_size()
 
     def release(self) -> None:
         """Closes its files' descriptors and maps now, keeping their decompressed text, so a
         later stream (a tuning's next candidate, a named pipeline's next client) reads it
         without decompressing again; they open again if read."""
-        release = getattr(self.source, "release", None)  # a stand-in source may hold nothing
-        if release is not None:
-            release()
+        self.source.release()
 
     def close(self) -> None:
         """`release`, and drops what its files hold in memory (decompressed text, giving it
         back to --max-decompressed-mb; loaded columns): for when the pipeline is done (a
         request's, at the end of its stream: `serving/stream.py`). A named pipeline is never
         closed: its text stays, counted in the budget. A stream opened later reads again."""
-        close = getattr(self.source, "close", None)
-        if close is not None:
-            close()
+        self.source.close()
 
     def stream_opened(self) -> None:
         """A stream on it opened (its `BatchStream`'s packer, each time one opens)."""
@@ -176,8 +170,7 @@ class Pipeline:
                 break
         if sample:
             self.tokenizer.learn_chars_per_token(sample)
-        if not isinstance(self.tokenizer, IdsOnly):  # said in the stream_open log
-            self.tokenizer.choose_backend(sample)
+        self.tokenizer.choose_backend(sample)  # said in the stream_open log
         for n, text in zip(lengths, is_text, strict=True):
             chars.append(self.tokenizer.tokenized_chars(n, trim_to) if text else n)
         mean_chars = max(1, sum(chars) // max(1, len(chars)))

@@ -186,7 +186,7 @@ class Resharded:
         old_shard = ShardSpec(index=shard[0], count=shard[1])
         plain = self._shard_order(fresh, old_shard)
         if "doc" not in entry:  # a stream that took no batch: its start
-            return plain, Position(mix=getattr(plain, "at", None))
+            return plain, Position(mix=plain.at if isinstance(plain, MixtureOrder) else None)
         pos = parse_state(
             {"version": 1, **entry},
             fingerprint=self._fingerprint(old_shard),

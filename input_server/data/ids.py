@@ -57,12 +57,6 @@ class IdsOnly:
         raise TypeError("a spec without `tokenizer.model` has no text to tokenize")
 
 
-def model_specials(tokenizer: Tokenizer) -> Specials:
-    """`tokenizer.specials()`, which every tokenizer answers (a model's: an id the model
-    lacks, -1, adds nothing)."""
-    return tokenizer.specials()
-
-
 def _check_range(
     flat: np.ndarray, lengths: np.ndarray, specials: Specials, where, *, around: bool = False
 ) -> None:

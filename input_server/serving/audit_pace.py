@@ -5,7 +5,7 @@ The gate checks a backend on probes and the stream's first documents; after that
 unseen in the other groups. The reference costs 5-14 x a fast backend's CPU, so auditing every
 group always would cost most of the speed the backend brings; but a stream that is ahead of its
 loop (the producer waits for room in the send queue) has workers idle between groups. The share
-of groups audited beyond one in `audit_every` (`Routed.audit_share`) follows that room: it grows
+of groups audited beyond one in `audit_every` (`Router.audit_share`) follows that room: it grows
 while the producer waits more than HIGH of each batch interval and halves while it waits less
 than LOW, so the audits take the room there is and leave a margin. The loop's pace is the
 demand, as the live tuner reads it.

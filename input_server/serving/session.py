@@ -15,7 +15,6 @@ from input_client.proto import pb
 from input_client.threads import Prefetcher
 from input_client.wire import encode_state
 from input_server.batching.batch_stream import ServedStream
-from input_server.data.tokenizers.route import Routed
 from input_server.errors import InputServerError, WorkerDiedError, exit_words
 from input_server.serving import memory
 from input_server.serving.audit_pace import AuditPace
@@ -180,7 +179,7 @@ class StreamSession:
         tokenizer = self.stream.pipeline.tokenizer
         vocab_size = tokenizer.vocab_size
         meter = self.stream.meter
-        pace = AuditPace() if isinstance(tokenizer, Routed) else None  # not pre-tokenized
+        pace = AuditPace() if tokenizer.choice is not None else None  # not pre-tokenized
         try:
             for produced in self.stream:
                 started = time.perf_counter()

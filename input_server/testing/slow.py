@@ -52,6 +52,16 @@ class SlowSource:
     def __len__(self) -> int:
         return len(self.inner)
 
+    @property
+    def components(self) -> list[tuple[int, int]]:
+        return self.inner.components
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def close(self) -> None:
+        self.inner.close()
+
     def __getitem__(self, index: int) -> str:
         self.spent.sleep(self.delay_s)
         return self.inner[index]
