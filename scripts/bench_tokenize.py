@@ -103,23 +103,28 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     tokenizer = SentencepieceTokenizer(spec.tokenizer)
     tokenizer.learn_chars_per_token(texts[:64])
     tokenized = 0
-    real = tokenizer.model()
 
     class Counting:  # counts the characters handed to sentencepiece
+        def __init__(self, real):
+            self.real = real
+
         def __getattr__(self, name):
-            return getattr(real, name)
+            return getattr(self.real, name)
 
         def encode(self, batch, **kwargs):
             nonlocal tokenized
             tokenized += sum(map(len, batch))
-            return real.encode(batch, **kwargs)
+            return self.real.encode(batch, **kwargs)
 
-    tokenizer._model = Counting()
+    class CountingTokenizer(SentencepieceTokenizer):  # the same tokenizer, its model counted
+        def model(self):
+            return Counting(super().model())
+
+    counter = CountingTokenizer(spec.tokenizer)
+    counter.learn_chars_per_token(texts[:64])
     for i in range(0, len(texts), group_size):
-        tokenizer.encode(texts[i : i + group_size], trim_to=seq_len)
+        counter.encode(texts[i : i + group_size], trim_to=seq_len)
     kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
-
-    tokenizer._model = real
 
     def read_all():
         source.read_many(range(len(source)))
