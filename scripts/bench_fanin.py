@@ -28,7 +28,7 @@ import numpy as np
 
 from input_client import InputClient
 from input_client.spec import PipelineSpec
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.testing import corpus
 from input_server.testing.processes import cli_argv, free_port, write_token_file
 

@@ -20,7 +20,7 @@ import sys
 
 def main() -> int:
     from input_client import PipelineSpec
-    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.batching.grain_adapter import ensure_absl_flags_parsed
     from input_server.batching.parallelism import Parallelism, default_threads
     from input_server.benchmark import throughput
     from input_server.benchmark.served import bench_server

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from input_client.spec import PipelineSpec
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.benchmark.served import bench_server
 from input_server.benchmark.throughput import bench_sentencepiece, corpus_texts, epoch_token_counts
 from input_server.testing import corpus

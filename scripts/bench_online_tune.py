@@ -42,7 +42,7 @@ from results import emit_json
 
 from input_client import InputClient, PipelineSpec
 from input_server.autotune.measure import tree_cpu_seconds
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
 
 # The in-process counts, one process, and 2 processes with 1 and 2 threads: with a fast

@@ -173,7 +173,7 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
 
 
 def main() -> int:
-    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.batching.grain_adapter import ensure_absl_flags_parsed
     from input_server.testing import corpus
 
     ensure_absl_flags_parsed()

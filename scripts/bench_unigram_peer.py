@@ -43,7 +43,7 @@ import numpy as np
 from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.benchmark.kinds import bench_limit, epoch_token_counts

@@ -23,7 +23,7 @@ import threading
 import time
 
 from input_client import InputClient, PipelineSpec
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
 

@@ -140,7 +140,7 @@ def run(
     effect (a server kill takes effect when the trainer's stream broke and reconnected: gRPC
     lets a few MB arrive ahead of the caller, so a kill is felt only once that is used)."""
     from input_client import PipelineSpec
-    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.batching.grain_adapter import ensure_absl_flags_parsed
     from input_server.testing.corpus import ensure_demo_assets
 
     ensure_absl_flags_parsed()

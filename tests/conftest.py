@@ -11,7 +11,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import pytest  # noqa: E402
 
 from input_client import InputClient, PipelineSpec  # noqa: E402
-from input_server.batching._grain import ensure_absl_flags_parsed  # noqa: E402
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed  # noqa: E402
 from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
 
 ensure_absl_flags_parsed()  # pytest parses no absl flags

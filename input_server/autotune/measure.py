@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from input_client.threads import Prefetcher
 from input_server import cancel
 from input_server.autotune.measurements import Measurement
-from input_server.batching import _grain
+from input_server.batching import grain_adapter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 
@@ -64,7 +64,7 @@ def wait_closed(timeout: float = CLOSE_WAIT_S) -> bool:
         _closing.difference_update(p for p in pending if not p.is_alive())
         closed = not any(p.is_alive() for p in _closing)
     # The closed streams' last batches are freed on Grain's free thread: before an exit, wait.
-    return _grain.flush_shared_memory_frees(max(0.0, end - time.monotonic())) and closed
+    return grain_adapter.flush_shared_memory_frees(max(0.0, end - time.monotonic())) and closed
 
 
 def _producer(

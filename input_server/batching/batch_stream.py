@@ -30,8 +30,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from input_client.spec import PipelineSpec
-from input_server.batching._grain import parallel
 from input_server.batching.encode import BUSY_KEY, STAGES_KEY, EncodeGroup
+from input_server.batching.grain_adapter import parallel
 from input_server.batching.handover import Feed
 from input_server.batching.meter import LiveMeter
 from input_server.batching.pack import DocCursor, Produced, pack_batch
@@ -431,7 +431,7 @@ class BatchStream:
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:
         """(worker index, process) of each Grain worker process this stream runs now
-        (`_grain.worker_processes`); may raise RuntimeError, then call again."""
+        (`grain_adapter.worker_processes`); may raise RuntimeError, then call again."""
         return self._packer.worker_processes()
 
     def close(self) -> None:

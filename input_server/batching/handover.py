@@ -20,7 +20,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from input_server.batching._grain import worker_processes
+from input_server.batching.grain_adapter import worker_processes
 from input_server.batching.parallelism import Parallelism
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class Feed:
 
     def worker_processes(self) -> list[tuple[int, BaseProcess]]:
         """(worker index, process) of each Grain worker process the running stage runs now
-        (`_grain.worker_processes`; a stage opened beside is not counted until handed over);
+        (`grain_adapter.worker_processes`; a stage opened beside is not counted until handed over);
         may raise RuntimeError, then call again."""
         it = self._it
         return [] if it is None else worker_processes(it)

@@ -173,7 +173,7 @@ def run_demo(
         if progress:
             print(f"[demo {time.perf_counter() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    from input_server.batching._grain import ensure_absl_flags_parsed
+    from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 
     ensure_absl_flags_parsed()  # before jax and Grain are imported (by the steps below)
     from input_client import InputClient, StepTimer

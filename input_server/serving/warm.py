@@ -1,7 +1,7 @@
 """What every stream needs but listening does not, loaded after the server listens.
 
 Grain, and the JAX it imports, took 1.2-1.6 s of a 2-core host's 1.7-3.5 s from `serve` to its
-socket; imported on first use instead (`batching._grain`), they are loaded here on a daemon
+socket; imported on first use instead (`batching.grain_adapter`), they are loaded here on a daemon
 thread as soon as the server listens, so the first stream (a restarted sidecar's client is
 already waiting) finds them loaded or loading. A stream that needs them first imports them
 itself; Python's import lock lets one thread load a module while the other waits.

@@ -96,9 +96,9 @@ FREES = textwrap.dedent(
     """
     import numpy as np
     from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
-    from input_server.batching import _grain
+    from input_server.batching import grain_adapter
 
-    _grain._flush_at_exit()
+    grain_adapter.flush_at_exit()
     SharedMemoryArray.enable_async_del(1)  # what Grain's worker-process prefetch turns on
     for _ in range(20):
         made = SharedMemoryArray((4096,), np.int32)

@@ -1,5 +1,5 @@
 """A server killed alone (SIGKILL to its pid, not its group) takes its worker processes with it:
-each worker exits once its parent process is gone (`batching/_grain.py`)."""
+each worker exits once its parent process is gone (`batching/grain_adapter.py`)."""
 
 from __future__ import annotations
 

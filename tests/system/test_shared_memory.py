@@ -25,7 +25,7 @@ STREAMS = 8
 
 CHILD = r'''
 import gc, json, os, sys, time
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 ensure_absl_flags_parsed()
 
 
@@ -130,7 +130,7 @@ def test_streams_with_worker_processes_leave_dev_shm_as_it_was(tmp_path, corpus,
 
 EXIT_CODES = r"""
 import json, sys
-from input_server.batching._grain import ensure_absl_flags_parsed
+from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 ensure_absl_flags_parsed()
 
 if __name__ == "__main__":

@@ -383,3 +383,74 @@ def test_no_module_imports_another_modules_private_name():
                     continue  # generated stubs and the build backend: outside code's names
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
     assert not bad, bad
+
+
+# Third-party or standard-library private attributes read on purpose, each with its reason.
+# The project's own objects are never in here: their collaborators get public methods.
+OUTSIDE_PRIVATES = {
+    # Grain queues shared-memory frees on a class-level pool it offers no public door to;
+    # waiting on it is how a closed stream's memory is known to be gone.
+    ("input_server/batching/grain_adapter.py", "SharedMemoryArray._del_thread_pool"),
+    # os._exit is the standard way to end a process without running its cleanup.
+    ("input_server/cli/serve.py", "os._exit"),
+    # tiktoken's Rust core: its encode_to_tiktoken_buffer returns ids without Python lists.
+    ("input_server/data/tokenizers/tiktoken.py", "self.model()._core_bpe"),
+    ("input_server/data/tokenizers/tiktoken.py", "enc._core_bpe"),
+}
+
+
+def test_no_object_touches_another_objects_private_attribute():
+    """`x._name` is read or written only where `x` is `self` or `cls` (issue 41): a class's
+    collaborators use its public methods, so what it keeps private it may change."""
+    files = [*MODULES.values(), *(ROOT / "scripts").rglob("*.py")]
+    bad = []
+    for path in files:
+        rel = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") and node.attr.endswith("__"):
+                continue  # dunders: the language's own protocol
+            if isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}:
+                continue
+            if (rel, ast.unparse(node)) in OUTSIDE_PRIVATES:
+                continue
+            bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, bad
+    gone = {(f, a) for f, a in OUTSIDE_PRIVATES if not (ROOT / f).exists()}
+    assert not gone, f"excuses for files that are gone: {gone}"
+
+
+# Where serving/ and batching/ look an attribute up by name, each with its reason: never to
+# ask one of the project's own objects what it has (that is what an interface says).
+PROBES = {
+    # A gRPC handler's behaviour sits in the attribute its kind names (unary_unary, …).
+    ("serving/auth.py", "getattr(handler, kind)"),
+    ("serving/auth.py", "getattr(grpc, f'{kind}_rpc_method_handler')"),
+    # The config's own fields, checked by name in one loop.
+    ("serving/config.py", "getattr(self, name)"),
+    ("serving/config.py", "getattr(self, flag)"),
+    # memfd_create is Linux-only.
+    ("serving/tls.py", "hasattr(os, 'memfd_create')"),
+    # A log record carries `extra=` fields only when a caller gave them.
+    ("serving/logs.py", "getattr(record, 'event', None)"),
+    ("serving/logs.py", "getattr(record, 'fields', None)"),
+}
+
+
+def test_serving_and_batching_ask_no_object_what_it_has():
+    """No `getattr`/`hasattr` on the project's own objects in serving/ and batching/ (issue
+    41): a probe by name is an interface nobody wrote down. Outside objects, listed above."""
+    found = set()
+    for package in ("serving", "batching"):
+        for path in sorted((PACKAGES["input_server"] / package).glob("*.py")):
+            rel = f"{package}/{path.name}"
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in {"getattr", "hasattr"}
+                ):
+                    found.add((rel, ast.unparse(node)))
+    assert found <= PROBES, f"probes by name: {sorted(found - PROBES)}"
+    assert PROBES <= found, f"excuses for probes that are gone: {sorted(PROBES - found)}"

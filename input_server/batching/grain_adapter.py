@@ -91,7 +91,8 @@ def flush_shared_memory_frees(timeout: float = FREE_WAIT_S) -> bool:
     return True
 
 
-def _flush_at_exit() -> None:
+def flush_at_exit() -> None:
+    """Makes this process wait for Grain's queued shared-memory frees when it exits (once)."""
     # Registered after multiprocessing's own exit handler (imported by then), so it runs
     # first (atexit is last in, first out), while the free thread still runs.
     if _flush_registered.acquire(blocking=False):
@@ -108,7 +109,7 @@ def parallel(groups: grain.MapDataset, *, processes: int, threads: int) -> grain
     )
     if processes > 0:
         ensure_absl_flags_parsed()
-        _flush_at_exit()
+        flush_at_exit()
         ds = ds.mp_prefetch(
             grain.MultiprocessingOptions(num_workers=processes),
             worker_init_fn=functools.partial(_die_with_parent, os.getpid()),
