@@ -192,8 +192,9 @@ def _bench_references(
 
 
 def _over_reference(ours: dict, reference: dict[int, dict]) -> dict[str, Any]:
-    """This pipeline against the best reference that ran (nothing if either has no figures)."""
-    ran = [r for r in reference.values() if has_figures(r)]
+    """This pipeline against the best reference that ran (nothing if either has no figures,
+    or no reference made a token in its time: its rate is 0, not a measure to divide by)."""
+    ran = [r for r in reference.values() if has_figures(r) and r["tokens_per_s"] > 0]
     if not ran or not has_figures(ours):
         return {}
     best_ref = max(ran, key=lambda r: r["tokens_per_s"])
