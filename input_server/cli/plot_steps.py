@@ -1,4 +1,5 @@
-"""`input-server plot-steps FILE.jsonl -o OUT.png`: a training run's step time and data wait."""
+"""`input-server plot-steps FILE.jsonl -o OUT.png`: a training run's step time and data wait
+(on a pod, the worst host's beside this one's)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import math
 import sys
 from typing import Any
 
+from input_client.pod import HIGHLY_INPUT_BOUND, INPUT_BOUND
+
 # What every line needs: the fields `StepTimer` writes that the plot reads.
 FIELDS = ("index", "step_s", "data_wait_s")
+
+# What a line of a multi-process run carries beside them (StepTimer's pod view): all or none.
+POD_FIELDS = ("process", "worst_process", "worst_data_wait_s", "worst_step_s")
 
 # More panels than this are too short to read; the rest are listed and drawn by `--run`.
 MAX_PANELS = 6
@@ -48,7 +54,10 @@ def register(subparsers) -> None:
         "step (StepTimer(records_path=...) or timer.write_jsonl(...)) against the step, the "
         "first (compiling) step marked apart, so a stall in the input shows at a glance. Runs "
         f"appended to one file are drawn apart, one panel each (the last {MAX_PANELS}), and "
-        "listed. Needs matplotlib.",
+        "listed. A run of several JAX processes also draws the worst host's data wait each "
+        "step, marks the steps another host was worst, shades those where it was input-bound "
+        "(over 5 % and 20 % of its wait plus step) and names the process and the host most "
+        "often worst. Needs matplotlib.",
     )
     parser.add_argument("records", help="a JSON-lines file of StepTimer records")
     parser.add_argument("-o", "--output", required=True, help="the PNG to write")
@@ -73,6 +82,23 @@ def _field(record: dict[str, Any], key: str, where: str) -> float:
     return value
 
 
+def _check_pod(record: dict[str, Any], where: str) -> None:
+    """A pod line's fields: all four or none, the processes indices, the worst host's figures
+    seconds."""
+    present = [k for k in POD_FIELDS if k in record]
+    if not present:
+        return
+    if len(present) < len(POD_FIELDS):
+        missing = ", ".join(f"`{k}`" for k in POD_FIELDS if k not in record)
+        raise RecordsError(f"{where}: a pod line without {missing}")
+    for key in ("process", "worst_process"):
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RecordsError(f"{where}: `{key}` must be a process index >= 0, got {value!r}")
+    _field(record, "worst_data_wait_s", where)
+    _field(record, "worst_step_s", where)
+
+
 def _check(record: Any, where: str, line: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise RecordsError(f"{where} is not a JSON object: {line.strip()[:80]!r}")
@@ -80,6 +106,7 @@ def _check(record: Any, where: str, line: str) -> dict[str, Any]:
         _field(record, key, where)
     if "wall_s" in record:  # absent from files written before StepTimer recorded it
         _field(record, "wall_s", where)
+    _check_pod(record, where)
     run = record.get("run")
     if "run" in record and (not isinstance(run, str) or not run):
         raise RecordsError(f"{where}: `run` must be a non-empty string, got {run!r}")
@@ -155,10 +182,125 @@ def choose(runs: list[Run], wanted: str | None) -> list[Run]:
     )
 
 
+def worst_fraction(record: dict[str, Any]) -> float:
+    """A pod line's worst host's wait over its wait plus its own step time (0 when both are
+    0): the share `StepTimer`'s pod summary holds against 5 % and 20 %."""
+    busy = record["worst_data_wait_s"] + record["worst_step_s"]
+    return record["worst_data_wait_s"] / busy if busy > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """What a run's pod lines (`StepTimer` on several processes) say, over its steps after the
+    first.
+
+    Attributes:
+      process: the index of the process that wrote the file.
+      steps: the steps with the pod's figures.
+      input_bound: of those, the steps whose worst host waited over 5 % of its wait plus step.
+      worst: the process worst most often on the input-bound steps (the summary's
+        `pod_most_often_worst`), or on all the steps when none was; the lowest on a tie.
+      worst_steps: on how many of those it was worst.
+    """
+
+    process: int
+    steps: int
+    input_bound: int
+    worst: int | None
+    worst_steps: int
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]]) -> PodView | None:
+        """The view of a run's records; None for a run without pod lines (one process)."""
+        pod = [r for r in records if "worst_process" in r]
+        if not pod:
+            return None
+        rest = [r for r in records[1:] if "worst_process" in r]
+        bound = [r for r in rest if worst_fraction(r) > INPUT_BOUND]
+        counts: dict[int, int] = {}
+        for r in bound or rest:
+            counts[r["worst_process"]] = counts.get(r["worst_process"], 0) + 1
+        worst = min(counts, key=lambda p: (-counts[p], p)) if counts else None
+        return cls(
+            process=pod[0]["process"],
+            steps=len(rest),
+            input_bound=len(bound),
+            worst=worst,
+            worst_steps=counts.get(worst, 0) if worst is not None else 0,
+        )
+
+    @property
+    def label(self) -> str:
+        """ "process 0; worst host process 2 (7 of 9 input-bound steps)"."""
+        if self.worst is None:
+            return f"process {self.process}"
+        if self.input_bound:
+            of = f"{self.worst_steps} of {self.input_bound} input-bound steps"
+        else:
+            of = f"{self.worst_steps} of {self.steps} steps, none input-bound"
+        return f"process {self.process}; worst host process {self.worst} ({of})"
+
+
+def _spans(steps: list[int]) -> list[tuple[int, int]]:
+    """Consecutive step indices as (first, last) spans: one shaded band each, not a band a
+    step."""
+    spans: list[tuple[int, int]] = []
+    for step in steps:
+        if spans and step == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], step)
+        else:
+            spans.append((step, step))
+    return spans
+
+
+def _draw_pod(ax, rest: list[dict[str, Any]]) -> list[float]:
+    """The worst host's data wait beside this process's, a mark where another host was the
+    worst, and bands where the worst host was input-bound (over 5 % of its wait plus step) and
+    highly so (20 %), the TPU profiler's thresholds; returns the worst waits drawn."""
+    pod = [r for r in rest if "worst_process" in r]
+    worst = [r["worst_data_wait_s"] for r in pod]
+    if not pod:
+        return worst
+    ax.plot(
+        [r["index"] for r in pod],
+        worst,
+        "--",
+        color="tab:purple",
+        label="worst host's data wait s",
+    )
+    other = [r for r in pod if r["worst_process"] != r["process"]]
+    if other:
+        ax.plot(
+            [r["index"] for r in other],
+            [r["worst_data_wait_s"] for r in other],
+            "v",
+            linestyle="none",
+            color="tab:purple",
+            label="another host was worst",
+        )
+    bands = (
+        (INPUT_BOUND, "tab:orange", "input-bound", "input-bound"),
+        (HIGHLY_INPUT_BOUND, "tab:red", "highly-input-bound", "highly input-bound"),
+    )
+    for limit, color, gid, words in bands:
+        spans = _spans([r["index"] for r in pod if worst_fraction(r) > limit])
+        for n, (first, last) in enumerate(spans):
+            ax.axvspan(
+                first - 0.5,
+                last + 0.5,
+                color=color,
+                alpha=0.12,
+                gid=gid,  # what a reader of the figure (a test) finds the band by
+                label=f"worst host {words} (> {100 * limit:.0f} %)" if n == 0 else "_nolegend_",
+            )
+    return worst
+
+
 def _draw_run(ax, records: list[dict[str, Any]]) -> None:
-    """One run's step time, data wait and step-to-step real time against the step; the first
-    step (compilation, and the pipeline's start-up as its wait) is shaded apart and the scale
-    is set by the others, so it does not flatten them."""
+    """One run's step time, data wait and step-to-step real time against the step (on a pod,
+    the worst host's wait too: `_draw_pod`); the first step (compilation, and the pipeline's
+    start-up as its wait) is shaded apart and the scale is set by the others, so it does not
+    flatten them."""
     first, rest = records[0], records[1:]
     steps = [r["index"] for r in rest]
     series = [[r["step_s"] for r in rest], [r["data_wait_s"] for r in rest]]
@@ -168,12 +310,14 @@ def _draw_run(ax, records: list[dict[str, Any]]) -> None:
         # The loop's real time a step: above step + wait by what the loop does between steps.
         series.append([r["wall_s"] for r in rest])
         ax.plot(steps, series[2], ":", color="tab:gray", label="step to step (wall clock) s")
+    series.append(_draw_pod(ax, rest))
     ax.axvspan(first["index"] - 0.5, first["index"] + 0.5, color="gray", alpha=0.25)
+    worst = f" (worst host {first['worst_data_wait_s']:.3g} s)" if "worst_process" in first else ""
     ax.text(
         first["index"],
         0.98,
         f" first step ({first.get('name', 'compile')}): "
-        f"{first['step_s']:.3g} s + wait {first['data_wait_s']:.3g} s",
+        f"{first['step_s']:.3g} s + wait {first['data_wait_s']:.3g} s{worst}",
         transform=ax.get_xaxis_transform(),  # x in steps, y at the top of the axes
         va="top",
         fontsize=8,
@@ -201,8 +345,9 @@ def plot(runs: list[Run], path: str, *, title: str) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(8.0, 4.0 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         _draw_run(ax, run.records)
-        ax.set_title(run.label)
-    if len(runs) == 1 and runs[0].run_id is None:
+        pod = PodView.of(run.records)
+        ax.set_title(run.label if pod is None else f"{run.label}, {pod.label}")
+    if len(runs) == 1 and runs[0].run_id is None and PodView.of(runs[0].records) is None:
         axes[0, 0].set_title(title)  # an older file of one run: nothing to tell apart
     else:
         fig.suptitle(title)
@@ -218,7 +363,9 @@ def _listing(path: str, runs: list[Run], drawn: list[Run]) -> str:
         where = (
             f"panel {drawn.index(run) + 1}" if run in drawn else f"not drawn: --run {run.number}"
         )
-        lines.append(f"  {run.label}  {len(run.records)} steps  ({where})")
+        pod = PodView.of(run.records)
+        also = "" if pod is None else f"; {pod.label}"
+        lines.append(f"  {run.label}  {len(run.records)} steps  ({where}){also}")
     return "\n".join(lines)
 
 

@@ -152,12 +152,26 @@ def _the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job):
     assert [r["run"] for r in figure["runs"]] == [run["run"] for run in runs]  # process 0's
 
 
-def _plot_steps_reads_the_pod_lines(job, capsys, tmp_path):
+def _plot_steps_draws_the_worst_host_beside_process_0(job, capsys, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
     _, _, records0 = job
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # kept open for inspection
     assert run_main(capsys, "plot-steps", str(records0), "-o", str(tmp_path / "p.png")) == (0, "")
+    lines = [json.loads(line) for line in records0.read_text().splitlines()]
+    for ax, run in zip(figures[0].axes, (lines[:STEPS], lines[STEPS:]), strict=True):
+        drawn = {line.get_label(): line for line in ax.get_lines()}
+        worst = drawn["worst host's data wait s"]
+        assert list(worst.get_ydata()) == [x["worst_data_wait_s"] for x in run[1:]]
+        other = [x["index"] for x in run[1:] if x["worst_process"] != 0]
+        assert list(drawn["another host was worst"].get_xdata()) == other
+        assert f"process 0; worst host process {SLOW} (" in ax.get_title(), ax.get_title()
 
 
-def test_three_processes_one_over_slow_storage(make_spec, tmp_path_factory, capsys, tmp_path):
+def test_three_processes_one_over_slow_storage(
+    make_spec, tmp_path_factory, capsys, tmp_path, monkeypatch
+):
     """One test, one job: the processes take ~30 s to start and run, which a test each (on
     parallel workers) would pay again."""
     pytest.importorskip("matplotlib")
@@ -166,4 +180,4 @@ def test_three_processes_one_over_slow_storage(make_spec, tmp_path_factory, caps
     _the_slow_process_is_the_worst_host_on_the_steps_it_held(job)
     _each_process_keeps_its_own_figures(job)
     _the_badput_over_a_restart_is_first_batches_plus_worst_step_waits(job)
-    _plot_steps_reads_the_pod_lines(job, capsys, tmp_path)
+    _plot_steps_draws_the_worst_host_beside_process_0(job, capsys, tmp_path, monkeypatch)

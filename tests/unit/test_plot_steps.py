@@ -135,6 +135,17 @@ def test_only_one_record_still_draws(tmp_path, capsys):
         pytest.param(
             '{"run": 3, "index": 0, "step_s": 1, "data_wait_s": 0}\n', ["`run`"], id="run-not-str"
         ),
+        pytest.param(
+            '{"index": 0, "step_s": 1, "data_wait_s": 0, "process": 0, "worst_process": 1}\n',
+            ["line 1", "pod line without `worst_data_wait_s`, `worst_step_s`"],
+            id="pod-line-half",
+        ),
+        pytest.param(
+            '{"index": 0, "step_s": 1, "data_wait_s": 0, "process": 0, "worst_process": -1, '
+            '"worst_data_wait_s": 0, "worst_step_s": 1}\n',
+            ["`worst_process`", "process index"],
+            id="pod-process-negative",
+        ),
     ],
 )
 def test_a_file_that_is_not_records_is_one_line(tmp_path, capsys, content, needles):
@@ -235,3 +246,91 @@ def test_many_runs_draw_the_last_ones_and_list_the_rest(tmp_path, capsys, figure
         f"run {n + 1}: r{n}" for n in range(2, MAX_PANELS + 2)
     ]
     assert "run 1: r0  2 steps  (not drawn: --run 1)" in stdout
+
+
+# A pod line's worst host: (worst_process, worst_data_wait_s) a step, its step 0.1 s. A wait of
+# 0.001 s is 1 % of wait plus step, 0.01 s 9 % (input-bound), 0.05 s 33 % (highly).
+POD = [(0, 0.2), (0, 0.001), (2, 0.01), (2, 0.05), (2, 0.05), (1, 0.001)]
+POD += [(0, 0.01), (2, 0.01), (1, 0.05), (0, 0.001), (0, 0.001), (0, 0.001)]
+
+
+def _pod_file(path) -> list[dict]:
+    """Process 0's lines of a three-process run, as StepTimer writes them on a pod: its own
+    wait (0.001 s, or the worst's when it was the worst) beside the worst host's."""
+    lines = []
+    for i, (worst, wait) in enumerate(POD):
+        lines.append(
+            {
+                "run": "pod-run",
+                "index": i,
+                "name": "compile" if i == 0 else "train",
+                "step_s": 0.1,
+                "data_wait_s": wait if worst == 0 else 0.001,
+                "wall_s": 0.11,
+                "process": 0,
+                "worst_process": worst,
+                "worst_data_wait_s": wait,
+                "worst_step_s": 0.1,
+            }
+        )
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return lines
+
+
+def _band_spans(ax, gid: str) -> list[tuple[float, float]]:
+    """The x extent of each band drawn with `gid` (axvspan: a Rectangle or a Polygon)."""
+    spans = []
+    for patch in ax.patches:
+        if patch.get_gid() == gid:
+            xs = patch.get_patch_transform().transform(patch.get_path().vertices)[:, 0]
+            spans.append((float(min(xs)), float(max(xs))))
+    return sorted(spans)
+
+
+def test_a_pod_run_draws_the_worst_host_beside_this_one(tmp_path, capsys, figures):
+    path = tmp_path / "pod.jsonl"
+    lines = _pod_file(path)
+    code, stdout, err = _main(capsys, "plot-steps", str(path), "-o", str(tmp_path / "p.png"))
+    assert (code, err) == (0, "")
+    (ax,) = figures[0].axes
+    drawn = _lines(ax)
+    worst = drawn["worst host's data wait s"]
+    assert list(worst.get_xdata()) == list(range(1, 12))  # the first step apart, as the others
+    assert list(worst.get_ydata()) == [w for _, w in POD[1:]]
+    assert list(drawn["data wait s"].get_ydata()) == [r["data_wait_s"] for r in lines[1:]]
+    # Marked where another process was the worst host, on the worst host's line.
+    other = drawn["another host was worst"]
+    assert list(other.get_xdata()) == [2, 3, 4, 5, 7, 8]
+    assert list(other.get_ydata()) == [0.01, 0.05, 0.05, 0.001, 0.01, 0.05]
+    # Bands over consecutive steps whose worst host waited over 5 % and 20 % of wait + step.
+    assert _band_spans(ax, "input-bound") == [(1.5, 4.5), (5.5, 8.5)]
+    assert _band_spans(ax, "highly-input-bound") == [(2.5, 4.5), (7.5, 8.5)]
+    assert ax.get_ylim()[1] >= 0.05  # the worst waits on the scale
+    # Input-bound steps 2, 3, 4, 6, 7, 8: process 2 was worst on 4 of them.
+    label = "process 0; worst host process 2 (4 of 6 input-bound steps)"
+    assert ax.get_title() == f"run 1: pod-run, {label}"
+    assert any("(worst host 0.2 s)" in t.get_text() for t in ax.texts)  # the first step's
+    assert stdout.splitlines()[1] == f"  run 1: pod-run  12 steps  (panel 1); {label}"
+
+
+def test_a_pod_run_no_step_input_bound_names_the_host_worst_most_often(tmp_path, capsys, figures):
+    path = tmp_path / "pod.jsonl"
+    _pod_file(path)
+    fed = [{**json.loads(x), "worst_data_wait_s": 0.001} for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(x) + "\n" for x in fed))
+    code, _, err = _main(capsys, "plot-steps", str(path), "-o", str(tmp_path / "p.png"))
+    assert (code, err) == (0, "")
+    (ax,) = figures[0].axes
+    assert ax.get_title().endswith(
+        "process 0; worst host process 0 (5 of 11 steps, none input-bound)"
+    )
+    assert _band_spans(ax, "input-bound") == _band_spans(ax, "highly-input-bound") == []
+
+
+def test_a_one_process_run_draws_no_pod_lines(records, tmp_path, capsys, figures):
+    code, _, err = _main(capsys, "plot-steps", str(records), "-o", str(tmp_path / "p.png"))
+    assert (code, err) == (0, "")
+    (ax,) = figures[0].axes
+    assert set(_lines(ax)) == {"step (device) s", "data wait s", "step to step (wall clock) s"}
+    assert [p.get_gid() for p in ax.patches if p.get_gid()] == []
+    assert "process" not in ax.get_title()
