@@ -76,6 +76,7 @@ class _Settings:
     connect_timeout_s: float
     tls: TlsSettings = TlsSettings()
     order: str = "round_robin"
+    badput_path: str | None = None  # the run's data-loading badput, appended (process 0)
 
 
 _settings: _Settings | None = None
@@ -100,6 +101,7 @@ def configure(
     tls_key: str | None = None,
     tls_server_name: str | None = None,
     order: str = "round_robin",
+    badput_path: str | None = None,
 ) -> None:
     """Says which server and specs the factories use (specs as `PipelineSpec`s or TOML paths;
     a spec left out is derived from MaxText's config when its factory is called).
@@ -109,7 +111,9 @@ def configure(
     `InputClient`'s, for a server started with `--tls-cert` (TLS options on a `unix:` server
     are refused here, at once). Several servers (a list, or one string of comma-separated
     addresses) fan in (`input_client.fanin`), interleaved in `order`; the checkpoint then
-    holds every server's position."""
+    holds every server's position. `badput_path`: a file the run's data-loading badput is
+    appended to as a JSON line (`input_client.badput`; by process 0, the worst host's waits on
+    several processes)."""
     global _settings
     if isinstance(server, str):
         server = split_servers(server)
@@ -143,6 +147,7 @@ def configure(
         connect_timeout_s,
         tls_settings,
         order,
+        None if badput_path is None else str(badput_path),
     )
 
 
@@ -244,7 +249,7 @@ def _make(config: Any, global_mesh: Any, process_indices: list[int], *, train: b
     source = ServerSource(open_stream, pad_id=pad_id, packing=spec.batch.packing)
     weakref.finalize(source, client.close)
     if train:  # each step's wait for its batch, in MaxText's own step metrics
-        report_train_wait(source)
+        report_train_wait(source, _settings.badput_path)
     padding = config.generate_padding_batch_train if train else config.generate_padding_batch_eval
     return multihost_dataloading().MultiHostDataLoadIterator(source, global_mesh, bool(padding))
 

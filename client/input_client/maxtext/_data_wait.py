@@ -6,7 +6,8 @@ thread), then dispatches the step and calls `MetricLogger.record_train_metrics(m
 step_time)`, which adds the step's `perf/*` scalars; `write_metrics` then logs the step and
 sends the same scalars to TensorBoard, its `metrics_file`, GCS and wandb. So a scalar added
 before `record_train_metrics` goes everywhere MaxText's step time goes, and the wait the train
-source counted since the previous step is that step's wait for its batch.
+source counted since the previous step is that step's wait for its batch. On several JAX
+processes each step's worst host is gathered beside it (`_pod_wait`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from typing import Any
 
 from input_client.maxtext._hook import MaxTextHookError, metric_logger
+from input_client.maxtext._pod_wait import PodWait
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ class _TrainWait:
 
     source: Any = None
     last_s = 0.0
+    # One a process: every process gathers the same steps from its first.
+    pod: PodWait | None = None
 
     def take(self) -> float | None:
         """Seconds the train loop waited since the previous step; None without a source."""
@@ -42,11 +46,15 @@ class _TrainWait:
 _train = _TrainWait()
 
 
-def report_train_wait(source: Any) -> None:
+def report_train_wait(source: Any, badput_path: str | None = None) -> None:
     """Makes `source` (its float `wait_time_s`: the train loop's wait in all) the one whose
-    per-step increase MaxText's metrics show; hooks MaxText's metric logger the first time. A
-    MaxText without the hook point trains on, said once in the log, without the figure."""
+    per-step increase MaxText's metrics show, with the worst host's on several processes and
+    the run's badput appended to `badput_path` (`_pod_wait.PodWait`); hooks MaxText's metric
+    logger the first time. A MaxText without the hook point trains on, said once in the log,
+    without the figure."""
     _train.source, _train.last_s = source, source.wait_time_s
+    if _train.pod is None:
+        _train.pod = PodWait(badput_path)
     try:
         logger = metric_logger().MetricLogger
     except MaxTextHookError as e:
@@ -59,22 +67,40 @@ def report_train_wait(source: Any) -> None:
 
 def _hook_metric_logger(logger: type, max_logging: Any) -> None:
     record, write = logger.record_train_metrics, logger.write_metrics
+    flush = logger.flush_metrics_and_cleanup
 
     @functools.wraps(record)
     def record_train_metrics(self, metrics, step, step_time):
         waited = _train.take()
         if waited is not None:
             metrics["scalar"][SCALAR] = waited
-        return record(self, metrics, step, step_time)
+        out = record(self, metrics, step, step_time)
+        if waited is not None:  # after MaxText's own: its small op goes ahead of the gather
+            _train.pod.record(int(step), waited, float(step_time))
+        return out
 
     @functools.wraps(write)
     def write_metrics(self, metrics, step, metric_type="train"):
-        out = write(self, metrics, step, metric_type)
         scalars = (metrics or {}).get("scalar", {})
-        if metric_type == "train" and SCALAR in scalars:
+        ours = metric_type == "train" and SCALAR in scalars
+        pod = _train.pod
+        worst = pod.worst(int(step)) if ours else None
+        if worst is not None:
+            pod.add_scalars(scalars, worst)
+        out = write(self, metrics, step, metric_type)
+        if ours:
             # Next to MaxText's "completed step" line, in its log, in the same units.
-            max_logging.log(f"data_wait: {float(scalars[SCALAR]):.3f} s, step: {step}")
+            words = pod.words(worst) if worst is not None else ""
+            max_logging.log(f"data_wait: {float(scalars[SCALAR]):.3f} s, step: {step}{words}")
+        return out
+
+    @functools.wraps(flush)
+    def flush_metrics_and_cleanup(self):
+        out = flush(self)  # writes the last step's metrics
+        if _train.pod is not None:
+            _train.pod.write_badput()
         return out
 
     _INSTALLED.add(record_train_metrics)
     logger.record_train_metrics, logger.write_metrics = record_train_metrics, write_metrics
+    logger.flush_metrics_and_cleanup = flush_metrics_and_cleanup

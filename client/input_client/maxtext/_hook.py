@@ -78,12 +78,11 @@ def metric_logger() -> ModuleType:
     """MaxText's per-step metrics writer (`MetricLogger`: log, TensorBoard, metrics file)."""
     module = _module_with("maxtext.common.metric_logger", "MetricLogger")
     logger = module.MetricLogger
-    if not all(hasattr(logger, n) for n in ("record_train_metrics", "write_metrics")) or not (
-        hasattr(module, "max_logging")
-    ):
+    hooked = ("record_train_metrics", "write_metrics", "flush_metrics_and_cleanup")
+    if not all(hasattr(logger, n) for n in hooked) or not hasattr(module, "max_logging"):
         raise MaxTextHookError(
-            f"MaxText {maxtext_version()}'s MetricLogger no longer has record_train_metrics "
-            f"and write_metrics; input_client.maxtext was tested with MaxText "
+            f"MaxText {maxtext_version()}'s MetricLogger no longer has {', '.join(hooked)}; "
+            f"input_client.maxtext was tested with MaxText "
             f"{', '.join(TESTED_VERSIONS)}."
         )
     return module

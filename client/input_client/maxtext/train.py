@@ -2,7 +2,8 @@
 
 python -m input_client.maxtext.train --server ADDRESS[,ADDRESS...] [--order arrival]
     [--spec SPEC.toml] [--eval-spec SPEC.toml] [--token-file FILE] [--tls] [--tls-ca FILE]
-    [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME] [<base.yml>] key=value ...
+    [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME] [--badput FILE] [<base.yml>]
+    key=value ...
     [-- MaxText's absl flags]
 
 The launcher's own options may come anywhere; the rest (in order, and all after `--`) goes to
@@ -134,6 +135,13 @@ def _parser() -> _Parser:
         help="how long to wait for the server before giving up (default 30)",
     )
     parser.add_argument(
+        "--badput",
+        metavar="FILE",
+        help="append the run's data-loading badput (its first batch's wait and each step's, "
+        "the worst host's on several processes) to FILE as JSON lines; "
+        "input_client.badput.job_badput(FILE) sums the restarts",
+    )
+    parser.add_argument(
         "maxtext",
         nargs="*",
         help="MaxText's own arguments: [base.yml] key=value ...",
@@ -200,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             connect_timeout_s=args.connect_timeout_s,
             **tls_options(args),
             order=args.order,
+            badput_path=args.badput,
         )
         trainer = trainer_module()
     except (SpecError, OSError, ValueError, MaxTextHookError) as e:
