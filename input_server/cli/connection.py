@@ -1,5 +1,5 @@
-"""How `info` and `stats` reach a running server: its address and credentials as flags, a ready
-client, and one line to print when it cannot be reached."""
+"""How `info` and `stats` reach a running server (or, for `stats`, a pool's): the addresses and
+credentials as flags, a ready client, and one line to print when it cannot be reached."""
 
 from __future__ import annotations
 
@@ -11,13 +11,32 @@ from typing import Any
 from input_client.tls_flags import add_tls_arguments, tls_options
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser, *, positive) -> None:
-    """The server to ask and how (`info`, `stats`); `positive` parses `--timeout-s`."""
-    parser.add_argument(
-        "address",
-        nargs="?",
-        help="the server's gRPC target (default the address a plain `serve` listens on)",
-    )
+def add_connection_arguments(
+    parser: argparse.ArgumentParser, *, positive, several: bool = False
+) -> None:
+    """The server to ask and how (`info`, `stats`); `positive` parses `--timeout-s`. With
+    `several`, any number of addresses (`addresses`, a list) and `--addresses-file`
+    (`addresses_of` reads both)."""
+    if several:
+        parser.add_argument(
+            "addresses",
+            nargs="*",
+            metavar="ADDRESS",
+            help="a server's gRPC target (default the address a plain `serve` listens on); "
+            "several (or a fan-in's comma-separated list, as the MaxText adapter's --server) "
+            "are asked at once, with every other option applying to each",
+        )
+        parser.add_argument(
+            "--addresses-file",
+            metavar="FILE",
+            help="more addresses, one a line ('#' starts a comment)",
+        )
+    else:
+        parser.add_argument(
+            "address",
+            nargs="?",
+            help="the server's gRPC target (default the address a plain `serve` listens on)",
+        )
     parser.add_argument("--timeout-s", type=positive, default=10.0)
     parser.add_argument(
         "--token-file",
@@ -27,16 +46,54 @@ def add_connection_arguments(parser: argparse.ArgumentParser, *, positive) -> No
     add_tls_arguments(parser)
 
 
+def addresses_of(args: argparse.Namespace) -> list[str]:
+    """The addresses a `several` parser's arguments name, in order: each argument split as a
+    fan-in's list (`input_client.maxtext.split_servers`: commas, gRPC's own `ipv4:` lists kept
+    whole), then the file's lines, blank ones and `#` comments left out. Empty: the default.
+
+    Raises:
+      BadAddresses: the file cannot be read, names nothing, or a server is named twice.
+    """
+    from input_client.maxtext import split_servers
+
+    named = [a for text in args.addresses for a in split_servers(text)]
+    if args.addresses_file is not None:
+        path = args.addresses_file
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [line.split("#", 1)[0].strip() for line in f]
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadAddresses(f"cannot read the addresses file {path!r}: {e}") from None
+        from_file = [a for line in lines if line for a in split_servers(line)]
+        if not from_file:
+            raise BadAddresses(f"the addresses file {path!r} names no server: one address a line")
+        named.extend(from_file)
+    if not all(named):
+        raise BadAddresses(f"an empty address in {','.join(named)!r}")
+    twice = sorted({a for a in named if named.count(a) > 1})
+    if twice:
+        raise BadAddresses(f"{', '.join(twice)} named twice: ask each server once")
+    return named
+
+
 @contextlib.contextmanager
 def connected(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
-    """(a ready client of the server `args` name, its address); a server that cannot be
-    reached raises `Unreachable` with the line to print."""
+    """(a ready client of the server `args.address` names, its address); a server that cannot
+    be reached raises `Unreachable` with the line to print."""
+    with connected_to(args, args.address) as ready:
+        yield ready
+
+
+@contextlib.contextmanager
+def connected_to(args: argparse.Namespace, named: str | None) -> Iterator[tuple[Any, str]]:
+    """(a ready client of the server at `named` (None: the default address) with `args`'s
+    credentials and timeout, its address); one that cannot be reached raises `Unreachable`."""
     from input_client import InputClient, StreamError
     from input_client.addresses import check_private_dir, default_socket, default_socket_dir
 
-    address = args.address or default_socket()
+    address = named or default_socket()
     try:
-        if not args.address:  # a folder another user made could hold an impostor's socket
+        if not named:  # a folder another user made could hold an impostor's socket
             check_private_dir(default_socket_dir())
         with InputClient(
             address,
@@ -47,9 +104,13 @@ def connected(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
             client.wait_ready()
             yield client, address
     except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
-        said = "" if args.address or address in str(e) else f" (the default address {address})"
+        said = "" if named or address in str(e) else f" (the default address {address})"
         raise Unreachable(f"input-server: {e}{said}") from None
 
 
 class Unreachable(Exception):
     """The server named cannot be asked; the message is the line to print."""
+
+
+class BadAddresses(ValueError):
+    """The addresses given cannot be asked as they are; the message says why."""

@@ -1,5 +1,6 @@
 """`input-server stats`: where each stream's time goes and the one-line verdict on it, once or
-(`--watch`) every few seconds; `--json` for machines (one object a reading)."""
+(`--watch`) every few seconds; `--json` for machines (one object a reading). Several servers
+are a pool's view (`pool_stats`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import sys
 import time
 
 from input_server.cli.arguments import positive
-from input_server.cli.connection import Unreachable, add_connection_arguments, connected
+from input_server.cli.connection import (
+    BadAddresses,
+    Unreachable,
+    add_connection_arguments,
+    addresses_of,
+    connected_to,
+)
 from input_server.cli.info import audit_words
+from input_server.cli.pool_stats import run_pool
 from input_server.quoting import quote, quoted_copy
 from input_server.stages import STREAM_STAGES, WORKER_STAGES
 
@@ -86,14 +94,15 @@ def format_stats(info, address: str, before=None) -> str:
     return "\n".join(lines)
 
 
-def as_json(info) -> str:
-    """One line: each running stream's figures and verdict, and the server's totals."""
+def _dict(message) -> dict:
     from google.protobuf import json_format
 
-    def d(message) -> dict:
-        return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
 
-    streams = [
+
+def stream_dicts(info) -> list[dict]:
+    """Each running stream's figures and verdict, as `--json` gives them."""
+    return [
         {
             "stream_id": s.stream_id,
             "pipeline": s.pipeline,
@@ -101,19 +110,28 @@ def as_json(info) -> str:
             "worker_threads": s.worker_threads,
             "worker_reason": s.worker_reason,
             "consumed_batches_per_s": s.consumed_batches_per_s,
-            "stats": d(s.stats),
+            "stats": _dict(s.stats),
         }
         for s in info.streams
         if s.HasField("stats")
     ]
-    return json.dumps({"at": time.time(), "streams": streams, "totals": d(info.totals)})
+
+
+def as_json(info) -> str:
+    """One line: each running stream's figures and verdict, and the server's totals."""
+    streams = stream_dicts(info)
+    return json.dumps({"at": time.time(), "streams": streams, "totals": _dict(info.totals)})
 
 
 def register(subparsers) -> None:
     stats = subparsers.add_parser(
-        "stats", help="where each stream's time goes, and whether input is the bottleneck"
+        "stats",
+        help="where each stream's time goes, and whether input is the bottleneck",
+        description="One server: each stream's verdict and where its time goes. Several (a "
+        "pool, or a fan-in's list): a row a server and one verdict for the job, naming the "
+        "server that limits it.",
     )
-    add_connection_arguments(stats, positive=positive(float))
+    add_connection_arguments(stats, positive=positive(float), several=True)
     stats.add_argument("--json", action="store_true", help="one JSON object a reading")
     stats.add_argument(
         "--watch", action="store_true", help="read again every --interval-s, until Ctrl-C"
@@ -125,10 +143,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        addresses = addresses_of(args)
+    except BadAddresses as e:
+        print(f"input-server: {quote(e)}", file=sys.stderr)
+        return 2
+    if len(addresses) > 1:
+        return run_pool(args, addresses, stream_dicts)
     readings = (args.count if args.count > 0 else None) if args.watch else 1
     before, done = None, 0
     try:
-        with connected(args) as (client, address):
+        with connected_to(args, addresses[0] if addresses else None) as (client, address):
             while readings is None or done < readings:
                 if done:
                     time.sleep(args.interval_s)
