@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from input_server.cli.connection import Unreachable, connected_to
+from input_server.plurals import plural
 from input_server.quoting import quote, quoted_copy
 from input_server.serving.verdict import INPUT_BOUND_WAIT
 
@@ -231,7 +232,8 @@ def format_pool(rows: Sequence[ServerRow], job: JobVerdict) -> str:
 
     answered = sum(r.error is None for r in rows)
     streams = sum(r.streams for r in rows)
-    lines = [f"pool of {len(rows)} servers: {answered} answered, {streams} streams running"]
+    running = plural(streams, "stream")
+    lines = [f"pool of {len(rows)} servers: {answered} answered, {running} running"]
     lines += [line(cells) for cells in table]
     lines.append(f"job  {job.verdict}")
     lines += [f"  {r.address}: {r.error}" for r in rows if r.error is not None]

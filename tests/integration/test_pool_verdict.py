@@ -123,6 +123,15 @@ def test_an_address_where_nothing_serves_is_a_row_and_the_view_partial(
     )
     assert lines[5].startswith(f"  {gone}: no input server reachable at '{gone}'")
 
+    # --watch reads every server again, each reading one JSON object.
+    watch = ["--json", "--watch", "--count", "2", "--interval-s", "0.1", "--timeout-s", "1"]
+    assert cli.main(["stats", live, gone, *watch]) == 2
+    readings = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(readings) == 2 and readings[1]["at"] > readings[0]["at"]
+    for r in readings:
+        assert r["job"]["kind"] == "idle" and r["job"]["unreachable"] == [gone]
+        assert [s["kind"] for s in r["servers"]] == ["idle", "unreachable"]
+
     # One address keeps the one server's view and its exit code.
     assert cli.main(["stats", gone, "--timeout-s", "1"]) == 2
     out, err = capsys.readouterr()

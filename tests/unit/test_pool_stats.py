@@ -100,7 +100,7 @@ def test_an_unreachable_server_is_a_row_and_makes_the_view_partial():
     assert (job.kind, job.limiting, job.unreachable) == ("starting", "a:1", ("b:1",))
     assert job.verdict.endswith("— partial: 1 of 2 servers could not be asked (b:1)")
     table = format_pool(rows, job).splitlines()
-    assert table[0] == "pool of 2 servers: 1 answered, 1 streams running"
+    assert table[0] == "pool of 2 servers: 1 answered, 1 stream running"
     assert table[2].split() == ["a:1", "1", "10.0", "20.0", "not", "reported", "starting"]
     assert table[3].split() == ["b:1", "-", "-", "-", "-", "unreachable"]
     assert table[4].startswith("job  starting: a:1 limits the job")
