@@ -64,12 +64,13 @@ class PodWait:
             self._processes, self._process_index = jax.process_count(), jax.process_index()
             if self._processes > 1:
                 self._gather = PodGather(1)  # compiled at the first step, MaxText's compile
+        step_s = max(0.0, step_time_s - waited)  # the step's own time, as StepTimer's
         if self._gather is None:
-            self._gathered[step] = PodStep(self._recorded, "train", (waited,), (step_time_s,))
+            self._gathered[step] = PodStep(self._recorded, "train", (waited,), (step_s,))
         else:
-            if self._gather.pending:  # not written yet (a step MaxText wrote out of turn)
+            if self._gather.pending:  # the previous step not written yet: MaxText out of turn
                 self._collect()
-            self._gather.submit(self._recorded, [waited], [max(0.0, step_time_s - waited)])
+            self._gather.submit(self._recorded, [waited], [step_s])
             self._pending_step = step
         self._recorded += 1
 
