@@ -26,8 +26,9 @@ if not CLIENT["version"] == SERVER["version"] == REPORTED:
     )
 
 SERVER_REQUIRES = [
-    # batching/_grain.py reads Grain internals (worker processes), checked against 0.2.18; the
-    # newest Grain for Python 3.10 (0.2.13) lays them out otherwise, hence Python 3.11 at least.
+    # batching/grain_adapter.py reads Grain internals (worker processes), checked against
+    # 0.2.18; the newest Grain for Python 3.10 (0.2.13) lays them out otherwise, hence Python
+    # 3.11 at least.
     "grain>=0.2.18",
     "sentencepiece>=0.2.3",  # encode(return_type="numpy"), GIL released in encode
     "tokenizers>=0.20",  # tokenizer.kind "huggingface": encode_batch_fast releases the GIL

@@ -22,7 +22,8 @@ from input_server.batching.pipeline import Pipeline
 
 
 class Processes(Protocol):
-    """The server's worker processes as one stream may take them (`serving.slots.Reservation`)."""
+    """The server's worker processes as one stream may take them
+    (`serving.slots.ProcessReservation`)."""
 
     cap: int  # the server's --max-workers, for messages
 

@@ -12,10 +12,11 @@ import time
 import numpy as np
 
 from input_server import stages
-from input_server.data.ids import Specials, encode_documents
+from input_server.data.ids import encode_documents
 from input_server.data.order import DocumentOrder
 from input_server.data.sources import DocumentSource
 from input_server.data.token_cache_digest import FileState, SourceFiles, Unsettled, file_states
+from input_server.data.tokenizers import Specials
 from input_server.data.tokenizers.groups import group_of
 from input_server.errors import CancelledError
 from input_server.version import __version__

@@ -5,7 +5,7 @@ Groups are a pure function of their index, and the packer (with what it holds of
 so only where the groups come from changes: the batches are the bytes either stage gives.
 The new stage starts its threads or worker processes and computes its first group while the
 running one still serves; the packer waits for it only if it reaches the handover group
-first. `batch_stream.BatchStream` asks for handovers; `Feed` is what its packer reads.
+first. `batch_stream.Packer` asks for handovers (`Packer.hand_over`); `Feed` is what it reads.
 """
 
 from __future__ import annotations

@@ -169,9 +169,7 @@ def bench_reference(spec: PipelineSpec, texts: list[str], processes: int) -> dic
         if processes:  # the work ran in worker processes this process's CPU time misses
             del result["cpu_ns_per_token"]
     finally:
-        close = getattr(it, "close", None)
-        if close:
-            close()
+        it.close()
     return {**result, "processes": processes}
 
 

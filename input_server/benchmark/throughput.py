@@ -85,9 +85,7 @@ def compare_packing(spec: PipelineSpec, texts: list[str]) -> dict:
     try:
         ref = list(it)
     finally:
-        close = getattr(it, "close", None)  # Grain before 0.2.14 (Python 3.10's) has none
-        if close is not None:
-            close()
+        it.close()
     return {
         "ours": efficiency(ours, "inputs_segmentation"),
         "reference": efficiency(ref, "inputs_segment_ids"),

@@ -38,6 +38,12 @@ class IdsOnly:
     def fall_back(self, why: str) -> None:
         pass  # no backend serves
 
+    def digest(self) -> str:
+        return ""  # no model file
+
+    def library_version(self) -> str:
+        return "none"  # no library tokenizes
+
     def specials(self) -> Specials:
         t = self.spec
         return Specials(

@@ -135,7 +135,7 @@ def order_budget(
         return None
     count = spec.workers.count
     # "auto" starts in the server's process; its worker processes are held to the copies
-    # that fit (`slots.Reservation`).
+    # that fit (`slots.ProcessReservation`).
     processes = 0 if count == "auto" else count
     threads = 1 if count == "auto" else Parallelism.fixed(count, spec.workers.threads).threads
     used = _stream_mb(

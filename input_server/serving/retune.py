@@ -22,7 +22,7 @@ from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.batch_stream import PendingSwitch, ServedStream
 from input_server.batching.meter import LiveMeter, clock
 from input_server.batching.parallelism import Parallelism
-from input_server.serving.slots import Reservation
+from input_server.serving.slots import ProcessReservation
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class StreamTuner:
         search: OnlineSearch,
         *,
         taken: Callable[[], int],
-        processes: Reservation,
+        processes: ProcessReservation,
         remember: Callable[[Tuning], None],
         reason: str = "",
         stream_id: int = 0,

@@ -84,7 +84,7 @@ class ProcessPool:
                 self._cond.notify_all()
 
 
-class Reservation:
+class ProcessReservation:
     """One stream's worker processes, reserved against the server's (`ProcessPool`): the
     stream opens with them, its live tuner (`retune.StreamTuner`) grows and shrinks them as it
     switches, and `close` gives back what is held, once. The one count of what the stream holds.

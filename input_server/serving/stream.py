@@ -45,7 +45,7 @@ from input_server.serving.credit import Credit
 from input_server.serving.limits import Limits, access_for, check_fits
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
-from input_server.serving.slots import ProcessPool, Reservation
+from input_server.serving.slots import ProcessPool, ProcessReservation
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -166,7 +166,7 @@ class Stream:
                 self._set_up("choosing its workers")
                 # An "auto" stream's processes: no more than copies of its order fit.
                 cap = order_process_cap(order_bytes(pipeline, position), self._groups_mb(pipeline))
-                processes = Reservation(shared.processes, cap)
+                processes = ProcessReservation(shared.processes, cap)
                 self._held.callback(processes.close)
                 opening = self._reserve(pipeline, processes)
                 cancel.check()
@@ -239,7 +239,7 @@ class Stream:
             per_message=batches_per_message(b.size, b.seq_len, shared.message_tokens),
         )
 
-    def _reserve(self, pipeline: Pipeline, processes: Reservation) -> Opening:
+    def _reserve(self, pipeline: Pipeline, processes: ProcessReservation) -> Opening:
         """How the stream opens; its worker processes are reserved for it (`processes`,
         given back by `close`): a fixed count's waited for, "auto"'s taken from what is free."""
         shared, w = self._shared, pipeline.spec.workers
@@ -256,7 +256,7 @@ class Stream:
         pipeline: Pipeline,
         batches: BatchStream,
         opening: Opening,
-        processes: Reservation,
+        processes: ProcessReservation,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers

@@ -1,6 +1,7 @@
 """Stand-ins and fixtures for tests and benchmarks: what lies outside the project (remote
-storage's latency), offline corpora and tokenizer models, child processes, files in every
-format, and hostile inputs. Installed, so `scripts/` and `tests/` share them.
+storage's latency), corpora and tokenizer models written for tests (over the product's own
+corpora and trainers in `data/`), child processes, files in every format, and hostile inputs.
+Installed, so `scripts/` and `tests/` share them.
 
 Each part is its own module, imported on use (a client-only process imports `processes`
 without Grain); the two stand-ins of the old `input_server.testing` module stay here by name.

@@ -89,6 +89,14 @@ class SlowTokenizer:
             self.spent.sleep(self.delay_s)
         return self.inner.encode(texts, first_doc, trim_to)
 
+    @property
+    def audit_share(self) -> float:  # written by the producer each batch: the model's own
+        return self.inner.audit_share
+
+    @audit_share.setter
+    def audit_share(self, share: float) -> None:
+        self.inner.audit_share = share
+
     def __getattr__(self, name: str):
         if name == "inner":  # not yet set (unpickling): no recursion
             raise AttributeError(name)

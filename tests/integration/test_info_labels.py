@@ -39,7 +39,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
     from input_server.batching.pipeline import Pipeline
     from input_server.batching.resume import Position
     from input_server.serving.retune import StreamTuner
-    from input_server.serving.slots import ProcessPool, Reservation
+    from input_server.serving.slots import ProcessPool, ProcessReservation
 
     def threads(processes: int) -> int:
         return max(1, 8 // max(1, processes))
@@ -76,7 +76,7 @@ def test_a_stream_searching_again_says_so_not_its_remembered_reason(make_spec):
         stream,
         search,
         taken=lambda: 0,
-        processes=Reservation(ProcessPool(0)),
+        processes=ProcessReservation(ProcessPool(0)),
         remember=print,
         reason=remembered,
     )

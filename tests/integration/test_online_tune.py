@@ -169,7 +169,7 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
     from input_server.batching.meter import LiveMeter
     from input_server.batching.resume import Position
     from input_server.serving.retune import StreamTuner
-    from input_server.serving.slots import ProcessPool, Reservation
+    from input_server.serving.slots import ProcessPool, ProcessReservation
 
     pipeline = Pipeline(make_spec(order={"epochs": 0}))
     stream = BatchStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
@@ -182,7 +182,7 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
 
     monkeypatch.setattr(batch_stream, "parallel", no_worker_processes)
     pool = ProcessPool(2)
-    reserved = Reservation(pool)
+    reserved = ProcessReservation(pool)
     search = OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads)
     tuner = StreamTuner(
         stream, search, taken=lambda: 0, processes=reserved, remember=lambda tuning: None

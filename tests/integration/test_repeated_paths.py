@@ -141,16 +141,16 @@ def test_an_auto_stream_takes_no_more_worker_processes_than_copies_of_its_order_
     copy of the order, so the processes it may take are capped first: 45 MiB left for copies
     of a 20 MiB order is two processes, however many the server has free."""
     from input_server.batching.footprint import order_process_cap
-    from input_server.serving.slots import ProcessPool, Reservation
+    from input_server.serving.slots import ProcessPool, ProcessReservation
 
     pool = ProcessPool(8)
-    mine = Reservation(pool, order_process_cap(20 << 20, 45))
+    mine = ProcessReservation(pool, order_process_cap(20 << 20, 45))
     assert mine.free() == 2
     assert mine.take_up_to(5) == 2 and mine.free() == 0 and pool.free() == 6
     mine.shrink_to(1)
     assert mine.free() == 1 and pool.free() == 7
     assert not mine.grow_to(3) and mine.held == 1 and pool.free() == 7  # all or none
-    unshuffled = Reservation(pool, order_process_cap(0, 45))  # an order holding nothing
+    unshuffled = ProcessReservation(pool, order_process_cap(0, 45))  # an order holding nothing
     assert unshuffled.free() == 7
     mine.close()
     mine.close()  # given back once

@@ -120,6 +120,14 @@ class Tokenizer(Protocol):
         """About how many of a document's characters get tokenized when `trim_to` are kept."""
         ...
 
+    def digest(self) -> str:
+        """SHA-256 of the files its ids come from (the token cache's key; "" without a model)."""
+        ...
+
+    def library_version(self) -> str:
+        """The version of the library that tokenizes ("none" without a model)."""
+        ...
+
 
 class ModelTokenizer:
     """What the kinds share: the model file resolved and bounded (`resolve`), loaded lazily
