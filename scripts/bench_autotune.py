@@ -27,8 +27,9 @@ from input_server import autotune
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.testing import SlowPipeline
-from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
 
 DOC_CHARS = 4000
 

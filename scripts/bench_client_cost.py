@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from results import emit_json  # scripts/, beside this file
 
-from input_server.testing import corpus
+from input_server.data import builtin_corpora
 from input_server.testing.processes import cli_argv
 
 
@@ -212,7 +212,7 @@ def main() -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from input_client import InputClient, PipelineSpec
 
-    text, model = corpus.ensure_demo_assets()
+    text, model = builtin_corpora.ensure_demo_assets()
     spec = PipelineSpec(
         source={"paths": [text]},
         tokenizer={"model": model},

@@ -211,12 +211,12 @@ print(json.dumps({"tokens_per_s": tokens / wall, "process": 1e9 * proc / tokens,
 
 def bench_served(o: argparse.Namespace, clients: list[str]) -> dict:
     """Each client folder's consumer against one sidecar, rounds interleaved."""
-    from input_server.testing import corpus
-    from input_server.testing.tokenizer_models import write_tiktoken_model
+    from input_server.data import builtin_corpora
+    from input_server.data.tokenizers.trainers import write_tiktoken_model
 
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as d:
-        docs = corpus.stdlib_docstrings()
-        data = corpus.write_jsonl(docs, os.path.join(d, "data.jsonl"))
+        docs = builtin_corpora.stdlib_docstrings()
+        data = builtin_corpora.write_jsonl(docs, os.path.join(d, "data.jsonl"))
         model = write_tiktoken_model(docs[:3000], os.path.join(d, "bpe.tiktoken"), vocab_size=8000)
         spec = {
             "source": {"paths": [data]},

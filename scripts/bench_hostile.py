@@ -34,7 +34,8 @@ from results import emit_json  # scripts/, beside this file
 from input_client import InputClient, PipelineSpec
 from input_client.proto import pb
 from input_client.wire import PROTOCOL_VERSION
-from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece
+from input_server.data.builtin_corpora import stdlib_docstrings
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.testing.files import jsonl_bytes, write_bytes
 from input_server.testing.memory_bound import bounded_server
 from input_server.testing.processes import cgroup_server, health

@@ -142,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from input_client import InputClient, PipelineSpec
-    from input_server.testing.corpus import ensure_demo_assets
+    from input_server.data.builtin_corpora import ensure_demo_assets
 
     python = (
         subprocess.run(

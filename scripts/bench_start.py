@@ -42,9 +42,9 @@ import time
 from results import emit_json  # scripts/, beside this file
 
 from input_client import InputClient, PipelineSpec
-from input_server.testing import corpus
+from input_server.data import builtin_corpora
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.testing.processes import cli_argv
-from input_server.testing.tokenizer_models import write_tiktoken_model
 
 VOCAB = 128_000
 GRAIN_WAIT_S = 5.0
@@ -58,7 +58,7 @@ def llama3_sized_ranks(folder: pathlib.Path) -> str:
         return os.fspath(path)
     folder.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    texts = corpus.stdlib_docstrings() + corpus.pydoc_topics()
+    texts = builtin_corpora.stdlib_docstrings() + builtin_corpora.pydoc_topics()
     for p in sorted(root.rglob("*.py")):
         if "site-packages" not in p.parts:
             try:
@@ -180,10 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    model = args.model or llama3_sized_ranks(corpus.cache_dir() / "bench_start")
+    model = args.model or llama3_sized_ranks(builtin_corpora.cache_dir() / "bench_start")
     with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
         work = pathlib.Path(tmp)
-        data = corpus.write_jsonl(corpus.stdlib_docstrings(2000), work / "docs.jsonl")
+        data = builtin_corpora.write_jsonl(
+            builtin_corpora.stdlib_docstrings(2000), work / "docs.jsonl"
+        )
         rounds = [one_round(os.path.abspath(model), data, work) for _ in range(args.rounds)]
     result = {
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version},

@@ -48,7 +48,7 @@ from results import emit_json  # scripts/, beside this file
 from step_model import init_state, make_train_step, param_count, parse_size
 
 from input_client import InputClient, PipelineSpec
-from input_server.testing.corpus import ensure_demo_assets
+from input_server.data.builtin_corpora import ensure_demo_assets
 from input_server.testing.processes import cli_argv
 
 STEP_KEYS = ("inputs", "inputs_segmentation", "inputs_position", "targets", "targets_segmentation")

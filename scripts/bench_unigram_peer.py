@@ -49,13 +49,9 @@ from input_server.batching.pipeline import Pipeline
 from input_server.benchmark.kinds import bench_limit, epoch_token_counts
 from input_server.benchmark.preflight import backend_report
 from input_server.benchmark.served import bench_server
+from input_server.data.builtin_corpora import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import backends
-from input_server.testing.corpus import (
-    pydoc_topics,
-    stdlib_docstrings,
-    train_sentencepiece,
-    write_jsonl,
-)
+from input_server.data.tokenizers.trainers import train_sentencepiece
 
 GROUP = 256  # texts a tf.data batch, as a pipeline's groups hold about
 # The UTF-8 bytes a peer call takes, at most (but for a text longer alone):

@@ -24,8 +24,9 @@ import time
 
 from input_client import InputClient, PipelineSpec
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.serving.server import Server, ServerConfig
-from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl
 
 # Thread names of one stream's server side (`serving/`), and what each does.
 KINDS = (

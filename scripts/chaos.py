@@ -141,7 +141,7 @@ def run(
     lets a few MB arrive ahead of the caller, so a kill is felt only once that is used)."""
     from input_client import PipelineSpec
     from input_server.batching.grain_adapter import ensure_absl_flags_parsed
-    from input_server.testing.corpus import ensure_demo_assets
+    from input_server.data.builtin_corpora import ensure_demo_assets
 
     ensure_absl_flags_parsed()
     start = time.monotonic()

@@ -89,8 +89,12 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131
 
 def build_data(root: str) -> dict:
     """A corpus in every format, its model, hostile files, and the strings to draw from."""
-    from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece
-    from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+    from input_server.data.builtin_corpora import stdlib_docstrings
+    from input_server.data.tokenizers.trainers import (
+        train_hf_tokenizer,
+        train_sentencepiece,
+        write_tiktoken_model,
+    )
 
     docs = stdlib_docstrings(300)
     model = train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)

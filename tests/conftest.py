@@ -12,7 +12,8 @@ import pytest  # noqa: E402
 
 from input_client import InputClient, PipelineSpec  # noqa: E402
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed  # noqa: E402
-from input_server.testing.corpus import stdlib_docstrings, train_sentencepiece, write_jsonl  # noqa: E402
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl  # noqa: E402
+from input_server.data.tokenizers.trainers import train_sentencepiece  # noqa: E402
 
 ensure_absl_flags_parsed()  # pytest parses no absl flags
 

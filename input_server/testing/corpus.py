@@ -1,8 +1,8 @@
-"""The benchmark scripts' corpus options (a jsonl file and model, or a builtin corpus), and the
-offline corpora and sentencepiece trainer the tests and scripts take their fixtures from.
+"""The benchmark scripts' corpus options: a jsonl file and model, or a builtin corpus.
 
-The corpora and the trainer are the product's (`input-server demo`, `tokenizer train` and
-`bench` use them): they live in `input_server.data`, and are named here for the fixtures.
+The builtin corpora and the sentencepiece trainer are the product's (`input-server demo`,
+`tokenizer train` and `bench` use them): import them from `input_server.data.builtin_corpora`
+and `input_server.data.tokenizers.trainers`.
 """
 
 from __future__ import annotations
@@ -10,29 +10,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from input_server.data.builtin_corpora import (
-    BUILTIN_CORPORA,
-    build_builtin,
-    cache_dir,
-    ensure_demo_assets,
-    pydoc_topics,
-    stdlib_docstrings,
-    write_jsonl,
-)
-from input_server.data.tokenizers.trainers import train_sentencepiece
+from input_server.data.builtin_corpora import BUILTIN_CORPORA, build_builtin
 
-__all__ = [
-    "BUILTIN_CORPORA",
-    "add_corpus_arguments",
-    "build_builtin",
-    "cache_dir",
-    "corpus_from_arguments",
-    "ensure_demo_assets",
-    "pydoc_topics",
-    "stdlib_docstrings",
-    "train_sentencepiece",
-    "write_jsonl",
-]
+__all__ = ["add_corpus_arguments", "corpus_from_arguments"]
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,12 @@
-"""Tokenizer models for the tests and scripts, made offline at run time (nothing is downloaded).
-
-The trained ones are the product's (`bench --kinds` makes them too): `train_hf_tokenizer` and
-`write_tiktoken_model` live in `input_server.data.tokenizers.trainers` and are named here for
-the fixtures. Here are the models only tests and scripts need:
+"""Tokenizer models only the tests and scripts need, made offline at run time (nothing is
+downloaded).
 
 - `write_large_bpe`: a large byte-level BPE built without training, to measure loading one.
 - `train_qwen2_bpe`, `write_hf_folder`: a checkpoint's tokenizer folder as Qwen's are, the
   class named in `tokenizer_config.json` (what MaxText's `qwen3-tokenizer` holds).
+
+The trained models the product makes too (`bench --kinds`), `train_hf_tokenizer` and
+`write_tiktoken_model`, are imported from `input_server.data.tokenizers.trainers`.
 """
 
 from __future__ import annotations
@@ -14,21 +14,9 @@ from __future__ import annotations
 import json
 import os
 
-from input_server.data.tokenizers.trainers import (
-    BOS,
-    EOS,
-    train_hf_tokenizer,
-    write_tiktoken_model,
-)
+from input_server.data.tokenizers.trainers import BOS, EOS
 
-__all__ = [
-    "QWEN_SPECIALS",
-    "train_hf_tokenizer",
-    "train_qwen2_bpe",
-    "write_hf_folder",
-    "write_large_bpe",
-    "write_tiktoken_model",
-]
+__all__ = ["QWEN_SPECIALS", "train_qwen2_bpe", "write_hf_folder", "write_large_bpe"]
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

@@ -11,12 +11,12 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_server.cli.stats import format_stream
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import KINDS
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.serving.audit_pace import AuditPace
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
-from input_server.testing.corpus import stdlib_docstrings, write_jsonl
-from input_server.testing.tokenizer_models import write_tiktoken_model
 from tests.backend_support import own_version, skewed_kind
 from tests.support import assert_same_batches
 

@@ -16,8 +16,8 @@ from input_server import autotune
 from input_server.autotune.policy import OVERSUBSCRIBE_GAIN
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.testing import SlowPipeline
-from input_server.testing.corpus import write_jsonl
 
 # The tuner measures throughput: another test's load moves what it picks.
 pytestmark = pytest.mark.alone

@@ -13,11 +13,11 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import load_tokenizer
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
-from input_server.testing.corpus import stdlib_docstrings, write_jsonl
-from input_server.testing.tokenizer_models import write_tiktoken_model
 from tests.support import assert_same_batches
 
 SERVED = re.compile(r"the reference served the first (\d+) groups while it loaded")

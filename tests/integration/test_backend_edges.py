@@ -27,13 +27,13 @@ from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.batching.resume import Position
+from input_server.data.builtin_corpora import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.data.token_cache import TokenCache
 from input_server.data.tokenizers import KINDS, fast, load_tokenizer, route
 from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.groups import framed
 from input_server.data.tokenizers.tiktoken import PATTERN, TiktokenTokenizer
-from input_server.testing.corpus import pydoc_topics, stdlib_docstrings, write_jsonl
-from input_server.testing.tokenizer_models import write_tiktoken_model
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from tests.backend_support import first_new_word
 from tests.support import assert_same_batches, run_pipeline, same_batches
 

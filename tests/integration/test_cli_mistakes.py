@@ -189,7 +189,7 @@ def test_help_lists_every_verb(capsys):
 
 @pytest.fixture
 def small_corpus(tmp_path, docs):
-    from input_server.testing.corpus import write_jsonl
+    from input_server.data.builtin_corpora import write_jsonl
 
     return write_jsonl(docs[:300], tmp_path / "c.jsonl")
 

@@ -25,8 +25,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.data.tokenizers import load_tokenizer
-from input_server.testing.corpus import write_jsonl
 from input_server.testing.tokenizer_models import (
     QWEN_SPECIALS,
     train_qwen2_bpe,

@@ -20,9 +20,9 @@ import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.data.tokenizers import load_tokenizer
-from input_server.testing.corpus import write_jsonl
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
 
 EXPANSION = 2000  # characters a hostile normalizer makes of one
 

@@ -20,7 +20,8 @@ import time
 import pytest
 
 from input_client import InputClient, PipelineSpec
-from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.testing.tokenizer_models import write_large_bpe
 from tests.support import bounded_server, flowing_stream, needs_memory_cgroup
 

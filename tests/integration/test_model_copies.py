@@ -12,8 +12,8 @@ import os
 import grpc
 
 from input_client import PipelineSpec
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.serving.server import Server, ServerConfig
-from input_server.testing.corpus import write_jsonl
 from input_server.testing.tokenizer_models import write_large_bpe
 from tests.support import stream_status
 

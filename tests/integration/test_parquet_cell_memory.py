@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
-from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from tests.support import bounded_server, flowing_stream, needs_memory_cgroup, run_bounded
 
 _MIB = 1 << 20

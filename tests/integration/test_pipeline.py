@@ -94,7 +94,7 @@ def test_real_tokens_are_counted_and_rows_well_formed(make_spec, spm_model):
 
 def test_group_size_bounds_the_text_tokenized_and_the_text_held(make_spec, docs, tmp_path):
     from input_server.batching.pipeline import GROUP_CHARS, GROUP_RAW_CHARS, MIN_GROUP
-    from input_server.testing.corpus import write_jsonl
+    from input_server.data.builtin_corpora import write_jsonl
 
     # Long documents (~120k characters): with a short seq_len little of each is tokenized, so
     # the tokenized text alone would allow thousands a group; the text held must bound it.

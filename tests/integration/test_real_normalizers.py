@@ -19,8 +19,8 @@ import pytest
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
 from input_server.data.tokenizers.checks import MAX_NORMALIZER_EXPANSION
+from input_server.data.tokenizers.trainers import train_hf_tokenizer
 from input_server.errors import InvalidSpecError
-from input_server.testing.tokenizer_models import train_hf_tokenizer
 
 
 def _replace(pattern: dict, content: str) -> dict:

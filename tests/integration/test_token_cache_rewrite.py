@@ -12,7 +12,7 @@ import re
 import pytest
 
 from input_client import InputClient
-from input_server.testing.corpus import write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
 from tests.support import assert_same_batches, first_difference, serve_files
 
 _PREFIX = b'{"id": '

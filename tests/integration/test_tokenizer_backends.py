@@ -18,18 +18,17 @@ from input_client.spec import SpecError, TokenizerSpec
 from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
+from input_server.data.builtin_corpora import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import KINDS, backends, load_tokenizer, route
 from input_server.data.tokenizers.backends import PROBES
 from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
-from input_server.errors import InvalidSpecError
-from input_server.testing.corpus import (
-    pydoc_topics,
-    stdlib_docstrings,
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
     train_sentencepiece,
-    write_jsonl,
+    write_tiktoken_model,
 )
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.errors import InvalidSpecError
 from tests.backend_support import first_new_word, own_version, skewed_kind
 from tests.support import assert_same_batches, run_pipeline, stream_status
 

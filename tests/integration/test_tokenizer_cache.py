@@ -21,12 +21,12 @@ import time
 import pytest
 
 from input_client import InputClient, PipelineSpec
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import fast
 from input_server.data.tokenizers.keep import SUFFIX, ModelKeep
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
-from input_server.testing.corpus import stdlib_docstrings, write_jsonl
-from input_server.testing.tokenizer_models import write_tiktoken_model
 from tests.support import serve_files
 
 FROM_CACHE = "read from the tokenizer cache"

@@ -15,7 +15,7 @@ import pytest
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
 from tests.support import assert_same_batches, run_pipeline
 
 SEQ, ROWS = 128, 4

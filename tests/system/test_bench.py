@@ -50,7 +50,7 @@ def test_bench_command_reports_all_measurements(tmp_path, corpus, spm_model):
 @pytest.fixture(scope="module")
 def kind_models(docs, tmp_path_factory) -> dict[str, str]:
     """A model of each kind other than sentencepiece, trained on the corpus's documents."""
-    from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+    from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
 
     d = tmp_path_factory.mktemp("kinds")
     return {

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from input_client import InputClient, PipelineSpec, reshard
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.data.token_cache import TokenCache
-from input_server.testing.corpus import write_jsonl
-from input_server.testing.tokenizer_models import write_tiktoken_model
+from input_server.data.tokenizers.trainers import write_tiktoken_model
 from tests.support import ChildProcess, ServerProcess, assert_same_batches, cli_argv
 
 DOCS = 900

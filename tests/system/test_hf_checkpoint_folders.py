@@ -21,9 +21,9 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.data.tokenizers import load_tokenizer
-from input_server.testing.corpus import write_jsonl
-from input_server.testing.tokenizer_models import train_hf_tokenizer
+from input_server.data.tokenizers.trainers import train_hf_tokenizer
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 

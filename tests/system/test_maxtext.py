@@ -24,7 +24,8 @@ import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
-from input_server.testing.corpus import train_sentencepiece, write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from tests.support import TINY_MAXTEXT, file_lock
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from input_client import InputClient, reshard
-from input_server.testing.corpus import write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
 from tests.system import test_maxtext
 from tests.system.test_maxtext import ONE_HOST, _launch, _one_line, _steps, _two_hosts, _weight
 

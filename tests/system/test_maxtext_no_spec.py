@@ -20,8 +20,11 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.maxtext.conventions import to_maxtext
 from input_server.data.tf_example import make_example
-from input_server.testing.corpus import train_sentencepiece
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
+    train_sentencepiece,
+    write_tiktoken_model,
+)
 from tests.support import TINY_MAXTEXT, write_arrayrecord
 from tests.system.test_maxtext import STEP_LINE
 

@@ -29,8 +29,12 @@ import textwrap
 import pytest
 
 from input_client import InputClient, PipelineSpec
-from input_server.testing.corpus import train_sentencepiece, write_jsonl
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.builtin_corpora import write_jsonl
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
+    train_sentencepiece,
+    write_tiktoken_model,
+)
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from input_server.testing.corpus import train_sentencepiece
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from tests.support import ROOT
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]

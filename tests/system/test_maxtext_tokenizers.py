@@ -18,8 +18,11 @@ import pytest
 
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
-from input_server.testing.corpus import train_sentencepiece
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
+    train_sentencepiece,
+    write_tiktoken_model,
+)
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 

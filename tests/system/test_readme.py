@@ -60,7 +60,7 @@ FOR_CKPT = '(skip step 1; `model = "ckpt"` and `kind = "huggingface"` for `my-da
 def _as_checkpoint(shell: str, folder) -> str:
     """README's commands with a Qwen-class checkpoint folder (as MaxText's qwen3-tokenizer:
     EOS <|im_end|>, pad <|endoftext|>, no BOS) in place of the tokenizer step 1 trains."""
-    from input_server.testing.corpus import stdlib_docstrings
+    from input_server.data.builtin_corpora import stdlib_docstrings
     from input_server.testing.tokenizer_models import train_qwen2_bpe, write_hf_folder
 
     tokens = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
@@ -77,7 +77,7 @@ def _as_checkpoint(shell: str, folder) -> str:
 def test_bring_your_own_data_runs_as_written(corpus, tmp_path, short_tmp):
     """As written, on a folder of plain text (a document a line); with README's one change,
     on jsonl, or with a checkpoint's tokenizer folder. The same documents either way."""
-    from input_server.testing.corpus import stdlib_docstrings, write_jsonl
+    from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 
     text = section("Bring your own data")
     blocks = code_blocks(text)

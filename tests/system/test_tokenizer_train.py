@@ -11,8 +11,8 @@ import pytest
 import sentencepiece as spm
 
 from input_client import InputClient, PipelineSpec
+from input_server.data.builtin_corpora import write_jsonl
 from input_server.serving.server import Server, ServerConfig
-from input_server.testing.corpus import write_jsonl
 from tests.support import run_main
 
 

@@ -16,7 +16,7 @@ from input_client import InputClient, PipelineSpec, reshard
 from input_client.checkpoint import load_state
 from input_client.maxtext import MaxTextConfigError
 from input_client.wire import encode_state
-from input_server.testing.corpus import write_jsonl
+from input_server.data.builtin_corpora import write_jsonl
 
 
 @pytest.fixture(scope="module")

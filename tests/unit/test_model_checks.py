@@ -13,7 +13,7 @@ from input_server.data.tokenizers.checks import (
     hf_normalizer_expansion,
     looks_like,
 )
-from input_server.testing.tokenizer_models import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
 
 
 def _replace(content: str) -> dict:

@@ -24,7 +24,7 @@ def tokenizer(spm_model):
 
 @pytest.fixture(scope="module")
 def bpe_model(docs, tmp_path_factory):
-    from input_server.testing.corpus import train_sentencepiece
+    from input_server.data.tokenizers.trainers import train_sentencepiece
 
     return train_sentencepiece(
         docs, tmp_path_factory.mktemp("bpe") / "bpe", vocab_size=1000, model_type="bpe"

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
+from input_server.data.tokenizers.trainers import train_hf_tokenizer
 from input_server.data.tokenizers.word_cuts import LLAMA3_PATTERN, QWEN_PATTERN
-from input_server.testing.tokenizer_models import train_hf_tokenizer
 from tests.unit.test_tokenize import _pieces as tokenize_pieces
 
 
