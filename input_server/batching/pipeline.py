@@ -84,9 +84,13 @@ class Pipeline:
         self.components = component_fingerprints(spec) if named else None
         self.tokenizer: Tokenizer  # a model's, or the ids-only one: one interface, no probes
         if spec.tokenizer.model:
-            self.tokenizer = load_tokenizer(spec.tokenizer, access, keep=tokenizer_cache)
-            self.tokenizer.audit_every = audit_every
-            self.tokenizer.load_behind = load_behind
+            self.tokenizer = load_tokenizer(
+                spec.tokenizer,
+                access,
+                keep=tokenizer_cache,
+                audit_every=audit_every,
+                load_behind=load_behind,
+            )
         else:
             self.tokenizer = IdsOnly(spec.tokenizer)
         self.source = self._open_source(spec)

@@ -31,8 +31,7 @@ def backend_report(spec: PipelineSpec, texts: list[str], say=lambda _: None) -> 
     """The backend chosen on the corpus's first documents (as a pipeline chooses on its
     sample), why, and how many of the corpus's documents it gives other ids than the
     reference (with BOS/EOS as the spec says, whole documents)."""
-    tokenizer = load_tokenizer(spec.tokenizer)
-    tokenizer.audit_every = 0  # compared here, every document
+    tokenizer = load_tokenizer(spec.tokenizer, audit_every=0)  # compared here, every document
     choice = tokenizer.choose_backend(texts[:64])
     reference = load_tokenizer(dataclasses.replace(spec.tokenizer, backend="reference"))
     reference.choose_backend([])

@@ -28,9 +28,7 @@ class IdsOnly:
         self.vocab_size = spec.vocab_size
         self.written = "`tokenizer.vocab_size`"
         self.choice: Choice | None = None  # no model: nobody tokenizes
-        self.audit_every = 0
-        self.audit_share = 0.0
-        self.load_behind = False
+        self.audit_share = 0.0  # written by the producer each batch; nothing to audit
 
     def choose_backend(self, documents: list[str]) -> Choice | None:
         return None

@@ -92,8 +92,7 @@ def test_a_tokenizer_pickled_while_its_backend_loads_is_handed_the_backend(tmp_p
     """What a worker process is handed waits for the choice: not the reference it started on."""
     texts = stdlib_docstrings(300)
     model = write_tiktoken_model(texts, tmp_path / "pickled.tiktoken", vocab_size=640)
-    tok = load_tokenizer(TokenizerSpec(model=model, kind="tiktoken"))
-    tok.load_behind = True
+    tok = load_tokenizer(TokenizerSpec(model=model, kind="tiktoken"), load_behind=True)
     pending = tok.choose_backend(texts[:64])
     assert pending.why.startswith("while fastokens loads") and pending.pending
     copy = pickle.loads(pickle.dumps(tok))

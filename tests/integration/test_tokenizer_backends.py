@@ -72,10 +72,13 @@ def corpus_file(texts, tmp_path_factory) -> str:
     return write_jsonl(texts, tmp_path_factory.mktemp("backend-data") / "texts.jsonl")
 
 
-def _tokenizer(models, kind: str, backend: str = "auto", **flags):
+def _tokenizer(
+    models, kind: str, backend: str = "auto", audit_every: int = route.AUDIT_EVERY, **flags
+):
     model_kind = "sentencepiece" if kind == "nfkc" else kind
     return load_tokenizer(
-        TokenizerSpec(model=models[kind], kind=model_kind, backend=backend, **flags)
+        TokenizerSpec(model=models[kind], kind=model_kind, backend=backend, **flags),
+        audit_every=audit_every,
     )
 
 
@@ -117,7 +120,8 @@ def _never(*args, **kwargs):
 @pytest.mark.parametrize("kind", list(BACKEND))
 @pytest.mark.parametrize("ends", [True, False], ids=["bos-eos", "bare"])
 def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, ends):
-    fast = _tokenizer(models, kind, add_bos=ends, add_eos=ends)
+    # No audit: it would serve the reference's group, hiding the backend's.
+    fast = _tokenizer(models, kind, audit_every=0, add_bos=ends, add_eos=ends)
     ref = _tokenizer(models, kind, backend="reference", add_bos=ends, add_eos=ends)
     choice = fast.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == BACKEND[kind], choice.why
@@ -125,7 +129,6 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
     assert ref.choose_backend(texts[:GATE_DOCS]).backend == "reference"
     info = ref.info()
 
-    fast.audit_every = 0  # an audit would serve the reference's group, hiding the backend's
     fast.router.reference_group = _never  # nor may a group the backend fails on go there
     for trim_to in (None, TRIM):
         for i in range(0, len(texts), GROUP):
@@ -162,7 +165,7 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
 def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models, monkeypatch):
     """kitoken answers in lists of Python ints: `encode_framed` reads them in one pass, BOS and
     EOS put in place as it reads (no array a document), and serving goes through it."""
-    tok = _tokenizer(models, "sentencepiece", add_bos=True, add_eos=True)
+    tok = _tokenizer(models, "sentencepiece", audit_every=0, add_bos=True, add_eos=True)
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "kitoken"
     kitoken = tok.router.serving_backend()
     group = [*texts[:40], "", " ", texts[-1]]
@@ -178,7 +181,6 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
     framed = []
     real = kitoken.encode_framed
     monkeypatch.setattr(kitoken, "encode_framed", lambda *a: framed.append(a) or real(*a))
-    tok.audit_every = 0
     want = _tokenizer(models, "sentencepiece", backend="reference", add_bos=True, add_eos=True)
     want.choose_backend([])
     _assert_same_group(tok.encode(group, 3), want.encode(group, 3), "kitoken's group")
@@ -186,9 +188,8 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
 
 
 def test_the_audit_checks_one_group_in_audit_every(texts, models):
-    tok = _tokenizer(models, "tiktoken")
+    tok = _tokenizer(models, "tiktoken", audit_every=3)
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "fastokens"
-    tok.audit_every = 3
     audited = [tok.encode(texts[i : i + 20], i).audited for i in range(0, 200, 20)]
     assert audited == [i % 3 == 0 for i in range(10)]
     assert tok.choice.backend == "fastokens"
@@ -217,14 +218,13 @@ def test_kitoken_is_refused_on_a_model_that_normalizes(texts, models):
     a stream naming kitoken alike are served by the reference."""
     ref = _tokenizer(models, "nfkc", backend="reference")
     for backend in ("auto", "kitoken"):
-        tok = _tokenizer(models, "nfkc", backend=backend)
+        tok = _tokenizer(models, "nfkc", backend=backend, audit_every=1)
         choice = tok.choose_backend(texts[:GATE_DOCS])
         assert choice.backend == "reference", choice.why
         assert (
             choice.why.startswith("kitoken ") and "failed the gate on the probe set" in choice.why
         )
         assert tok.choice == choice and tok.router.serving_backend() is None
-        tok.audit_every = 1
         got = tok.encode(texts[:GROUP], 0, TRIM)
         _assert_same_group(got, ref.encode(texts[:GROUP], 0, TRIM), backend)
         assert not got.audited  # the reference serves: nothing to audit
@@ -243,10 +243,9 @@ def test_reference_never_loads_a_backend(texts, models, kind, corpus_file, monke
 
     monkeypatch.setattr(KINDS[kind], "load_backend", load)
     monkeypatch.setattr(route.Router, "loaded_backend", load)  # nor one loaded before
-    tok = _tokenizer(models, kind, backend="reference")
+    tok = _tokenizer(models, kind, backend="reference", audit_every=1)
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "reference" and "asked for" in choice.why, choice.why
-    tok.audit_every = 1
     assert not tok.encode(texts[:GROUP], 0, TRIM).audited
     if kind == "tiktoken":  # and a pipeline of it, which chooses on its sample
         pipeline = Pipeline(_spec(corpus_file, models[kind], "reference"), audit_every=1)
@@ -339,9 +338,8 @@ def test_the_audit_catches_a_backend_wrong_after_the_gate(texts, models):
     version = own_version()
     kind = skewed_kind(lambda text: word in text, version)
     spec = TokenizerSpec(model=models["tiktoken"], kind="tiktoken")
-    tok, ref = kind(spec), _tokenizer(models, "tiktoken", "reference")
+    tok, ref = kind(spec, audit_every=1), _tokenizer(models, "tiktoken", "reference")
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "fastokens"
-    tok.audit_every = 1
     wrong = at // GROUP * GROUP  # the group holding the word
     for i in range(0, len(texts), GROUP):
         got = tok.encode(texts[i : i + GROUP], i, TRIM)

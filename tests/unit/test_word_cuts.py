@@ -130,9 +130,9 @@ def test_long_documents_are_tokenized_only_as_far_as_kept(folder, docs):
 
 
 def test_the_fast_backend_cuts_alike(gpt2_folder, docs):
-    tok = _tokenizer(gpt2_folder, add_bos=True)
+    spec = TokenizerSpec(model=gpt2_folder, kind="huggingface", add_bos=True)
+    tok = load_tokenizer(spec, audit_every=0)  # what the backend alone gives
     assert tok.choose_backend(docs[:64]).backend == "fastokens"
-    tok.audit_every = 0  # what the backend alone gives
     texts = [" ".join(docs[i : i + 30]) for i in range(0, 300, 30)]
     reference = _tokenizer(gpt2_folder, add_bos=True, backend="reference")
     want = reference.encode(texts)

@@ -71,21 +71,17 @@ class Tokenizer(Protocol):
         messages name.
       vocab_size: ids run from 0 to `vocab_size - 1`.
       choice: who tokenizes and why (`backends.Choice`); None: no model, nobody tokenizes.
-      audit_every: while a fast backend serves, one group in this many is encoded again by
-        the reference (0: none).
-      audit_share: the share of the other groups audited too, 0 to 1 (the stream's spare
-        room); this process's own, not handed to worker processes.
-      load_behind: whether a fast backend not loaded in this process yet loads behind the
-        stream while the reference serves (a server's request streams).
+      audit_share: while a fast backend serves, the share of the groups audited beyond one in
+        `audit_every` (set when the tokenizer is made: `load_tokenizer`), 0 to 1 (the stream's
+        spare room, which its producer writes each batch); this process's own, not handed to
+        worker processes.
     """
 
     spec: TokenizerSpec
     written: str
     vocab_size: int
     choice: Choice | None
-    audit_every: int
     audit_share: float
-    load_behind: bool
 
     def choose_backend(self, documents: list[str]) -> Choice | None:
         """Who tokenizes the stream, as `tokenizer.backend` asks, the gate run on `documents`
@@ -156,14 +152,23 @@ class ModelTokenizer:
     cutter: Cutter | None = None
 
     def __init__(
-        self, spec: TokenizerSpec, *, written: str | None = None, sidecars: dict | None = None
+        self,
+        spec: TokenizerSpec,
+        *,
+        written: str | None = None,
+        sidecars: dict | None = None,
+        audit_every: int = AUDIT_EVERY,
+        keep: ModelKeep | None = None,
+        load_behind: bool = False,
     ):
         self.spec = spec
         self.written = spec.model if written is None else written
         # Files beside the model that name its tokens (Hugging Face's configs), resolved.
         self.sidecars = dict(sidecars or {})
         self._model = None
-        self.router = Router(self, self.BACKENDS)
+        self.router = Router(
+            self, self.BACKENDS, audit_every=audit_every, keep=keep, load_behind=load_behind
+        )
         self.vocab_size = self.info().vocab_size
 
     @classmethod
@@ -238,38 +243,12 @@ class ModelTokenizer:
         return self.router.choice
 
     @property
-    def audit_every(self) -> int:
-        return self.router.audit_every
-
-    @audit_every.setter
-    def audit_every(self, every: int) -> None:
-        self.router.audit_every = every
-
-    @property
     def audit_share(self) -> float:
         return self.router.audit_share
 
     @audit_share.setter
     def audit_share(self, share: float) -> None:
         self.router.audit_share = share
-
-    @property
-    def load_behind(self) -> bool:
-        return self.router.load_behind
-
-    @load_behind.setter
-    def load_behind(self, behind: bool) -> None:
-        self.router.load_behind = behind
-
-    @property
-    def keep(self) -> ModelKeep | None:
-        """Where what is derived from the model is kept across processes and restarts
-        (`serve --tokenizer-cache`); None: in this process's memory only."""
-        return self.router.keep
-
-    @keep.setter
-    def keep(self, keep: ModelKeep | None) -> None:
-        self.router.keep = keep
 
     def choose_backend(self, documents: list[str]) -> Choice:
         return self.router.choose_backend(documents)

@@ -12,6 +12,8 @@ from input_client.spec import TokenizerSpec
 from input_server.data.roots import OPERATOR
 from input_server.data.tokenizers.base import ModelTokenizer
 from input_server.data.tokenizers.huggingface import HuggingFaceTokenizer
+from input_server.data.tokenizers.keep import ModelKeep
+from input_server.data.tokenizers.route import AUDIT_EVERY
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
 from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 
@@ -34,21 +36,49 @@ def resolve_model(access, spec: TokenizerSpec) -> tuple[str, dict[str, str]]:
 
 
 def open_tokenizer(
-    spec: TokenizerSpec, *, written: str | None = None, sidecars: dict | None = None
+    spec: TokenizerSpec,
+    *,
+    written: str | None = None,
+    sidecars: dict | None = None,
+    audit_every: int = AUDIT_EVERY,
+    keep: ModelKeep | None = None,
+    load_behind: bool = False,
 ) -> ModelTokenizer:
     """The tokenizer for `spec`, its `model` already resolved (`resolve_model`); `written` is
-    the model as the client wrote it, for messages."""
-    return KINDS[spec.kind](spec, written=written, sidecars=sidecars)
+    the model as the client wrote it, for messages. The rest is how its router routes
+    (`route.Router`)."""
+    return KINDS[spec.kind](
+        spec,
+        written=written,
+        sidecars=sidecars,
+        audit_every=audit_every,
+        keep=keep,
+        load_behind=load_behind,
+    )
 
 
-def load_tokenizer(spec: TokenizerSpec, access=None, *, keep=None) -> ModelTokenizer:
+def load_tokenizer(
+    spec: TokenizerSpec,
+    access=None,
+    *,
+    keep: ModelKeep | None = None,
+    audit_every: int = AUDIT_EVERY,
+    load_behind: bool = False,
+) -> ModelTokenizer:
     """The tokenizer for `spec`, its files found (`resolve_model`) inside `access`'s data roots
     (default: the operator's tools, which see every path); messages name the model as written.
-    `keep` (a `keep.ModelKeep`, `serve --tokenizer-cache`) is where what is derived from the
-    model is read and kept; None: this process's memory only."""
+    How it routes is set here, for good (`route.Router`): `keep` (a `keep.ModelKeep`, `serve
+    --tokenizer-cache`) is where what is derived from the model is read and kept (None: this
+    process's memory only); while a fast backend serves, one group in `audit_every` is
+    encoded again by the reference (0: none); with `load_behind` (a server's request
+    streams), a backend not loaded in this process yet loads behind the stream while the
+    reference serves. Every call makes a new tokenizer: no two pipelines share one."""
     model, sidecars = resolve_model(access or OPERATOR, spec)
-    tokenizer = open_tokenizer(
-        dataclasses.replace(spec, model=model), written=spec.model, sidecars=sidecars
+    return open_tokenizer(
+        dataclasses.replace(spec, model=model),
+        written=spec.model,
+        sidecars=sidecars,
+        audit_every=audit_every,
+        keep=keep,
+        load_behind=load_behind,
     )
-    tokenizer.keep = keep
-    return tokenizer

@@ -40,8 +40,8 @@ class SentencepieceTokenizer(ModelTokenizer):
     # MB (Gemma 3's 262,144 pieces: 4.7 MB).
     MAX_FILE_BYTES = 128 << 20
 
-    def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
-        super().__init__(spec, written=written, sidecars=sidecars)
+    def __init__(self, spec, **kw):
+        super().__init__(spec, **kw)
         # A damaged model may fail anywhere its pieces are read (a piece that is not UTF-8
         # raised UnicodeDecodeError here): the model's fault, named, not INTERNAL.
         with model_faults(self.written, "reading its pieces"):

@@ -287,8 +287,8 @@ class TiktokenTokenizer(ModelTokenizer):
     ADDED_IDS = RESERVED  # the special tokens, numbered after the file's ranks
     BACKENDS = ("fastokens",)
 
-    def __init__(self, spec, *, written: str | None = None, sidecars: dict | None = None):
-        super().__init__(spec, written=written, sidecars=sidecars)
+    def __init__(self, spec, **kw):
+        super().__init__(spec, **kw)
         self.cutter = PieceCutter(bos=spec.add_bos, eos=spec.add_eos)
         # The tokenizer.json derived from the ranks, handed over by the process that chose
         # fastokens (deriving Llama 3's took 1.6 s of a worker's start); None: not handed.
