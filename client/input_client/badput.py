@@ -93,7 +93,11 @@ def job_badput(path: str | os.PathLike[str]) -> dict[str, Any]:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("record") == RECORD:
+            if (
+                isinstance(record, dict)
+                and record.get("record") == RECORD
+                and all(k in record for k in ("run", "first_batch_wait_s", "step_wait_s"))
+            ):  # a line cut short by a kill, or not ours, is passed over like one not JSON
                 runs[record["run"]] = record
     last = list(runs.values())
     first = sum(r["first_batch_wait_s"] for r in last)

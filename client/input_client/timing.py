@@ -381,8 +381,10 @@ class StepTimer:
         and the run's badput.
 
         On several processes this is a collective: every process calls it at the same point
-        (after the loop, before `summary()`), having timed the same steps. On one process it
-        writes the badput line (with `badput_path`) and nothing else.
+        (after the loop, before `summary()`), having timed the same steps. It always gathers
+        once, an empty window too, so a process that timed more steps than another raises
+        (RuntimeError, on every process) instead of waiting for a gather nobody joins. On one
+        process it writes the badput line (with `badput_path`) and nothing else.
         """
         pod = self._pod
         if pod is None:
@@ -391,10 +393,8 @@ class StepTimer:
             return
         if pod.pending:
             self._absorb(pod.collect())
-        rest = len(self.records) - self._gathered
-        if rest:
-            self._submit(rest)
-            self._absorb(pod.collect())
+        self._submit(len(self.records) - self._gathered)
+        self._absorb(pod.collect())
 
     def badput(self) -> RunBadput:
         """This run's data-loading badput so far: its first batch's wait plus every later step's,

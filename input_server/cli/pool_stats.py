@@ -65,7 +65,8 @@ class ServerRow:
       taken, could_make: batches/s its clients take and its streams could make, summed.
       wait_share: the largest share of its loop's time a client of it waited (None: no client
         reports it).
-      headroom: the least production / demand of its streams (None: no demand known).
+      headroom: its limiting stream's production / demand (None: not known); with no client
+        waiting, the least of its streams'.
       kind, verdict: its limiting stream's verdict kind and sentence ("idle" with no stream,
         "unreachable" when it could not be asked).
       stream_id: its limiting stream (None without one).
@@ -90,7 +91,6 @@ class ServerRow:
         if not running:
             return cls(address=quote(address))
         waits = [w for w in map(_stream_wait, running) if w is not None]
-        headrooms = [h for h in map(_stream_headroom, running) if h is not None]
         worst = max(running, key=lambda s: pressure(_stream_wait(s), _stream_headroom(s)))
         return cls(
             address=quote(address),
@@ -98,7 +98,7 @@ class ServerRow:
             taken=sum(s.consumed_batches_per_s for s in running),
             could_make=sum(s.stats.production_batches_per_s for s in running),
             wait_share=max(waits) if waits else None,
-            headroom=min(headrooms) if headrooms else None,
+            headroom=_stream_headroom(worst),
             kind=worst.stats.verdict_kind or "starting",
             verdict=f"stream {worst.stream_id}: {worst.stats.verdict}",
             stream_id=worst.stream_id,
@@ -122,7 +122,8 @@ class JobVerdict:
       kind: the limiting server's verdict kind; "idle" when no server answered with a stream,
         "unreachable" when none answered at all.
       verdict: the sentence: the server that limits the job, why, and its own verdict.
-      limiting: the limiting server's address (None without one).
+      limiting: the address of the server that limits the job, or, where no server's clients
+        wait, of the one nearest to limiting it (None without one).
       unreachable: the servers that could not be asked: the job's view leaves them out.
     """
 
@@ -175,10 +176,14 @@ def limiting(rows: Sequence[ServerRow]) -> JobVerdict:
         verdict = f"idle: no stream running{partial}"
         return JobVerdict(kind="idle", verdict=verdict, limiting=None, unreachable=lost)
     row = max(serving, key=lambda r: pressure(r.wait_share, r.headroom))
-    verdict = (
-        f"{row.kind}: {row.address} limits the job ({_why(row, len(serving))}) — "
-        f"{row.verdict}{partial}"
+    waiting = row.wait_share is not None and row.wait_share >= INPUT_BOUND_WAIT
+    # Only a server whose clients wait limits the job; else it is the nearest to limiting it.
+    named = (
+        f"{row.address} limits the job"
+        if waiting
+        else f"no server limits the job; nearest to it: {row.address}"
     )
+    verdict = f"{row.kind}: {named} ({_why(row, len(serving))}) — {row.verdict}{partial}"
     return JobVerdict(kind=row.kind, verdict=verdict, limiting=row.address, unreachable=lost)
 
 

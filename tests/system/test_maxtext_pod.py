@@ -139,8 +139,11 @@ def _check_run(logs, rows, steps):
         assert lines[0][s][1] == own.index(max(own))
         assert lines[0][s][2] == pytest.approx(max(own), abs=6e-4)  # the log's 3 decimals
         worst.append(max(own))
-    held = [s for s in steps if lines[0][s][1] == SLOW]
-    assert len(held) > len(steps) / 2, lines[0]
+    # After a run's first step (its compile, whose batch was read ahead: a wait of 0 on any
+    # host), slow storage makes the slow host the worst on at least half of the steps.
+    later = list(steps)[1:]
+    held = [s for s in later if lines[0][s][1] == SLOW]
+    assert len(held) >= len(later) / 2, lines[0]
     return worst
 
 

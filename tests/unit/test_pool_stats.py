@@ -84,6 +84,7 @@ def test_with_no_trainer_waiting_the_least_headroom_limits_the_job():
     ]
     job = limiting(rows)
     assert (job.kind, job.limiting) == ("read-bound", "b:1")
+    assert job.verdict.startswith("read-bound: no server limits the job; nearest to it: b:1 (")
     assert (
         "no server's clients waited 5.0 % of their time; its production headroom is the least "
         "of the 2 servers with streams: production 1.3 x demand"
@@ -103,7 +104,7 @@ def test_an_unreachable_server_is_a_row_and_makes_the_view_partial():
     assert table[0] == "pool of 2 servers: 1 answered, 1 stream running"
     assert table[2].split() == ["a:1", "1", "10.0", "20.0", "not", "reported", "starting"]
     assert table[3].split() == ["b:1", "-", "-", "-", "-", "unreachable"]
-    assert table[4].startswith("job  starting: a:1 limits the job")
+    assert table[4].startswith("job  starting: no server limits the job; nearest to it: a:1")
     assert table[5] == "  b:1: no input server reachable at 'b:1' after 1 s"
     answers = [("a:1", info(stream(4, "starting"))), ("b:1", "gone")]
     out = json.loads(as_json(answers, rows, job, stream_dicts))
