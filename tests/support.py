@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from input_client import PipelineSpec
+
 # Shared with scripts/ (re-exported: the tests import them from here or from there).
 from input_server.testing.files import (  # noqa: F401
     FORMATS,
@@ -243,6 +245,23 @@ def stream_status(target: str, spec, take: int | None = None, timeout: float = 6
         except grpc.RpcError as e:
             return e.code(), e.details(), n
         return grpc.StatusCode.OK, "", n
+
+
+def other_stream_spec(docs: Sequence[str], folder) -> PipelineSpec:
+    """The memory tests' other client's spec (the stream that must keep flowing beside an
+    attack): 300 documents with a small sentencepiece model of their own, endless, 4 x 128,
+    in process; its files written in `folder`."""
+    from input_server.data.builtin_corpora import write_jsonl
+    from input_server.data.tokenizers.trainers import train_sentencepiece
+
+    folder = pathlib.Path(folder)
+    return PipelineSpec(
+        source={"paths": [write_jsonl(docs[:300], folder / "good.jsonl")]},
+        tokenizer={"model": train_sentencepiece(docs[:300], folder / "good")},
+        batch={"seq_len": 128, "size": 4},
+        order={"epochs": 0},
+        workers={"count": 0},
+    )
 
 
 @contextlib.contextmanager

@@ -16,10 +16,14 @@ import time
 import grpc
 import pytest
 
-from input_client import InputClient, PipelineSpec, StreamError
-from input_server.data.builtin_corpora import write_jsonl
-from input_server.data.tokenizers.trainers import train_sentencepiece
-from tests.support import bounded_server, flowing_stream, needs_memory_cgroup, run_bounded
+from input_client import InputClient, StreamError
+from tests.support import (
+    bounded_server,
+    flowing_stream,
+    needs_memory_cgroup,
+    other_stream_spec,
+    run_bounded,
+)
 
 _MIB = 1 << 20
 # One 381 MB cell of one repeated byte, plain-encoded and brotli-compressed: 803 bytes on disk.
@@ -42,13 +46,7 @@ def test_a_tiny_file_of_one_huge_cell_is_refused_from_its_page_headers(tmp_path,
     cell = os.path.join(root, "cell.parquet")
     run_bounded([sys.executable, "-c", _WRITE, cell], gb=2)
     assert os.path.getsize(cell) < 4096
-    good = PipelineSpec(
-        source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
-        tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
-        batch={"seq_len": 128, "size": 4},
-        order={"epochs": 0},
-        workers={"count": 0},
-    )
+    good = other_stream_spec(docs, tmp_path)
     with (
         bounded_server(root, gb=2, log=os.path.join(root, "server.log")) as server,
         flowing_stream(server.target, good.to_proto(), timeout=600, started=5) as flowing,

@@ -19,8 +19,8 @@ import pytest
 
 from input_client import InputClient, PipelineSpec, StreamError
 from input_server.data.builtin_corpora import write_jsonl
-from input_server.data.tokenizers.trainers import train_hf_tokenizer, train_sentencepiece
-from tests.support import bounded_server, flowing_stream, needs_memory_cgroup
+from input_server.data.tokenizers.trainers import train_hf_tokenizer
+from tests.support import bounded_server, flowing_stream, needs_memory_cgroup, other_stream_spec
 
 
 def _models(root: str, docs: list[str]) -> dict[str, tuple[str, str, str]]:
@@ -68,13 +68,7 @@ def test_full_size_hostile_models_are_refused_while_another_stream_flows(tmp_pat
     needs_memory_cgroup("full-size hostile models need one")
     root = str(tmp_path)
     hostile = _models(root, docs)
-    good = PipelineSpec(
-        source={"paths": [write_jsonl(docs[:300], tmp_path / "good.jsonl")]},
-        tokenizer={"model": train_sentencepiece(docs[:300], tmp_path / "good")},
-        batch={"seq_len": 128, "size": 4},
-        order={"epochs": 0},
-        workers={"count": 0},
-    )
+    good = other_stream_spec(docs, tmp_path)
     with (
         bounded_server(root, gb=3, log=os.path.join(root, "server.log")) as server,
         flowing_stream(server.target, good.to_proto(), timeout=600, started=5) as flowing,
