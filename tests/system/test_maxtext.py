@@ -340,15 +340,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _two_hosts(python, server, d, model, run, steps, *extra, **options):
+def _two_hosts(python, server, d, model, run, steps, *extra, each=None, **options):
     """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them; MaxText
     fixes the coordinator's port at 1234, so one such pair runs at a time on the machine (a
-    lock file in its temporary folder). `extra` and `options` go to `_launch`."""
+    lock file in its temporary folder). `extra` and `options` go to `_launch`, and so do
+    `each(i)`'s (arguments, options) for process i alone. Each process's log, also written to
+    `d/log{i}-{steps}.txt` for a failure's reader."""
     with file_lock(pathlib.Path(tempfile.gettempdir()) / "input-server-maxtext-1234.lock"):
-        return _two_hosts_now(python, server, d, model, run, steps, *extra, **options)
+        return _two_hosts_now(python, server, d, model, run, steps, *extra, each=each, **options)
 
 
-def _two_hosts_now(python, server, d, model, run, steps, *extra, **options):
+def _two_hosts_now(python, server, d, model, run, steps, *extra, each, **options):
+    own = [each(i) if each is not None else ((), {}) for i in (0, 1)]
     if not _port_free(1234):
         pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
     procs = [
@@ -360,6 +363,7 @@ def _two_hosts_now(python, server, d, model, run, steps, *extra, **options):
             run,
             "skip_jax_distributed_system=false",
             *extra,
+            *own[i][0],
             stream=True,
             steps=steps,
             evaluate=False,
@@ -371,13 +375,15 @@ def _two_hosts_now(python, server, d, model, run, steps, *extra, **options):
                 "JAX_PROCESS_COUNT": "2",
             },
             **options,
+            **own[i][1],
         )
         for i in (0, 1)
     ]
     try:
         with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall a process
             logs = list(pool.map(lambda p: p.stderr.read(), procs))
-        for p, log in zip(procs, logs, strict=True):
+        for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
+            (d / f"log{i}-{steps}.txt").write_text(log)
             assert p.wait(timeout=600) == 0, log[-4000:]
     finally:
         for p in procs:

@@ -11,12 +11,7 @@ Skip locally with `-m "not maxtext"`; CI runs it.
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import re
-import signal
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,9 +20,8 @@ from input_server.batching import pipeline as batching
 from input_server.serving import stream
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
-from tests.support import file_lock
 from tests.system import test_maxtext
-from tests.system.test_maxtext import _launch, _port_free, _steps
+from tests.system.test_maxtext import _steps
 
 specs = test_maxtext.specs  # its fixture: the spec files and model in the launcher's folder
 
@@ -63,48 +57,16 @@ def slow_server(tmp_path, monkeypatch):
 
 
 def _two_hosts(python, server, addresses, d, model, run, steps, *extra):
-    """MaxText's two CPU processes, process i fed by `addresses[i]` and writing its own
-    metrics file (`metrics{i}-{steps}.jsonl`); one such pair at a time on the machine (MaxText
-    fixes the coordinator's port). Each process's log."""
-    with file_lock(pathlib.Path(tempfile.gettempdir()) / "input-server-maxtext-1234.lock"):
-        if not _port_free(1234):
-            pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
-        procs = [
-            _launch(
-                python,
-                server,
-                d,
-                model,
-                run,
-                "skip_jax_distributed_system=false",
-                f"metrics_file={d / f'metrics{i}-{steps}.jsonl'}",
-                *extra,
-                stream=True,
-                steps=steps,
-                evaluate=False,
-                sync_checkpoints=True,
-                address=addresses[i],
-                env={
-                    "JAX_COORDINATOR_ADDRESS": "localhost",
-                    "JOB_INDEX": "0",
-                    "JOB_COMPLETION_INDEX": str(i),
-                    "PROCESSES_IN_JOB": "2",
-                    "JAX_PROCESS_COUNT": "2",
-                },
-            )  # fmt: skip
-            for i in (0, 1)
-        ]
-        try:
-            with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall one
-                logs = list(pool.map(lambda p: p.stderr.read(), procs))
-            for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-                (d / f"log{i}-{steps}.txt").write_text(log)  # for a failure's reader
-                assert p.wait(timeout=600) == 0, log[-4000:]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-    return logs
+    """MaxText's two CPU processes (`test_maxtext._two_hosts`), process i fed by
+    `addresses[i]` and writing its own metrics file (`metrics{i}-{steps}.jsonl`). Each
+    process's log."""
+
+    def each(i: int):
+        return (f"metrics_file={d / f'metrics{i}-{steps}.jsonl'}",), {"address": addresses[i]}
+
+    return test_maxtext._two_hosts(
+        python, server, d, model, run, steps, *extra, each=each, sync_checkpoints=True
+    )
 
 
 def _metrics(d, steps):
