@@ -60,9 +60,11 @@ class TextReader(JsonlReader):
         """The documents of lines `indices` (records, blank lines not counted)."""
         starts, ends = self.spans(indices)
         out = []
+        limit = self.max_bytes
         with self.buffer() as buf:
             for index, start, end in zip(indices, starts, ends, strict=True):
-                check_size(end - start, self.max_bytes, self.where(index))
+                if limit is not None and end - start > limit:  # named only when refused
+                    check_size(end - start, limit, self.where(index))
                 raw = buf[start:end]
                 if raw.endswith(b"\r"):
                     raw = raw[:-1]
