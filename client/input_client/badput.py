@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 # The `record` of every line, so the file can sit among other JSON lines and be found.
@@ -43,19 +42,6 @@ class RunBadput:
         """The run's data-loading badput: its first batch's wait plus its steps' waits."""
         return self.first_batch_wait_s + self.step_wait_s
 
-    @classmethod
-    def of(cls, run: str, processes: int, worst: Sequence[tuple[float, int]]) -> RunBadput:
-        """From each step's worst host, in step order: (its data wait, its process index)."""
-        first = worst[0] if worst else (0.0, None)
-        return cls(
-            run=run,
-            processes=processes,
-            steps=len(worst),
-            first_batch_wait_s=first[0],
-            first_batch_process=first[1],
-            step_wait_s=sum(w for w, _ in worst[1:]),
-        )
-
     def to_json(self) -> dict[str, Any]:
         """The record's line: `record`, `time` (Unix seconds when written), the attributes and
         `badput_s`."""
@@ -65,6 +51,29 @@ class RunBadput:
             **dataclasses.asdict(self),
             "badput_s": self.badput_s,
         }
+
+
+@dataclasses.dataclass
+class BadputTally:
+    """A run's badput counted as its steps come, each by its worst host: running sums, so a
+    figure asked every few steps costs the same at step 10 and at step 100,000."""
+
+    steps: int = 0
+    first_batch_wait_s: float = 0.0
+    first_batch_process: int | None = None
+    step_wait_s: float = 0.0
+
+    def add(self, wait_s: float, process: int) -> None:
+        """The next step's worst host: its data wait and process index."""
+        if self.steps == 0:
+            self.first_batch_wait_s, self.first_batch_process = wait_s, process
+        else:
+            self.step_wait_s += wait_s
+        self.steps += 1
+
+    def figure(self, run: str, processes: int) -> RunBadput:
+        """The run's figure over the steps added so far."""
+        return RunBadput(run=run, processes=processes, **dataclasses.asdict(self))
 
 
 def append(path: str | os.PathLike[str], badput: RunBadput) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from input_client import badput as badput_records
-from input_client.badput import RunBadput
+from input_client.badput import BadputTally, RunBadput
 from input_client.pod import PodGather, PodStep, pod_summary
 
 # An alias, so tests can put a fake clock in its place and check the arithmetic exactly.
@@ -235,6 +235,7 @@ class StepTimer:
         self.pod_every = pod_every
         self.badput_path = os.fspath(badput_path) if badput_path is not None else None
         self.pod_steps: list[PodStep] = []
+        self._tally = BadputTally()  # the badput so far, by each step's worst host
         # Known at the first step (jax is imported there, not before).
         self._pod: PodGather | None = None
         self._process_index: int | None = None
@@ -327,6 +328,7 @@ class StepTimer:
         if self._pod is not None:
             self._advance_pod()
         else:
+            self._tally.add(record.data_wait_s, self._process_index or 0)
             if self.records_path is not None:
                 # Opened per line: nothing to close, and each line is on disk when the step ends.
                 with open(self.records_path, "a", encoding="utf-8") as f:
@@ -368,6 +370,8 @@ class StepTimer:
             for i, waits, times in rows
         ]
         self.pod_steps.extend(steps)
+        for s in steps:
+            self._tally.add(s.worst_data_wait_s, s.worst_process)
         if self.records_path is not None:
             with open(self.records_path, "a", encoding="utf-8") as f:
                 f.writelines(
@@ -400,11 +404,8 @@ class StepTimer:
         """This run's data-loading badput so far: its first batch's wait plus every later step's,
         each by the worst host of the step (on several processes, over the gathered steps; on
         one, or with `pod_every=0`, this process's own waits)."""
-        if self._pod is not None:
-            worst = [(s.worst_data_wait_s, s.worst_process) for s in self.pod_steps]
-            return RunBadput.of(self.run_id, self._pod.processes, worst)
-        here = self._process_index or 0
-        return RunBadput.of(self.run_id, 1, [(r.data_wait_s, here) for r in self.records])
+        processes = self._pod.processes if self._pod is not None else 1
+        return self._tally.figure(self.run_id, processes)
 
     def _write_badput(self) -> None:
         # Process 0 alone: every process holds the same gathered figures.

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from input_client import timing
-from input_client.badput import RECORD, RunBadput, append, job_badput
+from input_client.badput import RECORD, BadputTally, RunBadput, append, job_badput
 from input_client.pod import PodGather, PodStep, pod_summary
 from input_client.timing import StepTimer
 
@@ -57,19 +57,30 @@ def test_summary_of_a_fed_pod_and_of_no_steps():
     assert empty["pod_input_bound_fraction"] is None and empty["pod_input_bound_steps"] is None
 
 
+def _badput(run: str, processes: int, worst: list[tuple[float, int]]) -> RunBadput:
+    """The figure of a run whose steps' worst hosts were `worst` (wait, process), in order."""
+    tally = BadputTally()
+    for wait_s, process in worst:
+        tally.add(wait_s, process)
+    return tally.figure(run, processes)
+
+
 def test_a_runs_badput_is_its_first_batch_plus_its_later_steps():
-    b = RunBadput.of("r", 4, [(2.0, 3), (0.1, 1), (0.0, 0), (0.4, 1)])
+    b = _badput("r", 4, [(2.0, 3), (0.1, 1), (0.0, 0), (0.4, 1)])
     assert (b.first_batch_wait_s, b.first_batch_process) == (2.0, 3)
     assert b.step_wait_s == pytest.approx(0.5) and b.badput_s == pytest.approx(2.5)
-    assert RunBadput.of("r", 1, []).badput_s == 0 and RunBadput.of("r", 1, []).steps == 0
+    assert _badput("r", 1, []).badput_s == 0 and _badput("r", 1, []).steps == 0
 
 
 def test_the_jobs_badput_sums_each_runs_last_line_over_a_restart(tmp_path):
     path = tmp_path / "badput.jsonl"
-    path.write_text('{"something": "else"}\nnot json\n')  # other lines are skipped
-    append(path, RunBadput.of("a", 2, [(3.0, 0), (0.2, 1)]))
-    append(path, RunBadput.of("a", 2, [(3.0, 0), (0.2, 1), (0.3, 1)]))  # a's figure grows
-    append(path, RunBadput.of("b", 2, [(1.5, 1), (0.1, 0)]))  # the restart
+    # Other lines are skipped, and a badput line cut short (a kill mid-write) too.
+    path.write_text(
+        '{"something": "else"}\nnot json\n{"record": "data_loading_badput", "run": "c"}\n'
+    )
+    append(path, _badput("a", 2, [(3.0, 0), (0.2, 1)]))
+    append(path, _badput("a", 2, [(3.0, 0), (0.2, 1), (0.3, 1)]))  # a's figure grows
+    append(path, _badput("b", 2, [(1.5, 1), (0.1, 0)]))  # the restart
     job = job_badput(path)
     assert job["restarts"] == 1
     assert job["first_batch_wait_s"] == pytest.approx(3.0 + 1.5)

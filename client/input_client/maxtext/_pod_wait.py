@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from input_client import badput as badput_records
-from input_client.badput import RunBadput
+from input_client.badput import BadputTally, RunBadput
 from input_client.pod import PodGather, PodStep
 from input_client.timing import new_run_id
 
@@ -47,9 +47,7 @@ class PodWait:
         self._recorded = 0  # steps recorded: the index each process gives the same step
         self._pending_step: int | None = None  # MaxText's step whose gather is in flight
         self._gathered: dict[int, PodStep] = {}  # collected, not yet written
-        self._steps = 0
-        self._first: tuple[float, int] | None = None
-        self._step_wait_s = 0.0
+        self._tally = BadputTally()
 
     @property
     def processes(self) -> int:
@@ -90,29 +88,17 @@ class PodWait:
         self._pending_step = None
 
     def _count(self, step: PodStep) -> None:
-        if self._first is None:
-            self._first = (step.worst_data_wait_s, step.worst_process)
-        else:
-            self._step_wait_s += step.worst_data_wait_s
-        self._steps += 1
-        if self._steps % BADPUT_EVERY == 0:
+        self._tally.add(step.worst_data_wait_s, step.worst_process)
+        if self._tally.steps % BADPUT_EVERY == 0:
             self.write_badput()
 
     def badput(self) -> RunBadput:
         """The run's data-loading badput over the steps written so far."""
-        first_wait, first_process = self._first if self._first is not None else (0.0, None)
-        return RunBadput(
-            run=self.run_id,
-            processes=self.processes,
-            steps=self._steps,
-            first_batch_wait_s=first_wait,
-            first_batch_process=first_process,
-            step_wait_s=self._step_wait_s,
-        )
+        return self._tally.figure(self.run_id, self.processes)
 
     def write_badput(self) -> None:
         """Appends the badput line (process 0, with a `badput_path`, after a step)."""
-        if self.badput_path is not None and self._steps and not self._process_index:
+        if self.badput_path is not None and self._tally.steps and not self._process_index:
             badput_records.append(self.badput_path, self.badput())
 
     def words(self, step: PodStep) -> str:
