@@ -164,6 +164,7 @@ class EncodeGroup:
         trim_to: int | None = None,
         specials: Specials | None = None,
         cached: CachedIds | None = None,
+        budget: int | None = None,
     ):
         self.order = order  # a `DocumentOrder` or a `mixture.MixtureOrder`
         self.source = source
@@ -178,6 +179,9 @@ class EncodeGroup:
         # pipeline is not served ids of the bytes it had then).
         self.cached = cached if cached is not None and cached.current() else None
         self.in_flight = InFlight()
+        # What the long documents tokenized at once in a process may take (the server's
+        # --stream-memory-mb: `DataAccess.tokenizing_budget`); None: not counted.
+        self.budget = budget
 
     def __call__(self, g: int) -> dict[str, np.ndarray]:
         self.in_flight.enter()
@@ -210,6 +214,7 @@ class EncodeGroup:
                     first_doc=first,
                     trim_to=self.trim_to,
                     where=lambda i: self.source.where(indices[i]),
+                    budget=self.budget,
                 )
                 element = group.to_element()
                 if self.cached is not None:  # its time counted with tokenizing

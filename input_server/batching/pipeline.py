@@ -195,6 +195,7 @@ class Pipeline:
             trim_to=self.trim_to(),
             specials=self.specials,
             cached=self.cached,
+            budget=self.access.tokenizing_budget,
         )
 
     def groups(self, first_doc: int = 0, encode: EncodeGroup | None = None) -> grain.MapDataset:

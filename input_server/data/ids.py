@@ -14,6 +14,7 @@ import numpy as np
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import Specials, TokenGroup, Tokenizer
 from input_server.data.tokenizers.backends import Choice
+from input_server.data.tokenizers.memory import encode_bounded
 from input_server.errors import RecordError
 
 
@@ -56,6 +57,9 @@ class IdsOnly:
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         return text_chars
+
+    def memory_bytes(self, text: str, trim_to: int | None) -> int:
+        return 0  # nothing is tokenized (`encode` refuses text)
 
     def encode(self, texts, first_doc=0, trim_to=None) -> TokenGroup:
         raise TypeError("a spec without `tokenizer.model` has no text to tokenize")
@@ -123,12 +127,16 @@ def encode_documents(
     first_doc: int,
     trim_to: int | None,
     where: Callable[[int], str],
+    budget: int | None = None,
 ) -> TokenGroup:
-    """One group's tokens: texts tokenized in one call, ids passed through `id_parts`, in
-    the documents' order. `where(i)` names item i's record for messages."""
+    """One group's tokens: texts tokenized in one call (their memory counted against
+    `budget` first: `memory.encode_bounded`), ids passed through `id_parts`, in the
+    documents' order. `where(i)` names item i's record for messages."""
     text_at = [i for i, x in enumerate(items) if isinstance(x, str)]
     if len(text_at) == len(items):
-        return tokenizer.encode(list(items), first_doc=first_doc, trim_to=trim_to)
+        return encode_bounded(
+            tokenizer, items, first_doc=first_doc, trim_to=trim_to, budget=budget, where=where
+        )
     if not text_at:  # all pre-tokenized: no per-document work but appending views
         parts, lengths = id_parts(items, specials, trim_to=trim_to, where=where)
         tokens = _joined(parts)
@@ -137,7 +145,14 @@ def encode_documents(
         return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
     pieces: list[list[np.ndarray]] = [[] for _ in items]
     # Numbered from the group's first document: an audit's message names where it looked.
-    texts = tokenizer.encode([items[i] for i in text_at], first_doc=first_doc, trim_to=trim_to)
+    texts = encode_bounded(
+        tokenizer,
+        [items[i] for i in text_at],
+        first_doc=first_doc,
+        trim_to=trim_to,
+        budget=budget,
+        where=lambda j: where(text_at[j]),
+    )
     for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
         pieces[i] = [texts.tokens[start : start + n]]
     lengths = np.zeros(len(items), np.int64)

@@ -65,6 +65,9 @@ class DataAccess:
         RESOURCE_EXHAUSTED naming the file; None = no cap (and not counted).
       order_budget: what the stream's shuffled document order may hold (a request's, from the
         server's --stream-memory-mb: `service`); None = no cap.
+      tokenizing_budget: what the documents a process tokenizes at once may take, estimated
+        before the work (`tokenizers.memory`); one that alone would take more is refused
+        with RESOURCE_EXHAUSTED. The server's --stream-memory-mb; None = not counted.
     """
 
     roots: tuple[str, ...] | None = None
@@ -72,6 +75,7 @@ class DataAccess:
     max_document_bytes: int | None = None
     max_decompressed_bytes: int | None = None
     order_budget: OrderBudget | None = None
+    tokenizing_budget: int | None = None
 
     def __post_init__(self):
         if self.roots is not None:

@@ -243,8 +243,13 @@ class DocumentSource:
         return reader.where(local)
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
-        """The texts of many records, in the order given, read file by file in bulk."""
+        """The texts of many records, in the order given, read file by file in bulk; a record
+        named twice (a short source repeating within a group) read once, its text shared."""
         indices = np.asarray(indices, np.int64)
+        unique, inverse = np.unique(indices, return_inverse=True)
+        if len(unique) < len(indices):
+            texts = self.read_many(unique)
+            return [texts[i] for i in inverse.tolist()]
         files = np.searchsorted(self._ends, indices, side="right")
         out: list[str | None] = [None] * len(indices)
         for f in np.unique(files).tolist():

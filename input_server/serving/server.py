@@ -171,6 +171,7 @@ class Server:
         operator = DataAccess(
             max_document_bytes=int(c.max_document_mb * (1 << 20)),
             max_decompressed_bytes=int(c.max_decompressed_mb * (1 << 20)),
+            tokenizing_budget=int(c.stream_memory_mb * (1 << 20)),
         )
         for name, spec in c.pipelines.items():
             try:
@@ -213,6 +214,7 @@ class Server:
             max_files=c.max_files,
             max_document_bytes=int(c.max_document_mb * (1 << 20)),
             max_decompressed_bytes=int(c.max_decompressed_mb * (1 << 20)),
+            tokenizing_budget=int(c.stream_memory_mb * (1 << 20)),
         )
         limits = Limits(
             access=access, stream_memory_mb=c.stream_memory_mb, max_workers=c.max_workers

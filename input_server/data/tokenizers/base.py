@@ -17,6 +17,7 @@ from input_server.data.tokenizers.backends import Backend, Choice
 from input_server.data.tokenizers.checks import bounded, model_faults
 from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN, Cutter, TokenGroup
 from input_server.data.tokenizers.keep import ModelKeep
+from input_server.data.tokenizers.memory import BYTES_PER_CHAR
 from input_server.data.tokenizers.route import AUDIT_EVERY, GATE_DOCS, Router
 
 __all__ = [
@@ -114,6 +115,12 @@ class Tokenizer(Protocol):
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         """About how many of a document's characters get tokenized when `trim_to` are kept."""
+        ...
+
+    def memory_bytes(self, text: str, trim_to: int | None) -> int:
+        """About the most memory tokenizing `text` takes, when `trim_to` of its tokens are
+        kept: the characters tokenized at once times the kind's bytes a character
+        (`memory.BYTES_PER_CHAR`)."""
         ...
 
     def digest(self) -> str:
@@ -307,6 +314,11 @@ class ModelTokenizer:
         if self.cutter is None:
             return text_chars
         return self.cutter.tokenized_chars(text_chars, trim_to)
+
+    def memory_bytes(self, text: str, trim_to: int | None) -> int:
+        cut = trim_to is not None and self.cutter is not None
+        chars = self.cutter.first_cut(text, trim_to) if cut else len(text)
+        return chars * BYTES_PER_CHAR[self.KIND]
 
 
 def over_slices(call: LimitCall, threads: int) -> LimitCall:

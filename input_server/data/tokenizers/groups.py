@@ -74,6 +74,21 @@ def group_of(ids: list[np.ndarray], first_doc: int, trim_to: int | None) -> Toke
     return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
 
 
+def joined(groups: list[TokenGroup]) -> TokenGroup:
+    """Consecutive groups as one: the first's `first_doc`, every audit flag any of them set."""
+    if len(groups) == 1:
+        return groups[0]
+    return TokenGroup(
+        first_doc=groups[0].first_doc,
+        tokens=np.concatenate([g.tokens for g in groups]),
+        lengths=np.concatenate([g.lengths for g in groups]),
+        audited=any(g.audited for g in groups),
+        mismatched=any(g.mismatched for g in groups),
+        fell_back=any(g.fell_back for g in groups),
+        by_backend=any(g.by_backend for g in groups),
+    )
+
+
 def framed(
     flat: np.ndarray, offsets: np.ndarray, head: list[int], tail: list[int]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -185,6 +200,15 @@ class Cutter:
         limit = int(trim_to * self.margin * self.chars_per_token)
         return any(len(t) > limit for t in texts)
 
+    def first_cut(self, text: str, trim_to: int) -> int:
+        """The characters of `text` tokenized first: up to the last place to cut within the
+        limit, or all of them where there is none (a line with no space)."""
+        limit = int(trim_to * self.margin * self.chars_per_token)
+        if len(text) <= limit:
+            return len(text)
+        space = self._before(text, 0, limit)
+        return space if space > 0 else len(text)
+
     def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
         """Folds this group's characters per token into the running estimate."""
         tokens = sum(map(len, ids)) - (self.bos + self.eos) * len(ids)
@@ -197,14 +221,12 @@ class Cutter:
         """Encodes `texts` with `encode(texts, add_bos=..., add_eos=...)`, each long one cut at
         a space first (see CUT_MARGIN_*). A prefix that proves to hold fewer than `trim_to`
         tokens grows, at a further space, until it holds enough or the document is whole."""
-        limit = int(trim_to * self.margin * self.chars_per_token)
         work = list(texts)
         ends: dict[int, int] = {}  # documents cut short: where their tokenized text ends
         for i, text in enumerate(texts):
-            if len(text) > limit:
-                space = self._before(text, 0, limit)
-                if space > 0:
-                    work[i], ends[i] = text[:space], space
+            end = self.first_cut(text, trim_to)
+            if end < len(text):
+                work[i], ends[i] = text[:end], end
         ids = encode(work, add_bos=self.bos, add_eos=self.eos)
         self.learn(work, ids)
         if not ends:

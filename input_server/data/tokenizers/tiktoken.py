@@ -214,6 +214,9 @@ class PieceCutter:
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         return text_chars if trim_to is None else min(text_chars, MAX_ENCODE_CHARS)
 
+    def first_cut(self, text: str, trim_to: int) -> int:
+        return min(len(text), MAX_ENCODE_CHARS)
+
     def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
         pass
 
