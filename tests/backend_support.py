@@ -4,6 +4,7 @@ but one id off on the texts a predicate picks, to test the gate and the audit.""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 
 import numpy as np
@@ -38,6 +39,39 @@ class SkewedBackend:
         np.cumsum([len(x) for x in ids], out=offsets[1:])
         flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
         return framed(flat.astype(np.int32, copy=False), offsets, head, tail)
+
+
+class SleepyBackend:
+    """A backend that is exact but slow: the real one, sleeping `delay_s` a call first (no CPU:
+    its caller waits)."""
+
+    def __init__(self, real, delay_s: float):
+        self.real, self.delay = real, [delay_s]  # a list: a test may change it while it serves
+        self.name, self.version = real.name, real.version
+
+    @property
+    def delay_s(self) -> float:
+        return self.delay[0]
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        time.sleep(self.delay_s)
+        return self.real.encode(texts)
+
+    def encode_framed(
+        self, texts: list[str], head: list[int], tail: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        time.sleep(self.delay_s)
+        return self.real.encode_framed(texts, head, tail)
+
+
+def sleepy_kind(base: type, delay_s: float) -> type:
+    """`base` (a tokenizer kind) whose fast backends are `SleepyBackend`s."""
+
+    class Sleepy(base):
+        def load_backend(self, name):
+            return SleepyBackend(super().load_backend(name), delay_s)
+
+    return Sleepy
 
 
 def skewed_kind(wrong, version: str) -> type[TiktokenTokenizer]:

@@ -9,11 +9,19 @@ of groups audited beyond one in `audit_every` (`Router.audit_share`) follows tha
 while the producer waits more than HIGH of each batch interval and halves while it waits less
 than LOW, so the audits take the room there is and leave a margin. The loop's pace is the
 demand, as the live tuner reads it.
+
+A producer that waits says the stream has room, not that the host has CPU: a CPU-bound client on
+the same cores slows its reading, the producer waits, and audits took the client's cores (57-73 %
+of its rate on the 2-core host, issue 47). So the share grows only while the host has IDLE_GROW
+cores idle (`idle_cpu.IdleCpu`, measured) and halves when it has less than IDLE_HALVE. Where the
+kernel does not say (gVisor), the producer's waits alone decide.
 """
 
 from __future__ import annotations
 
 import time
+
+from input_server.serving.idle_cpu import IdleCpu
 
 # The share of the time the producer waits: exponential means of the waits and of the batch
 # intervals, this weight for the newest batch. Batches share messages (16 of 16 x 1024 in one),
@@ -23,14 +31,18 @@ WEIGHT = 1 / 32
 # START), below LOW it halves; between, it stays.
 LOW, HIGH = 0.1, 0.25
 GROW, START = 1.5, 1 / 16
+# Idle cores the host must have for the share to grow, and below which it halves: an audit of
+# a group runs on one of the stream's threads, about one core while it runs.
+IDLE_GROW, IDLE_HALVE = 0.75, 0.25
 
 
 class AuditPace:
     """Reads the producer's waits for room (`waited`, each batch) and says what share of the
     groups to audit beyond one in `audit_every`."""
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock=time.perf_counter, idle: IdleCpu | None = None):
         self._clock = clock
+        self._idle = idle if idle is not None else IdleCpu()
         self._last = clock()
         self._wait_s = self._interval_s = 0.0
         self.share = 0.0
@@ -43,8 +55,9 @@ class AuditPace:
         self._wait_s += WEIGHT * (min(seconds, interval) - self._wait_s)
         self._interval_s += WEIGHT * (interval - self._interval_s)
         waiting = self._wait_s / self._interval_s if self._interval_s > 0 else 0.0
-        if waiting > HIGH:
+        idle = self._idle.cores()
+        if waiting > HIGH and (idle is None or idle >= IDLE_GROW):
             self.share = min(1.0, max(START, GROW * self.share))
-        elif waiting < LOW:
+        elif waiting < LOW or (idle is not None and idle < IDLE_HALVE):
             self.share = self.share / 2 if self.share > 1 / 256 else 0.0
         return self.share

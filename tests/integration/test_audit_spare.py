@@ -5,6 +5,8 @@ of groups verified is in `info`, `stats` and the totals."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -14,6 +16,7 @@ from input_server.cli.stats import format_stream
 from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import KINDS
 from input_server.data.tokenizers.trainers import write_tiktoken_model
+from input_server.serving import audit_pace
 from input_server.serving.audit_pace import AuditPace
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
@@ -21,6 +24,23 @@ from tests.backend_support import own_version, skewed_kind
 from tests.support import assert_same_batches
 
 PACE_S = 0.05  # the loop's step: far slower than the stream makes batches
+
+
+class _Idle:
+    """The host's idle cores as `IdleCpu` reads them, set by the test: the host's load is not
+    the project's (None: the kernel does not say, as on gVisor)."""
+
+    def __init__(self, cores: float | None):
+        self.value = cores
+
+    def cores(self) -> float | None:
+        return self.value
+
+
+@pytest.fixture
+def idle_host(monkeypatch):
+    """Every stream's audit pace sees an idle host (2 cores), whatever the suite runs beside."""
+    monkeypatch.setattr(audit_pace, "IdleCpu", lambda: _Idle(2.0))
 
 
 class _Clock:
@@ -33,7 +53,7 @@ class _Clock:
 
 def test_the_share_audited_grows_with_the_producers_waits_and_halves_without():
     clock = _Clock()
-    pace = AuditPace(clock)
+    pace = AuditPace(clock, idle=_Idle(None))  # the waits alone decide
 
     def run(n: int, wait: float) -> list[float]:
         out = []
@@ -55,6 +75,25 @@ def test_the_share_audited_grows_with_the_producers_waits_and_halves_without():
     assert len(set(steady)) == 1, steady
 
 
+def test_the_share_grows_only_while_the_host_has_idle_cores():
+    clock, idle = _Clock(), _Idle(2.0)
+    pace = AuditPace(clock, idle=idle)
+
+    def run(n: int) -> float:
+        for _ in range(n):
+            clock.now += 0.01
+            pace.waited(0.009)  # the producer waits 90 %: room to spare in the stream
+        return pace.share
+
+    assert run(40) == 1.0  # an idle host: every group
+    idle.value = 0.1  # the cores taken (a CPU-bound client beside it): the share halves away
+    assert run(20) == 0.0
+    idle.value = 0.5  # between the bounds: it stays where it is
+    assert run(20) == 0.0
+    idle.value = 1.0
+    assert run(40) == 1.0
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("audit-spare")
@@ -64,6 +103,9 @@ def files(tmp_path_factory):
 
 
 def _spec(data: str, model: str, epochs: int = 1, **tokenizer) -> PipelineSpec:
+    # The backend named: "auto" would put it on trial against the reference over the first
+    # groups, which this file does not count.
+    tokenizer = {"backend": "fastokens", **tokenizer}
     return PipelineSpec(
         source={"paths": [data]},
         tokenizer={"model": model, "kind": "tiktoken", **tokenizer},
@@ -83,7 +125,7 @@ def _slowly(it, n: int) -> list:
     return got
 
 
-def test_a_slow_loop_gets_every_group_audited_and_info_says_the_share(files, short_tmp):
+def test_a_slow_loop_gets_every_group_audited_and_info_says_the_share(files, short_tmp, idle_host):
     texts, data, model = files
     config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])  # audit_every: the default
     with Server(config) as srv, InputClient(srv.targets[0]) as client:
@@ -102,7 +144,7 @@ def test_a_slow_loop_gets_every_group_audited_and_info_says_the_share(files, sho
 
 
 def test_a_divergence_past_the_gate_never_reaches_a_slow_loops_batches(
-    files, short_tmp, monkeypatch, tmp_path
+    files, short_tmp, monkeypatch, tmp_path, idle_host
 ):
     texts, _, model = files
     # A word in one document about 20 groups in (~7 an epoch of the docstrings): the stream has
@@ -125,3 +167,26 @@ def test_a_divergence_past_the_gate_never_reaches_a_slow_loops_batches(
         totals = client.info().totals
     assert_same_batches(got, want)  # the wrong group was the reference's
     assert totals.audit_mismatches == 1, totals
+
+
+def test_a_slow_loop_on_a_busy_host_leaves_its_cores_alone(files, short_tmp):
+    # Processes beside the server take every core (as a CPU-bound client on the same host
+    # does); the loop is slow, so the producer waits, which alone would audit every group.
+    # The real host's idle CPU is read: the share halves away, one group in 64 is audited.
+    texts, data, model = files
+    burn = "import time\nt = time.monotonic() + 60\nwhile time.monotonic() < t:\n    pass\n"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count())]
+    try:
+        config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])
+        with Server(config) as srv, InputClient(srv.targets[0]) as client:
+            with client.batches(_spec(data, model, epochs=0)) as it:
+                _slowly(it, 120)
+                s = max(client.info().streams, key=lambda x: x.stream_id)
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    assert s.tokenizer_backend == "fastokens", s.tokenizer_backend_why
+    assert s.backend_groups >= 10, s
+    # Before the first reading of the host (a quarter second) the waits alone decide.
+    assert s.audited_groups <= 0.25 * s.backend_groups + 2, s

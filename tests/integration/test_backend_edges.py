@@ -77,7 +77,7 @@ def _append_rank(source: str, path, token: bytes) -> str:
     return os.fspath(path)
 
 
-def _spec(corpus_file: str, model: str, backend: str = "auto", **tokenizer) -> PipelineSpec:
+def _spec(corpus_file: str, model: str, backend: str = "fastokens", **tokenizer) -> PipelineSpec:
     return PipelineSpec(
         source={"paths": [corpus_file]},
         tokenizer={"model": model, "kind": "tiktoken", "backend": backend, **tokenizer},
@@ -192,7 +192,9 @@ def test_unreachable_ranks_are_served_through_the_derived_json(texts, model, tmp
 
     # No audit (its pickled copy's neither): it would serve the reference's group, hiding the
     # backend's.
-    tok = load_tokenizer(TokenizerSpec(model=path, kind="tiktoken"), audit_every=0)
+    tok = load_tokenizer(
+        TokenizerSpec(model=path, kind="tiktoken", backend="fastokens"), audit_every=0
+    )
     ref = _reference(path)
     bare = ref._encode(["\x01\x02\x03"], add_bos=False, add_eos=False)[0].tolist()
     assert bare == [len(lines)]  # the appended rank, one token: the texts below reach it
@@ -263,7 +265,8 @@ def test_a_backend_panic_sends_its_group_to_the_reference(
     docs = texts[:3000]
     word, _ = first_new_word(docs, GATE_DOCS)
     monkeypatch.setattr(_OnWordKind, "on_word", ("panic", word, _version()))
-    tok = _OnWordKind(TokenizerSpec(model=model, kind="tiktoken"), audit_every=0)
+    spec = TokenizerSpec(model=model, kind="tiktoken", backend="fastokens")  # no trial
+    tok = _OnWordKind(spec, audit_every=0)
     ref = _reference(model)
     assert tok.choose_backend(docs[:GATE_DOCS]).backend == "fastokens"
     panicked = 0

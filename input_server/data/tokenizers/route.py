@@ -8,12 +8,13 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from input_client.spec import TokenizerSpec
-from input_server.data.tokenizers import backends
+from input_server.data.tokenizers import backends, speed
 from input_server.data.tokenizers.backends import Backend, Choice
 from input_server.data.tokenizers.checks import NOT_THE_MODEL
 from input_server.data.tokenizers.groups import Cutter, TokenGroup, flat_group, group_of
@@ -148,6 +149,13 @@ class Router:
         self._groups = 0  # the groups a backend encoded: one in `audit_every` is audited
         self._audit_credit = 0.0  # `audit_share` accrued, a group at a time
         self._failed_groups = 0
+        # "auto": the chosen backend on trial against the reference on the stream's groups
+        # (`speed.Trial`); after a verdict for the reference, the backend it held (`_loser`),
+        # tried again every RETRIAL_GROUPS groups; the gate's words, which the verdict follows.
+        self._trial: speed.Trial | None = None
+        self._loser: Backend | None = None
+        self._since_verdict = 0
+        self._gate_why = ""
 
     def __getstate__(self):
         self.settle()  # a worker process is handed the backend chosen behind the stream
@@ -156,6 +164,9 @@ class Router:
         state["_fast"] = None  # each process loads its own
         state["_behind"] = None
         state["audit_share"] = 0.0  # the stream's spare room is this process's to see
+        # A worker process tries the backend on its own groups (its own threads, its share
+        # of the host), unless this process's trial has judged.
+        state["_loser"] = None
         return state
 
     def __setstate__(self, state):
@@ -331,18 +342,77 @@ class Router:
         return self.choice
 
     def _serve(self, choice: Choice) -> Choice:
+        """`choice` serves from the next group; a backend "auto" chose goes on trial first."""
+        self._loser = None
+        self._trial = None
+        if choice.backend != "reference" and self.reference.spec.backend == "auto":
+            self._gate_why = choice.why
+            self._trial = speed.Trial(choice.backend)
+            choice = Choice(
+                choice.backend,
+                f"{choice.why}; on trial against the reference on the stream's first groups",
+                pending=choice.pending,
+            )
         self.choice = choice
         if choice.backend == "reference":
             self._fast = None
         return choice
 
+    def _trial_side(
+        self, fast: Backend | None
+    ) -> tuple[speed.Trial | None, str | None, Backend | None]:
+        """The trial running (None: none), who encodes the next group in it, and the backend
+        that would: the serving one, or the one a verdict set aside, tried again every
+        RETRIAL_GROUPS groups."""
+        trial = self._trial
+        if trial is None:
+            with self._lock:
+                if fast is not None or self._loser is None:
+                    return None, None, fast
+                self._since_verdict += 1
+                if self._since_verdict < speed.RETRIAL_GROUPS:
+                    return None, None, None
+                self._since_verdict = 0
+                trial = self._trial = speed.Trial(self._loser.name)
+        side = trial.side()
+        return trial, side, fast if fast is not None else self._loser
+
+    def _timed(self, trial, side: str | None, call) -> TokenGroup:
+        """`call()`'s group, its time noted in `trial` as `side`'s (judging once it can)."""
+        if side is None:
+            return call()
+        started = time.perf_counter()
+        group = call()
+        verdict = trial.record(side, time.perf_counter() - started, len(group.tokens))
+        if verdict is not None:
+            self._judge(trial, verdict)
+        return group
+
+    def _judge(self, trial: speed.Trial, verdict: speed.Speed) -> None:
+        """The trial's verdict serves: the backend, or the reference with the backend set
+        aside for the next trial; the choice says the measured ratio either way."""
+        with self._lock:
+            if self._trial is not trial:  # fallen back, or chosen anew, meanwhile
+                return
+            self._trial, self._since_verdict = None, 0
+            fast = self._fast if self._fast is not None else self._loser
+            why = f"{self._gate_why}; {verdict.said()}"
+            if verdict.serves:
+                self._fast, self._loser = fast, None
+                self.choice = Choice(verdict.backend, why)
+            else:
+                self._loser, self._fast = fast, None
+                self.choice = Choice("reference", why)
+        log.info("`tokenizer.model` %r: %s", self.reference.written, why)
+
     def fall_back(self, why: str) -> None:
         """The reference tokenizes from now on in this process, and later streams of the model
         skip the backend (`backends.forget`)."""
-        if self._fast is not None:
+        wrong = self._fast if self._fast is not None else self._loser  # a re-trial's, too
+        if wrong is not None:
             backends.forget(
                 self.reference.digest(),
-                self._fast,
+                wrong,
                 why,
                 keep=self.keep,
                 reference_version=self.reference.library_version(),
@@ -386,11 +456,13 @@ class Router:
         reference's and falls back for good), else by the reference. A backend's failure (a
         panic too) sends its group to the reference, marked `fell_back` (the stream counts it;
         the first is logged)."""
-        fast = self._counted_serving()
-        if fast is None:
-            return self.reference_group(texts, first_doc, trim_to)
+        trial, side, fast = self._trial_side(self._counted_serving())
+        if fast is None or side == "reference":
+            return self._timed(trial, side, lambda: self.reference_group(texts, first_doc, trim_to))
         try:
-            group = self.backend_group(fast, texts, first_doc, trim_to)
+            group = self._timed(
+                trial, side, lambda: self.backend_group(fast, texts, first_doc, trim_to)
+            )
         except BaseException as e:
             _failure(e)
             if self._first_failure():

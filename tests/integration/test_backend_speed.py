@@ -1,0 +1,108 @@
+"""A fast backend serves only where it is faster here: once the gate finds its ids exact, "auto"
+puts it on trial against the reference on the stream's own groups (alternated, under the
+stream's own threads), keeps the faster, and tries the other again later; `info` says the
+measured ratio either way. A backend named in the spec serves as asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from input_client import InputClient, PipelineSpec
+from input_client.spec import TokenizerSpec
+from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
+from input_server.data.tokenizers import KINDS, speed
+from input_server.data.tokenizers.route import GATE_DOCS
+from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
+from input_server.data.tokenizers.trainers import write_tiktoken_model
+from input_server.serving.config import ServerConfig
+from input_server.serving.server import Server
+from tests.backend_support import sleepy_kind
+
+# A call the sleepy backend makes waits this long: far more than the reference takes on a
+# group here (~5-10 ms of tiktoken), no CPU.
+DELAY_S = 0.1
+GROUP = 250  # documents a group: ~25,000 tokens of the docstrings
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("backend-speed")
+    texts = stdlib_docstrings(6000)
+    model = write_tiktoken_model(texts[:600], d / "m.tiktoken", vocab_size=800)
+    return texts, write_jsonl(texts[600:], d / "docs.jsonl"), model
+
+
+def _groups(tok, texts: list[str], n: int, start: int = 0) -> None:
+    for g in range(start, start + n):
+        tok.encode(texts[(g * GROUP) % 5000 :][:GROUP], g * GROUP, None)
+
+
+def test_an_exact_backend_that_is_faster_here_serves_and_says_its_ratio(files):
+    texts, _, model = files
+    tok = TiktokenTokenizer(TokenizerSpec(model=model, kind="tiktoken"))
+    choice = tok.choose_backend(texts[:GATE_DOCS])
+    assert choice.backend == "fastokens" and "on trial" in choice.why, choice.why
+    _groups(tok, texts, 2 * speed.TRIAL_GROUPS)
+    why = tok.choice.why
+    assert tok.choice.backend == "fastokens", why
+    assert "x the reference's speed on this stream's groups" in why and "on trial" not in why
+    assert "the reference serves" not in why
+
+
+@pytest.mark.parametrize("backend", ["auto", "fastokens"])
+def test_an_exact_but_slow_backend_is_tried_and_serves_only_when_named(files, backend):
+    texts, _, model = files
+    tok = sleepy_kind(TiktokenTokenizer, DELAY_S)(
+        TokenizerSpec(model=model, kind="tiktoken", backend=backend)
+    )
+    choice = tok.choose_backend(texts[:GATE_DOCS])
+    assert choice.backend == "fastokens" and "gave the reference's ids" in choice.why
+    _groups(tok, texts, 2 * speed.TRIAL_GROUPS)
+    if backend == "auto":
+        assert tok.choice.backend == "reference", tok.choice.why
+        assert "fastokens" in tok.choice.why and tok.choice.why.endswith("the reference serves")
+        assert tok.router.serving_backend() is None
+    else:  # asked for by name: no trial, it serves, slow as it is
+        assert tok.choice.backend == "fastokens", tok.choice.why
+        assert "on trial" not in tok.choice.why and "speed" not in tok.choice.why
+
+
+def test_a_backend_set_aside_is_tried_again_and_serves_once_faster(files, monkeypatch):
+    texts, _, model = files
+    monkeypatch.setattr(speed, "RETRIAL_GROUPS", 10)
+    kind = sleepy_kind(TiktokenTokenizer, DELAY_S)
+    tok = kind(TokenizerSpec(model=model, kind="tiktoken"))
+    tok.choose_backend(texts[:GATE_DOCS])
+    _groups(tok, texts, 2 * speed.TRIAL_GROUPS)
+    assert tok.choice.backend == "reference", tok.choice.why
+    # The host changes (here: the backend stops sleeping); the next trial sees it. The
+    # process's one copy of the backend is the router's.
+    tok.router.loaded_backend("fastokens").delay[0] = 0.0
+    _groups(tok, texts, 10 + 2 * speed.TRIAL_GROUPS, start=100)
+    assert tok.choice.backend == "fastokens", tok.choice.why
+    assert "x the reference's speed on this stream's groups" in tok.choice.why
+
+
+def test_info_says_why_a_slow_backend_does_not_serve(files, short_tmp, monkeypatch):
+    texts, data, model = files
+    monkeypatch.setitem(KINDS, "tiktoken", sleepy_kind(KINDS["tiktoken"], DELAY_S))
+    spec = PipelineSpec(
+        source={"paths": [data]},
+        tokenizer={"model": model, "kind": "tiktoken"},
+        batch={"seq_len": 1024, "size": 16},
+        order={"epochs": 0},
+        workers={"count": 0, "threads": 2},
+    )
+    with (
+        Server(ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        client.batches(spec) as it,
+    ):
+        for _ in range(400):  # the trial's 12 groups (~100 batches), then the verdict
+            next(it)
+            s = max(client.info().streams, key=lambda x: x.stream_id)
+            if "the reference serves" in s.tokenizer_backend_why:
+                break
+    assert s.tokenizer_backend == "reference", s.tokenizer_backend_why
+    assert "fastokens" in s.tokenizer_backend_why, s.tokenizer_backend_why
+    assert "x the reference's speed on this stream's groups" in s.tokenizer_backend_why
