@@ -30,22 +30,30 @@ def _read(path: str) -> str | None:
 
 
 def host_idle_s() -> float | None:
-    """Seconds every core of the host has been idle (idle + iowait) since boot; None where
-    /proc/stat does not count (gVisor: all zeros)."""
+    """Seconds the cores this process may run on (its CPU affinity: a container's cpuset)
+    have been idle (idle + iowait) since boot; None where /proc/stat does not count (gVisor:
+    all zeros)."""
     text = _read("/proc/stat")
     if not text or not text.startswith("cpu "):
         return None
-    fields = [int(x) for x in text.split("\n", 1)[0].split()[1:]]
-    if not any(fields):
-        return None
-    return (fields[3] + (fields[4] if len(fields) > 4 else 0)) / _TICK
+    mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    idle = counted = 0
+    for line in text.splitlines()[1:]:
+        name, *fields = line.split()
+        if not name.startswith("cpu"):
+            break
+        if name in mine:
+            numbers = [int(x) for x in fields]
+            counted += sum(numbers)
+            idle += numbers[3] + (numbers[4] if len(numbers) > 4 else 0)
+    return idle / _TICK if counted else None
 
 
 def cgroup_quota() -> tuple[float, float] | None:
     """(cores the server's cgroup may use, its CPU seconds used so far), or None without a
     quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`)."""
     v2 = _read(f"{_CGROUP}/cpu.max")
-    if v2 is not None:
+    if v2 is not None and v2.split():
         quota, period = (v2.split() + ["100000"])[:2]
         stat = _read(f"{_CGROUP}/cpu.stat") or ""
         used = next((int(x.split()[1]) for x in stat.splitlines() if x.startswith("usage_usec")), 0)
@@ -66,13 +74,16 @@ class IdleCpu:
         self._clock, self._host, self._quota = clock, host, quota
         self._lock = threading.Lock()
         self._last = self._sample()
-        self._cores: float | None = None
+        # Before the first span: none idle where the kernel counts (what is not measured yet
+        # is no CPU to take), unknown where it does not.
+        self._cores: float | None = None if self._last[1] is None else 0.0
 
     def _sample(self):
         return self._clock(), self._host(), self._quota()
 
     def cores(self) -> float | None:
-        """Idle cores over the latest span; None where the host does not say."""
+        """Idle cores over the latest span (0 before the first); None where the host does
+        not say."""
         with self._lock:
             now = self._clock()
             if now - self._last[0] >= MIN_SPAN_S:

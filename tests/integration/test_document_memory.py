@@ -17,7 +17,7 @@ import pytest
 
 from input_client import PipelineSpec
 from input_server.data.builtin_corpora import write_jsonl
-from input_server.data.tokenizers.memory import BYTES_PER_CHAR, TOKENIZING
+from input_server.data.tokenizers.memory import BYTES_PER_CHAR, TOKENIZING, TokenizingBudget
 from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.files import FORMATS, write_format
@@ -144,3 +144,42 @@ def test_long_documents_of_two_streams_hold_no_more_than_the_budget_at_once(
     one = len(line) * BYTES_PER_CHAR["sentencepiece"]
     assert one <= seen[0] <= budget_mb << 20, (seen[0], one)
     assert TOKENIZING.held == 0
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "huggingface"])
+def test_a_line_whose_first_cut_is_early_is_counted_as_it_grows(tmp_path, some_docs, models, kind):
+    # One place to cut at the start, then none: the cut prefix holds too few tokens and grows
+    # to the next place to cut, the end; counted as that, not as the first cut.
+    chars = 2 * (BUDGET_MB << 20) // BYTES_PER_CHAR[kind]
+    corpus = write_jsonl([*some_docs[:20], "lead in " + "x" * chars], tmp_path / "early.jsonl")
+    spec = _spec({"paths": [corpus]}, models[kind], kind, "trim")
+    with _server(tmp_path) as srv:
+        code, details, _ = stream_status(srv.targets[0], spec.to_proto(), timeout=120)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    assert "early.jsonl line 21" in details, details
+
+
+def test_the_budget_makes_a_holder_wait_for_room_and_frees_it():
+    budget = TokenizingBudget()
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(n: int, entered: threading.Event, until: threading.Event | None) -> None:
+        with budget.hold(n, 100):
+            entered.set()
+            if until is not None:
+                until.wait(10)
+
+    a = threading.Thread(target=hold, args=(60, first_in, release))
+    a.start()
+    assert first_in.wait(10)
+    b = threading.Thread(target=hold, args=(60, second_in, None))
+    b.start()
+    assert not second_in.wait(0.3), "two holders of 60 within a budget of 100"
+    assert budget.held == 60
+    release.set()
+    assert second_in.wait(10)
+    a.join()
+    b.join()
+    assert budget.held == 0
+    with budget.hold(150, 100):  # alone, more than the budget (a run of one document) enters
+        assert budget.held == 150

@@ -316,8 +316,14 @@ class ModelTokenizer:
         return self.cutter.tokenized_chars(text_chars, trim_to)
 
     def memory_bytes(self, text: str, trim_to: int | None) -> int:
-        cut = trim_to is not None and self.cutter is not None
-        chars = self.cutter.first_cut(text, trim_to) if cut else len(text)
+        chars = len(text)
+        if trim_to is not None and self.cutter is not None:
+            first = self.cutter.first_cut(text, trim_to)
+            # A prefix that holds too few tokens grows to the next place to cut: the longest
+            # stretch without one is what growing may tokenize at once.
+            chars = (
+                first if first == chars else max(first, self.cutter.longest_uncut(text, trim_to))
+            )
         return chars * BYTES_PER_CHAR[self.KIND]
 
 

@@ -4,6 +4,7 @@ documents before tokenizing them (`Cutter`), for any kind whose pieces never spa
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -82,7 +83,7 @@ def joined(groups: list[TokenGroup]) -> TokenGroup:
         first_doc=groups[0].first_doc,
         tokens=np.concatenate([g.tokens for g in groups]),
         lengths=np.concatenate([g.lengths for g in groups]),
-        audited=any(g.audited for g in groups),
+        audited=all(g.audited for g in groups if g.by_backend),
         mismatched=any(g.mismatched for g in groups),
         fell_back=any(g.fell_back for g in groups),
         by_backend=any(g.by_backend for g in groups),
@@ -148,6 +149,11 @@ CUT_CHARS_PER_TOKEN = 8.0
 CUT_MARGIN_GROW_ADDED = 1.05
 CUT_MARGIN_RETOKENIZE = 1.25
 
+# Stretches without a place to cut, for a Cutter cutting at every space: runs of `_RUN`+
+# characters without one.
+_RUN = 4096
+_LONG_RUN = re.compile(rf"[^ ]{{{_RUN},}}")
+
 # A kind's batch call: texts in, each text's int32 ids out, BOS and EOS as the flags say.
 Encode = Callable[..., list[np.ndarray]]
 
@@ -163,6 +169,8 @@ class Cutter:
         (else the longer prefix is tokenized again).
       bos, eos: whether the kind adds BOS and EOS to each document; `eos_id` is the EOS.
       at: whether a space (its index in the text) is a place to cut; None: every space.
+      places: a pattern matching (at least) every space `at` allows: how the longest stretch
+        without a place to cut is found (`longest_uncut`); None with `at`: not known.
     """
 
     learns = True  # sizes its cuts by the data's characters per token
@@ -178,8 +186,9 @@ class Cutter:
         eos: bool,
         eos_id: int,
         at: Callable[[str, int], bool] | None = None,
+        places: re.Pattern | None = None,
     ):
-        self.extendable, self.at = extendable, at
+        self.extendable, self.at, self.places = extendable, at, places
         self.bos, self.eos, self.eos_id = bos, eos, eos_id
         self.chars_per_token = CUT_CHARS_PER_TOKEN
         self._groups_learned = 0
@@ -199,6 +208,19 @@ class Cutter:
         """Whether any of `texts` is long enough to be cut before tokenizing."""
         limit = int(trim_to * self.margin * self.chars_per_token)
         return any(len(t) > limit for t in texts)
+
+    def longest_uncut(self, text: str, trim_to: int) -> int:
+        """The longest stretch of `text` between two places to cut (at most all of it): the
+        most a cut prefix's growing may tokenize at once (whatever `trim_to`)."""
+        if self.at is None:
+            return max((m.end() - m.start() for m in _LONG_RUN.finditer(text)), default=_RUN)
+        if self.places is None:  # no pattern finds its places: the whole text
+            return len(text)
+        last, most = 0, 0
+        for m in self.places.finditer(text):
+            if self.at(text, m.start()):  # the pattern finds a few more than `at` allows
+                most, last = max(most, m.start() - last), m.start()
+        return max(most, len(text) - last)
 
     def first_cut(self, text: str, trim_to: int) -> int:
         """The characters of `text` tokenized first: up to the last place to cut within the

@@ -49,7 +49,7 @@ from input_server.data.tokenizers.checks import (
 from input_server.data.tokenizers.groups import Cutter
 from input_server.data.tokenizers.hf_config import named_tokens
 from input_server.data.tokenizers.normalizer_probe import MAX_MEASURED_PRODUCT, measured_expansion
-from input_server.data.tokenizers.word_cuts import between_letters, cuts_at_words
+from input_server.data.tokenizers.word_cuts import LETTER_SPACES, between_letters, cuts_at_words
 from input_server.errors import DataNotFoundError, InvalidSpecError, UnreadableError, shorten
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,14 @@ class HuggingFaceTokenizer(ModelTokenizer):
         if cuts_at_words(self.model()):  # cut at a space between letters; the rest alike alone
             i = self.info()
             b, e = spec.add_bos and i.bos_id >= 0, spec.add_eos and i.eos_id >= 0
-            self.cutter = Cutter(extendable=True, bos=b, eos=e, eos_id=i.eos_id, at=between_letters)
+            self.cutter = Cutter(
+                extendable=True,
+                bos=b,
+                eos=e,
+                eos_id=i.eos_id,
+                at=between_letters,
+                places=LETTER_SPACES,
+            )
 
     @classmethod
     def resolve(cls, access, spec) -> tuple[str, dict[str, str]]:

@@ -24,18 +24,20 @@ MIB = 1 << 20
 # The most measured for each kind (above), rounded up: an estimate, never an undercount.
 BYTES_PER_CHAR = {"sentencepiece": 170, "huggingface": 450, "tiktoken": 40}
 MOST_BYTES_PER_CHAR = max(BYTES_PER_CHAR.values())
-# What a document may take without being counted here: a thread's group of documents is
-# already counted in the stream's budget (`batching.footprint.GROUP_MIB`).
+# A call whose documents would take less than this is not counted (a few short documents).
 UNCOUNTED_BYTES = 8 * MIB
+# Documents longer than this are estimated one by one (`Tokenizer.memory_bytes`: what a cut
+# leaves of them); shorter ones at their length, together.
+LONG_CHARS = 16_384
 # Seconds between looks at the budget while waiting for room (the holder frees it when its
-# call returns; a wait is never longer than another document's tokenizing).
+# call returns; a wait is never longer than another call's tokenizing).
 WAIT_S = 0.05
 
 
 class TokenizingBudget:
-    """The estimated bytes of the long documents this process tokenizes right now, every
-    stream together, within a limit (the server's --stream-memory-mb): a group's long
-    documents hold their share while the library works, and wait for room before it."""
+    """The estimated bytes of the documents this process tokenizes right now, every stream
+    together, within a limit (the server's --stream-memory-mb): a call holds its documents'
+    estimate while the library works, and waits for room before it."""
 
     def __init__(self):
         self._room = threading.Condition()
@@ -73,19 +75,23 @@ def encode_bounded(
     budget: int | None,
     where: Callable[[int], str],
 ) -> TokenGroup:
-    """`tokenizer.encode(texts)`, its long documents' memory counted first: one over `budget`
-    is refused (RESOURCE_EXHAUSTED naming `where(i)`, its size and the flag); the rest are
-    tokenized holding their estimate in `TOKENIZING`, in runs that each fit the budget. The
-    ids are the same as one call's: each document is tokenized alone either way."""
+    """`tokenizer.encode(texts)`, its memory counted first: a document whose estimate is over
+    `budget` is refused (RESOURCE_EXHAUSTED naming `where(i)`, its size and the flag); the
+    call holds its documents' estimate in `TOKENIZING` while it runs, split into runs that
+    each fit the budget. The ids are the same as one call's: each document is tokenized alone
+    either way."""
     texts = list(texts)
-    if budget is None or not texts or max(map(len, texts)) * MOST_BYTES_PER_CHAR <= UNCOUNTED_BYTES:
+    lengths = list(map(len, texts))
+    if budget is None or sum(lengths) * MOST_BYTES_PER_CHAR <= UNCOUNTED_BYTES:
         return tokenizer.encode(texts, first_doc=first_doc, trim_to=trim_to)
-    costs = [0] * len(texts)
-    for i, text in enumerate(texts):
-        if len(text) * MOST_BYTES_PER_CHAR > UNCOUNTED_BYTES:
-            costs[i] = n = tokenizer.memory_bytes(text, trim_to)
-            if n > budget:
-                raise OverBudgetError(_refusal(tokenizer, text, n, budget, where(i)))
+    per_char = tokenizer.memory_bytes("x", None)
+    costs = [n * per_char for n in lengths]
+    for i in (i for i, n in enumerate(lengths) if n > LONG_CHARS):
+        costs[i] = n = tokenizer.memory_bytes(texts[i], trim_to)
+        if n > budget:
+            raise OverBudgetError(_refusal(tokenizer, texts[i], n, budget, where(i)))
+    if sum(costs) <= UNCOUNTED_BYTES:
+        return tokenizer.encode(texts, first_doc=first_doc, trim_to=trim_to)
     groups = []
     for lo, hi in _runs(costs, budget):
         with TOKENIZING.hold(sum(costs[lo:hi]), budget):

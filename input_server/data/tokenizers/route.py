@@ -167,6 +167,8 @@ class Router:
         # A worker process tries the backend on its own groups (its own threads, its share
         # of the host), unless this process's trial has judged.
         state["_loser"] = None
+        if self.choice.backend == "reference":  # a re-trial of a set-aside backend: this
+            state["_trial"] = None  # process's (the worker has no backend to try)
         return state
 
     def __setstate__(self, state):
@@ -342,20 +344,23 @@ class Router:
         return self.choice
 
     def _serve(self, choice: Choice) -> Choice:
-        """`choice` serves from the next group; a backend "auto" chose goes on trial first."""
-        self._loser = None
-        self._trial = None
+        """`choice` serves from the next group; a backend "auto" chose goes on trial first.
+        Under the lock a trial's verdict takes (`_judge`): a verdict never undoes a fall-back."""
+        trial = None
         if choice.backend != "reference" and self.reference.spec.backend == "auto":
-            self._gate_why = choice.why
-            self._trial = speed.Trial(choice.backend)
-            choice = Choice(
+            trial = speed.Trial(choice.backend)
+            tried = Choice(
                 choice.backend,
                 f"{choice.why}; on trial against the reference on the stream's first groups",
                 pending=choice.pending,
             )
-        self.choice = choice
-        if choice.backend == "reference":
-            self._fast = None
+        with self._lock:
+            self._loser, self._trial = None, trial
+            if trial is not None:
+                self._gate_why, choice = choice.why, tried
+            self.choice = choice
+            if choice.backend == "reference":
+                self._fast = None
         return choice
 
     def _trial_side(

@@ -60,6 +60,9 @@ _LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
 # characters) fits only beside a rank of at most 3 digits.
 MAX_RANKS = 1 << 20
 MAX_LINE_BYTES = 1024
+# So no token holds more than this many bytes (765 beside a short rank; a character is at
+# least one byte).
+MAX_TOKEN_CHARS = 765
 # Loaded Encodings by their file's identity, least recent first: (Encoding, (bos, eos)). Few: a
 # server sees few models, and each holds its ranks twice (Llama 3's: about 40 MB).
 _LOADED: collections.OrderedDict = collections.OrderedDict()
@@ -216,6 +219,12 @@ class PieceCutter:
 
     def first_cut(self, text: str, trim_to: int) -> int:
         return min(len(text), MAX_ENCODE_CHARS)
+
+    def longest_uncut(self, text: str, trim_to: int) -> int:
+        """The most a short prefix's doubling may tokenize at once: every token covers at
+        most MAX_TOKEN_CHARS characters, so that many a token needed hold enough tokens,
+        and the doubling passes it by at most twice."""
+        return min(len(text), 2 * max(MAX_ENCODE_CHARS, trim_to * MAX_TOKEN_CHARS))
 
     def learn(self, texts: list[str], ids: list[np.ndarray]) -> None:
         pass

@@ -20,6 +20,7 @@ Anything else: no cut (the document is tokenized whole, then trimmed).
 from __future__ import annotations
 
 import json
+import re
 
 from input_server.data.tokenizers.tiktoken import PATTERN as LLAMA3_PATTERN
 
@@ -29,6 +30,11 @@ QWEN_PATTERN = (
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 PATTERNS = frozenset({GPT2_PATTERN, LLAMA3_PATTERN, QWEN_PATTERN})
+
+
+# Every space `between_letters` allows, and a few more (`[^\W\d_]` takes numerals that are
+# not digits too): what `groups.Cutter.longest_uncut` filters with it.
+LETTER_SPACES = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
 
 
 def between_letters(text: str, space: int) -> bool:
