@@ -363,28 +363,27 @@ class Router:
                 self._fast = None
         return choice
 
-    def _trial_side(
-        self, fast: Backend | None
-    ) -> tuple[speed.Trial | None, str | None, Backend | None]:
-        """The trial running (None: none), who encodes the next group in it, and the backend
-        that would: the serving one, or the one a verdict set aside, tried again every
-        RETRIAL_GROUPS groups."""
+    def _trial_side(self, fast: Backend | None) -> tuple[speed.Trial | None, str | None, bool]:
+        """The trial running (None: none), who encodes the next group in it (None: as the
+        choice says) and whether that group is timed; a backend set aside by a verdict is
+        tried again every RETRIAL_GROUPS groups."""
         trial = self._trial
         if trial is None:
             with self._lock:
                 if fast is not None or self._loser is None:
-                    return None, None, fast
+                    return None, None, False
                 self._since_verdict += 1
                 if self._since_verdict < speed.RETRIAL_GROUPS:
-                    return None, None, None
+                    return None, None, False
                 self._since_verdict = 0
                 trial = self._trial = speed.Trial(self._loser.name)
-        side = trial.side()
-        return trial, side, fast if fast is not None else self._loser
+        turn = trial.side()
+        return (None, None, False) if turn is None else (trial, *turn)
 
-    def _timed(self, trial, side: str | None, call) -> TokenGroup:
-        """`call()`'s group, its time noted in `trial` as `side`'s (judging once it can)."""
-        if side is None:
+    def _timed(self, trial, side: str | None, timed: bool, call) -> TokenGroup:
+        """`call()`'s group, its time noted in `trial` as `side`'s if `timed` (judging once
+        it can)."""
+        if not timed:
             return call()
         started = time.perf_counter()
         group = call()
@@ -461,12 +460,18 @@ class Router:
         reference's and falls back for good), else by the reference. A backend's failure (a
         panic too) sends its group to the reference, marked `fell_back` (the stream counts it;
         the first is logged)."""
-        trial, side, fast = self._trial_side(self._counted_serving())
+        fast = self._counted_serving()
+        trial, side, timed = self._trial_side(fast)
+        if side == "backend" and fast is None:  # a re-trial of the backend set aside
+            fast = self._loser
+            timed = timed and fast is not None  # (unless an audit's fall-back dropped it)
         if fast is None or side == "reference":
-            return self._timed(trial, side, lambda: self.reference_group(texts, first_doc, trim_to))
+            return self._timed(
+                trial, side, timed, lambda: self.reference_group(texts, first_doc, trim_to)
+            )
         try:
             group = self._timed(
-                trial, side, lambda: self.backend_group(fast, texts, first_doc, trim_to)
+                trial, side, timed, lambda: self.backend_group(fast, texts, first_doc, trim_to)
             )
         except BaseException as e:
             _failure(e)
