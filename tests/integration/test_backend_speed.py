@@ -70,6 +70,7 @@ def test_an_exact_but_slow_backend_is_tried_and_serves_only_when_named(files, ba
 def test_a_backend_set_aside_is_tried_again_and_serves_once_faster(files, monkeypatch):
     texts, _, model = files
     monkeypatch.setattr(speed, "RETRIAL_GROUPS", 10)
+    monkeypatch.setattr(speed, "MAX_RETRIAL_GROUPS", 10)  # however much slower it was
     kind = sleepy_kind(TiktokenTokenizer, DELAY_S)
     tok = kind(TokenizerSpec(model=model, kind="tiktoken"))
     tok.choose_backend(texts[:GATE_DOCS])
@@ -81,6 +82,16 @@ def test_a_backend_set_aside_is_tried_again_and_serves_once_faster(files, monkey
     _groups(tok, texts, 10 + 2 * speed.PHASE_GROUPS, start=100)
     assert tok.choice.backend == "fastokens", tok.choice.why
     assert "x the reference's speed on this stream's groups" in tok.choice.why
+
+
+def test_a_backend_that_keeps_losing_is_tried_ever_less_often():
+    lost = speed.Speed(backend="kitoken", groups=16, reference_ns=1000, backend_ns=5000)
+    first, second, third = (speed.retrial_after(lost, n) for n in (1, 2, 3))
+    assert first == 5 * speed.RETRIAL_GROUPS  # 5 x slower: 5 x as many groups between
+    assert second == 2 * first and third == 4 * first
+    close = speed.Speed(backend="kitoken", groups=16, reference_ns=1000, backend_ns=950)
+    assert speed.retrial_after(close, 1) == speed.RETRIAL_GROUPS  # not faster by enough
+    assert speed.retrial_after(lost, 60) == speed.MAX_RETRIAL_GROUPS
 
 
 def test_info_says_why_a_slow_backend_does_not_serve(files, short_tmp, monkeypatch):

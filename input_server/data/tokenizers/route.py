@@ -151,10 +151,12 @@ class Router:
         self._failed_groups = 0
         # "auto": the chosen backend on trial against the reference on the stream's groups
         # (`speed.Trial`); after a verdict for the reference, the backend it held (`_loser`),
-        # tried again every RETRIAL_GROUPS groups; the gate's words, which the verdict follows.
+        # tried again later (`speed.retrial_after`); the gate's words, which the verdict follows.
         self._trial: speed.Trial | None = None
         self._loser: Backend | None = None
         self._since_verdict = 0
+        self._retrial_after = speed.RETRIAL_GROUPS
+        self._lost = 0  # trials the backend lost in a row
         self._gate_why = ""
 
     def __getstate__(self):
@@ -366,14 +368,14 @@ class Router:
     def _trial_side(self, fast: Backend | None) -> tuple[speed.Trial | None, str | None, bool]:
         """The trial running (None: none), who encodes the next group in it (None: as the
         choice says) and whether that group is timed; a backend set aside by a verdict is
-        tried again every RETRIAL_GROUPS groups."""
+        tried again after `speed.retrial_after` groups."""
         trial = self._trial
         if trial is None:
             with self._lock:
                 if fast is not None or self._loser is None:
                     return None, None, False
                 self._since_verdict += 1
-                if self._since_verdict < speed.RETRIAL_GROUPS:
+                if self._since_verdict < self._retrial_after:
                     return None, None, False
                 self._since_verdict = 0
                 trial = self._trial = speed.Trial(self._loser.name)
@@ -402,10 +404,11 @@ class Router:
             fast = self._fast if self._fast is not None else self._loser
             why = f"{self._gate_why}; {verdict.said()}"
             if verdict.serves:
-                self._fast, self._loser = fast, None
+                self._fast, self._loser, self._lost = fast, None, 0
                 self.choice = Choice(verdict.backend, why)
             else:
-                self._loser, self._fast = fast, None
+                self._loser, self._fast, self._lost = fast, None, self._lost + 1
+                self._retrial_after = speed.retrial_after(verdict, self._lost)
                 self.choice = Choice("reference", why)
         log.info("`tokenizer.model` %r: %s", self.reference.written, why)
 
