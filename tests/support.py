@@ -264,6 +264,23 @@ def other_stream_spec(docs: Sequence[str], folder) -> PipelineSpec:
     )
 
 
+def assert_still_flowing(flowing: list, seconds: float = 1.0) -> None:
+    """The other client's stream (`flowing_stream`'s list) gets messages over `seconds`."""
+    import time
+
+    seen = len(flowing)
+    time.sleep(seconds)
+    assert len(flowing) > seen, "the other stream stopped"
+
+
+def assert_peak_within(server, before: int, mib: int) -> int:
+    """A bounded server's peak memory rose by less than `mib` MiB over `before` bytes; the
+    peak."""
+    peak = server.peak.bytes
+    assert peak - before < mib << 20, (before >> 20, peak >> 20)
+    return peak
+
+
 @contextlib.contextmanager
 def flowing_stream(target: str, spec, timeout: float = 60, started: int = 0) -> Iterator[list]:
     """Another client's raw stream of `spec` (a proto), read in a thread while the block runs:

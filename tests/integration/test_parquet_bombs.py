@@ -21,7 +21,7 @@ from input_server.data.records import DECOMPRESSED
 from input_server.errors import OverBudgetError
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.attacks import ids_bomb, text_bomb
-from tests.support import flowing_stream, stream_status
+from tests.support import assert_still_flowing, flowing_stream, stream_status
 
 _MIB = 1 << 20
 
@@ -111,9 +111,7 @@ def test_a_parquet_bomb_ends_its_stream_resource_exhausted_while_another_flows(t
                 assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
                 assert "row group" in details and "--max-decompressed-mb 16" in details, details
                 assert ".parquet" in details, details
-            seen = len(flowing)
-            time.sleep(0.5)
-            assert len(flowing) > seen
+            assert_still_flowing(flowing, 0.5)
 
 
 _PEAK = """

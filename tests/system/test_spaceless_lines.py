@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 
 import grpc
 import pytest
 
 from tests.support import (
+    assert_peak_within,
+    assert_still_flowing,
     bounded_server,
     flowing_stream,
     needs_memory_cgroup,
@@ -69,12 +70,9 @@ def test_two_streams_of_spaceless_lines_are_refused_and_the_server_lives(tmp_pat
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (name, details)
             assert name.split("#")[0] in details, (name, details)
             assert "--stream-memory-mb 2048" in details, details
-        seen = len(flowing)
-        time.sleep(1.0)
-        assert len(flowing) > seen, "the other stream stopped"
+        assert_still_flowing(flowing)
         # Refused before tokenizing: what is left is reading the lines (64 MiB of text in
         # each group a stream's threads have in flight: +741 MB measured for the four), not
         # the ~10 GB each would take to tokenize.
-        peak = server.peak.bytes
-        assert peak - before < 1536 * _MIB, (before >> 20, peak >> 20)
+        peak = assert_peak_within(server, before, 1536)
     print(f"peak {before >> 20} MB before the attacks, {peak >> 20} MB after")
