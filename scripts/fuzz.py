@@ -364,69 +364,29 @@ def mutate_bytes(rng: random.Random, blob: bytes, other: bytes) -> tuple[str, by
     return " ".join(ops), bytes(b)
 
 
+# How `tamper_state` spoils a state (edge twice: the likeliest to slip past a check), the
+# values it sets a key to (besides a random small one) and the JSON literals it writes.
+_TAMPERS = ("set", "edge", "edge", "delete", "literal", "deep", "non_utf8", "bytes")
+_TAMPERS += ("duplicate", "huge")
+_SET_VALUES = (1 << 70, 1 << 63, (1 << 63) - 1, -1, 1.5, "3", "", True, None, [], {"a": 1})
+_SET_VALUES += (float("inf"), float("nan"))
+_LITERALS = ("Infinity", "-Infinity", "NaN", "1e400", str(1 << 64), "-0", "1.0", "true")
+_LITERALS += ("null", "[]", '"0"', "0x10", "01")
+
+
 def tamper_state(rng: random.Random, state: bytes) -> tuple[str, bytes]:
     """A real state made wrong in one of the ways a client or a disk could."""
-    d, op = (
-        json.loads(state),
-        rng.choice(
-            [
-                "set",
-                "edge",
-                "edge",
-                "delete",
-                "literal",
-                "deep",
-                "non_utf8",
-                "bytes",
-                "duplicate",
-                "huge",
-            ]
-        ),
-    )
+    d, op = json.loads(state), rng.choice(list(_TAMPERS))
     key = rng.choice(sorted(d) + ["extra"] * (op == "set"))
     if op == "edge":  # in range, at the ends: the stream's own numbers must still fit
         key = rng.choice(["seq", "doc", "offset"])
         d[key] = rng.choice([(1 << 63) - 1, (1 << 63) - 2, (1 << 63) - 20, 299, 300, 10**9])
         return f"{key}={d[key]}", json.dumps(d).encode()
     if op == "set":
-        d[key] = rng.choice(
-            [
-                1 << 70,
-                1 << 63,
-                (1 << 63) - 1,
-                -1,
-                1.5,
-                "3",
-                "",
-                True,
-                None,
-                [],
-                {"a": 1},
-                float("inf"),
-                float("nan"),
-                rng.randint(0, 500),
-                10**6,
-            ]
-        )
+        d[key] = rng.choice([*_SET_VALUES, rng.randint(0, 500), 10**6])
         return f"{key}={d[key]!r}", json.dumps(d).encode()
     if op in ("delete", "literal"):
-        lit = rng.choice(
-            [
-                "Infinity",
-                "-Infinity",
-                "NaN",
-                "1e400",
-                str(1 << 64),
-                "-0",
-                "1.0",
-                "true",
-                "null",
-                "[]",
-                '"0"',
-                "0x10",
-                "01",
-            ]
-        )
+        lit = rng.choice(list(_LITERALS))
         d[key] = "@@"
         text = (
             json.dumps(d).replace('"@@"', lit)
@@ -434,6 +394,11 @@ def tamper_state(rng: random.Random, state: bytes) -> tuple[str, bytes]:
             else (json.dumps({k: v for k, v in d.items() if k != key}))
         )
         return f"{key}={lit}" if op == "literal" else f"no {key}", text.encode()
+    return _spoiled(rng, op, key, state)
+
+
+def _spoiled(rng: random.Random, op: str, key: str, state: bytes) -> tuple[str, bytes]:
+    """`tamper_state`'s ways that work on the state's bytes, not its values."""
     if op == "deep":
         n = rng.choice([100, 1000, 100_000])
         return f"deep {n}", rng.choice([b"[" * n + b"]" * n, b'{"a":' * n + b"1" + b"}" * n])
