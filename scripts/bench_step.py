@@ -23,7 +23,8 @@ the step compiled once:
 Per feed: median and p90 milliseconds a step (next() to the step's outputs ready) and the
 device-resident median over it (`x_device`, 1.0 = no cost), the share of the loop spent
 waiting for data, the CPU cores used by the server's process tree and by the training
-process's tree (its own threads and Grain's workers) over the timed steps, and the feed's
+process's tree (its own threads and Grain's workers) over the timed steps (the server's also
+over their second half: the feed settled, its start apart), and the feed's
 first batch. Before the models: the server's start (socket answering, first batch of a fresh
 server, of the next stream). After them: the server SIGKILLed mid-run and restarted at once,
 the loop's longest wait for a batch. JSON on stdout (and `--out`).
@@ -226,7 +227,10 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
 
     cpu0 = cpu()
     wall0 = time.perf_counter()
-    for _ in range(steps):
+    half = None  # (cpu, wall) at the timed steps' half: the second half is the settled feed
+    for i in range(steps):
+        if i == steps // 2:
+            half = cpu(), time.perf_counter()
         t0 = time.perf_counter()
         batch = next(it)
         t1 = time.perf_counter()
@@ -238,6 +242,7 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
     wall = time.perf_counter() - wall0
     cpu1 = cpu()
     close()
+    settled_wall = wall0 + wall - half[1]
     ordered = sorted(steps_s)
     return state, {
         "median_ms": 1e3 * statistics.median(steps_s),
@@ -246,6 +251,9 @@ def run_feed(step, state, feeds: Feeds, name: str, steps: int, warmup: int):
         "median_wait_ms": 1e3 * statistics.median(waits),
         "trainer_tree_cores": (cpu1[0] - cpu0[0]) / wall,
         "server_tree_cores": (cpu1[1] - cpu0[1]) / wall if input_pid else None,
+        "server_tree_cores_second_half": (
+            (cpu1[1] - half[0][1]) / settled_wall if input_pid else None
+        ),
         "first_batch_s": first,
         "last_loss": float(loss),
         **detail,

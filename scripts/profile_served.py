@@ -1,9 +1,11 @@
 """Where a served stream's CPU goes: each spec through a real `serve` process over a Unix socket,
-read unthrottled for a while, with its rate, the CPU of the server and its worker processes a
-token, the parallelism and backend it served with, and (with --py-spy) py-spy's samples of the
-server and its workers, folded, for reading with any flame-graph tool or `sort | head`.
+read unthrottled (or at `--pace` batches a second: a train step's demand) for a while, with its
+rate, the CPU of the server and its worker processes a token and each second, the parallelism
+and backend it served with, and (with --py-spy) py-spy's samples of the server and its workers,
+folded, for reading with any flame-graph tool or `sort | head`.
 
-    python3 scripts/profile_served.py A.toml B.toml [--seconds 10] [--warm-s 3] [--py-spy DIR]
+    python3 scripts/profile_served.py A.toml B.toml [--seconds 10] [--warm-s 3] [--pace 25]
+        [--py-spy DIR]
 
 Prints one JSON line a spec. Works where TCP does not (the TPU host): Unix sockets only.
 """
@@ -36,7 +38,42 @@ def _tree_cpu(process: psutil.Process) -> float:
     return total
 
 
-def profile(path: str, seconds: float, warm_s: float, py_spy: str | None) -> dict:
+def _spy(pid: int, out: str, seconds: float) -> subprocess.Popen:
+    """py-spy recording `pid` and its worker processes into `out` (folded) for `seconds`."""
+    argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
+    argv += ["--rate", "200", "--duration", str(int(seconds)), "--output", out, "--nonblocking"]
+    log = open(f"{out}.log", "w")  # noqa: SIM115 - the child's to close
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _read(it, process, seconds: float, pace: float) -> dict:
+    """Reads `it` for `seconds` (at `pace` batches a second when > 0: a train step's demand),
+    with the server tree's cores each second of it."""
+    cpu, t0, tokens, batches, client_cpu = _tree_cpu(process), time.perf_counter(), 0, 0, 0.0
+    client0, timeline, mark, mark_cpu = time.process_time(), [], t0, cpu
+    while (now := time.perf_counter()) - t0 < seconds:
+        if pace > 0 and batches > (now - t0) * pace:
+            time.sleep(min(0.05, batches / pace - (now - t0)))
+            continue
+        tokens += int(np.count_nonzero(next(it)["inputs_segmentation"]))
+        batches += 1
+        if now - mark >= 1.0:
+            at_cpu = _tree_cpu(process)
+            timeline.append(round((at_cpu - mark_cpu) / (now - mark), 2))
+            mark, mark_cpu = now, at_cpu
+    elapsed = time.perf_counter() - t0
+    cpu, client_cpu = _tree_cpu(process) - cpu, time.process_time() - client0
+    return {
+        "tokens_per_s": tokens / elapsed,
+        "batches_per_s": batches / elapsed,
+        "server_cores": cpu / elapsed,
+        "server_cpu_ns_per_token": 1e9 * cpu / max(1, tokens),
+        "client_cpu_ns_per_token": 1e9 * client_cpu / max(1, tokens),
+        "server_cores_each_s": timeline,
+    }
+
+
+def profile(path: str, seconds: float, warm_s: float, py_spy: str | None, pace: float) -> dict:
     spec = PipelineSpec.from_toml(path)
     name = os.path.splitext(os.path.basename(path))[0]
     roots = {
@@ -59,35 +96,12 @@ def profile(path: str, seconds: float, warm_s: float, py_spy: str | None) -> dic
                 while time.perf_counter() - start < warm_s:
                     next(it)
                 process = psutil.Process(server.pid)
-                spy = None
-                if py_spy:
-                    out = os.path.join(py_spy, f"{name}.folded")
-                    spy = subprocess.Popen(
-                        [
-                            "py-spy",
-                            "record",
-                            "--pid",
-                            str(server.pid),
-                            "--subprocesses",
-                            "--format",
-                            "raw",
-                            "--rate",
-                            "200",
-                            "--duration",
-                            str(int(seconds)),
-                            "--output",
-                            out,
-                            "--nonblocking",
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=open(f"{out}.log", "w"),  # noqa: SIM115 - the child's to close
-                    )
-                cpu, t0, tokens = _tree_cpu(process), time.perf_counter(), 0
-                client_cpu = time.process_time()
-                while time.perf_counter() - t0 < seconds:
-                    tokens += int(np.count_nonzero(next(it)["inputs_segmentation"]))
-                elapsed = time.perf_counter() - t0
-                cpu, client_cpu = _tree_cpu(process) - cpu, time.process_time() - client_cpu
+                spy = (
+                    _spy(server.pid, os.path.join(py_spy, f"{name}.folded"), seconds)
+                    if py_spy
+                    else None
+                )
+                read = _read(it, process, seconds, pace)
                 s = max(client.info().streams, key=lambda x: x.stream_id)
                 if spy is not None:
                     spy.wait(seconds + 30)
@@ -96,10 +110,7 @@ def profile(path: str, seconds: float, warm_s: float, py_spy: str | None) -> dic
             server.wait(30)
     return {
         "spec": name,
-        "tokens_per_s": tokens / elapsed,
-        "server_cores": cpu / elapsed,
-        "server_cpu_ns_per_token": 1e9 * cpu / max(1, tokens),
-        "client_cpu_ns_per_token": 1e9 * client_cpu / max(1, tokens),
+        **read,
         "processes": s.worker_processes,
         "threads": s.worker_threads,
         "backend": s.tokenizer_backend,
@@ -113,10 +124,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warm-s", type=float, default=3.0)
     parser.add_argument("--py-spy", metavar="DIR", help="record py-spy's samples into DIR")
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="batches a second to read (0: all it serves)"
+    )
     args = parser.parse_args()
     for path in args.specs:
         try:
-            print(json.dumps(profile(path, args.seconds, args.warm_s, args.py_spy)), flush=True)
+            print(
+                json.dumps(profile(path, args.seconds, args.warm_s, args.py_spy, args.pace)),
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001 - one spec's failure is its line, the rest go on
             print(json.dumps({"spec": path, "error": f"{type(e).__name__}: {e}"}), flush=True)
 
