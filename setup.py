@@ -51,6 +51,7 @@ SERVER_REQUIRES = [
     "tqdm>=4.66",
     "psutil>=5.9",  # autotune measures worker memory (RSS)
     "orjson>=3.9",  # several times faster JSON lines than the standard library
+    "pysimdjson>=6.0",  # JSON lists of token ids read into arrays, no Python int a token
     "jax>=0.4.35",  # the demo places batches on devices and times steps
 ]
 

@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
+import simdjson
 
 from input_server import cancel, stages
 from input_server.data.records import (
@@ -151,6 +152,39 @@ def _described(value: object) -> str:
 
 class NotJsonError(RecordError):
     """A line of a jsonl file is not JSON: where it is the first, the file may be plain text."""
+
+
+_PARSERS = threading.local()  # a simdjson parser is not to be shared between threads
+
+
+def _parser():
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        parser = _PARSERS.parser = simdjson.Parser()
+    return parser
+
+
+def _simd_ids(parser, raw: bytes, field: str, key: bytes) -> np.ndarray | None:
+    """A record's ids as simdjson reads them, straight into an int64 array: no Python int a
+    token, which made orjson's parse ~70 % of reading ids (docs/benchmarks.md); `key` is the
+    field's name in quotes, as bytes. None where it
+    would not read them as `ids_of` does, for `ids_of` to read and name: any error (a float,
+    a boolean, a string, null, out of int64, no such field, not an object, not JSON), and any
+    record holding more than one list (simdjson flattens a nested list into its parent's
+    numbers), a key that may repeat the field's (simdjson takes a repeated key's first value,
+    orjson its last) or any escape (which may spell the field's name)."""
+    if raw.count(b"[") != 1 or raw.count(key) != 1 or b"\\" in raw:
+        return None
+    doc = value = None
+    try:
+        doc = parser.parse(raw)
+        value = doc[field]
+        return np.frombuffer(value.as_buffer(of_type="i"), np.int64)
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError):  # as it raises them
+        return None
+    finally:
+        # The parser refuses the next document while this one's objects live.
+        doc = value = None  # noqa: F841
 
 
 def _str(value: object) -> str | None:
@@ -364,8 +398,21 @@ class JsonlReader:
         """The texts (or ids) of many records; one pass with no per-record syscall."""
         with self.buffer() as buf:
             if self.token_field is not None:
-                return self._read_many(buf, indices, self.token_field, _ids)
+                return self._read_many_ids(buf, indices, self.token_field)
             return self._read_many(buf, indices, self.text_field, _str)
+
+    def _read_many_ids(self, buf, indices: Sequence[int], field: str) -> list[np.ndarray]:
+        """Each record's ids, by simdjson where it reads them exactly (`_simd_ids`), else by
+        `__getitem__`, which names what is wrong with the record."""
+        starts, ends = self.spans(indices)
+        limit, parser, key = self.max_bytes, _parser(), b'"%s"' % field.encode()
+        out = []
+        for index, start, end in zip(indices, starts, ends, strict=True):
+            ids = None
+            if limit is None or end - start <= limit:
+                ids = _simd_ids(parser, buf[start:end], field, key)
+            out.append(self[index] if ids is None else ids)
+        return out
 
     def _read_many(
         self, buf, indices: Sequence[int], field: str, convert: Callable[[object], object]

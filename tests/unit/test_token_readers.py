@@ -388,3 +388,62 @@ def test_make_example_refuses_what_is_neither_text_nor_numbers():
     with pytest.raises(TypeError, match=r"feature 'ids'"):
         make_example(ids=7)
     assert example_ids(make_example(ids=[]), "ids", "w").tolist() == []  # present, 0 ids
+
+
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        int64s,
+        near_edges,
+        st.floats(allow_nan=False),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.text(max_size=8),
+    ),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+records = st.fixed_dictionaries(
+    {"ids": st.one_of(st.lists(st.one_of(int64s, near_edges), max_size=40), json_values)},
+    optional={"text": st.text(max_size=12), "meta": json_values},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(records, min_size=1, max_size=6), st.sampled_from([(", ", ": "), (",", ":")]))
+def test_jsonl_ids_read_in_bulk_as_one_by_one(tmp_path_factory, docs, separators):
+    """read_many (simdjson where it reads a record exactly) gives each record what reader[i]
+    (orjson) gives it: the same ids, or the same refusal naming the same line and field, for
+    any JSON: other fields holding brackets, nested lists, booleans, floats, ints past int64."""
+    path = tmp_path_factory.mktemp("j") / "d.jsonl"
+    path.write_text("".join(json.dumps(d, separators=separators) + "\n" for d in docs))
+    reader = JsonlReader(str(path), "text", token_field="ids")
+
+    def outcome(read):
+        try:
+            ids = read()
+        except RecordError as e:
+            return str(e)
+        assert ids.dtype == np.int64 and ids.ndim == 1
+        return ids.tolist()
+
+    for i in range(len(docs)):
+        assert outcome(lambda i=i: reader.read_many([i])[0]) == outcome(lambda i=i: reader[i])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"ids": [1, 2], "ids": 3}', b'{"ids": 3, "ids": [1, 2]}', b'{"\\u0069ds": [1], "ids": 3}'],
+)
+def test_a_repeated_token_field_reads_in_bulk_as_one_by_one(line, tmp_path):
+    """A key given twice (or spelled with an escape) means what orjson reads: its last value."""
+    path = write_bytes(tmp_path / "d.jsonl", line + b"\n")
+    reader = JsonlReader(path, "text", token_field="ids")
+    outcomes = []
+    for read in (lambda: reader[0], lambda: reader.read_many([0])[0]):
+        try:
+            outcomes.append(read().tolist())
+        except RecordError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == [1, 2] if line.endswith(b"]}") else "holds 3" in outcomes[0]
