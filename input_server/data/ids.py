@@ -65,58 +65,61 @@ class IdsOnly:
         raise TypeError("a spec without `tokenizer.model` has no text to tokenize")
 
 
-def _check_range(
-    flat: np.ndarray, lengths: np.ndarray, specials: Specials, where, *, around: bool = False
-) -> None:
-    """Refuses the first id outside the vocabulary (of all documents' ids end to end), naming
-    its document's record: one vectorized pass over the group. `around`: the documents' BOS
-    and EOS are among them (valid ids, which shift the position named)."""
+def _check_range(flat: np.ndarray, lengths: np.ndarray, specials: Specials, where) -> None:
+    """Refuses the first id outside the vocabulary (of all documents' ids end to end, no
+    specials among them), naming its document's record: one vectorized pass over the group."""
     if not len(flat) or (0 <= int(flat.min()) and int(flat.max()) < specials.vocab_size):
         return
     at = int(np.flatnonzero((flat < 0) | (flat >= specials.vocab_size))[0])
     doc = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
-    within = at - int(lengths[:doc].sum()) - (around and specials.bos is not None)
+    within = at - int(lengths[:doc].sum())
     raise RecordError(
         f"{where(doc)}: token id {int(flat[at])} (position {within}) is outside the vocabulary "
         f"of {specials.written}: ids run from 0 to {specials.vocab_size - 1}."
     )
 
 
-def id_parts(
+def joined_ids(
     docs: Sequence[np.ndarray],
     specials: Specials,
     *,
     trim_to: int | None,
     where: Callable[[int], str],
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """Every document's tokens as text would give them, in parts end to end (views, no copy):
-    BOS, the ids, EOS, of which the first `trim_to`; with each document's token count. Ids
-    outside the vocabulary are DATA_LOSS naming file, record and id."""
-    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every document's tokens as text would give them, end to end in one int32 array: BOS,
+    the ids, EOS, of which the first `trim_to`; with each document's token count. The ids are
+    joined by one copy and the specials set around them in one pass (a document of ~80 ids
+    cost more in its own appends and parts than in copying). Ids outside the vocabulary are
+    DATA_LOSS naming file, record and id."""
+    n = len(docs)
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=n)
     if docs and not all(d.dtype == np.int32 for d in docs):
         # Wider ids are checked before the cast to int32 could wrap them; int32 ones are
-        # checked once joined (`encode_documents`), saving a copy of the group.
+        # checked once joined, saving a copy of the group.
         _check_range(np.concatenate(docs), lengths, specials, where)
-    bos = np.array([specials.bos], np.int32) if specials.bos is not None else None
-    eos = np.array([specials.eos], np.int32) if specials.eos is not None else None
-    around = (bos is not None) + (eos is not None)
     room = trim_to if trim_to is not None else np.iinfo(np.int64).max
-    parts: list[np.ndarray] = []
-    add = parts.append
-    for ids in docs:  # per document only appends, the cheap case first
-        if len(ids) + around <= room:
-            if bos is not None:
-                add(bos)
-            add(ids)
-            if eos is not None:
-                add(eos)
-            continue
-        left = room
-        for part in (bos, ids, eos):
-            if part is not None and left > 0:
-                add(part[:left])
-                left -= len(parts[-1])
-    return parts, np.minimum(lengths + around, room)
+    bos = specials.bos is not None and room >= 1
+    body = np.minimum(lengths, max(0, room - bos))
+    eos = (lengths + bos + 1 <= room) if specials.eos is not None else np.zeros(n, bool)
+    parts = list(docs)
+    for i in np.flatnonzero(body < lengths).tolist():
+        parts[i] = parts[i][: body[i]]
+    flat = np.concatenate(parts, dtype=np.int32, casting="unsafe") if n else np.zeros(0, np.int32)
+    if all(d.dtype == np.int32 for d in docs):
+        _check_range(flat, body, specials, where)
+    kept = body + bos + eos
+    if not bos and not eos.any():
+        return flat, kept
+    starts = np.cumsum(kept) - kept
+    out = np.empty(int(kept.sum()), np.int32)
+    ids_at = np.ones(len(out), bool)
+    if bos:
+        out[starts], ids_at[starts] = specials.bos, False
+    if eos.any():
+        ends = (starts + kept - 1)[eos]
+        out[ends], ids_at[ends] = specials.eos, False
+    out[ids_at] = flat
+    return out, kept
 
 
 def encode_documents(
@@ -130,20 +133,17 @@ def encode_documents(
     budget: int | None = None,
 ) -> TokenGroup:
     """One group's tokens: texts tokenized in one call (their memory counted against
-    `budget` first: `memory.encode_bounded`), ids passed through `id_parts`, in the
+    `budget` first: `memory.encode_bounded`), ids through `joined_ids`, in the
     documents' order. `where(i)` names item i's record for messages."""
     text_at = [i for i, x in enumerate(items) if isinstance(x, str)]
     if len(text_at) == len(items):
         return encode_bounded(
             tokenizer, items, first_doc=first_doc, trim_to=trim_to, budget=budget, where=where
         )
-    if not text_at:  # all pre-tokenized: no per-document work but appending views
-        parts, lengths = id_parts(items, specials, trim_to=trim_to, where=where)
-        tokens = _joined(parts)
-        if all(d.dtype == np.int32 for d in items):
-            _check_range(tokens, lengths, specials, lambda i: where(i), around=True)
+    if not text_at:  # all pre-tokenized
+        tokens, lengths = joined_ids(items, specials, trim_to=trim_to, where=where)
         return TokenGroup(first_doc=first_doc, tokens=tokens, lengths=lengths)
-    pieces: list[list[np.ndarray]] = [[] for _ in items]
+    pieces: list[np.ndarray] = [np.zeros(0, np.int32)] * len(items)
     # Numbered from the group's first document: an audit's message names where it looked.
     texts = encode_bounded(
         tokenizer,
@@ -154,26 +154,18 @@ def encode_documents(
         where=lambda j: where(text_at[j]),
     )
     for i, start, n in zip(text_at, texts.starts.tolist(), texts.lengths.tolist(), strict=True):
-        pieces[i] = [texts.tokens[start : start + n]]
+        pieces[i] = texts.tokens[start : start + n]
     lengths = np.zeros(len(items), np.int64)
     lengths[text_at] = texts.lengths
     for i in (i for i, x in enumerate(items) if not isinstance(x, str)):
-        one, n = id_parts([items[i]], specials, trim_to=trim_to, where=lambda _, i=i: where(i))
+        one, n = joined_ids([items[i]], specials, trim_to=trim_to, where=lambda _, i=i: where(i))
         pieces[i], lengths[i] = one, n[0]
     return TokenGroup(
         first_doc=first_doc,
-        tokens=_joined([x for p in pieces for x in p]),
+        tokens=np.concatenate(pieces) if pieces else np.zeros(0, np.int32),
         lengths=lengths,
         audited=texts.audited,  # its texts' audit, carried to the stream's figures
         mismatched=texts.mismatched,
         fell_back=texts.fell_back,
         by_backend=texts.by_backend,
     )
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """One copy, cast as it is made: ids stored as int64 become the wire's int32 (checked
-    below the vocabulary, which is below 2^31)."""
-    if not parts:
-        return np.zeros(0, np.int32)
-    return np.concatenate(parts, dtype=np.int32, casting="unsafe")
