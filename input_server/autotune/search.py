@@ -74,8 +74,9 @@ def next_candidate(
 ) -> Candidate | None:
     """What to measure next, given the table so far; None when the search is over. Pure.
 
-    In-process threads first, doubling (1, 2, 4, ... MAX_THREADS) until a doubling gains under
-    PLATEAU_GAIN (below the core count, two in a row: noise). Then processes (2, 4, ... up
+    In-process threads first, doubling (1, 2, 4, ... MAX_THREADS; the core count on the way:
+    `_more_threads`) until a step gains under PLATEAU_GAIN (below the core count, two in a
+    row: noise). Then processes (2, 4, ... up
     to `cpus`, the in-process choice's threads shared among them) only if the in-process runs
     left cores idle (per-record Python work holds the GIL) or fell short of the target; they
     stop after one doubling without gain. One process is not tried: it adds a copy of every
@@ -108,8 +109,9 @@ def next_candidate(
             return check(0, 1)
         last = inproc[-1].parallelism.threads
         patience = THREAD_PATIENCE if last < cpus else 1
-        if inproc[-1].ran and 2 * last <= MAX_THREADS and not _stalled(ran, patience):
-            return check(0, 2 * last)
+        more = _more_threads(last, cpus)
+        if inproc[-1].ran and more <= MAX_THREADS and not _stalled(ran, patience):
+            return check(0, more)
         # The in-process search is over; are processes worth their cost?
         gil_bound = bool(ran) and max(m.cpu_cores for m in ran) < GIL_BOUND_SHARE * cpus
         short = target_batches_per_s > 0
@@ -121,6 +123,12 @@ def next_candidate(
     if not procs[-1].ran or processes > cpus or _stalled(ran, 1):
         return None
     return check(processes, _threads_per_process([m for m in inproc if m.ran], processes))
+
+
+def _more_threads(threads: int, cpus: int) -> int:
+    """The next thread count after `threads`: double, but the host's cores on the way (13 on
+    a TPU v5e host: 8 threads left 5 cores idle, 16 oversubscribe them)."""
+    return cpus if threads < cpus < 2 * threads else 2 * threads
 
 
 def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
@@ -139,8 +147,10 @@ def _threads_per_process(inproc: Sequence[Measurement], processes: int) -> int:
 
 def ladder(cpus: int, *, default_threads) -> list[Parallelism]:
     """The candidates a demand walk moves along, cheapest first: in-process threads doubling
-    up to twice the cores, then worker processes doubling up to the cores."""
-    rungs = [Parallelism(0, t) for t in _doubling(1, max(2, 2 * cpus))]
+    up to twice the cores (and the cores themselves), then worker processes doubling up to
+    the cores."""
+    threads = sorted({*_doubling(1, max(2, 2 * cpus)), cpus})
+    rungs = [Parallelism(0, t) for t in threads]
     rungs += [Parallelism(p, default_threads(p)) for p in _doubling(2, cpus)]
     return rungs
 

@@ -221,3 +221,14 @@ def test_rows_measured_out_of_order_never_propose_a_rung_already_measured():
     rows.append(row(0, 8, 131))  # no gain past 4 (in any order): threads are over
     assert next_candidate(rows, cpus=2, host_busy=True) is None
     assert next_candidate(rows, cpus=2).parallelism == Parallelism(2, 2)  # GIL-bound: processes
+
+
+def test_the_host_cores_are_a_thread_count_between_doublings():
+    """On a 13-core host the thread search measures 13 after 8 (8 leaves 5 cores idle; 16
+    oversubscribes them), and takes it where it is the fastest within the cores."""
+    rows = search(lambda p, t: row(p, t, 100 * min(t, 13)), cpus=13)
+    threads = [m.parallelism.threads for m in rows if m.parallelism.in_process]
+    assert threads[:6] == [1, 2, 4, 8, 13, 26]
+    assert decide(rows, cpus=13).parallelism == Parallelism(0, 13)
+    ladder = autotune.search.ladder(13, default_threads=lambda p: 1)
+    assert [p.threads for p in ladder if p.in_process] == [1, 2, 4, 8, 13, 16]
