@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_server.data.jsonl import ids_of
+from input_server.data.jsonl import json_ids
 from input_server.data.records import OPEN_FILES, check_size, loads_json, said, text_of
 from input_server.data.tf_example import example_ids, example_text
 from input_server.errors import InvalidSpecError, RecordError
@@ -103,7 +103,7 @@ class ArrayRecordReader:
         try:
             if self.token_field is not None:
                 if self.record_format == "json":
-                    return ids_of(loads_json(raw), self.token_field, where)
+                    return json_ids(raw, self.token_field, where)
                 return example_ids(raw, self.token_field, where)
             if self.record_format == "text":
                 return raw.decode("utf-8")
