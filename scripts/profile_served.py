@@ -5,7 +5,7 @@ and backend it served with, and (with --py-spy) py-spy's samples of the server a
 folded, for reading with any flame-graph tool or `sort | head`.
 
     python3 scripts/profile_served.py A.toml B.toml [--seconds 10] [--warm-s 3] [--pace 25]
-        [--py-spy DIR]
+        [--py-spy DIR] [--serve-flags "--tokenizer-audit-every 0"]
 
 Prints one JSON line a spec. Works where TCP does not (the TPU host): Unix sockets only.
 """
@@ -73,7 +73,9 @@ def _read(it, process, seconds: float, pace: float) -> dict:
     }
 
 
-def profile(path: str, seconds: float, warm_s: float, py_spy: str | None, pace: float) -> dict:
+def profile(
+    path: str, seconds: float, warm_s: float, py_spy: str | None, pace: float, flags: list[str]
+) -> dict:
     spec = PipelineSpec.from_toml(path)
     name = os.path.splitext(os.path.basename(path))[0]
     roots = {
@@ -85,7 +87,7 @@ def profile(path: str, seconds: float, warm_s: float, py_spy: str | None, pace: 
         target = f"unix://{tmp}/s.sock"
         argv = [sys.executable, "-m", "input_server.cli", "serve", "--listen", target]
         argv += [a for r in sorted(roots) for a in ("--data-root", r)]
-        argv += ["--tune-cache", "off"]
+        argv += ["--tune-cache", "off", *flags]
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         try:
             with (
@@ -110,6 +112,7 @@ def profile(path: str, seconds: float, warm_s: float, py_spy: str | None, pace: 
             server.wait(30)
     return {
         "spec": name,
+        "serve_flags": " ".join(flags),
         **read,
         "processes": s.worker_processes,
         "threads": s.worker_threads,
@@ -127,11 +130,23 @@ def main() -> None:
     parser.add_argument(
         "--pace", type=float, default=0.0, help="batches a second to read (0: all it serves)"
     )
+    parser.add_argument(
+        "--serve-flags", default="", help="more `serve` flags, e.g. '--tokenizer-audit-every 0'"
+    )
     args = parser.parse_args()
     for path in args.specs:
         try:
             print(
-                json.dumps(profile(path, args.seconds, args.warm_s, args.py_spy, args.pace)),
+                json.dumps(
+                    profile(
+                        path,
+                        args.seconds,
+                        args.warm_s,
+                        args.py_spy,
+                        args.pace,
+                        args.serve_flags.split(),
+                    )
+                ),
                 flush=True,
             )
         except Exception as e:  # noqa: BLE001 - one spec's failure is its line, the rest go on

@@ -5,6 +5,8 @@ measured ratio either way. A backend named in the spec serves as asked."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from input_client import InputClient, PipelineSpec
@@ -83,6 +85,26 @@ def test_a_backend_set_aside_is_tried_again_and_serves_once_faster(files, monkey
     _groups(tok, texts, 10 + 2 * speed.PHASE_GROUPS, start=100)
     assert tok.choice.backend == "fastokens", tok.choice.why
     assert "x the reference's speed on this stream's groups" in tok.choice.why
+
+
+def test_a_verdict_is_tried_again_when_the_groups_encoded_at_once_change(files, monkeypatch):
+    """A verdict made one group at a time holds while the stream stays so (the backend, slower
+    since, keeps serving), and is made again once it encodes four at a time, two windows in a
+    row: a backend's speed against the reference's changes with the threads calling it."""
+    texts, _, model = files
+    monkeypatch.setattr(speed, "CONCURRENCY_GROUPS", 8)
+    tok = sleepy_kind(TiktokenTokenizer, 0.0)(TokenizerSpec(model=model, kind="tiktoken"))
+    tok.choose_backend(texts[:GATE_DOCS])
+    _groups(tok, texts, 2 * speed.PHASE_GROUPS)
+    assert tok.choice.backend == "fastokens", tok.choice.why
+    tok.router.loaded_backend("fastokens").delay[0] = DELAY_S / 5  # slower from now on
+    _groups(tok, texts, 3 * speed.CONCURRENCY_GROUPS, start=100)
+    assert tok.choice.backend == "fastokens", tok.choice.why  # one at a time, as judged
+    with ThreadPoolExecutor(4) as pool:
+        starts = range(200, 200 + 2 * speed.CONCURRENCY_GROUPS + 2 * speed.PHASE_GROUPS)
+        list(pool.map(lambda g: _groups(tok, texts, 1, start=g), starts))
+    assert tok.choice.backend == "reference", tok.choice.why
+    assert tok.choice.why.endswith("the reference serves")
 
 
 def test_a_backend_that_keeps_losing_is_tried_ever_less_often():

@@ -158,6 +158,11 @@ class Router:
         self._retrial_after = speed.RETRIAL_GROUPS
         self._lost = 0  # trials the backend lost in a row
         self._gate_why = ""
+        # Groups being encoded now, the most at once since `_peak` was last read (every
+        # `speed.CONCURRENCY_GROUPS` groups, counted by `_window`), and the most the last
+        # verdict saw (0: none): a verdict is tried again at another (`speed.moved`), seen in
+        # `_moved` windows in a row.
+        self._inflight = self._peak = self._window = self._judged_at = self._moved = 0
 
     def __getstate__(self):
         self.settle()  # a worker process is handed the backend chosen behind the stream
@@ -169,6 +174,8 @@ class Router:
         # A worker process tries the backend on its own groups (its own threads, its share
         # of the host), unless this process's trial has judged.
         state["_loser"] = None
+        for name in ("_inflight", "_peak", "_window", "_judged_at", "_moved"):
+            state[name] = 0
         if self.choice.backend == "reference":  # a re-trial of a set-aside backend: this
             state["_trial"] = None  # process's (the worker has no backend to try)
         return state
@@ -372,15 +379,34 @@ class Router:
         trial = self._trial
         if trial is None:
             with self._lock:
-                if fast is not None or self._loser is None:
-                    return None, None, False
-                self._since_verdict += 1
-                if self._since_verdict < self._retrial_after:
-                    return None, None, False
-                self._since_verdict = 0
-                trial = self._trial = speed.Trial(self._loser.name)
+                trial = self._next_trial(fast)
+            if trial is None:
+                return None, None, False
         turn = trial.side()
         return (None, None, False) if turn is None else (trial, *turn)
+
+    def _next_trial(self, fast: Backend | None) -> speed.Trial | None:
+        """Under the lock, a group's turn without a trial: a new one when it is due (None:
+        not). The backend set aside, after `speed.retrial_after` groups; whichever side the
+        verdict chose, when the groups encoded at once moved away from those it was made at
+        (in `speed.CONCURRENCY_WINDOWS` windows in a row: one burst does not move it)."""
+        self._since_verdict += 1
+        self._window += 1
+        name = None
+        if self._judged_at and self._window >= speed.CONCURRENCY_GROUPS:
+            peak, self._peak, self._window = self._peak, 0, 0
+            self._moved = self._moved + 1 if speed.moved(self._judged_at, peak) else 0
+            if self._moved >= speed.CONCURRENCY_WINDOWS:
+                side = fast if fast is not None else self._loser
+                name = side.name if side is not None else None
+        due = self._since_verdict >= self._retrial_after
+        if name is None and fast is None and self._loser is not None and due:
+            name = self._loser.name
+        if name is None:
+            return None
+        self._since_verdict, self._peak, self._moved = 0, 0, 0
+        self._trial = speed.Trial(name)
+        return self._trial
 
     def _timed(self, trial, side: str | None, timed: bool, call) -> TokenGroup:
         """`call()`'s group, its time noted in `trial` as `side`'s if `timed` (judging once
@@ -401,6 +427,7 @@ class Router:
             if self._trial is not trial:  # fallen back, or chosen anew, meanwhile
                 return
             self._trial, self._since_verdict = None, 0
+            self._judged_at, self._peak, self._window = max(1, self._peak), 0, 0
             fast = self._fast if self._fast is not None else self._loser
             why = f"{self._gate_why}; {verdict.said()}"
             if verdict.serves:
@@ -458,6 +485,17 @@ class Router:
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
     ) -> TokenGroup:
+        """`_encode`, counting the groups encoded at once (what a trial's verdict holds for)."""
+        with self._lock:
+            self._inflight += 1
+            self._peak = max(self._peak, self._inflight)
+        try:
+            return self._encode(texts, first_doc, trim_to)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _encode(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
         """The group, by the serving backend if any (one group in `audit_every`, and
         `audit_share` of the others, compared with the reference's: a difference serves the
         reference's and falls back for good), else by the reference. A backend's failure (a

@@ -44,6 +44,20 @@ MUST_SAVE = 0.9
 # rate (4.8 against 6.5 M tokens/s).
 RETRIAL_GROUPS = 512
 MAX_RETRIAL_GROUPS = 1 << 20
+# A verdict holds while the groups the stream encodes at once (its threads calling the
+# tokenizer together: what the search and the loop's pace change) stay within
+# CONCURRENCY_CHANGE x of those it was made at, read as the most at once in each
+# CONCURRENCY_GROUPS groups, moved in CONCURRENCY_WINDOWS of them in a row: kitoken was 2.2 x
+# the reference on the TPU host one group at a time and 0.3 x eight at a time, and a trial
+# made while the search measured one thread let it serve eight at 0.27 x.
+CONCURRENCY_GROUPS = 32
+CONCURRENCY_CHANGE = 2.0
+CONCURRENCY_WINDOWS = 2
+
+
+def moved(judged_at: int, now: int) -> bool:
+    """Whether `now` groups at once is another regime than the `judged_at` a verdict saw."""
+    return not judged_at / CONCURRENCY_CHANGE < now < judged_at * CONCURRENCY_CHANGE
 
 
 def retrial_after(verdict: Speed, in_a_row: int) -> int:
