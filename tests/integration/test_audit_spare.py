@@ -54,7 +54,7 @@ class _Clock:
 
 def test_the_share_audited_grows_with_the_producers_waits_and_halves_without():
     clock = _Clock()
-    pace = AuditPace(clock, idle=_Idle(None))  # the waits alone decide
+    pace = AuditPace(clock, idle=_Idle(2.0))  # an idle host: the waits decide
 
     def run(n: int, wait: float) -> list[float]:
         out = []
@@ -93,6 +93,9 @@ def test_the_share_grows_only_while_the_host_has_idle_cores():
     assert run(20) == 0.0
     idle.value = 1.0
     assert run(40) == 1.0
+    idle.value = None  # the kernel does not say (gVisor): no idle CPU seen, none taken
+    assert run(20) == 0.0
+    assert run(40) == 0.0
 
 
 @pytest.fixture(scope="module")
