@@ -336,7 +336,10 @@ def parse_args(argv):
         "--restart-steps", type=int, default=300, help="the most steps of the restart run; 0: none"
     )
     p.add_argument("--out")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error(f"--steps {args.steps}: at least 2 timed steps (the second half is read apart)")
+    return args
 
 
 def main(argv=None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -42,8 +43,8 @@ def _spy(pid: int, out: str, seconds: float) -> subprocess.Popen:
     """py-spy recording `pid` and its worker processes into `out` (folded) for `seconds`."""
     argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
     argv += ["--rate", "200", "--duration", str(int(seconds)), "--output", out, "--nonblocking"]
-    log = open(f"{out}.log", "w")  # noqa: SIM115 - the child's to close
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+    with open(f"{out}.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
 
 
 def _read(it, process, seconds: float, pace: float) -> dict:
@@ -144,7 +145,7 @@ def main() -> None:
                         args.warm_s,
                         args.py_spy,
                         args.pace,
-                        args.serve_flags.split(),
+                        shlex.split(args.serve_flags),
                     )
                 ),
                 flush=True,

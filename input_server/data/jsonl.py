@@ -165,10 +165,15 @@ def json_ids(raw: bytes, field: str, where: str) -> np.ndarray:
 _PARSERS = threading.local()  # a simdjson parser is not to be shared between threads
 
 
+# A parser keeps buffers of the largest document it has read for as long as it lives (~5 x
+# its size); records past this go to orjson, so a thread's parser holds a few MiB at most.
+PARSER_CAPACITY = 1 << 20
+
+
 def _parser():
     parser = getattr(_PARSERS, "parser", None)
     if parser is None:
-        parser = _PARSERS.parser = simdjson.Parser()
+        parser = _PARSERS.parser = simdjson.Parser(max_capacity=PARSER_CAPACITY)
     return parser
 
 
@@ -188,7 +193,10 @@ def _simd_ids(parser, raw: bytes, field: str, key: bytes) -> np.ndarray | None:
         doc = parser.parse(raw)
         value = doc[field]
         return np.frombuffer(value.as_buffer(of_type="i"), np.int64)
-    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError):  # as it raises them
+    except (ValueError, TypeError, KeyError, AttributeError):  # as it raises them
+        return None
+    except RuntimeError:  # a big integer; or the parser would not parse again: a new one
+        _PARSERS.parser = None
         return None
     finally:
         # The parser refuses the next document while this one's objects live.

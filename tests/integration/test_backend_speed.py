@@ -5,6 +5,8 @@ measured ratio either way. A backend named in the spec serves as asked."""
 
 from __future__ import annotations
 
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
 from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
-from input_server.data.tokenizers import KINDS, speed
+from input_server.data.tokenizers import KINDS, route, speed
 from input_server.data.tokenizers.route import GATE_DOCS
 from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 from input_server.data.tokenizers.trainers import write_tiktoken_model
@@ -105,6 +107,27 @@ def test_a_verdict_is_tried_again_when_the_groups_encoded_at_once_change(files, 
         list(pool.map(lambda g: _groups(tok, texts, 1, start=g), starts))
     assert tok.choice.backend == "reference", tok.choice.why
     assert tok.choice.why.endswith("the reference serves")
+
+
+def test_a_paced_stream_keeps_its_verdict(files, monkeypatch, caplog):
+    """Groups arriving at a pace: the slow side's groups pile up during its phase (the sleepy
+    backend's, ~5 at once) and the serving side's do not (one at a time). The verdict's regime
+    is the serving side's, so it is made once, not again each time the pile-up is gone."""
+    texts, _, model = files
+    monkeypatch.setattr(speed, "CONCURRENCY_GROUPS", 8)
+    tok = sleepy_kind(TiktokenTokenizer, DELAY_S / 5)(TokenizerSpec(model=model, kind="tiktoken"))
+    tok.choose_backend(texts[:GATE_DOCS])
+    caplog.set_level(logging.INFO, logger=route.__name__)
+    with ThreadPoolExecutor(8) as pool:
+        done = []
+        for g in range(2 * speed.PHASE_GROUPS + 8 * speed.CONCURRENCY_GROUPS):
+            done.append(pool.submit(_groups, tok, texts, 1, g))
+            time.sleep(DELAY_S / 20)  # a group every 25 ms; the sleepy backend takes 100
+        for f in done:
+            f.result()
+    verdicts = [r for r in caplog.records if "x the reference's speed" in r.getMessage()]
+    assert tok.choice.backend == "reference", tok.choice.why
+    assert len(verdicts) == 1, [r.getMessage() for r in verdicts]
 
 
 def test_a_backend_that_keeps_losing_is_tried_ever_less_often():

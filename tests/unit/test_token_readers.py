@@ -9,6 +9,7 @@ import json
 import pickle
 import random
 import re
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from input_server import tf_example_pb2
+from input_server.data import jsonl
 from input_server.data.array_record import ArrayRecordReader
 from input_server.data.jsonl import JsonlReader, ids_of, json_ids
 from input_server.data.parquet import ParquetReader
@@ -455,3 +457,16 @@ def test_a_repeated_token_field_reads_in_bulk_as_one_by_one(line, tmp_path):
             outcomes.append(str(e))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0] == [1, 2] if line.endswith(b"]}") else "holds 3" in outcomes[0]
+
+
+def test_a_record_past_the_json_parsers_capacity_reads_through_orjson(tmp_path, monkeypatch):
+    """simdjson's parser holds buffers of the largest record it read; past its capacity a
+    record is read by orjson instead, the same ids."""
+    monkeypatch.setattr(jsonl, "PARSER_CAPACITY", 4096)
+    monkeypatch.setattr(jsonl, "_PARSERS", threading.local())  # parsers made from now on
+    ids = list(range(5000))
+    lines = [json.dumps({"ids": ids}), json.dumps({"ids": [1, 2]})]
+    path = write_bytes(tmp_path / "d.jsonl", ("\n".join(lines) + "\n").encode())
+    reader = JsonlReader(path, "text", token_field="ids")
+    big, small = reader.read_many([0, 1])
+    assert big.tolist() == ids and small.tolist() == [1, 2]

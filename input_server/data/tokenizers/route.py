@@ -159,10 +159,11 @@ class Router:
         self._lost = 0  # trials the backend lost in a row
         self._gate_why = ""
         # Groups being encoded now, the most at once since `_peak` was last read (every
-        # `speed.CONCURRENCY_GROUPS` groups, counted by `_window`), and the most the last
-        # verdict saw (0: none): a verdict is tried again at another (`speed.moved`), seen in
-        # `_moved` windows in a row.
+        # `speed.CONCURRENCY_GROUPS` groups, counted by `_window`), the regime the verdict
+        # serves in (0: none yet; `_settling`: windows until it is read) and the windows in a
+        # row that moved from it (`_regime_moved`).
         self._inflight = self._peak = self._window = self._judged_at = self._moved = 0
+        self._settling = 0
 
     def __getstate__(self):
         self.settle()  # a worker process is handed the backend chosen behind the stream
@@ -174,7 +175,8 @@ class Router:
         # A worker process tries the backend on its own groups (its own threads, its share
         # of the host), unless this process's trial has judged.
         state["_loser"] = None
-        for name in ("_inflight", "_peak", "_window", "_judged_at", "_moved"):
+        # The verdict's regime goes with it: a worker whose own differs tries it again.
+        for name in ("_inflight", "_peak", "_window", "_moved"):
             state[name] = 0
         if self.choice.backend == "reference":  # a re-trial of a set-aside backend: this
             state["_trial"] = None  # process's (the worker has no backend to try)
@@ -372,41 +374,52 @@ class Router:
                 self._fast = None
         return choice
 
-    def _trial_side(self, fast: Backend | None) -> tuple[speed.Trial | None, str | None, bool]:
+    def _trial_side(self) -> tuple[speed.Trial | None, str | None, bool]:
         """The trial running (None: none), who encodes the next group in it (None: as the
-        choice says) and whether that group is timed; a backend set aside by a verdict is
-        tried again after `speed.retrial_after` groups."""
+        choice says) and whether that group is timed; a new trial when one is due
+        (`_next_trial`)."""
         trial = self._trial
         if trial is None:
             with self._lock:
-                trial = self._next_trial(fast)
+                trial = self._next_trial()
             if trial is None:
                 return None, None, False
         turn = trial.side()
         return (None, None, False) if turn is None else (trial, *turn)
 
-    def _next_trial(self, fast: Backend | None) -> speed.Trial | None:
+    def _next_trial(self) -> speed.Trial | None:
         """Under the lock, a group's turn without a trial: a new one when it is due (None:
         not). The backend set aside, after `speed.retrial_after` groups; whichever side the
-        verdict chose, when the groups encoded at once moved away from those it was made at
-        (in `speed.CONCURRENCY_WINDOWS` windows in a row: one burst does not move it)."""
+        verdict chose, when the groups encoded at once moved away from its regime
+        (`_regime_moved`)."""
+        if self._trial is not None:  # another thread's turn began one meanwhile
+            return self._trial
         self._since_verdict += 1
-        self._window += 1
-        name = None
-        if self._judged_at and self._window >= speed.CONCURRENCY_GROUPS:
-            peak, self._peak, self._window = self._peak, 0, 0
-            self._moved = self._moved + 1 if speed.moved(self._judged_at, peak) else 0
-            if self._moved >= speed.CONCURRENCY_WINDOWS:
-                side = fast if fast is not None else self._loser
-                name = side.name if side is not None else None
-        due = self._since_verdict >= self._retrial_after
-        if name is None and fast is None and self._loser is not None and due:
-            name = self._loser.name
-        if name is None:
+        side = self._fast if self._fast is not None else self._loser
+        moved = self._regime_moved() and side is not None
+        due = self._fast is None and self._loser is not None
+        if not moved and not (due and self._since_verdict >= self._retrial_after):
             return None
         self._since_verdict, self._peak, self._moved = 0, 0, 0
-        self._trial = speed.Trial(name)
+        self._trial = speed.Trial(side.name)
         return self._trial
+
+    def _regime_moved(self) -> bool:
+        """Under the lock, counting a group: whether the groups encoded at once moved to half
+        or twice the verdict's regime (`speed.moved`) in `speed.CONCURRENCY_WINDOWS` windows
+        in a row (one burst does not move it). The regime is the most at once in the second
+        window after the verdict: the trial's own groups pile up while its slower side
+        encodes, and the first window holds its last ones."""
+        self._window += 1
+        if not (self._judged_at or self._settling) or self._window < speed.CONCURRENCY_GROUPS:
+            return False
+        peak, self._peak, self._window = self._peak, 0, 0
+        if self._settling:
+            self._settling -= 1
+            self._judged_at = 0 if self._settling else max(1, peak)
+            return False
+        self._moved = self._moved + 1 if speed.moved(self._judged_at, peak) else 0
+        return self._moved >= speed.CONCURRENCY_WINDOWS
 
     def _timed(self, trial, side: str | None, timed: bool, call) -> TokenGroup:
         """`call()`'s group, its time noted in `trial` as `side`'s if `timed` (judging once
@@ -427,8 +440,10 @@ class Router:
             if self._trial is not trial:  # fallen back, or chosen anew, meanwhile
                 return
             self._trial, self._since_verdict = None, 0
-            self._judged_at, self._peak, self._window = max(1, self._peak), 0, 0
+            self._judged_at, self._settling, self._peak, self._window = 0, 2, 0, 0
             fast = self._fast if self._fast is not None else self._loser
+            if fast is None:  # the backend fell back meanwhile: the reference serves
+                return
             why = f"{self._gate_why}; {verdict.said()}"
             if verdict.serves:
                 self._fast, self._loser, self._lost = fast, None, 0
@@ -502,7 +517,7 @@ class Router:
         panic too) sends its group to the reference, marked `fell_back` (the stream counts it;
         the first is logged)."""
         fast = self._counted_serving()
-        trial, side, timed = self._trial_side(fast)
+        trial, side, timed = self._trial_side()
         if side == "backend" and fast is None:  # a re-trial of the backend set aside
             fast = self._loser
             timed = timed and fast is not None  # (unless an audit's fall-back dropped it)

@@ -50,14 +50,19 @@ MAX_RETRIAL_GROUPS = 1 << 20
 # CONCURRENCY_GROUPS groups, moved in CONCURRENCY_WINDOWS of them in a row: kitoken was 2.2 x
 # the reference on the TPU host one group at a time and 0.3 x eight at a time, and a trial
 # made while the search measured one thread let it serve eight at 0.27 x.
+# A move must also be CONCURRENCY_MARGIN groups or more: a paced stream's one group at a time
+# reads two whenever a group runs long.
 CONCURRENCY_GROUPS = 32
 CONCURRENCY_CHANGE = 2.0
+CONCURRENCY_MARGIN = 2
 CONCURRENCY_WINDOWS = 2
 
 
 def moved(judged_at: int, now: int) -> bool:
-    """Whether `now` groups at once is another regime than the `judged_at` a verdict saw."""
-    return not judged_at / CONCURRENCY_CHANGE < now < judged_at * CONCURRENCY_CHANGE
+    """Whether `now` groups at once is another regime than the `judged_at` a verdict serves
+    in."""
+    far = abs(now - judged_at) >= CONCURRENCY_MARGIN
+    return far and not judged_at / CONCURRENCY_CHANGE < now < judged_at * CONCURRENCY_CHANGE
 
 
 def retrial_after(verdict: Speed, in_a_row: int) -> int:
@@ -111,8 +116,9 @@ class Speed:
 
 class Trial:
     """The backend `backend`, then the reference, each encoding PHASE_GROUPS of the stream's
-    groups (`side`), the measured ones' times noted (`record`); once both phases are measured,
-    the verdict. Shared by the stream's threads."""
+    groups (`side`; the reference fewer when the verdict is decisive early), the measured
+    ones' times noted (`record`); once both phases are measured, the verdict. Shared by the
+    stream's threads."""
 
     def __init__(self, backend: str):
         self.backend = backend
