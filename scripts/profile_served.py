@@ -119,6 +119,7 @@ def profile(
         "threads": s.worker_threads,
         "backend": s.tokenizer_backend,
         "backend_why": s.tokenizer_backend_why[-300:],
+        "worker_reason": s.worker_reason[-400:],
     }
 
 
