@@ -37,6 +37,9 @@ class IdsOnly:
     def fall_back(self, why: str) -> None:
         pass  # no backend serves
 
+    def trials(self) -> tuple[int, bool]:
+        return 0, False  # nobody tokenizes: nothing on trial
+
     def digest(self) -> str:
         return ""  # no model file
 

@@ -35,6 +35,10 @@ MAX_WINDOW_S = 10.0
 WARMUP_S = 1.0
 # Windows in a row whose tuning failed before it stops for the stream (the stream goes on).
 MAX_FAILURES = 3
+# A window across a trial of the tokenizer's backend against the reference (`speed.Trial`:
+# a phase of its groups by the slower side) times the trial, not the parallelism: dropped,
+# up to this many in a row (a trial that keeps starting over does not stop the search).
+MAX_TRIAL_WINDOWS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,7 @@ class StreamTuner:
       reason: why the stream runs as it opened (`Opening.reason`), until a switch or a
         settled choice says otherwise.
       stream_id: the stream's id, in its log lines.
+      trials: the tokenizer's trials begun and whether one runs (`Tokenizer.trials`).
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class StreamTuner:
         remember: Callable[[Tuning], None],
         reason: str = "",
         stream_id: int = 0,
+        trials: Callable[[], tuple[int, bool]] = lambda: (0, False),
     ):
         self.stream = stream
         self.stream_id = stream_id  # what its log lines name
@@ -88,6 +94,8 @@ class StreamTuner:
         self._opened = clock()
         self._stop = threading.Event()
         self._asked: PendingSwitch | None = None  # the latest switch asked of the stream
+        self._trials = trials
+        self._dropped = 0  # windows dropped in a row for a trial
         self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
 
     def start(self) -> StreamTuner:
@@ -236,7 +244,7 @@ class StreamTuner:
     def _window(self) -> tuple[Window, float, float, float] | None:
         """The next window: what the stream did, the loop's pace, the CPU cores the server's
         process tree kept busy and those busy on the whole host."""
-        start, taken0 = self._meter.totals(), self._taken()
+        start, taken0, trials0 = self._meter.totals(), self._taken(), self._trials()
         cpu0, host0 = tree_cpu_seconds(), host_busy_seconds()
         # Long enough in time first (a sleep), then in batches (woken by the meter's batches,
         # not by a clock): a loop at a few batches a second pays for no polling.
@@ -252,11 +260,21 @@ class StreamTuner:
         measured = window(start, now, self.stream.parallelism.workers)
         cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
         host_cores = (host_busy_seconds() - host0) / max(measured.seconds, 1e-9)
-        if measured.batches < MIN_BATCHES:
+        if measured.batches < MIN_BATCHES or self._across_trial(trials0):
             return None
         demand = (self._taken() - taken0) / measured.seconds
         self.demand = 0.0 if measured.free_running and self.search.target <= 0 else demand
         return measured, demand, cpu_cores, host_cores
+
+    def _across_trial(self, before: tuple[int, bool]) -> bool:
+        """Whether a window that began at `before` (the tokenizer's trials) is to be dropped:
+        a trial ran in it, and fewer than MAX_TRIAL_WINDOWS were dropped before it in a row."""
+        after = self._trials()
+        if (before[1] or after[1] or after[0] != before[0]) and self._dropped < MAX_TRIAL_WINDOWS:
+            self._dropped += 1
+            return True
+        self._dropped = 0
+        return False
 
     def _worker_rss_mb(self) -> float:
         import psutil

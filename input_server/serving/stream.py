@@ -279,6 +279,7 @@ class Stream:
             remember=functools.partial(self._shared.openings.remember, pipeline),
             reason=opening.reason,
             stream_id=self.id,
+            trials=pipeline.tokenizer.trials,
         )
 
     def messages(self) -> Iterator[pb.Batch]:

@@ -47,7 +47,9 @@ def test_an_exact_backend_that_is_faster_here_serves_and_says_its_ratio(files):
     tok = TiktokenTokenizer(TokenizerSpec(model=model, kind="tiktoken"))
     choice = tok.choose_backend(texts[:GATE_DOCS])
     assert choice.backend == "fastokens" and "on trial" in choice.why, choice.why
+    assert tok.trials() == (1, True)  # what the live search reads to drop its windows
     _groups(tok, texts, 2 * speed.PHASE_GROUPS)
+    assert tok.trials() == (1, False)
     why = tok.choice.why
     assert tok.choice.backend == "fastokens", why
     assert "x the reference's speed on this stream's groups" in why and "on trial" not in why

@@ -222,3 +222,39 @@ def test_a_stage_that_will_not_open_is_searched_around_and_its_processes_given_b
         stop.set()
         consumer.join(timeout=10)
         stream.close()
+
+
+def test_a_window_across_a_tokenizer_trial_is_dropped_a_few_times_at_most(make_spec):
+    """A window in which the tokenizer's backend was on trial against the reference times the
+    trial (a phase of the slower side), not the parallelism: the tuner drops it, but no more
+    than MAX_TRIAL_WINDOWS in a row (a trial that keeps starting over does not stop the
+    search)."""
+    from input_server.autotune.online import OnlineSearch
+    from input_server.batching.batch_stream import BatchStream
+    from input_server.batching.meter import LiveMeter
+    from input_server.batching.resume import Position
+    from input_server.serving import retune
+    from input_server.serving.slots import ProcessPool, ProcessReservation
+
+    pipeline = Pipeline(make_spec(order={"epochs": 0}))
+    stream = BatchStream(pipeline, Position(), Parallelism(0, 1), meter=LiveMeter())
+    trial = [0, False]  # the tokenizer's trials begun, and whether one runs
+    tuner = retune.StreamTuner(
+        stream,
+        OnlineSearch(Parallelism(0, 1), cpus=2, default_threads=default_threads),
+        taken=lambda: 0,
+        processes=ProcessReservation(ProcessPool(2)),
+        remember=lambda tuning: None,
+        trials=lambda: tuple(trial),
+    )
+    try:
+        assert not tuner._across_trial((0, False))  # no trial in the window: measured
+        trial[:] = [1, True]  # one began in the next and runs on
+        most = retune.MAX_TRIAL_WINDOWS
+        assert [tuner._across_trial((0, False)) for _ in range(most + 1)] == [True] * most + [False]
+        assert tuner._across_trial((1, True))  # dropped again after one measured
+        trial[:] = [1, False]
+        assert tuner._across_trial((1, True))  # it ended within the window
+        assert not tuner._across_trial((1, False))  # judged before the window: measured
+    finally:
+        stream.close()

@@ -94,6 +94,12 @@ class Tokenizer(Protocol):
         model, `why` said in the choice."""
         ...
 
+    def trials(self) -> tuple[int, bool]:
+        """The trials of a backend against the reference begun in this process so far, and
+        whether one runs now (`speed.Trial`): a window of the stream measured across one
+        times the trial, not the parallelism."""
+        ...
+
     def specials(self) -> Specials:
         """What surrounds each document and the ids that are valid: what pre-tokenized ids
         are checked against and given (`data.ids`)."""
@@ -266,6 +272,9 @@ class ModelTokenizer:
     def settle(self) -> Choice:
         """The choice, once a backend loading behind the stream is chosen or refused."""
         return self.router.settle()
+
+    def trials(self) -> tuple[int, bool]:
+        return self.router.trials()
 
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None

@@ -164,6 +164,7 @@ class Router:
         # row that moved from it (`_regime_moved`).
         self._inflight = self._peak = self._window = self._judged_at = self._moved = 0
         self._settling = 0
+        self._trials = 0  # trials begun in this process
 
     def __getstate__(self):
         self.settle()  # a worker process is handed the backend chosen behind the stream
@@ -369,6 +370,7 @@ class Router:
             self._loser, self._trial = None, trial
             if trial is not None:
                 self._gate_why, choice = choice.why, tried
+                self._trials += 1
             self.choice = choice
             if choice.backend == "reference":
                 self._fast = None
@@ -402,7 +404,13 @@ class Router:
             return None
         self._since_verdict, self._peak, self._moved = 0, 0, 0
         self._trial = speed.Trial(side.name)
+        self._trials += 1
         return self._trial
+
+    def trials(self) -> tuple[int, bool]:
+        """Trials begun in this process, and whether one runs now."""
+        with self._lock:
+            return self._trials, self._trial is not None
 
     def _regime_moved(self) -> bool:
         """Under the lock, counting a group: whether the groups encoded at once moved to half
