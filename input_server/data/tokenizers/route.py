@@ -158,12 +158,7 @@ class Router:
         self._retrial_after = speed.RETRIAL_GROUPS
         self._lost = 0  # trials the backend lost in a row
         self._gate_why = ""
-        # Groups being encoded now, the most at once since `_peak` was last read (every
-        # `speed.CONCURRENCY_GROUPS` groups, counted by `_window`), the regime the verdict
-        # serves in (0: none yet; `_settling`: windows until it is read) and the windows in a
-        # row that moved from it (`_regime_moved`).
-        self._inflight = self._peak = self._window = self._judged_at = self._moved = 0
-        self._settling = 0
+        self._regime = speed.Regime()  # the groups encoded at once, against the verdict's
         self._trials = 0  # trials begun in this process
 
     def __getstate__(self):
@@ -176,9 +171,6 @@ class Router:
         # A worker process tries the backend on its own groups (its own threads, its share
         # of the host), unless this process's trial has judged.
         state["_loser"] = None
-        # The verdict's regime goes with it: a worker whose own differs tries it again.
-        for name in ("_inflight", "_peak", "_window", "_moved"):
-            state[name] = 0
         if self.choice.backend == "reference":  # a re-trial of a set-aside backend: this
             state["_trial"] = None  # process's (the worker has no backend to try)
         return state
@@ -393,16 +385,17 @@ class Router:
         """Under the lock, a group's turn without a trial: a new one when it is due (None:
         not). The backend set aside, after `speed.retrial_after` groups; whichever side the
         verdict chose, when the groups encoded at once moved away from its regime
-        (`_regime_moved`)."""
+        (`speed.Regime`)."""
         if self._trial is not None:  # another thread's turn began one meanwhile
             return self._trial
         self._since_verdict += 1
         side = self._fast if self._fast is not None else self._loser
-        moved = self._regime_moved() and side is not None
+        moved = self._regime.counted() and side is not None
         due = self._fast is None and self._loser is not None
         if not moved and not (due and self._since_verdict >= self._retrial_after):
             return None
-        self._since_verdict, self._peak, self._moved = 0, 0, 0
+        self._since_verdict = 0
+        self._regime.trial_began()
         self._trial = speed.Trial(side.name)
         self._trials += 1
         return self._trial
@@ -411,23 +404,6 @@ class Router:
         """Trials begun in this process, and whether one runs now."""
         with self._lock:
             return self._trials, self._trial is not None
-
-    def _regime_moved(self) -> bool:
-        """Under the lock, counting a group: whether the groups encoded at once moved to half
-        or twice the verdict's regime (`speed.moved`) in `speed.CONCURRENCY_WINDOWS` windows
-        in a row (one burst does not move it). The regime is the most at once in the second
-        window after the verdict: the trial's own groups pile up while its slower side
-        encodes, and the first window holds its last ones."""
-        self._window += 1
-        if not (self._judged_at or self._settling) or self._window < speed.CONCURRENCY_GROUPS:
-            return False
-        peak, self._peak, self._window = self._peak, 0, 0
-        if self._settling:
-            self._settling -= 1
-            self._judged_at = 0 if self._settling else max(1, peak)
-            return False
-        self._moved = self._moved + 1 if speed.moved(self._judged_at, peak) else 0
-        return self._moved >= speed.CONCURRENCY_WINDOWS
 
     def _timed(self, trial, side: str | None, timed: bool, call) -> TokenGroup:
         """`call()`'s group, its time noted in `trial` as `side`'s if `timed` (judging once
@@ -448,7 +424,7 @@ class Router:
             if self._trial is not trial:  # fallen back, or chosen anew, meanwhile
                 return
             self._trial, self._since_verdict = None, 0
-            self._judged_at, self._settling, self._peak, self._window = 0, 2, 0, 0
+            self._regime.judged()
             fast = self._fast if self._fast is not None else self._loser
             if fast is None:  # the backend fell back meanwhile: the reference serves
                 return
@@ -510,13 +486,12 @@ class Router:
     ) -> TokenGroup:
         """`_encode`, counting the groups encoded at once (what a trial's verdict holds for)."""
         with self._lock:
-            self._inflight += 1
-            self._peak = max(self._peak, self._inflight)
+            self._regime.began()
         try:
             return self._encode(texts, first_doc, trim_to)
         finally:
             with self._lock:
-                self._inflight -= 1
+                self._regime.ended()
 
     def _encode(self, texts: list[str], first_doc: int, trim_to: int | None) -> TokenGroup:
         """The group, by the serving backend if any (one group in `audit_every`, and

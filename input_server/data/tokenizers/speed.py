@@ -72,6 +72,57 @@ def retrial_after(verdict: Speed, in_a_row: int) -> int:
     return int(min(MAX_RETRIAL_GROUPS, RETRIAL_GROUPS * slower * 2 ** max(0, in_a_row - 1)))
 
 
+class Regime:
+    """The groups a stream encodes at once (its threads calling the tokenizer together), read
+    against those the last verdict serves at: `counted` says when they moved (`moved`) in
+    CONCURRENCY_WINDOWS windows in a row. The verdict's regime is the most at once in the
+    second window after it: a trial's own groups pile up while its slower side encodes, and
+    the first window after holds its last ones. Not locked: its owner's lock holds every
+    call. A worker process's copy keeps the verdict's regime and counts its own groups."""
+
+    def __init__(self):
+        self.inflight = 0  # groups being encoded now
+        self.peak = 0  # the most at once since the window began
+        self.window = 0  # groups counted in the window
+        self.judged_at = 0  # the verdict's regime (0: none yet)
+        self.settling = 0  # windows until the verdict's regime is read
+        self.moved_windows = 0  # windows in a row that moved from it
+
+    def __getstate__(self):
+        return {"judged_at": self.judged_at, "settling": self.settling}
+
+    def __setstate__(self, state):
+        self.__init__()
+        self.__dict__.update(state)
+
+    def began(self) -> None:
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+
+    def ended(self) -> None:
+        self.inflight -= 1
+
+    def judged(self) -> None:
+        """A verdict was made: its regime is read after the next window."""
+        self.judged_at, self.settling, self.peak, self.window = 0, 2, 0, 0
+
+    def trial_began(self) -> None:
+        self.peak = self.moved_windows = 0
+
+    def counted(self) -> bool:
+        """Counts a group outside a trial; whether the regime moved from the verdict's."""
+        self.window += 1
+        if not (self.judged_at or self.settling) or self.window < CONCURRENCY_GROUPS:
+            return False
+        peak, self.peak, self.window = self.peak, 0, 0
+        if self.settling:
+            self.settling -= 1
+            self.judged_at = 0 if self.settling else max(1, peak)
+            return False
+        self.moved_windows = self.moved_windows + 1 if moved(self.judged_at, peak) else 0
+        return self.moved_windows >= CONCURRENCY_WINDOWS
+
+
 @dataclasses.dataclass(frozen=True)
 class Speed:
     """A trial's verdict: the wall time a token each side took on the stream's groups, ns
