@@ -131,101 +131,40 @@ def client_venv(folder: str) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=8, help="per_device_batch_size")
-    parser.add_argument("--seq", type=int, default=256, help="max_target_length")
-    parser.add_argument("--files", type=int, default=8, help="Parquet files of the corpus")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-
-    from input_client import InputClient, PipelineSpec
-    from input_server.data.builtin_corpora import ensure_demo_assets
-
-    python = (
-        subprocess.run(
-            ["bash", os.path.join(HERE, "maxtext_venv.sh")],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
+def _maxtext_python() -> str:
+    """The Python of MaxText's own venv (made by maxtext_venv.sh once)."""
+    run = subprocess.run(
+        ["bash", os.path.join(HERE, "maxtext_venv.sh")], check=True, capture_output=True, text=True
     )
-    corpus, model = ensure_demo_assets()
-    with tempfile.TemporaryDirectory(prefix="bench-maxtext-") as tmp:
-        pattern = write_parquet(corpus, tmp, args.files)
-        spec = PipelineSpec(
-            source={"paths": [pattern], "format": "parquet"},
-            tokenizer={"model": model},
-            batch={"seq_len": args.seq, "size": args.batch},
-            order={"epochs": 0},
-        )
-        spec_file = os.path.join(tmp, "spec.toml")
-        with open(spec_file, "w") as f:
-            f.write(spec.to_toml())
-        sock = os.path.join(tmp, "input.sock")
-        server = subprocess.Popen(
+    return run.stdout.strip().splitlines()[-1]
+
+
+def _serve(sock: str, roots: list[str]) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "input_server.cli", "serve", "--listen", f"unix://{sock}"]
+    argv += [a for r in roots for a in ("--data-root", r)] + ["--tune-cache", "off"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _configs(sock: str, spec_file: str, pattern: str) -> dict[str, tuple[dict, list[str]]]:
+    """Each feed's client options and extra MaxText arguments: the server, Grain at 0, 1 and
+    MaxText's automatic worker count."""
+    grain = {
+        f"grain_{name}": (
+            {},
             [
-                sys.executable,
-                "-m",
-                "input_server.cli",
-                "serve",
-                "--listen",
-                f"unix://{sock}",
-                "--data-root",
-                tmp,
-                "--data-root",
-                os.path.dirname(model),
-                "--tune-cache",
-                "off",
+                "grain_file_type=parquet",
+                f"grain_train_files={pattern}",
+                f"grain_worker_count={count}",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
         )
-        try:
-            with InputClient(f"unix://{sock}", connect_timeout_s=60) as c:
-                c.wait_ready()
-            common = [
-                *MODEL,
-                f"steps={args.steps}",
-                f"tokenizer_path={model}",
-                f"max_target_length={args.seq}",
-                f"per_device_batch_size={args.batch}",
-                "dataset_type=grain",
-            ]
-            configs = {
-                "server": ({"server": f"unix://{sock}", "spec": spec_file}, []),
-                **{
-                    f"grain_{name}": (
-                        {},
-                        [
-                            "grain_file_type=parquet",
-                            f"grain_train_files={pattern}",
-                            f"grain_worker_count={count}",
-                        ],
-                    )
-                    for name, count in (("0", 0), ("1", 1), ("auto", -1))
-                },
-            }
-            runs: dict[str, list[dict]] = {name: [] for name in configs}
-            for _ in range(args.rounds):
-                for name, (options, extra) in configs.items():
-                    run_args = [
-                        *common,
-                        f"run_name=bench-{name}",
-                        f"base_output_directory={tmp}/out",
-                        *extra,
-                    ]
-                    runs[name].append(run_maxtext(python, options, run_args))
-            venv = client_venv(tmp)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        for name, count in (("0", 0), ("1", 1), ("auto", -1))
+    }
+    return {"server": ({"server": f"unix://{sock}", "spec": spec_file}, []), **grain}
+
+
+def _result(args, runs: dict[str, list[dict]], venv) -> dict:
     best = {name: min(r, key=lambda x: x["steady_step_s"]) for name, r in runs.items()}
-    result = {
+    return {
         "host": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -246,7 +185,58 @@ def main() -> None:
         },
         "client_venv": venv,
     }
-    emit_json(result, args.out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=8, help="per_device_batch_size")
+    parser.add_argument("--seq", type=int, default=256, help="max_target_length")
+    parser.add_argument("--files", type=int, default=8, help="Parquet files of the corpus")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+
+    from input_client import InputClient, PipelineSpec
+    from input_server.data.builtin_corpora import ensure_demo_assets
+
+    python = _maxtext_python()
+    corpus, model = ensure_demo_assets()
+    with tempfile.TemporaryDirectory(prefix="bench-maxtext-") as tmp:
+        pattern = write_parquet(corpus, tmp, args.files)
+        spec = PipelineSpec(
+            source={"paths": [pattern], "format": "parquet"},
+            tokenizer={"model": model},
+            batch={"seq_len": args.seq, "size": args.batch},
+            order={"epochs": 0},
+        )
+        spec_file = os.path.join(tmp, "spec.toml")
+        with open(spec_file, "w") as f:
+            f.write(spec.to_toml())
+        sock = os.path.join(tmp, "input.sock")
+        server = _serve(sock, [tmp, os.path.dirname(model)])
+        try:
+            with InputClient(f"unix://{sock}", connect_timeout_s=60) as c:
+                c.wait_ready()
+            common = [
+                *MODEL,
+                f"steps={args.steps}",
+                f"tokenizer_path={model}",
+                f"max_target_length={args.seq}",
+                f"per_device_batch_size={args.batch}",
+                "dataset_type=grain",
+            ]
+            configs = _configs(sock, spec_file, pattern)
+            runs: dict[str, list[dict]] = {name: [] for name in configs}
+            for _ in range(args.rounds):
+                for name, (options, extra) in configs.items():
+                    out = [f"run_name=bench-{name}", f"base_output_directory={tmp}/out", *extra]
+                    runs[name].append(run_maxtext(python, options, [*common, *out]))
+            venv = client_venv(tmp)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    emit_json(_result(args, runs, venv), args.out)
 
 
 if __name__ == "__main__":
