@@ -50,22 +50,11 @@ def _kept_span(sp, text: str, seq_len: int) -> int:
     return spaces[lo]
 
 
-def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
+def _call_rates(sp, texts: list[str], tokens: int, group_size: int, seconds: float) -> dict:
+    """Tokens a second of sentencepiece's calls: ids as ints or numpy, one or two Python
+    threads (sentencepiece's own threads 1 or 2), in groups of 64 or the pipeline's size."""
     import numpy as np
-    import sentencepiece as spm
 
-    from input_client import PipelineSpec
-    from input_server.batching.pipeline import Pipeline
-    from input_server.data.sources import DocumentSource
-    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
-
-    spec = PipelineSpec(
-        source={"paths": [corpus]}, tokenizer={"model": model}, batch={"seq_len": seq_len}
-    )
-    source = DocumentSource.from_spec(spec.source)
-    texts = source.read_many(range(len(source)))
-    sp = spm.SentencePieceProcessor(model_file=model)
-    tokens = sum(map(len, sp.encode(texts)))
     half = len(texts) // 2
 
     def as_ints():
@@ -93,15 +82,27 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
 
         return go
 
-    group_size = Pipeline(spec).group_size
-
     def in_groups(size: int):
         return lambda: [
             sp.encode(texts[i : i + size], return_type="numpy") for i in range(0, len(texts), size)
         ]
 
-    tokenizer = SentencepieceTokenizer(spec.tokenizer)
-    tokenizer.learn_chars_per_token(texts[:64])
+    return {
+        "ints_flattened": _rate(as_ints, tokens, seconds),
+        "numpy_concatenated": _rate(as_numpy, tokens, seconds),
+        "one_python_thread": _rate(threads(1, 1), tokens, seconds),
+        "two_python_threads": _rate(threads(2, 1), tokens, seconds),
+        "two_python_threads_x2": _rate(threads(2, 2), tokens, seconds),
+        "groups_of_64": _rate(in_groups(64), tokens, seconds),
+        "groups_of_pipeline_size": _rate(in_groups(group_size), tokens, seconds),
+    }
+
+
+def _characters_tokenized(spec, texts: list[str], group_size: int, seq_len: int) -> int:
+    """The characters the tokenizer hands sentencepiece to keep `seq_len` tokens a document
+    (its model wrapped to count them)."""
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
+
     tokenized = 0
 
     class Counting:  # counts the characters handed to sentencepiece
@@ -124,27 +125,35 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
     counter.learn_chars_per_token(texts[:64])
     for i in range(0, len(texts), group_size):
         counter.encode(texts[i : i + group_size], trim_to=seq_len)
-    kept_span = sum(_kept_span(sp, t, seq_len) for t in texts)
+    return tokenized
 
-    def read_all():
-        source.read_many(range(len(source)))
+
+def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
+    import sentencepiece as spm
+
+    from input_client import PipelineSpec
+    from input_server.batching.pipeline import Pipeline
+    from input_server.data.sources import DocumentSource
+    from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
+
+    spec = PipelineSpec(
+        source={"paths": [corpus]}, tokenizer={"model": model}, batch={"seq_len": seq_len}
+    )
+    source = DocumentSource.from_spec(spec.source)
+    texts = source.read_many(range(len(source)))
+    sp = spm.SentencePieceProcessor(model_file=model)
+    tokens = sum(map(len, sp.encode(texts)))
+    group_size = Pipeline(spec).group_size
+    tokenizer = SentencepieceTokenizer(spec.tokenizer)
+    tokenizer.learn_chars_per_token(texts[:64])
 
     def tokenize_cut():
         for i in range(0, len(texts), group_size):
             tokenizer.encode(texts[i : i + group_size], trim_to=seq_len)
 
-    read_s = 1 / _rate(read_all, 1, seconds)
+    read_s = 1 / _rate(lambda: source.read_many(range(len(source))), 1, seconds)
     tokenize_s = 1 / _rate(tokenize_cut, 1, seconds)
-
-    r = {
-        "ints_flattened": _rate(as_ints, tokens, seconds),
-        "numpy_concatenated": _rate(as_numpy, tokens, seconds),
-        "one_python_thread": _rate(threads(1, 1), tokens, seconds),
-        "two_python_threads": _rate(threads(2, 1), tokens, seconds),
-        "two_python_threads_x2": _rate(threads(2, 2), tokens, seconds),
-        "groups_of_64": _rate(in_groups(64), tokens, seconds),
-        "groups_of_pipeline_size": _rate(in_groups(group_size), tokens, seconds),
-    }
+    r = _call_rates(sp, texts, tokens, group_size, seconds)
     return {
         "corpus": corpus,
         "documents": len(texts),
@@ -160,8 +169,8 @@ def run(corpus: str, model: str, seq_len: int, seconds: float) -> dict:
         "pipeline_group_size": group_size,
         "cut": {
             "grows_by_added_text": tokenizer.extendable,
-            "characters_tokenized": tokenized,
-            "characters_kept_tokens_span": kept_span,
+            "characters_tokenized": _characters_tokenized(spec, texts, group_size, seq_len),
+            "characters_kept_tokens_span": sum(_kept_span(sp, t, seq_len) for t in texts),
             "characters_in_all": sum(map(len, texts)),
         },
         "reading": {
