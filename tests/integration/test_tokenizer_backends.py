@@ -7,9 +7,12 @@ server's stream says who tokenized it and how many groups were audited."""
 from __future__ import annotations
 
 import collections
+import os
+import threading
 import time
 
 import grpc
+import kitoken as kitoken_library
 import numpy as np
 import pytest
 
@@ -19,7 +22,7 @@ from input_server.batching.meter import LiveMeter
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.pipeline import Pipeline
 from input_server.data.builtin_corpora import pydoc_topics, stdlib_docstrings, write_jsonl
-from input_server.data.tokenizers import KINDS, backends, load_tokenizer, route
+from input_server.data.tokenizers import KINDS, backends, fast, load_tokenizer, route
 from input_server.data.tokenizers.backends import PROBES
 from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
@@ -172,7 +175,9 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
     assert tok.choose_backend(texts[:GATE_DOCS]).backend == "kitoken"
     kitoken = tok.router.serving_backend()
     group = [*texts[:40], "", " ", texts[-1]]
-    lists = kitoken._tok.encode_all(group, False)
+    lists = kitoken_library.Kitoken.from_sentencepiece_file(models["sentencepiece"]).encode_all(
+        group, False
+    )
     for head, tail in (([], []), ([1], [2]), ([5, 6], []), ([], [7])):
         flat, offsets = kitoken.encode_framed(group, head, tail)
         assert flat.dtype == np.int32 and offsets.tolist()[0] == 0
@@ -188,6 +193,40 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
     want.choose_backend([])
     _assert_same_group(tok.encode(group, 3), want.encode(group, 3), "kitoken's group")
     assert framed and framed[0][1:] == ([want.info().bos_id], [want.info().eos_id])
+
+
+@pytest.mark.parametrize("most", [8, 2])
+def test_kitoken_gives_each_thread_a_copy_of_its_own_up_to_the_budget(
+    texts, models, most, monkeypatch
+):
+    """Threads sharing one kitoken encoder contend for its state: each calling thread gets a
+    copy of its own while `KITOKEN_COPIES_BYTES` holds them, then shares the copies in turn;
+    every thread's ids are the one encoder's."""
+    path = models["sentencepiece"]
+    monkeypatch.setattr(
+        fast,
+        "KITOKEN_COPIES_BYTES",
+        most * os.path.getsize(path) * fast.KITOKEN_BYTES_PER_FILE_BYTE,
+    )
+    backend = fast.Kitoken(path)
+    groups = [texts[i * 50 : (i + 1) * 50] for i in range(6)]
+    want = [backend.encode_framed(g, [1], [2]) for g in groups]
+    got: dict[int, list] = {}
+    barrier = threading.Barrier(6)
+
+    def encode(k):
+        barrier.wait()  # all six threads call at once
+        got[k] = [backend.encode_framed(g, [1], [2]) for g in groups]
+
+    threads = [threading.Thread(target=encode, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert backend.copies() == min(most, 7)  # the test's own thread took the first
+    for k in range(6):
+        for (flat, offsets), (want_flat, want_offsets) in zip(got[k], want, strict=True):
+            assert flat.tolist() == want_flat.tolist() and offsets.tolist() == want_offsets.tolist()
 
 
 def test_the_audit_checks_one_group_in_audit_every(texts, models):

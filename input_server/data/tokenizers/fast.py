@@ -52,6 +52,10 @@ DERIVE_FORMAT = 2  # 2: one merge a token where tiktoken's last join is known
 # GB peak, 26 s), where the reference took 10-15 x. A 110 MB file would take ~11 GB: a 3 GB
 # server sat at its limit, then died. The estimate errs above the worst seen.
 FASTOKENS_BYTES_PER_FILE_BYTE = 128
+# A kitoken encoder of a sentencepiece model takes about 20 x the model file's bytes (measured
+# on MaxText's tokenizer.llama2); the copies one model's threads load stay within the budget.
+KITOKEN_BYTES_PER_FILE_BYTE = 24
+KITOKEN_COPIES_BYTES = 256 << 20
 
 
 def version_of(dist: str) -> str:
@@ -238,7 +242,10 @@ class Fastokens:
 
 class Kitoken:
     """kitoken on a sentencepiece `.model`: `encode_all`, specials in the text encoded as text
-    (as sentencepiece encodes them)."""
+    (as sentencepiece encodes them). A kitoken encoder keeps state that every call touches:
+    threads sharing one contend for it, and its CPU a token grows with them (docs/benchmarks.md,
+    "kitoken's copies a thread"). So each calling thread encodes with a copy of its own, as
+    many as `KITOKEN_COPIES_BYTES` holds; threads past that share the copies in turn."""
 
     name = "kitoken"
     version = version_of("kitoken")
@@ -246,7 +253,30 @@ class Kitoken:
     def __init__(self, path: str):
         import kitoken
 
-        self._tok = kitoken.Kitoken.from_sentencepiece_file(path)
+        self._load = lambda: kitoken.Kitoken.from_sentencepiece_file(path)
+        self._copies = [self._load()]  # a model kitoken cannot read is refused here, at once
+        self._most = max(
+            1, KITOKEN_COPIES_BYTES // max(1, os.path.getsize(path) * KITOKEN_BYTES_PER_FILE_BYTE)
+        )
+        self._given = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def copies(self) -> int:
+        """The encoders loaded so far (one a calling thread, up to the cap)."""
+        return len(self._copies)
+
+    def _own(self):
+        """This thread's encoder: its own while the cap allows, else one shared in turn."""
+        tok = getattr(self._local, "tok", None)
+        if tok is None:
+            with self._lock:  # a copy loads in milliseconds, once a thread
+                if self._given >= len(self._copies) and len(self._copies) < self._most:
+                    self._copies.append(self._load())
+                tok = self._copies[self._given % len(self._copies)]
+                self._given += 1
+            self._local.tok = tok
+        return tok
 
     def encode_framed(
         self, texts: list[str], head: list[int], tail: list[int]
@@ -255,7 +285,7 @@ class Kitoken:
         and where each text's start (n + 1 offsets). kitoken answers in lists of Python ints:
         they are read once, in one pass over the group (an array a text, then their join and
         the ends put in place, took 1.5-2 x as long a token)."""
-        ids = self._tok.encode_all(texts, False)
+        ids = self._own().encode_all(texts, False)
         offsets = np.zeros(len(ids) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids)), out=offsets[1:])
         if head or tail:
