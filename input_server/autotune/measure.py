@@ -146,8 +146,21 @@ def host_busy_seconds() -> float:
     return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
+def added_bytes(process) -> int:
+    """The memory a worker process adds to the host: its resident pages less those shared with
+    other processes through files (the interpreter, Grain's and the tokenizers' libraries,
+    which every worker maps from the same files and the page cache holds once). A count by
+    RSS would charge each worker for them again, and hold a host with many cores to a few.
+
+    Raises:
+      psutil.Error: the process ended."""
+    m = process.memory_info()
+    return max(0, m.rss - getattr(m, "shared", 0))
+
+
 def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
-    """CPU seconds, RSS bytes of this process, and of worker processes started since."""
+    """CPU seconds, RSS bytes of this process, and the memory worker processes started since
+    add (`added_bytes`)."""
     import psutil
 
     me = psutil.Process()
@@ -158,7 +171,7 @@ def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
             continue
         try:
             cpu += sum(child.cpu_times()[:2])
-            child_rss += child.memory_info().rss
+            child_rss += added_bytes(child)
         except psutil.Error:  # ended meanwhile
             continue
     return cpu, me.memory_info().rss, child_rss

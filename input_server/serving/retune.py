@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from input_server.autotune.live import Window, window
-from input_server.autotune.measure import host_busy_seconds, tree_cpu_seconds
+from input_server.autotune.measure import added_bytes, host_busy_seconds, tree_cpu_seconds
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.online import OnlineSearch, Step
 from input_server.autotune.policy import SERVER_CAP
@@ -282,7 +282,7 @@ class StreamTuner:
         total = 0
         try:
             for _, process in self.stream.worker_processes():
-                total += psutil.Process(process.pid).memory_info().rss
+                total += added_bytes(psutil.Process(process.pid))
         except (RuntimeError, psutil.Error):
             pass
         return total / (1 << 20)

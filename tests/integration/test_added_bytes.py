@@ -1,0 +1,44 @@
+"""What a worker process adds to the host's memory (`measure.added_bytes`): its own pages,
+not the pages of files it maps, which every worker shares with the others."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+
+from input_server.autotune.measure import added_bytes
+
+MIB = 1 << 20
+CHILD = """
+import mmap, sys
+f = open(sys.argv[1], "rb")
+m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+sum(m[i] for i in range(0, len(m), 4096))  # every page of the file resident, shared
+own = bytearray(int(sys.argv[2]))  # anonymous: this process's alone
+for i in range(0, len(own), 4096):
+    own[i] = 1
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_mapped_file_is_not_counted_and_own_memory_is(tmp_path):
+    shared = tmp_path / "library.bin"
+    shared.write_bytes(b"\1" * (96 * MIB))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(shared), str(48 * MIB)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        process = psutil.Process(child.pid)
+        rss, added = process.memory_info().rss, added_bytes(process)
+        assert rss >= (96 + 48) * MIB  # RSS holds the file's pages and the process's own
+        assert 48 * MIB <= added <= rss - 90 * MIB, (rss / MIB, added / MIB)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
