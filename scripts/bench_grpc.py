@@ -19,6 +19,9 @@ import tempfile
 import time
 
 
+WINDOW_BYTES = 16 << 20
+
+
 def _message(rows: int, seq_len: int):
     import numpy as np
 
@@ -106,11 +109,11 @@ def _receive(target: str, client: str, server, count: int) -> dict:
                 return figures(*marks)
 
         return asyncio.run(main())
-    options = (
-        [("grpc.experimental.SingleThreadedUnaryStream", 1)]
-        if client == "sync-single-threaded"
-        else []
-    )
+    options = {
+        "sync-single-threaded": [("grpc.experimental.SingleThreadedUnaryStream", 1)],
+        # The stream's receive window from the start, not grown by gRPC's BDP probes.
+        "sync-window": [("grpc.http2.lookahead_bytes", WINDOW_BYTES)],
+    }.get(client, [])
     with grpc.insecure_channel(target, options=options) as channel:
         grpc.channel_ready_future(channel).result(timeout=60)
         stub = pb_grpc.InputServiceStub(channel)
@@ -135,7 +138,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     results = []
-    for server_api, clients in (("sync", ("sync", "sync-single-threaded")), ("aio", ("aio",))):
+    for server_api, clients in (("sync", ("sync", "sync-single-threaded", "sync-window")), ("aio", ("aio",))):
         with tempfile.TemporaryDirectory() as tmp:
             target = f"unix://{tmp}/grpc.sock"
             proc = multiprocessing.get_context("spawn").Process(

@@ -75,7 +75,13 @@ def _read(it, process, seconds: float, pace: float) -> dict:
 
 
 def profile(
-    path: str, seconds: float, warm_s: float, py_spy: str | None, pace: float, flags: list[str]
+    path: str,
+    seconds: float,
+    warm_s: float,
+    py_spy: str | None,
+    pace: float,
+    flags: list[str],
+    prefetch: int = 2,
 ) -> dict:
     spec = PipelineSpec.from_toml(path)
     name = os.path.splitext(os.path.basename(path))[0]
@@ -93,7 +99,7 @@ def profile(
         try:
             with (
                 InputClient(target, connect_timeout_s=60) as client,
-                client.batches(spec, prefetch=2) as it,
+                client.batches(spec, prefetch=prefetch) as it,
             ):
                 start = time.perf_counter()
                 while time.perf_counter() - start < warm_s:
@@ -114,6 +120,7 @@ def profile(
     return {
         "spec": name,
         "serve_flags": " ".join(flags),
+        "prefetch": prefetch,
         **read,
         "processes": s.worker_processes,
         "threads": s.worker_threads,
@@ -135,6 +142,7 @@ def main() -> None:
     parser.add_argument(
         "--serve-flags", default="", help="more `serve` flags, e.g. '--tokenizer-audit-every 0'"
     )
+    parser.add_argument("--prefetch", type=int, default=2, help="the client's `batches(prefetch=)`")
     args = parser.parse_args()
     for path in args.specs:
         try:
@@ -147,6 +155,7 @@ def main() -> None:
                         args.py_spy,
                         args.pace,
                         shlex.split(args.serve_flags),
+                        args.prefetch,
                     )
                 ),
                 flush=True,

@@ -147,15 +147,21 @@ def host_busy_seconds() -> float:
 
 
 def added_bytes(process) -> int:
-    """The memory a worker process adds to the host: its resident pages less those shared with
-    other processes through files (the interpreter, Grain's and the tokenizers' libraries,
-    which every worker maps from the same files and the page cache holds once). A count by
-    RSS would charge each worker for them again, and hold a host with many cores to a few.
+    """The memory a worker process adds to the host: its resident pages less those of the
+    files it maps (the interpreter, Grain's and the tokenizers' libraries, which every worker
+    maps from the same files and the page cache holds once). A count by RSS would charge each
+    worker for them again, and hold a host with many cores to a few. Read mapping by mapping:
+    gVisor reports no shared pages in a process's totals, only each mapping's.
 
     Raises:
       psutil.Error: the process ended."""
-    m = process.memory_info()
-    return max(0, m.rss - getattr(m, "shared", 0))
+    return sum(m.rss for m in process.memory_maps(grouped=True) if not _library(m.path))
+
+
+def _library(path: str) -> bool:
+    """Whether a mapping's pages are a file's, shared through the page cache; shared memory
+    (`/dev/shm`, memfd, SysV) is memory the processes made, counted."""
+    return path.startswith("/") and not path.startswith(("/dev/shm/", "/memfd:", "/SYSV"))
 
 
 def _process_usage(pids_before: set[int]) -> tuple[float, float, int]:
