@@ -82,6 +82,7 @@ def profile(
     pace: float,
     flags: list[str],
     prefetch: int = 2,
+    sample: str | None = None,
 ) -> dict:
     spec = PipelineSpec.from_toml(path)
     name = os.path.splitext(os.path.basename(path))[0]
@@ -93,6 +94,9 @@ def profile(
     with tempfile.TemporaryDirectory(prefix="prof-") as tmp:
         target = f"unix://{tmp}/s.sock"
         argv = [sys.executable, "-m", "input_server.cli", "serve", "--listen", target]
+        if sample:  # the server under scripts/sampled.py, whose stacks py-spy cannot reach
+            out = os.path.join(sample, f"{name}.folded")
+            argv[1:1] = [os.path.join(os.path.dirname(__file__), "sampled.py"), "--out", out]
         argv += [a for r in sorted(roots) for a in ("--data-root", r)]
         argv += ["--tune-cache", "off", *flags]
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -142,6 +146,9 @@ def main() -> None:
     parser.add_argument(
         "--serve-flags", default="", help="more `serve` flags, e.g. '--tokenizer-audit-every 0'"
     )
+    parser.add_argument(
+        "--sample", metavar="DIR", help="the server's stacks by scripts/sampled.py into DIR"
+    )
     parser.add_argument("--prefetch", type=int, default=2, help="the client's `batches(prefetch=)`")
     args = parser.parse_args()
     for path in args.specs:
@@ -156,6 +163,7 @@ def main() -> None:
                         args.pace,
                         shlex.split(args.serve_flags),
                         args.prefetch,
+                        args.sample,
                     )
                 ),
                 flush=True,
