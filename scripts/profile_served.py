@@ -83,6 +83,7 @@ def profile(
     flags: list[str],
     prefetch: int = 2,
     sample: str | None = None,
+    switch_ms: float | None = None,
 ) -> dict:
     spec = PipelineSpec.from_toml(path)
     name = os.path.splitext(os.path.basename(path))[0]
@@ -97,6 +98,8 @@ def profile(
         if sample:  # the server under scripts/sampled.py, whose stacks py-spy cannot reach
             out = os.path.join(sample, f"{name}.folded")
             argv[1:1] = [os.path.join(os.path.dirname(__file__), "sampled.py"), "--out", out]
+            if switch_ms:
+                argv[2:2] = ["--switch-interval-ms", str(switch_ms)]
         argv += [a for r in sorted(roots) for a in ("--data-root", r)]
         argv += ["--tune-cache", "off", *flags]
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -125,6 +128,7 @@ def profile(
         "spec": name,
         "serve_flags": " ".join(flags),
         "prefetch": prefetch,
+        "switch_interval_ms": switch_ms,
         **read,
         "processes": s.worker_processes,
         "threads": s.worker_threads,
@@ -149,6 +153,9 @@ def main() -> None:
     parser.add_argument(
         "--sample", metavar="DIR", help="the server's stacks by scripts/sampled.py into DIR"
     )
+    parser.add_argument(
+        "--switch-interval-ms", type=float, help="with --sample: the server's GIL switch interval"
+    )
     parser.add_argument("--prefetch", type=int, default=2, help="the client's `batches(prefetch=)`")
     args = parser.parse_args()
     for path in args.specs:
@@ -164,6 +171,7 @@ def main() -> None:
                         shlex.split(args.serve_flags),
                         args.prefetch,
                         args.sample,
+                        args.switch_interval_ms,
                     )
                 ),
                 flush=True,

@@ -58,10 +58,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the folded stacks' file")
     p.add_argument("--interval-ms", type=float, default=5.0)
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="sys.setswitchinterval for the module (GIL hand-over)",
+    )
     p.add_argument("-m", dest="module", required=True)
     args, rest = p.parse_known_args()
     sampler = Sampler(args.interval_ms / 1000, args.out)
     sys.argv = [args.module, *rest]
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     sampler.start()
     try:
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)

@@ -48,10 +48,14 @@ class TokenGroup:
 
     @classmethod
     def from_element(cls, element: dict[str, np.ndarray]) -> TokenGroup:
+        """The group of a Grain element. A worker process's arrays arrive as Grain's
+        `SharedMemoryArray`, an ndarray subclass whose every slice runs Python of its own: the
+        packer takes a slice a document, so they are read through plain ndarray views (the
+        shared memory lives on as the views' base)."""
         return cls(
             first_doc=int(element["first_doc"]),
-            tokens=element["tokens"],
-            lengths=element["lengths"],
+            tokens=element["tokens"].view(np.ndarray),
+            lengths=element["lengths"].view(np.ndarray),
             audited=bool(element["audit"][0]),
             mismatched=bool(element["audit"][1]),
             fell_back=bool(element["audit"][2]),
