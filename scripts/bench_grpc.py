@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 
-
 WINDOW_BYTES = 16 << 20
 
 
@@ -138,7 +137,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     results = []
-    for server_api, clients in (("sync", ("sync", "sync-single-threaded", "sync-window")), ("aio", ("aio",))):
+    for server_api, clients in (
+        ("sync", ("sync", "sync-single-threaded", "sync-window")),
+        ("aio", ("aio",)),
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             target = f"unix://{tmp}/grpc.sock"
             proc = multiprocessing.get_context("spawn").Process(
