@@ -1,12 +1,14 @@
 """Benchmark: how long a (re)started sidecar holds the training loop.
 
-    python scripts/bench_start.py [--model RANKS.tiktoken] [--rounds 3] [--out FILE.json]
+    python scripts/bench_start.py [--model RANKS.tiktoken] [--rounds 3] [--workers auto]
+        [--before TREE] [--out FILE.json]
 
 Side by side in one run, each server a real `input-server serve` process on a Unix socket, with
 Llama-3-sized tiktoken ranks (default: 128k merges learned from the standard library's sources
 and docstrings, ~123k tokens, plus one token no two tokens make, as Meta's file holds, so the
 tokenizer.json is derived; `--model` takes a real `tokenizer.model`), 16 x 2048, first_fit,
-workers 0 processes x 1 thread (what "auto" picked on the TPU host):
+workers 0 processes x 1 thread (what "auto" picked on the TPU host; `--workers auto` or
+`PxT`), and with `--before TREE` the same from another source tree, by turns:
 - `serve_to_listening_s`: from starting `serve` to its "serving on" line;
 - `first_batch_cold_s`: a fresh server's first batch, nothing kept (an empty --tokenizer-cache);
 - `first_batch_warm_s`: a fresh server's first batch, the derived tokenizer.json and the gate's
@@ -77,13 +79,20 @@ class Serve:
     """`input-server serve` on `sock`, its tokenizer cache in `keep`; `listening_s` after its
     start, `started` its perf_counter at start."""
 
-    def __init__(self, sock: str, keep: str, roots: list[str]):
+    def __init__(self, sock: str, keep: str, roots: list[str], tree: str | None = None):
         self.started = time.perf_counter()
+        env = dict(os.environ)
+        if tree:  # the server of another source tree (its client and server packages first)
+            env["PYTHONPATH"] = os.pathsep.join([tree, os.path.join(tree, "client")])
         args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", "off"]
         for root in roots:
             args += ["--data-root", root]
         self.p = subprocess.Popen(
-            cli_argv("serve", *args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            cli_argv("serve", *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         line = self.p.stdout.readline()
         if "serving on" not in line:
@@ -117,9 +126,11 @@ def first_batch(target: str, spec: PipelineSpec, settle: bool = False) -> tuple[
     return now - start, now
 
 
-def kill_and_restart(sock: str, keep: str, roots: list[str], spec: PipelineSpec) -> dict:
+def kill_and_restart(
+    sock: str, keep: str, roots: list[str], spec: PipelineSpec, tree: str | None
+) -> dict:
     """A loop taking batches from a server SIGKILLed and started again at once."""
-    server = Serve(sock, keep, roots)
+    server = Serve(sock, keep, roots, tree)
     try:
         with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
             for _ in range(6):
@@ -127,7 +138,7 @@ def kill_and_restart(sock: str, keep: str, roots: list[str], spec: PipelineSpec)
             time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
             killed = time.perf_counter()
             server.kill()
-            server = Serve(sock, keep, roots)
+            server = Serve(sock, keep, roots, tree)
             stall = 0.0
             while True:
                 asked = time.perf_counter()
@@ -141,20 +152,30 @@ def kill_and_restart(sock: str, keep: str, roots: list[str], spec: PipelineSpec)
         server.kill()
 
 
-def one_round(model: str, data: str, work: pathlib.Path) -> dict:
+def workers_of(text: str) -> dict:
+    """`--workers`: "auto", or PROCESSES x THREADS ("0x1")."""
+    if text == "auto":
+        return {"count": "auto"}
+    processes, threads = (int(n) for n in text.split("x"))
+    return {"count": processes, "threads": threads}
+
+
+def one_round(
+    model: str, data: str, work: pathlib.Path, workers: str, tree: str | None = None
+) -> dict:
     roots = sorted({os.path.dirname(model), os.path.dirname(data)})
     spec = PipelineSpec(
         source={"paths": [data]},
         tokenizer={"model": model, "kind": "tiktoken"},
         batch={"seq_len": 2048, "size": 16, "packing": "first_fit"},
         order={"epochs": 0},  # forever: the restarted loop always has a next batch
-        workers={"count": 0, "threads": 1},
+        workers=workers_of(workers),
     )
     keep = work / "keep"
     shutil.rmtree(keep, ignore_errors=True)
     out: dict = {}
     for label in ("cold", "warm", "warm_grain_loaded"):
-        server = Serve(os.fspath(work / f"{label}.sock"), os.fspath(keep), roots)
+        server = Serve(os.fspath(work / f"{label}.sock"), os.fspath(keep), roots, tree)
         try:
             if label == "warm_grain_loaded":
                 time.sleep(GRAIN_WAIT_S)
@@ -168,7 +189,7 @@ def one_round(model: str, data: str, work: pathlib.Path) -> dict:
                 out["next_stream_first_batch_s"] = first_batch(server.target, spec)[0]
         finally:
             server.kill()
-    restart = kill_and_restart(os.fspath(work / "r.sock"), os.fspath(keep), roots, spec)
+    restart = kill_and_restart(os.fspath(work / "r.sock"), os.fspath(keep), roots, spec, tree)
     out["kill_restart_to_next_batch_s"] = restart["to_next_batch_s"]
     out["kill_restart_loop_stall_s"] = restart["loop_stall_s"]
     return out
@@ -178,6 +199,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="tiktoken ranks (default: Llama-3-sized, made once)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", default="0x1", help='"auto" or PROCESSES x THREADS')
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also serve from this source tree (e.g. a `git worktree` of an earlier commit), "
+        "by turns with this one, each round: the figures of both",
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     model = args.model or llama3_sized_ranks(builtin_corpora.cache_dir() / "bench_start")
@@ -186,13 +214,24 @@ def main(argv: list[str] | None = None) -> None:
         data = builtin_corpora.write_jsonl(
             builtin_corpora.stdlib_docstrings(2000), work / "docs.jsonl"
         )
-        rounds = [one_round(os.path.abspath(model), data, work) for _ in range(args.rounds)]
+        trees = {"before": args.before, "after": None} if args.before else {"this": None}
+        rounds: dict[str, list[dict]] = {label: [] for label in trees}
+        for _ in range(args.rounds):
+            for label, tree in trees.items():
+                run = one_round(os.path.abspath(model), data, work, args.workers, tree)
+                rounds[label].append(run)
+    medians = {
+        label: {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+        for label, runs in rounds.items()
+    }
     result = {
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version},
         "model": os.path.basename(model),
-        "batch": "16 x 2048, first_fit, workers 0 x 1",
-        "median": {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]},
-        "rounds": [{k: round(v, 3) for k, v in r.items()} for r in rounds],
+        "batch": f"16 x 2048, first_fit, workers {args.workers}",
+        "median": medians.get("this") or medians,
+        "rounds": {
+            k: [{f: round(v, 3) for f, v in r.items()} for r in runs] for k, runs in rounds.items()
+        },
     }
     emit_json(result, args.out)
 

@@ -150,8 +150,10 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
 
 def run(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
+    from input_server.serving import warm
     from input_server.serving.server import Server
 
+    warm.keep_jax_out()  # before anything imports Grain, which imports JAX when it can
     configure(args.log_format)
     try:
         server = Server(config_of(args))

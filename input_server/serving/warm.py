@@ -1,21 +1,40 @@
-"""What every stream needs but listening does not, loaded after the server listens.
+"""What every stream needs but listening does not, loaded after the server listens; and what
+no stream needs, kept out of a `serve` process.
 
-Grain, and the JAX it imports, took 1.2-1.6 s of a 2-core host's 1.7-3.5 s from `serve` to its
-socket; imported on first use instead (`batching.grain_adapter`), they are loaded here on a daemon
-thread as soon as the server listens, so the first stream (a restarted sidecar's client is
-already waiting) finds them loaded or loading. A stream that needs them first imports them
-itself; Python's import lock lets one thread load a module while the other waits.
+Grain is imported on first use (`batching.grain_adapter`), not before the socket listens; it
+is loaded here on a daemon thread as soon as the server listens, so the first stream (a
+restarted sidecar's client is already waiting) finds it loaded or loading. A stream that needs
+it first imports it itself; Python's import lock lets one thread load a module while the other
+waits. JAX, which Grain would import with it, is kept out of `serve` (`keep_jax_out`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
 log = logging.getLogger(__name__)
 
 _started = threading.Lock()
+# What Grain logs when JAX cannot be imported: it then keeps to its own pure-Python pytrees.
+_GRAIN_WITHOUT_JAX = "Failed to load jax profiler"
+
+
+def keep_jax_out() -> None:
+    """Makes `import jax` fail in this process, unless JAX is loaded already. The server
+    tokenizes and packs on the CPU with numpy; JAX is the trainer's. Grain imports it only if
+    it can (for its pytree functions and profiler), and that import was most of Grain's, the
+    GIL held, between a restarted sidecar and its first batch (docs/benchmarks.md, "Start
+    and restart"). For `serve` processes only: a process that trains beside an in-process
+    server (`demo`, tests) keeps its JAX."""
+    if "jax" in sys.modules:
+        return
+    sys.modules["jax"] = None  # type: ignore[assignment]  # the import system's "not here"
+    logging.getLogger("absl").addFilter(
+        lambda record: _GRAIN_WITHOUT_JAX not in str(record.getMessage())
+    )
 
 
 def _load() -> None:

@@ -223,7 +223,12 @@ def test_grpc_message_cost_script_reports_each_api(pace_ms, tmp_path):
     assert result["tokens_per_message"] == 1024
     assert result["message_bytes"] > 2 * 1024  # uint16 ids
     runs = {(r["server"], r["client"]) for r in result["results"]}
-    assert runs == {("sync", "sync"), ("sync", "sync-single-threaded"), ("aio", "aio")}
+    assert runs == {
+        ("sync", "sync"),
+        ("sync", "sync-single-threaded"),
+        ("sync", "sync-window"),
+        ("aio", "aio"),
+    }
     for r in result["results"]:
         assert r["messages_per_s"] > 0 and r["client_cpu_us_per_message"] > 0
         assert r["server_cpu_us_per_message"] > 0

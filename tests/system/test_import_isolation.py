@@ -57,3 +57,24 @@ def test_the_server_listens_before_grain_or_jax_loads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_serve_process_streams_without_ever_loading_jax(tmp_path, corpus, spm_model, make_spec):
+    """JAX is the trainer's: a `serve` process keeps it out (`warm.keep_jax_out`), and Grain,
+    which imports it when it can, serves with its own pytrees. The process's memory maps hold
+    Grain and no JAX library once it has streamed, and the batches are the in-process
+    pipeline's (a process that imported JAX maps jaxlib's extension)."""
+    from input_client import InputClient
+    from tests.support import assert_same_batches, run_pipeline, serve_files
+
+    child, target = serve_files(tmp_path, corpus, spm_model)
+    try:
+        spec = make_spec(workers={"count": 0, "threads": 2}, order={"epochs": 1})
+        with InputClient(target) as client:
+            served = list(client.batches(spec))
+        with open(f"/proc/{child.p.pid}/maps") as f:
+            maps = f.read()
+    finally:
+        child.kill()
+    assert "jaxlib" not in maps
+    assert_same_batches(served, run_pipeline(spec))
