@@ -93,6 +93,7 @@ class Serve:
             stderr=subprocess.DEVNULL,
             text=True,
             env=env,
+            cwd=tree,  # `python -m` puts its folder first on sys.path, before PYTHONPATH
         )
         line = self.p.stdout.readline()
         if "serving on" not in line:
