@@ -11,6 +11,7 @@ waits. JAX, which Grain would import with it, is kept out of `serve` (`keep_jax_
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -23,15 +24,19 @@ _GRAIN_WITHOUT_JAX = "Failed to load jax profiler"
 
 
 def keep_jax_out() -> None:
-    """Makes `import jax` fail in this process, unless JAX is loaded already. The server
-    tokenizes and packs on the CPU with numpy; JAX is the trainer's. Grain imports it only if
-    it can (for its pytree functions and profiler), and that import was most of Grain's, the
-    GIL held, between a restarted sidecar and its first batch (docs/benchmarks.md, "Start
-    and restart"). For `serve` processes only: a process that trains beside an in-process
-    server (`demo`, tests) keeps its JAX."""
+    """Makes `import jax` fail in this process and the worker processes it spawns, unless JAX
+    is loaded already: a folder whose `jax` raises ImportError (`no_jax`) goes first on
+    `sys.path`, which spawned processes inherit. The server tokenizes and packs on the CPU
+    with numpy; JAX is the trainer's. Grain imports it only if it can (for its pytree
+    functions and profiler), and that import was most of Grain's, the GIL held, between a
+    restarted sidecar and its first batch, and again in each worker process it starts
+    (docs/benchmarks.md, "Time to a first batch after a (re)start"). For `serve` processes
+    only: a process that trains beside an in-process server (`demo`, tests) keeps its JAX."""
     if "jax" in sys.modules:
         return
-    sys.modules["jax"] = None  # type: ignore[assignment]  # the import system's "not here"
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
+    if here not in sys.path:
+        sys.path.insert(0, here)
     logging.getLogger("absl").addFilter(
         lambda record: _GRAIN_WITHOUT_JAX not in str(record.getMessage())
     )

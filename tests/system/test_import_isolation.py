@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_client_imports_without_jax():
     code = (
@@ -59,22 +61,32 @@ def test_the_server_listens_before_grain_or_jax_loads():
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_a_serve_process_streams_without_ever_loading_jax(tmp_path, corpus, spm_model, make_spec):
-    """JAX is the trainer's: a `serve` process keeps it out (`warm.keep_jax_out`), and Grain,
-    which imports it when it can, serves with its own pytrees. The process's memory maps hold
-    Grain and no JAX library once it has streamed, and the batches are the in-process
-    pipeline's (a process that imported JAX maps jaxlib's extension)."""
+@pytest.mark.parametrize("processes", [0, 1])
+def test_a_serve_process_streams_without_ever_loading_jax(
+    tmp_path, corpus, spm_model, make_spec, processes
+):
+    """JAX is the trainer's: a `serve` process keeps it out (`warm.keep_jax_out`), and so do
+    the worker processes Grain spawns for it; Grain, which imports JAX when it can, serves with
+    its own pytrees. No process of the server maps jaxlib's extension once it has streamed
+    (a process that imported JAX does), and the batches are the in-process pipeline's."""
+    import psutil
+
     from input_client import InputClient
     from tests.support import assert_same_batches, run_pipeline, serve_files
 
     child, target = serve_files(tmp_path, corpus, spm_model)
     try:
-        spec = make_spec(workers={"count": 0, "threads": 2}, order={"epochs": 1})
-        with InputClient(target) as client:
-            served = list(client.batches(spec))
-        with open(f"/proc/{child.p.pid}/maps") as f:
-            maps = f.read()
+        spec = make_spec(workers={"count": processes, "threads": 2}, order={"epochs": 1})
+        maps = {}
+        with InputClient(target) as client, client.batches(spec) as it:
+            served = [next(it)]
+            tree = [psutil.Process(child.p.pid), *psutil.Process(child.p.pid).children()]
+            for p in tree:  # the worker processes live while the stream does
+                with open(f"/proc/{p.pid}/maps") as f:
+                    maps[" ".join(p.cmdline())[:160]] = f.read()
+            served += list(it)
     finally:
         child.kill()
-    assert "jaxlib" not in maps
+    assert len(maps) >= 1 + processes, maps.keys()
+    assert not [cmd for cmd, text in maps.items() if "jaxlib" in text]
     assert_same_batches(served, run_pipeline(spec))
