@@ -153,14 +153,17 @@ def run(args: argparse.Namespace) -> int:
     from input_server.serving import warm
     from input_server.serving.server import Server
 
-    warm.keep_jax_out()  # before anything imports Grain, which imports JAX when it can
-    configure(args.log_format)
+    undo = warm.keep_jax_out()  # before anything imports Grain, which imports JAX if it can
     try:
-        server = Server(config_of(args))
-    except (InputServerError, OSError, ValueError) as e:
-        print(f"input-server: {e}", file=sys.stderr)
-        return 2
-    return _serve_until_stopped(server)
+        configure(args.log_format)
+        try:
+            server = Server(config_of(args))
+        except (InputServerError, OSError, ValueError) as e:
+            print(f"input-server: {e}", file=sys.stderr)
+            return 2
+        return _serve_until_stopped(server)
+    finally:
+        undo()
 
 
 def _serve_until_stopped(server) -> int:

@@ -10,36 +10,38 @@ waits. JAX, which Grain would import with it, is kept out of `serve` (`keep_jax_
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 _started = threading.Lock()
-# What Grain logs when JAX cannot be imported: it then keeps to its own pure-Python pytrees.
-_GRAIN_WITHOUT_JAX = "Failed to load jax profiler"
+NO_JAX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
 
 
-def keep_jax_out() -> None:
+def keep_jax_out() -> Callable[[], None]:
     """Makes `import jax` fail in this process and the worker processes it spawns, unless JAX
     is loaded already: a folder whose `jax` raises ImportError (`no_jax`) goes first on
     `sys.path`, which spawned processes inherit. The server tokenizes and packs on the CPU
     with numpy; JAX is the trainer's. Grain imports it only if it can (for its pytree
     functions and profiler), and that import was most of Grain's, the GIL held, between a
     restarted sidecar and its first batch, and again in each worker process it starts
-    (docs/benchmarks.md, "Time to a first batch after a (re)start"). For `serve` processes
-    only: a process that trains beside an in-process server (`demo`, tests) keeps its JAX."""
-    if "jax" in sys.modules:
-        return
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    logging.getLogger("absl").addFilter(
-        lambda record: _GRAIN_WITHOUT_JAX not in str(record.getMessage())
-    )
+    (docs/benchmarks.md, "Time to a first batch after a (re)start"). Returns what undoes it,
+    for a process that goes on after `serve` returns (a test calling the CLI in-process)."""
+    if "jax" in sys.modules or NO_JAX in sys.path:
+        return lambda: None
+    sys.path.insert(0, NO_JAX)
+
+    def undo() -> None:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(NO_JAX)
+
+    return undo
 
 
 def _load() -> None:

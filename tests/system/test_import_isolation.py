@@ -68,25 +68,32 @@ def test_a_serve_process_streams_without_ever_loading_jax(
     """JAX is the trainer's: a `serve` process keeps it out (`warm.keep_jax_out`), and so do
     the worker processes Grain spawns for it; Grain, which imports JAX when it can, serves with
     its own pytrees. No process of the server maps jaxlib's extension once it has streamed
-    (a process that imported JAX does), and the batches are the in-process pipeline's."""
+    (a process that imported JAX does), the batches are the in-process pipeline's, and Grain's
+    warning about the missing JAX reaches no log: with `--log-format json` every line the
+    server and its workers write on stderr is JSON."""
     import psutil
 
     from input_client import InputClient
     from tests.support import assert_same_batches, run_pipeline, serve_files
 
-    child, target = serve_files(tmp_path, corpus, spm_model)
+    child, target = serve_files(tmp_path, corpus, spm_model, flags=["--log-format", "json"])
     try:
         spec = make_spec(workers={"count": processes, "threads": 2}, order={"epochs": 1})
         maps = {}
         with InputClient(target) as client, client.batches(spec) as it:
             served = [next(it)]
-            tree = [psutil.Process(child.p.pid), *psutil.Process(child.p.pid).children()]
-            for p in tree:  # the worker processes live while the stream does
+            server = psutil.Process(child.p.pid)
+            workers = [p for p in server.children() if "spawn_main" in " ".join(p.cmdline())]
+            for p in [server, *workers]:  # the worker processes live while the stream does
                 with open(f"/proc/{p.pid}/maps") as f:
                     maps[" ".join(p.cmdline())[:160]] = f.read()
             served += list(it)
     finally:
         child.kill()
-    assert len(maps) >= 1 + processes, maps.keys()
+    assert len(workers) == processes, maps.keys()
     assert not [cmd for cmd, text in maps.items() if "jaxlib" in text]
     assert_same_batches(served, run_pipeline(spec))
+    with open(tmp_path / "s.log") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    for line in lines:
+        json.loads(line)  # not JSON: a line Grain (or anything else) wrote as plain text

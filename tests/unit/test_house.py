@@ -396,6 +396,9 @@ OUTSIDE_PRIVATES = {
     # tiktoken's Rust core: its encode_to_tiktoken_buffer returns ids without Python lists.
     ("input_server/data/tokenizers/tiktoken.py", "self.model()._core_bpe"),
     ("input_server/data/tokenizers/tiktoken.py", "enc._core_bpe"),
+    # The one way to read other threads' stacks from inside a process (where py-spy cannot
+    # reach it: gVisor).
+    ("scripts/sampled.py", "sys._current_frames"),
 }
 
 
