@@ -196,36 +196,35 @@ def test_kitoken_reads_a_groups_ids_once_with_bos_and_eos_in_place(texts, models
 
 
 @pytest.mark.parametrize("most", [8, 2])
-def test_kitoken_gives_each_thread_a_copy_of_its_own_up_to_the_budget(
-    texts, models, most, monkeypatch
-):
-    """Threads sharing one kitoken encoder contend for its state: each calling thread gets a
-    copy of its own while `KITOKEN_COPIES_BYTES` holds them, then shares the copies in turn;
-    every thread's ids are the one encoder's."""
+def test_kitoken_encodes_with_as_many_copies_as_calls_ran_at_once(texts, models, most, monkeypatch):
+    """Calls sharing one kitoken encoder at once contend for its state: each call takes a copy
+    no other holds, loading one while fewer than `KITOKEN_COPIES_BYTES` holds are loaded. Five
+    thread pools of four, one after another (a stream's pool is made anew on each retune),
+    load no more than four copies (at most `most`), and every call's ids are the one
+    encoder's."""
     path = models["sentencepiece"]
-    monkeypatch.setattr(
-        fast,
-        "KITOKEN_COPIES_BYTES",
-        most * os.path.getsize(path) * fast.KITOKEN_BYTES_PER_FILE_BYTE,
-    )
+    size = os.path.getsize(path) * fast.KITOKEN_BYTES_PER_FILE_BYTE
+    monkeypatch.setattr(fast, "KITOKEN_COPIES_BYTES", most * size)
     backend = fast.Kitoken(path)
     groups = [texts[i * 50 : (i + 1) * 50] for i in range(6)]
     want = [backend.encode_framed(g, [1], [2]) for g in groups]
-    got: dict[int, list] = {}
-    barrier = threading.Barrier(6)
+    got: list[list] = []
 
-    def encode(k):
-        barrier.wait()  # all six threads call at once
-        got[k] = [backend.encode_framed(g, [1], [2]) for g in groups]
+    def encode(barrier):
+        barrier.wait()  # the pool's four threads call at once
+        got.append([backend.encode_framed(g, [1], [2]) for g in groups])
 
-    threads = [threading.Thread(target=encode, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert backend.copies() == min(most, 7)  # the test's own thread took the first
-    for k in range(6):
-        for (flat, offsets), (want_flat, want_offsets) in zip(got[k], want, strict=True):
+    for _ in range(5):
+        barrier = threading.Barrier(4)
+        pool = [threading.Thread(target=encode, args=(barrier,)) for _ in range(4)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    assert 1 <= backend.copies() <= min(most, 4)
+    assert len(got) == 20
+    for each in got:
+        for (flat, offsets), (want_flat, want_offsets) in zip(each, want, strict=True):
             assert flat.tolist() == want_flat.tolist() and offsets.tolist() == want_offsets.tolist()
 
 

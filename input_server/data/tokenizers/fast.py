@@ -6,11 +6,13 @@ tokenizer) and encodes on the calling thread."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import threading
+from collections.abc import Callable
 from importlib import metadata
 
 import numpy as np
@@ -52,8 +54,8 @@ DERIVE_FORMAT = 2  # 2: one merge a token where tiktoken's last join is known
 # GB peak, 26 s), where the reference took 10-15 x. A 110 MB file would take ~11 GB: a 3 GB
 # server sat at its limit, then died. The estimate errs above the worst seen.
 FASTOKENS_BYTES_PER_FILE_BYTE = 128
-# A kitoken encoder of a sentencepiece model takes about 20 x the model file's bytes (measured
-# on MaxText's tokenizer.llama2); the copies one model's threads load stay within the budget.
+# A kitoken encoder of a sentencepiece model takes some 20 x the model file's bytes
+# (docs/benchmarks.md, "Run 8"); the copies of one model stay within the budget.
 KITOKEN_BYTES_PER_FILE_BYTE = 24
 KITOKEN_COPIES_BYTES = 256 << 20
 
@@ -240,12 +242,54 @@ class Fastokens:
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(texts))]
 
 
+class EncoderPool:
+    """Copies of one encoder, each used by one call at a time: a call takes a spare copy, or
+    loads one while fewer than `most` are loaded, or waits for one to come back. As many are
+    loaded as calls ran at once (never more than `most`), and they outlive the threads that
+    made them (a stream's thread pool is made anew on each retune)."""
+
+    def __init__(self, load: Callable[[], object], most: int):
+        self._load = load
+        first = load()  # an encoder that cannot load is refused here, at once
+        self._spare, self._loaded, self._most = [first], 1, max(1, most)
+        self._returned = threading.Condition()
+
+    def loaded(self) -> int:
+        with self._returned:
+            return self._loaded
+
+    @contextlib.contextmanager
+    def copy(self):
+        """An encoder no other call uses until this one ends."""
+        with self._returned:
+            while not self._spare and self._loaded >= self._most:
+                self._returned.wait()
+            tok = self._spare.pop() if self._spare else None
+            if tok is None:
+                self._loaded += 1  # counted before it loads: no other call loads past `most`
+        if tok is None:
+            try:
+                tok = self._load()  # outside the lock: other calls take spare copies meanwhile
+            except BaseException:
+                with self._returned:
+                    self._loaded -= 1
+                    self._returned.notify()
+                raise
+        try:
+            yield tok
+        finally:
+            with self._returned:
+                self._spare.append(tok)
+                self._returned.notify()
+
+
 class Kitoken:
     """kitoken on a sentencepiece `.model`: `encode_all`, specials in the text encoded as text
     (as sentencepiece encodes them). A kitoken encoder keeps state that every call touches:
-    threads sharing one contend for it, and its CPU a token grows with them (docs/benchmarks.md,
-    "kitoken's copies a thread"). So each calling thread encodes with a copy of its own, as
-    many as `KITOKEN_COPIES_BYTES` holds; threads past that share the copies in turn."""
+    calls sharing one at once contend for it, and its CPU a token grows with them
+    (docs/benchmarks.md, "Run 8"). So each call encodes with a copy no other call holds
+    (`EncoderPool`), as many as `KITOKEN_COPIES_BYTES` holds, all made from the model's bytes
+    as read once (a file replaced meanwhile changes no copy)."""
 
     name = "kitoken"
     version = version_of("kitoken")
@@ -253,30 +297,14 @@ class Kitoken:
     def __init__(self, path: str):
         import kitoken
 
-        self._load = lambda: kitoken.Kitoken.from_sentencepiece_file(path)
-        self._copies = [self._load()]  # a model kitoken cannot read is refused here, at once
-        self._most = max(
-            1, KITOKEN_COPIES_BYTES // max(1, os.path.getsize(path) * KITOKEN_BYTES_PER_FILE_BYTE)
-        )
-        self._given = 0
-        self._lock = threading.Lock()
-        self._local = threading.local()
+        with open(path, "rb") as f:
+            data = f.read()
+        most = KITOKEN_COPIES_BYTES // max(1, len(data) * KITOKEN_BYTES_PER_FILE_BYTE)
+        self._pool = EncoderPool(lambda: kitoken.Kitoken.from_sentencepiece(data), most)
 
     def copies(self) -> int:
-        """The encoders loaded so far (one a calling thread, up to the cap)."""
-        return len(self._copies)
-
-    def _own(self):
-        """This thread's encoder: its own while the cap allows, else one shared in turn."""
-        tok = getattr(self._local, "tok", None)
-        if tok is None:
-            with self._lock:  # a copy loads in milliseconds, once a thread
-                if self._given >= len(self._copies) and len(self._copies) < self._most:
-                    self._copies.append(self._load())
-                tok = self._copies[self._given % len(self._copies)]
-                self._given += 1
-            self._local.tok = tok
-        return tok
+        """The encoders loaded so far: the most calls that ran at once, up to the cap."""
+        return self._pool.loaded()
 
     def encode_framed(
         self, texts: list[str], head: list[int], tail: list[int]
@@ -285,7 +313,8 @@ class Kitoken:
         and where each text's start (n + 1 offsets). kitoken answers in lists of Python ints:
         they are read once, in one pass over the group (an array a text, then their join and
         the ends put in place, took 1.5-2 x as long a token)."""
-        ids = self._own().encode_all(texts, False)
+        with self._pool.copy() as tok:
+            ids = tok.encode_all(texts, False)
         offsets = np.zeros(len(ids) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids)), out=offsets[1:])
         if head or tail:
