@@ -9,6 +9,7 @@ shows. A settled choice is remembered for the spec's later streams and restarts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -281,8 +282,10 @@ class StreamTuner:
 
         total = 0
         try:
-            for _, process in self.stream.worker_processes():
+            workers = self.stream.worker_processes()
+        except RuntimeError:
+            return 0.0
+        for _, process in workers:
+            with contextlib.suppress(psutil.Error):  # ended meanwhile: it adds nothing now
                 total += added_bytes(psutil.Process(process.pid))
-        except (RuntimeError, psutil.Error):
-            pass
         return total / (1 << 20)
