@@ -4,9 +4,9 @@ For `input-server tune` and the benchmarks. Grain's `pick_performance_config` di
 budget by the size of five sampled elements and caps at the CPU count; it never measures
 speed. `tune` runs the spec's own pipeline at each candidate (`measure`, its batches
 discarded) in the order `search.next_candidate` gives, and stops on a plateau, once the demand
-is met, at the RAM budget (measured RSS) or the time bound; then it measures the choice and its
-close contenders once more and decides on both windows (`policy`). A served stream is tuned
-online instead (`online`).
+is met, at the RAM budget (the memory its workers add, measured) or the time bound; then it
+measures the choice and its close contenders once more and decides on both windows
+(`policy`). A served stream is tuned online instead (`online`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def tune(
       pipeline: the pipeline to tune; its batches during tuning are discarded.
       target_batches_per_s: the consumer's demand; 0 = unknown (choose the plateau).
       max_workers: the most workers (processes x threads); 0 = no cap.
-      ram_budget_mb: the most memory a candidate may add (measured RSS), MiB.
+      ram_budget_mb: the most memory a candidate may add (`measure.added_bytes`), MiB.
       tune_seconds: the time bound; the candidate running at that moment is cut short.
       warmup_s, window_s: per candidate, see `measure`.
       candidates: the parallelisms to run in this order instead of searching (each still

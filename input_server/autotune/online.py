@@ -130,7 +130,7 @@ class OnlineSearch:
         elif w.free_running:
             demand = None
         # Memory: the groups in flight (as the server's budget counts them) and the worker
-        # processes' measured RSS, so the caps hold for threads too.
+        # processes' measured memory (`measure.added_bytes`), so the caps hold for threads too.
         row = Measurement(
             parallelism=self.current,
             batches_per_s=w.capacity(),

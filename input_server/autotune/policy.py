@@ -94,8 +94,8 @@ def decide(
     otherwise (or when none meets it) the cheapest candidate within CHOICE_GAIN of the best
     rate, where candidates with more workers than `cpus` count only if the best of them beats
     the best within the cores by OVERSUBSCRIBE_GAIN. Candidates above `max_workers` or whose
-    measured RSS exceeds `ram_budget_mb` are out. "Cheapest" orders in-process threads before
-    processes, then by count.
+    measured memory (`measure.added_bytes`) exceeds `ram_budget_mb` are out. "Cheapest"
+    orders in-process threads before processes, then by count.
 
     Args:
       measurements: the table, as `tune` builds it (skipped rows say why they were skipped).

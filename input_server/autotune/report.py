@@ -10,7 +10,7 @@ def table(tuning: Tuning) -> str:
     """The measurements as a text table; the choice is marked with `*`."""
     lines = [
         f"  {'workers':>7} {'processes':>9} {'threads':>7} {'batches/s':>10} "
-        f"{'tokens/s':>10} {'RSS/worker':>11} {'CPU cores':>9} {'start s':>7}"
+        f"{'tokens/s':>10} {'MB/worker':>11} {'CPU cores':>9} {'start s':>7}"
     ]
     for m in tuning.measurements:
         p = m.parallelism

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import grain
 
-# Grain (and the JAX it imports, ~1.2-1.6 s on a 2-core host) is imported where a stream first
-# needs it, not with this module: the server listens before it (`serving.warm`).
+# Grain is imported where a stream first needs it, not with this module: the server listens
+# before it (`serving.warm`, which also keeps the JAX Grain would import out of `serve`).
 
 
 def ensure_absl_flags_parsed() -> None:

@@ -168,7 +168,7 @@ def test_tune_command_prints_the_table_and_writes_json(tmp_path, corpus, spm_mod
         == 0
     )
     printed = capsys.readouterr().out
-    assert "batches/s" in printed and "tokens/s" in printed and "RSS/worker" in printed
+    assert "batches/s" in printed and "tokens/s" in printed and "MB/worker" in printed
     assert "choice:" in printed
     result = json.loads(out.read_text())
     assert result["reason"] in autotune.REASONS and result["workers"] <= 4
