@@ -93,7 +93,9 @@ class Serve:
             stderr=subprocess.DEVNULL,
             text=True,
             env=env,
-            cwd=tree,  # `python -m` puts its folder first on sys.path, before PYTHONPATH
+            # `python -m` puts its folder first on sys.path, before PYTHONPATH: each tree's
+            # server runs from its own root (this one's: the repository's).
+            cwd=tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
         line = self.p.stdout.readline()
         if "serving on" not in line:

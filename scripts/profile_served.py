@@ -158,6 +158,8 @@ def main() -> None:
     )
     parser.add_argument("--prefetch", type=int, default=2, help="the client's `batches(prefetch=)`")
     args = parser.parse_args()
+    if args.switch_interval_ms and not args.sample:
+        parser.error("--switch-interval-ms sets the server's switch interval through --sample")
     for path in args.specs:
         try:
             print(
