@@ -219,8 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         trees = {"before": args.before, "after": None} if args.before else {"this": None}
         rounds: dict[str, list[dict]] = {label: [] for label in trees}
-        for _ in range(args.rounds):
-            for label, tree in trees.items():
+        for i in range(args.rounds):
+            order = list(trees.items())
+            for label, tree in order[::-1] if i % 2 else order:  # each tree first in turn
                 run = one_round(os.path.abspath(model), data, work, args.workers, tree)
                 rounds[label].append(run)
     medians = {
