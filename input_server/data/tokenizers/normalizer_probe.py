@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import json
 import math
 import struct
@@ -38,8 +39,10 @@ def _chunk_len(static: int) -> int:
 # form, case mapping, accent or Bert rule touches their characters (Unicode's stability
 # policy keeps private use so), so they are probed only when a member could: a charsmap with
 # keys there, a Replace that matches there, or ByteLevel (whose output bytes differ).
-_NEAR = (*range(0xD800), *range(0xE000, 0x40000), *range(0xE0000, 0xF0000))
-_FAR = (*range(0x40000, 0xE0000), *range(0xF0000, 0x110000))
+# Ranges, joined where a probe is built: a tuple of their million code points cost every
+# process that imports this module (a `serve` process before it listens) tens of ms and MBs.
+_NEAR = (range(0xD800), range(0xE000, 0x40000), range(0xE0000, 0xF0000))
+_FAR = (range(0x40000, 0xE0000), range(0xF0000, 0x110000))
 
 
 @functools.lru_cache(maxsize=8)
@@ -47,7 +50,7 @@ def _code_point_probes(step: int, far: bool) -> tuple[str, ...]:
     """The code points a Python str can hand to Rust (no lone surrogates) of the near planes
     (or, `far`, of the others), `step` to a probe, "\n" between them (a probe's characters
     are its even places); built once per process, then reused by every model's check."""
-    points = _FAR if far else _NEAR
+    points = tuple(itertools.chain.from_iterable(_FAR if far else _NEAR))
     return tuple("\n".join(map(chr, points[i : i + step])) for i in range(0, len(points), step))
 
 
