@@ -346,8 +346,7 @@ def auto_figures(
     }
 
 
-def main() -> None:
-    global BASE, FIXED
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=3)
@@ -382,7 +381,116 @@ def main() -> None:
         action="store_true",
         help="measure the unthrottled loop only (a quicker look)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def first_batches(args, d: str, path: str, model: str, auto: dict, seeds, best: str) -> dict:
+    """First batch on a fresh server and fresh spec; then after a restart that remembers."""
+    bp, bt = map(int, best.split("x"))
+    firsts: dict[str, list[float]] = {
+        "auto": [],
+        "fixed": [],
+        "auto_restart": [],
+        "fixed_restart": [],
+    }
+    for _ in range(args.rounds):
+        cache = tempfile.mkdtemp(dir=d)
+        spec = spec_for(path, model, auto, next(seeds))
+        with Served(d, cache) as served:
+            firsts["auto"].append(first_batch_s(served, spec))
+            with served.client.batches(spec, prefetch=PREFETCH) as it:
+                until_settled(served, it, 0.0)
+        with Served(d, "off") as served:
+            firsts["fixed"].append(first_batch_s(served, spec_for(path, model, fixed(bp, bt))))
+        with Served(d, cache) as served:  # restarted: the choice is on disk
+            firsts["auto_restart"].append(first_batch_s(served, spec))
+        with Served(d, "off") as served:
+            firsts["fixed_restart"].append(
+                first_batch_s(served, spec_for(path, model, fixed(bp, bt), 0))
+            )
+    med = {k: statistics.median(v) for k, v in firsts.items()}
+    return {
+        **med,
+        "auto_over_fixed": med["auto"] / med["fixed"],
+        "restart_auto_over_fixed": med["auto_restart"] / med["fixed_restart"],
+    }
+
+
+def throttled(args, d: str, path: str, model: str, auto: dict, seeds, rates: dict) -> dict:
+    """A loop at PACE: the choice, the CPU it costs, the bound, the demand."""
+    need = 1.25 * PACE
+    fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if rates.get(k, 0.0) >= need)
+    fp, ft = map(int, fewest.split("x"))
+    with Served(d, "off") as served:
+        # Twice the window: at a few batches a second the server uses ~2 % of a core.
+        _, cpu_fixed, _ = steady_rate(
+            served, spec_for(path, model, fixed(fp, ft)), 2 * args.seconds, PACE
+        )
+        rate, cpu_auto, info = steady_rate(
+            served, spec_for(path, model, auto, next(seeds)), 2 * args.seconds, PACE
+        )
+    return {
+        "pace": rate,
+        "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
+        "fewest_fixed_meeting_1.25x": fewest,
+        "server_cpu_cores_auto": cpu_auto,
+        "server_cpu_cores_fixed": cpu_fixed,
+        "cpu_auto_over_fixed": cpu_auto / cpu_fixed,
+        "reported_demand": info.consumed_batches_per_s,
+        "demand_error": abs(info.consumed_batches_per_s - rate) / rate,
+    }
+
+
+def demand_step(d: str, path: str, model: str, auto: dict, seeds, rates: dict) -> dict:
+    """A third of one thread's rate, then 4 x: past what one thread makes; the batches
+    against a fixed stream's, and how far the server ran ahead."""
+    slow = rates["0x1"] / 3
+    spec = spec_for(path, model, auto, next(seeds))
+    got: list[str] = []
+    # The issue's bound: the server's queue, the client's prefetch and one message.
+    ahead_max = 0
+    bound = QUEUE_DEPTH + PREFETCH + batches_per_message(8, 1024, MESSAGE_TOKENS)
+    with Served(d, "off") as served:
+        with served.client.batches(spec, prefetch=PREFETCH) as it:
+            got.append(digest(next(it)))
+            until_settled(served, it, slow, record=got)
+            before = stream_info(served)
+            step_at, met_after, windows = time.monotonic(), None, []
+            while time.monotonic() - step_at < 20:
+                r = take(it, 1.0, 4 * slow, got)
+                windows.append(r)
+                s = stream_info(served)
+                ahead_max = max(ahead_max, s.batches_sent - s.batches_taken)
+                if met_after is None and r >= 0.95 * 4 * slow:
+                    met_after = time.monotonic() - step_at
+            after = stream_info(served)
+    with Served(d, "off") as served:
+        with served.client.batches(spec.replace(workers=fixed(0, 1)), prefetch=PREFETCH) as it:
+            want = [digest(next(it)) for _ in range(len(got))]
+    return {
+        "slow_pace": slow,
+        "fast_pace": 4 * slow,
+        "choice_before": f"{before.worker_processes}x{before.worker_threads}",
+        "choice_after": f"{after.worker_processes}x{after.worker_threads}",
+        "met_after_s": met_after,
+        "paces_taken": windows,
+        "switches": [
+            f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
+            f"{w.to_processes}x{w.to_threads}: {w.reason}"
+            for w in after.switches
+        ],
+        "batches": len(got),
+        "identical_to_fixed": got == want,
+        "most_ahead": ahead_max,
+        "ahead_bound": bound,
+    }
+
+
+def main() -> None:
+    """The unthrottled rates, then (unless --only-unthrottled) first batches, a paced loop
+    and a demand step, as JSON."""
+    global BASE, FIXED
+    args = parse_args()
     ensure_absl_flags_parsed()
     if args.fixed:
         FIXED = [tuple(map(int, c.split("x"))) for c in args.fixed.split(",")]
@@ -398,108 +506,13 @@ def main() -> None:
             "command": " ".join(sys.argv),
         }
         seeds = iter(range(1, 10_000))
-
         out["unthrottled"] = unthrottled(args, d, path, model, seeds)
-        rates = out["unthrottled"]["batches_per_s"]
-        best_fixed = out["unthrottled"]["best_fixed"]
-        bp, bt = map(int, best_fixed.split("x"))
-        if args.only_unthrottled:
-            emit_json(out, args.out)
-            return
-
-        # First batch on a fresh server and fresh spec; then after a restart that remembers.
-        firsts: dict[str, list[float]] = {
-            "auto": [],
-            "fixed": [],
-            "auto_restart": [],
-            "fixed_restart": [],
-        }
-        for _ in range(args.rounds):
-            cache = tempfile.mkdtemp(dir=d)
-            spec = spec_for(path, model, auto, next(seeds))
-            with Served(d, cache) as served:
-                firsts["auto"].append(first_batch_s(served, spec))
-                with served.client.batches(spec, prefetch=PREFETCH) as it:
-                    until_settled(served, it, 0.0)
-            with Served(d, "off") as served:
-                firsts["fixed"].append(first_batch_s(served, spec_for(path, model, fixed(bp, bt))))
-            with Served(d, cache) as served:  # restarted: the choice is on disk
-                firsts["auto_restart"].append(first_batch_s(served, spec))
-            with Served(d, "off") as served:
-                firsts["fixed_restart"].append(
-                    first_batch_s(served, spec_for(path, model, fixed(bp, bt), 0))
-                )
-        med = {k: statistics.median(v) for k, v in firsts.items()}
-        out["first_batch_s"] = {
-            **med,
-            "auto_over_fixed": med["auto"] / med["fixed"],
-            "restart_auto_over_fixed": med["auto_restart"] / med["fixed_restart"],
-        }
-
-        # Throttled loop at PACE: the choice, the CPU it costs, the bound, the demand.
-        need = 1.25 * PACE
-        fewest = next(k for k in ("0x1", "0x2", "0x4", "2x1") if rates.get(k, 0.0) >= need)
-        fp, ft = map(int, fewest.split("x"))
-        with Served(d, "off") as served:
-            # Twice the window: at a few batches a second the server uses ~2 % of a core.
-            _, cpu_fixed, _ = steady_rate(
-                served, spec_for(path, model, fixed(fp, ft)), 2 * args.seconds, PACE
-            )
-            rate, cpu_auto, info = steady_rate(
-                served, spec_for(path, model, auto, next(seeds)), 2 * args.seconds, PACE
-            )
-        out["throttled"] = {
-            "pace": rate,
-            "auto_choice": f"{info.worker_processes}x{info.worker_threads}",
-            "fewest_fixed_meeting_1.25x": fewest,
-            "server_cpu_cores_auto": cpu_auto,
-            "server_cpu_cores_fixed": cpu_fixed,
-            "cpu_auto_over_fixed": cpu_auto / cpu_fixed,
-            "reported_demand": info.consumed_batches_per_s,
-            "demand_error": abs(info.consumed_batches_per_s - rate) / rate,
-        }
-
-        # Demand step: a third of one thread's rate, then 4 x: past what one thread makes.
-        slow = rates["0x1"] / 3
-        spec = spec_for(path, model, auto, next(seeds))
-        got: list[str] = []
-        # The issue's bound: the server's queue, the client's prefetch and one message.
-        ahead_max = 0
-        bound = QUEUE_DEPTH + PREFETCH + batches_per_message(8, 1024, MESSAGE_TOKENS)
-        with Served(d, "off") as served:
-            with served.client.batches(spec, prefetch=PREFETCH) as it:
-                got.append(digest(next(it)))
-                until_settled(served, it, slow, record=got)
-                before = stream_info(served)
-                step_at, met_after, windows = time.monotonic(), None, []
-                while time.monotonic() - step_at < 20:
-                    r = take(it, 1.0, 4 * slow, got)
-                    windows.append(r)
-                    s = stream_info(served)
-                    ahead_max = max(ahead_max, s.batches_sent - s.batches_taken)
-                    if met_after is None and r >= 0.95 * 4 * slow:
-                        met_after = time.monotonic() - step_at
-                after = stream_info(served)
-        with Served(d, "off") as served:
-            with served.client.batches(spec.replace(workers=fixed(0, 1)), prefetch=PREFETCH) as it:
-                want = [digest(next(it)) for _ in range(len(got))]
-        out["demand_step"] = {
-            "slow_pace": slow,
-            "fast_pace": 4 * slow,
-            "choice_before": f"{before.worker_processes}x{before.worker_threads}",
-            "choice_after": f"{after.worker_processes}x{after.worker_threads}",
-            "met_after_s": met_after,
-            "paces_taken": windows,
-            "switches": [
-                f"{w.at_s:.1f}s {w.from_processes}x{w.from_threads}->"
-                f"{w.to_processes}x{w.to_threads}: {w.reason}"
-                for w in after.switches
-            ],
-            "batches": len(got),
-            "identical_to_fixed": got == want,
-            "most_ahead": ahead_max,
-            "ahead_bound": bound,
-        }
+        if not args.only_unthrottled:
+            rates = out["unthrottled"]["batches_per_s"]
+            best = out["unthrottled"]["best_fixed"]
+            out["first_batch_s"] = first_batches(args, d, path, model, auto, seeds, best)
+            out["throttled"] = throttled(args, d, path, model, auto, seeds, rates)
+            out["demand_step"] = demand_step(d, path, model, auto, seeds, rates)
     emit_json(out, args.out)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import hashlib
 import json
 import os
@@ -121,6 +122,116 @@ def compare(logged: bytes, ref: list[bytes]) -> dict:
     }
 
 
+@dataclasses.dataclass
+class Events:
+    """The kills still to come and those done ([step, event, trainer incarnation]), and when
+    the next is due: a random 1..`max_gap` steps after the last one took effect (a server kill
+    takes effect when the trainer's stream broke and reconnected: gRPC lets a few MB arrive
+    ahead of the caller, so a kill is felt only once that is used)."""
+
+    rng: random.Random
+    max_gap: int
+    to_come: list[str]
+    done: list[list] = dataclasses.field(default_factory=list)
+    felt: bool = True  # the last event took effect
+    next_at: int = 0
+    lines_since: int = 0
+
+    def __post_init__(self):
+        self.next_at = self.rng.randint(1, self.max_gap)
+
+    def check_felt(self, step: int, reconnected: bool) -> None:
+        if not self.felt:  # a trainer kill is felt when the new trainer delivers
+            self.felt = self.done[-1][1] == "trainer kill" or reconnected
+            if self.felt:
+                self.next_at = step + self.rng.randint(1, self.max_gap)
+
+    def due(self, step: int) -> bool:
+        return self.felt and step >= self.next_at
+
+    def take(self, step: int, incarnation: int) -> str:
+        event = self.to_come.pop(0)
+        self.done.append([step, event, incarnation])
+        self.felt, self.lines_since = False, 0
+        return event
+
+
+class Trainers:
+    """The trainer processes, one incarnation after another (each with the next entry of
+    `workers` as its spec's worker count), and what each last reported."""
+
+    def __init__(self, work: str, spec, workers: list[int], argv: list[str], log: str):
+        self.work, self.spec, self.workers, self.argv, self.log = work, spec, workers, argv, log
+        self.incarnation = 0
+        self.reconnects: collections.Counter = collections.Counter()  # by incarnation
+        self.proc = self._start()
+
+    def _start(self) -> ChildProcess:
+        spec_path = os.path.join(self.work, "spec.json")
+        with open(spec_path, "w") as f:
+            count = self.workers[self.incarnation % len(self.workers)]
+            json.dump(self.spec.replace(workers={"count": count}).to_dict(), f)
+        argv = [sys.executable, os.path.abspath(__file__), "trainer", "--spec", spec_path]
+        return ChildProcess([*argv, *self.argv], log=self.log, read_lines=True)
+
+    def restart(self) -> None:
+        self.proc.kill()
+        self.incarnation += 1
+        self.proc = self._start()
+
+
+def drive(trainers: Trainers, server: ServerProcess, events: Events, batches: int) -> dict:
+    """Reads the trainer's progress lines, firing each event when due, until it is done;
+    the longest stall and start-up the loop saw, and the error that ended it (None: none)."""
+    longest_stall = longest_startup = 0.0
+    first_batch, stopping = True, False
+    while True:
+        try:
+            line = trainers.proc.lines.get(timeout=PROGRESS_TIMEOUT_S)
+        except queue.Empty:
+            return _driven(
+                longest_stall, longest_startup, f"no progress for {PROGRESS_TIMEOUT_S:g} s"
+            )
+        if line is None:
+            code = trainers.proc.p.wait()
+            return _driven(
+                longest_stall, longest_startup, f"the trainer exited with {code} before finishing"
+            )
+        if line == "done":
+            return _driven(longest_stall, longest_startup, None)
+        if not line.startswith("batch ") or stopping:
+            continue
+        _, step, wait, n_reconnects = line.split()
+        step, wait, n_reconnects = int(step), float(wait), int(n_reconnects)
+        if first_batch:
+            longest_startup, first_batch = max(longest_startup, wait), False
+        else:
+            longest_stall = max(longest_stall, wait)
+        events.lines_since += 1
+        if events.lines_since > 100_000:
+            return _driven(longest_stall, longest_startup, f"{events.done[-1]} never took effect")
+        events.check_felt(step, n_reconnects > trainers.reconnects[trainers.incarnation])
+        trainers.reconnects[trainers.incarnation] = n_reconnects
+        if not events.due(step):
+            continue
+        if not events.to_come:
+            if step >= batches:
+                trainers.proc.p.send_signal(signal.SIGTERM)  # checkpoint and stop
+                stopping = True
+            continue
+        if events.take(step, trainers.incarnation) == "server kill":
+            server.kill()
+            time.sleep(events.rng.uniform(0.0, 0.5))  # down for a while, then rescheduled
+            server.start()
+        else:
+            trainers.restart()
+            first_batch = True
+
+
+def _driven(longest_stall: float, longest_startup: float, error: str | None) -> dict:
+    return {"stall": longest_stall, "startup": longest_startup, "error": error}
+
+
 def run(
     *,
     kills: int,
@@ -136,9 +247,8 @@ def run(
     reconnect_deadline_s: float,
 ) -> dict:
     """Streams at least `batches` batches through `kills` server kills and `restarts` trainer
-    kills, in random order, each at a random 1..`max_gap` steps after the previous one took
-    effect (a server kill takes effect when the trainer's stream broke and reconnected: gRPC
-    lets a few MB arrive ahead of the caller, so a kill is felt only once that is used)."""
+    kills, in random order (`Events`), then compares what the trainer logged with the
+    uninterrupted stream's batches."""
     from input_client import PipelineSpec
     from input_server.batching.grain_adapter import ensure_absl_flags_parsed
     from input_server.data.builtin_corpora import ensure_demo_assets
@@ -158,141 +268,61 @@ def run(
     target = f"unix://{work}/input.sock" if transport == "unix" else f"127.0.0.1:{free_port()}"
     # TCP is open to every local user: the server and the trainer share a token.
     token_file = write_token_file(work)[0] if transport == "tcp" else None
-    token_args = ["--token-file", token_file] if token_file else []
     paths = {k: os.path.join(work, k) for k in ("ckpt", "log", "server.log", "trainer.log")}
-    events = ["server kill"] * kills + ["trainer kill"] * restarts
-    rng.shuffle(events)
-
-    def train(incarnation: int) -> ChildProcess:
-        spec_path = os.path.join(work, "spec.json")
-        with open(spec_path, "w") as f:
-            count = workers[incarnation % len(workers)]
-            json.dump(spec.replace(workers={"count": count}).to_dict(), f)
-        return ChildProcess(
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                "trainer",
-                "--target",
-                target,
-                "--spec",
-                spec_path,
-                "--ckpt",
-                paths["ckpt"],
-                "--log",
-                paths["log"],
-                "--batches",
-                "0",
-                "--checkpoint-every",
-                str(checkpoint_every),
-                "--reconnect-deadline-s",
-                str(reconnect_deadline_s),
-                *token_args,
-            ],
-            log=paths["trainer.log"],
-            read_lines=True,
-        )
-
+    kinds = ["server kill"] * kills + ["trainer kill"] * restarts
+    rng.shuffle(kinds)
+    trainer_argv = ["--target", target, "--ckpt", paths["ckpt"], "--log", paths["log"]]
+    trainer_argv += ["--batches", "0", "--checkpoint-every", str(checkpoint_every)]
+    trainer_argv += ["--reconnect-deadline-s", str(reconnect_deadline_s)]
+    trainer_argv += ["--token-file", token_file] if token_file else []
     # The demo's files are the only data this server may read.
     server = ServerProcess(
         target, paths["server.log"], token_file, data_root=os.path.dirname(os.path.abspath(corpus))
     )
     server.start()
-    incarnation = 0
-    trainer_proc = train(incarnation)
-    done_events = []  # [step, event, trainer incarnation]
-    reconnects = collections.Counter()  # by trainer incarnation, as last reported
-    felt = True  # the last event took effect
-    next_event = rng.randint(1, max_gap)
-    lines_since_event = 0
-    longest_stall = longest_startup = 0.0
-    first_batch = True
-    stopping = False
-    error = None
+    trainers = Trainers(work, spec, workers, trainer_argv, paths["trainer.log"])
+    events = Events(rng, max_gap, kinds)
+    driven: dict = {"error": "the driver raised"}
     try:
-        while True:
-            try:
-                line = trainer_proc.lines.get(timeout=PROGRESS_TIMEOUT_S)
-            except queue.Empty:
-                error = f"no progress for {PROGRESS_TIMEOUT_S:g} s"
-                break
-            if line is None:
-                error = f"the trainer exited with {trainer_proc.p.wait()} before finishing"
-                break
-            if line == "done":
-                break
-            if not line.startswith("batch ") or stopping:
-                continue
-            _, step, wait, n_reconnects = line.split()
-            step, wait = int(step), float(wait)
-            if first_batch:
-                longest_startup = max(longest_startup, wait)
-                first_batch = False
-            else:
-                longest_stall = max(longest_stall, wait)
-            lines_since_event += 1
-            if lines_since_event > 100_000:
-                error = f"{done_events[-1]} never took effect"
-                break
-            if not felt:
-                last = done_events[-1]
-                felt = (
-                    last[1] == "trainer kill"  # the new trainer delivers
-                    or int(n_reconnects) > reconnects[incarnation]
-                )
-                if felt:
-                    next_event = step + rng.randint(1, max_gap)
-            reconnects[incarnation] = int(n_reconnects)
-            if not felt or step < next_event:
-                continue
-            if not events:
-                if step >= batches:
-                    trainer_proc.p.send_signal(signal.SIGTERM)  # checkpoint and stop
-                    stopping = True
-                continue
-            event = events.pop(0)
-            done_events.append([step, event, incarnation])
-            felt, lines_since_event = False, 0
-            if event == "server kill":
-                server.kill()
-                time.sleep(rng.uniform(0.0, 0.5))  # down for a while, then rescheduled
-                server.start()
-            else:
-                trainer_proc.kill()
-                incarnation += 1
-                trainer_proc = train(incarnation)
-                first_batch = True
+        driven = drive(trainers, server, events, batches)
     finally:
-        if error is not None:
-            trainer_proc.kill()
+        if driven["error"] is not None:
+            trainers.proc.kill()
         else:
-            trainer_proc.p.wait(timeout=60)
+            trainers.proc.p.wait(timeout=60)
         server.kill()
+    return _result(spec, work, paths, events, trainers, driven, start, transport, workers)
+
+
+def _result(spec, work, paths, events, trainers, driven, start, transport, workers) -> dict:
+    """What the run delivered against the uninterrupted stream; `ok` when it was exactly
+    once through every event."""
     with open(paths["ckpt"]) as f:
         delivered = json.load(f)["step"]
     with open(paths["log"], "rb") as f:
         logged = f.read()
     ref = [batch_bytes(p.arrays) for p in run_pipeline(spec, limit=delivered)]  # uninterrupted
+    done = events.done
     result = {
         "transport": transport,
         "workers": workers,
-        "batch_shape": [batch_size, seq_len],
-        "server_kills": sum(e[1] == "server kill" for e in done_events),
+        "batch_shape": [spec.batch.size, spec.batch.seq_len],
+        "server_kills": sum(e[1] == "server kill" for e in done),
         "kills_survived": 0,
-        "trainer_restarts": sum(e[1] == "trainer kill" for e in done_events),
-        "events": done_events,
-        "reconnects": sum(reconnects.values()),
+        "trainer_restarts": sum(e[1] == "trainer kill" for e in done),
+        "events": done,
+        "reconnects": sum(trainers.reconnects.values()),
         "batches_delivered": delivered,
         **compare(logged, ref),
-        "longest_stall_s": round(longest_stall, 3),
-        "longest_trainer_startup_s": round(longest_startup, 3),
+        "longest_stall_s": round(driven.get("stall", 0.0), 3),
+        "longest_trainer_startup_s": round(driven.get("startup", 0.0), 3),
         "wall_s": round(time.monotonic() - start, 1),
-        "error": error,
+        "error": driven["error"],
     }
     result["ok"] = (
-        error is None
+        driven["error"] is None
         and result["identical_to_reference"]
-        and not events
+        and not events.to_come
         and result["batches_lost"] == 0
         and result["batches_duplicated"] == 0
     )

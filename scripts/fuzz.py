@@ -92,23 +92,88 @@ OWN_STREAM_MEMORY_MB = 256
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
-def build_data(root: str) -> dict:
-    """A corpus in every format, its model, hostile files, and the strings to draw from."""
-    from input_server.data.builtin_corpora import stdlib_docstrings
+# Paths every request may name beside the corpus: under the data root, outside it, and not
+# paths at all.
+UNDER_ROOT = ("/*/*", "/**/*", "/../../etc/shadow")  # each after the data root
+HOSTILE_PATHS = (
+    "../" * 8 + "etc",
+    "/proc/self/environ",
+    "/proc/self/mem",
+    "/dev/zero",
+    "/dev/stdin",
+    "/etc/passwd",
+    "/",
+    "~",
+    ".",
+    "..",
+    "*",
+    "**/*",
+    "[",
+    "a\x00b",
+    "\x00",
+)
+# The strings drawn from for a spec's fields: empty, Unicode edge cases, numbers at their
+# limits, shell and format directives, and the words a field does take.
+WORDS = (
+    "",
+    " ",
+    "?",
+    "\u202e",
+    "e\u0301",
+    "\U0001f600" * 3,
+    "\ufeff",
+    "\u0663",
+    "\u00b2",
+    "\uff11",
+    "\u0130",
+    "auto",
+    "0",
+    "1",
+    "2",
+    "3",
+    "-1",
+    "1024",
+    "1e309",
+    "nan",
+    "inf",
+    "9" * 5000,
+    "x" * 100_000,
+    "%s%n",
+    "$(id)",
+    "\n",
+    "jsonl",
+    "parquet",
+    "arrayrecord",
+    "json",
+    "text",
+    "tf_example",
+    "tfrecord",
+    "ids",
+    "first_fit",
+    "concat_then_split",
+    "none",
+    "body",
+)
+
+
+def _models(docs: list[str], root: str) -> list[tuple[str, str]]:
+    """A model of each tokenizer kind, trained on `docs` (the sentencepiece one first)."""
     from input_server.data.tokenizers.trainers import (
         train_hf_tokenizer,
         train_sentencepiece,
         write_tiktoken_model,
     )
 
-    docs = stdlib_docstrings(300)
-    model = train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)
-    models = [
-        ("sentencepiece", model),
+    return [
+        ("sentencepiece", train_sentencepiece(docs, os.path.join(root, "spm"), vocab_size=1000)),
         ("huggingface", train_hf_tokenizer(docs, os.path.join(root, "hf"), vocab_size=600)),
         ("tiktoken", write_tiktoken_model(docs, os.path.join(root, "m.tiktoken"), vocab_size=600)),
     ]
-    sources = [write_format(kind, docs, os.path.join(root, kind))[1] for kind in FORMATS]
+
+
+def _hostile_files(root: str, model: str) -> str:
+    """A folder of files a request must not be hurt by: a folder named like a file, a FIFO,
+    links out of the root, and empty, noisy, cut or NUL-holding files; its path."""
     bad = os.path.join(root, "hostile")
     os.makedirs(os.path.join(bad, "dir.jsonl"))
     os.mkfifo(os.path.join(bad, "fifo.jsonl"))  # opening it blocks until a writer comes
@@ -130,79 +195,32 @@ def build_data(root: str) -> dict:
         ("nul.jsonl", b'{"text": "a\\u0000b"}\n\x00\n'),
     ]:
         pathlib.Path(bad, name).write_bytes(blob)
+    return bad
+
+
+def build_data(root: str) -> dict:
+    """A corpus in every format, its models, hostile files, and the strings to draw from."""
+    from input_server.data.builtin_corpora import stdlib_docstrings
+
+    docs = stdlib_docstrings(300)
+    models = _models(docs, root)
+    model = models[0][1]
+    sources = [write_format(kind, docs, os.path.join(root, kind))[1] for kind in FORMATS]
+    bad = _hostile_files(root, model)
     paths = (
         [os.path.join(bad, n) for n in sorted(os.listdir(bad))]
         + [s["paths"][0] for s in sources]
         + [m for _, m in models]
-        + [
-            model,
-            root,
-            root + "/*/*",
-            root + "/**/*",
-            root + "/../../etc/shadow",
-            "../" * 8 + "etc",
-            "/proc/self/environ",
-            "/proc/self/mem",
-            "/dev/zero",
-            "/dev/stdin",
-            "/etc/passwd",
-            "/",
-            "~",
-            ".",
-            "..",
-            "*",
-            "**/*",
-            "[",
-            "a\x00b",
-            "\x00",
-        ]
+        + [model, root]
+        + [root + p for p in UNDER_ROOT]
+        + list(HOSTILE_PATHS)
     )
-    words = [
-        "",
-        " ",
-        "?",
-        "\u202e",
-        "e\u0301",
-        "\U0001f600" * 3,
-        "\ufeff",
-        "\u0663",
-        "\u00b2",
-        "\uff11",
-        "\u0130",
-        "auto",
-        "0",
-        "1",
-        "2",
-        "3",
-        "-1",
-        "1024",
-        "1e309",
-        "nan",
-        "inf",
-        "9" * 5000,
-        "x" * 100_000,
-        "%s%n",
-        "$(id)",
-        "\n",
-        "jsonl",
-        "parquet",
-        "arrayrecord",
-        "json",
-        "text",
-        "tf_example",
-        "tfrecord",
-        "ids",
-        "first_fit",
-        "concat_then_split",
-        "none",
-        "body",
-    ]
     return {
         "model": model,
         "models": models,
         "sources": sources,
         "paths": paths,
-        "words": words,
+        "words": list(WORDS),
         "root": root,
         "docs": docs,
     }
