@@ -126,7 +126,7 @@ class StreamTuner:
                 if measured is None:
                     continue
                 window, demand, cpu_cores, host_cores = measured
-                rss_mb = self._worker_rss_mb()
+                rss_mb = self._workers_added_mb()
                 step = self._observe(window, demand, cpu_cores, rss_mb, host_cores)
                 self._follow(step, window, demand)
                 failures = 0
@@ -277,7 +277,7 @@ class StreamTuner:
         self._dropped = 0
         return False
 
-    def _worker_rss_mb(self) -> float:
+    def _workers_added_mb(self) -> float:
         import psutil
 
         total = 0
