@@ -2,13 +2,12 @@
 groups, a phase of each, under the stream's own threads, on this host (`Trial`, whose verdict is a
 `Speed`).
 
-A backend's speed is a fact of the host, not of the library, nor of a probe. On the TPU host
-(13 cores, gVisor) kitoken served sentencepiece at 2.3 M tokens/s on one thread against the
-reference's 1.0, but 2.5 against 6.7 on eight (3,022 against 1,056 ns of server CPU a token);
-timed in the gate on 64 documents, eight threads at once, it read 1.7-2.1 x faster. Only the
-stream's own groups, under its own parallelism, say which serves it faster (docs/benchmarks.md,
-"Choosing a backend by measuring"). The ids are the same either way (the gate), so the trial
-changes who makes a group, never its bytes.
+A backend's speed is a fact of the host and of the stream's parallelism, not of the library,
+nor of a probe: on the TPU host (13 cores, gVisor) kitoken was faster than the reference on
+one thread and far slower on eight, while a check of it in the gate read it faster
+(docs/benchmarks.md, "Choosing a backend by measuring"). Only the stream's own groups, under
+its own parallelism, say which serves it faster. The ids are the same either way (the gate),
+so the trial changes who makes a group, never its bytes.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ import threading
 
 # The trial runs in two phases, every group of each by one side (the backend's first): a side
 # is timed in the regime it would serve in, its threads all calling it. Alternating group by
-# group misled: kitoken's CPU a token grows 5.5 x from one thread to eight (a lock held, the
-# GIL most likely: not seen directly), so its groups ran while the reference's waited, and it
-# read 1.57 x faster on the TPU host where it served at 0.39 x the reference on 8 threads.
+# group misled: a backend whose CPU a token grows with the calls at once (kitoken's did, its
+# one encoder shared by every thread, until `fast.Kitoken` gave each call a copy) has its
+# groups run while the reference's wait, and reads faster than it serves (docs/benchmarks.md,
+# "Choosing a backend by measuring").
 # Each phase's first WARM_GROUPS groups are not timed (they start beside the previous phase's
 # groups still in flight); the next MEASURED_GROUPS are, and must hold MIN_TOKENS tokens.
 WARM_GROUPS = 8
