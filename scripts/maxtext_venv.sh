@@ -61,11 +61,21 @@ PY
   echo "$stamp" > "$venv/.stamp"
   say "4/4 this checkout's client; the venv holds $(du -sh "$venv" | cut -f1)"
 fi
-# The client is reinstalled every time (it is small): the tests exercise this checkout's code.
+# The client is reinstalled when this checkout's differs from the one installed (the tests
+# exercise this checkout's code), under a lock: a reinstall removes the package's files first,
+# so a MaxText run of another test worker importing it meanwhile would fail.
 # It is built from a copy, so no build/ folder left in the tree brings back deleted files.
-copy="$(mktemp -d)"
-trap 'rm -rf "$copy"' EXIT
-cp -r "$here/client" "$copy/client"
-rm -rf "$copy/client/build" "$copy"/client/*.egg-info
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$copy/client" >&2
+client_stamp="$(cd "$here/client" && find . -type f -not -path '*/build/*' -not -path '*.egg-info/*' \
+  -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+exec 9>"$venv/.client.lock"
+flock 9
+if [[ ! -f "$venv/.client-stamp" || "$(cat "$venv/.client-stamp")" != "$client_stamp" ]]; then
+  copy="$(mktemp -d)"
+  trap 'rm -rf "$copy"' EXIT
+  cp -r "$here/client" "$copy/client"
+  rm -rf "$copy/client/build" "$copy"/client/*.egg-info
+  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$copy/client" >&2
+  echo "$client_stamp" > "$venv/.client-stamp"
+fi
+flock -u 9
 echo "$venv/bin/python"
