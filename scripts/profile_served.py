@@ -160,6 +160,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.switch_interval_ms and not args.sample:
         parser.error("--switch-interval-ms sets the server's switch interval through --sample")
+    for folder in (args.sample, args.py_spy):
+        if folder:
+            os.makedirs(folder, exist_ok=True)
     for path in args.specs:
         try:
             print(

@@ -14,8 +14,9 @@ import contextlib
 import gzip
 import json
 import mmap
+import operator
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
@@ -415,7 +416,7 @@ class JsonlReader:
         with self.buffer() as buf:
             if self.token_field is not None:
                 return self._read_many_ids(buf, indices, self.token_field)
-            return self._read_many(buf, indices, self.text_field, _str)
+            return self._read_many(buf, indices, self.text_field)
 
     def _read_many_ids(self, buf, indices: Sequence[int], field: str) -> list[np.ndarray]:
         """Each record's ids, by simdjson where it reads them exactly (`_simd_ids`), else by
@@ -430,11 +431,27 @@ class JsonlReader:
             out.append(self[index] if ids is None else ids)
         return out
 
-    def _read_many(
-        self, buf, indices: Sequence[int], field: str, convert: Callable[[object], object]
-    ) -> list:
-        """Each record's `field` through `convert` (None: not what it should be)."""
+    def _read_many(self, buf, indices: Sequence[int], field: str) -> list[str]:
+        """Each record's text `field`: in one pass where every record is within the size
+        limit and has its text (the stream's many short documents: no Python per record
+        beyond the parse), else record by record (`_read_each`)."""
         starts, ends = self.spans(indices)
+        limit = self.max_bytes
+        if limit is None or max(map(operator.sub, ends, starts), default=0) <= limit:
+            try:
+                loads = orjson.loads
+                texts = [loads(buf[a:b])[field] for a, b in zip(starts, ends, strict=True)]
+            except (ValueError, KeyError, TypeError):
+                texts = None
+            if texts is not None and all(type(t) is str for t in texts):
+                return texts
+        return self._read_each(buf, indices, starts, ends, field)
+
+    def _read_each(
+        self, buf, indices: Sequence[int], starts: list[int], ends: list[int], field: str
+    ) -> list[str]:
+        """Each record's text `field`, one at a time; a record that is not what it should be
+        (or that orjson refuses) is read by `__getitem__`, which names what is wrong."""
         out = []
         limit = self.max_bytes
         for index, start, end in zip(indices, starts, ends, strict=True):
@@ -442,9 +459,8 @@ class JsonlReader:
                 out.append(self[index])  # raises, naming the line
                 continue
             try:
-                value = convert(orjson.loads(buf[start:end])[field])
+                value = _str(orjson.loads(buf[start:end])[field])
             except (ValueError, KeyError, TypeError):
                 value = None
-            # The slow path names the exact problem (or reads what orjson refuses).
             out.append(self[index] if value is None else value)
         return out

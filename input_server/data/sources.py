@@ -245,11 +245,14 @@ class DocumentSource:
     def read_many(self, indices: Sequence[int]) -> list[str]:
         """The texts of many records, in the order given, read file by file in bulk; a record
         named twice (a short source repeating within a group) read once, its text shared."""
-        indices = np.asarray(indices, np.int64)
-        unique, inverse = np.unique(indices, return_inverse=True)
-        if len(unique) < len(indices):
+        listed = np.asarray(indices, np.int64).tolist()
+        if len(set(listed)) < len(listed):
+            unique, inverse = np.unique(listed, return_inverse=True)
             texts = self.read_many(unique)
             return [texts[i] for i in inverse.tolist()]
+        if len(self._readers) == 1:  # one file (most sources): no file to find for each
+            return self._readers[0].read_many(listed)
+        indices = np.asarray(listed, np.int64)
         files = np.searchsorted(self._ends, indices, side="right")
         out: list[str | None] = [None] * len(indices)
         for f in np.unique(files).tolist():

@@ -152,6 +152,12 @@ def test_each_kinds_backend_gives_the_references_groups(texts, models, kind, end
     for trim_to in (None, TRIM):
         got, want = fast.encode(long, 9, trim_to), ref.encode(long, 9, trim_to)
         _assert_same_group(got, want, f"{kind}, one long document, trim_to {trim_to}")
+    # Documents MaxText cuts (long, or with a run of 25,000+ spaces or non-spaces) among short
+    # ones, first, between and last: each text's ids in its own place.
+    runs = [" " * 30_000 + "spaces", "x" * 30_000, texts[5] + "\t" * 26_000 + texts[6]]
+    mixed = [runs[0], texts[0], long[0], texts[1], runs[1], texts[2], runs[2]]
+    got, want = fast.encode(mixed, 3, None), ref.encode(mixed, 3, None)
+    _assert_same_group(got, want, f"{kind}, cut documents among short ones")
     assert fast.choice.backend == BACKEND[kind]  # it served throughout
 
     del fast.router.reference_group  # a probe the backend cannot take (lone surrogates) goes there

@@ -212,7 +212,7 @@ class PieceCutter:
         self.bos, self.eos = bos, eos
 
     def cuts(self, texts: list[str], trim_to: int) -> bool:
-        return any(len(t) > MAX_ENCODE_CHARS for t in texts)
+        return max(map(len, texts), default=0) > MAX_ENCODE_CHARS
 
     def tokenized_chars(self, text_chars: int, trim_to: int | None) -> int:
         return text_chars if trim_to is None else min(text_chars, MAX_ENCODE_CHARS)
@@ -265,11 +265,16 @@ class PiecedBackend:
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' bare ids in one array, and where each text starts (n + 1 offsets)."""
-        split = [pieces(t) for t in texts]
-        if all(len(p) == 1 for p in split):
-            return self.inner.encode_flat(texts)
-        flat, offsets = self.inner.encode_flat([p for ps in split for p in ps])
-        return flat, offsets[np.cumsum([0, *map(len, split)])]
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
+        parts, counts = list(texts), np.ones(len(texts), np.int64)
+        # Only a text longer than MAX_RUN can be cut; from the last, so earlier slots hold.
+        for i in np.flatnonzero(lengths > MAX_RUN)[::-1].tolist():
+            split = pieces(texts[i])
+            parts[i : i + 1], counts[i] = split, len(split)
+        flat, offsets = self.inner.encode_flat(parts)
+        if len(parts) == len(texts):
+            return flat, offsets
+        return flat, offsets[np.concatenate([[0], np.cumsum(counts)])]
 
     def encode_framed(
         self, texts: list[str], head: list[int], tail: list[int]
