@@ -297,8 +297,8 @@ class Server:
         self._remove_own_sockets()
 
     def start(self) -> None:
+        warm.load()  # Grain, which every stream needs, before any call can run beside it
         self._server.start()
-        warm.load_in_background()  # Grain, which every stream needs and listening does not
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self._probes is not None:

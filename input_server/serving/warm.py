@@ -1,11 +1,14 @@
-"""What every stream needs but listening does not, loaded after the server listens; and what
-no stream needs, kept out of a `serve` process.
+"""What every stream needs but a `serve` process's path to its socket does not, loaded before it
+answers; and what no stream needs, kept out of a `serve` process.
 
-Grain is imported on first use (`batching.grain_adapter`), not before the socket listens; it
-is loaded here on a daemon thread as soon as the server listens, so the first stream (a
-restarted sidecar's client is already waiting) finds it loaded or loading. A stream that needs
-it first imports it itself; Python's import lock lets one thread load a module while the other
-waits. JAX, which Grain would import with it, is kept out of `serve` (`keep_jax_out`).
+Grain is imported on first use (`batching.grain_adapter`), not while `serve` parses its
+arguments and binds. It is loaded before the server answers a call, on the thread that starts
+it: its import swaps `builtins.__import__` process-wide for a moment (its Parquet module
+imports pyarrow inside `etils.epy.lazy_imports()`), and a call that ran a `from ... import` on
+another thread in that moment got a `LazyModule` where a function should be (issue 50). JAX,
+which Grain would import with it, is kept out of `serve` (`keep_jax_out`), which leaves
+Grain's import a fraction of a second (docs/benchmarks.md, "Time to a first batch after a
+(re)start").
 """
 
 from __future__ import annotations
@@ -14,13 +17,11 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-_started = threading.Lock()
 NO_JAX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
 
 
@@ -44,17 +45,13 @@ def keep_jax_out() -> Callable[[], None]:
     return undo
 
 
-def _load() -> None:
+def load() -> None:
+    """Imports Grain (once a process; a failure is logged: a stream's own import reports it
+    by name)."""
     start = time.perf_counter()
     try:
         import grain  # noqa: F401
     except Exception as e:  # noqa: BLE001 - a stream's own import reports it by name
-        log.warning("loading Grain after listening failed (%s: %s)", type(e).__name__, e)
+        log.warning("loading Grain failed (%s: %s)", type(e).__name__, e)
         return
-    log.debug("Grain loaded after listening in %.2f s", time.perf_counter() - start)
-
-
-def load_in_background() -> None:
-    """Starts loading what streams need (once a process), without waiting for it."""
-    if _started.acquire(blocking=False):
-        threading.Thread(target=_load, name="warm-imports", daemon=True).start()
+    log.debug("Grain loaded in %.2f s", time.perf_counter() - start)

@@ -1,0 +1,86 @@
+"""The first calls after `serve` listens are answered: a restarted sidecar's client is already
+waiting and calls the moment the socket appears. Grain's import swaps `builtins.__import__`
+process-wide for a moment (its Parquet module imports pyarrow inside
+`etils.epy.lazy_imports()`); a call that ran a `from ... import` in that moment, beside a Grain
+import on another thread, got a `LazyModule` for a function, died with `'LazyModule' object
+is not callable` in the server log, and its client had no status (issue 50, finding 5). The
+moment is as long as a GIL switch inside that `with` block lets it be; the server here holds
+it open for two seconds (a `sitecustomize` on its path that sleeps inside the block, a
+stand-in for a busy host). One client opens a stream as the socket appears (its first batch
+waits for Grain); another opens one half a second later, inside that moment if it comes after
+listening."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+
+import pytest
+
+from input_client import InputClient, PipelineSpec
+from input_server.data.tokenizers.trainers import train_hf_tokenizer
+from input_server.testing.processes import ChildProcess, cli_argv
+
+SLOW_LAZY_IMPORTS = """\
+import contextlib, time
+from etils import epy
+_lazy = epy.lazy_imports
+@contextlib.contextmanager
+def _slow(*args, **kwargs):
+    with _lazy(*args, **kwargs):
+        time.sleep(2.0)
+        yield
+epy.lazy_imports = _slow
+"""
+
+
+@pytest.fixture(scope="module")
+def hf_folder(docs, data_dir) -> str:
+    """A real byte-level BPE tokenizer folder trained on the corpus's documents."""
+    return train_hf_tokenizer(docs, os.path.join(data_dir, "start-race-hf"), vocab_size=1000)
+
+
+def _slow_lazy_imports(folder) -> dict[str, str]:
+    """An environment whose processes stay two seconds inside each `lazy_imports` block."""
+    site = folder / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SLOW_LAZY_IMPORTS)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _first_batch(target: str, spec: PipelineSpec, after_s: float) -> int:
+    """A stream opened `after_s` after the socket appears: its first batch's rows."""
+    with InputClient(target, connect_timeout_s=30) as client:
+        client.info()  # the socket is there
+        time.sleep(after_s)
+        with client.batches(spec) as it:
+            return len(next(it)["inputs"])
+
+
+def test_calls_from_the_moment_the_socket_appears_are_answered(short_tmp, corpus, hf_folder):
+    # A Hugging Face model in a worker process: opening the stream checks the model's copies,
+    # which imports a function from the tokenizers' registry.
+    spec = PipelineSpec(
+        source={"paths": [corpus]},
+        tokenizer={"model": hf_folder, "kind": "huggingface"},
+        batch={"seq_len": 128, "size": 4},
+        workers={"count": 1},
+    )
+    env = _slow_lazy_imports(short_tmp)
+    roots = {os.path.dirname(corpus), os.path.dirname(hf_folder)}
+    sock, log = short_tmp / "s.sock", short_tmp / "s.log"
+    argv = ["--listen", f"unix://{sock}", *(a for r in roots for a in ("--data-root", r))]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        # The clients first: they wait for the socket.
+        answers = [pool.submit(_first_batch, f"unix://{sock}", spec, s) for s in (0.0, 0.5)]
+        time.sleep(0.05)
+        child = ChildProcess(cli_argv("serve", *argv), log=str(log), env=env)
+        try:
+            rows = [a.result(timeout=90) for a in answers]
+        finally:
+            child.kill()
+    said = log.read_text()
+    assert "LazyModule" not in said and "Traceback" not in said, said[-3000:]
+    assert rows == [spec.batch.size] * 2
