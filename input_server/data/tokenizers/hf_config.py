@@ -221,7 +221,11 @@ def named_tokens(config: dict, mapped: dict, tok) -> tuple[dict[str, str | None]
                 f"its special_tokens_map.json names {k} {other!r} but tokenizer_config.json "
                 f"{named[k]!r}; the server reads tokenizer_config.json's: make them agree"
             )
-    extra = []
+    extra: list[str] = []
+    # What `extra` holds, as a set: the same lists in special_tokens_map.json and
+    # tokenizer_config.json (as save_pretrained writes them) made a look-up in the list
+    # quadratic in their length, for a config up to MAX_CONFIG_BYTES.
+    seen: set[str] = set()
     for source in (config, mapped):
         for key in ("additional_special_tokens", "extra_special_tokens"):
             tokens = source.get(key) or []
@@ -229,7 +233,11 @@ def named_tokens(config: dict, mapped: dict, tok) -> tuple[dict[str, str | None]
                 tokens = list(tokens.values())
             if not isinstance(tokens, list):
                 raise ValueError(f"its {key} is not a list")
-            extra += [t for t in map(content, tokens) if t is not None and t not in extra]
+            # Left out when an earlier list has it; a list's own repeats stay, as they always
+            # did (the loader adds each missing token once).
+            new = [t for t in map(content, tokens) if t is not None and t not in seen]
+            extra += new
+            seen.update(new)
     _check_added(config.get("added_tokens_decoder") or {}, tok, rebuilt)
     return named, extra
 
