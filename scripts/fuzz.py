@@ -7,17 +7,22 @@
 Requests: random bytes; a valid request's bytes flipped, cut or spliced; well-formed protos with
 hostile values (huge or negative numbers, odd unicode, `../`, /proc, globs, a FIFO, links out of
 the data root, a garbage model); a real resume state tampered with (JSON edits, NaN, huge ints,
-deep nesting, bytes that are not UTF-8). Each call has a deadline and reads at most 3 messages.
-Then the aimed attacks of `fuzz_attacks.py` (bad credit reports, silent calls, many globs, a
-decompression bomb), `fuzz_hostile.py` (one file named many times, Parquet bombs, hostile model
-files) and `fuzz_flood.py` (HEADERS-only HTTP/2 calls over 4 connections), each checking that
-health and info answer within ANSWER_S (2.5 s); and `fuzz_client.py`'s malicious servers
-against the client (crafted batches, alone and in a fan-in: a `StreamError` naming the server).
+deep nesting, bytes that are not UTF-8). Each call has a deadline and reads at most 3 messages;
+one at a time, on a connection of its own, and sent again on a fresh one when gRPC's transport
+refuses it (RST_STREAM REFUSED_STREAM: the server never saw it), so that every call reaches the
+server (the JSON's `transport` counts the calls, refusals and retries). Then, each on a
+connection of its own, the aimed attacks of `fuzz_attacks.py` (bad credit reports, silent calls,
+many globs, a decompression bomb), `fuzz_hostile.py` (one file named many times, Parquet bombs,
+hostile model files) and `fuzz_flood.py` (HEADERS-only HTTP/2 calls over 4 connections), each
+checking that health and info answer within ANSWER_S (2.5 s); and `fuzz_client.py`'s malicious
+servers against the client (crafted batches, alone and in a fan-in: a `StreamError` naming the
+server).
 Without --server it serves a temporary folder of data in every format (`serve --data-root`) on
 a Unix socket. Findings: a status outside README's table, INTERNAL, a traceback, a call past its
-deadline, an unreadable batch; the server dying, leaving SERVING, exiting non-zero on SIGTERM,
-busy or holding worker processes after the run, failing a valid stream at the end, or its RSS
-over 10 % above its level after the warm-up. Prints JSON; exits 1 on any finding.
+deadline, an unreadable batch, a call the transport refused on every connection tried; the
+server dying, leaving SERVING, exiting non-zero on SIGTERM, busy or holding worker processes
+after the run, failing a valid stream at the end, or its RSS over 10 % above its level after the
+warm-up. Prints JSON; exits 1 on any finding.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -474,10 +480,75 @@ def call(
         return e.code().name, e.details() or "", got
 
 
+# gRPC core counts a stream against the server's SETTINGS_MAX_CONCURRENT_STREAMS until the
+# server process frees the call (core's `grpc.http.overload_protection`, on by default), and the
+# server frees a cancelled stream's call only when Python's cycle collector runs, while the client
+# counts only the streams it has open. So a connection that carried many cancelled streams can
+# have a call refused with RST_STREAM REFUSED_STREAM (grpcio: UNAVAILABLE) before any server code
+# sees it; such a call is sent again on a fresh connection, where the server counts none.
+REFUSED_STREAM = re.compile(r"RST_STREAM with error code 7\b")  # HTTP/2's REFUSED_STREAM code
+TRANSPORT_RETRIES = 3
+
+
+def refused_by_transport(status: str, message: str) -> bool:
+    """Whether an answer is gRPC's transport refusing the call: the server never saw it."""
+    return status == "UNAVAILABLE" and REFUSED_STREAM.search(message) is not None
+
+
+def own_channel(target: str) -> grpc.Channel:
+    """A channel on a connection of its own: grpcio's channels of one target and the same options
+    otherwise share one connection, and with it the streams the server still counts there."""
+    return grpc.insecure_channel(
+        target, options=[*MESSAGE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+class Connection:
+    """The fuzz's own calls to the server, one at a time. A call the transport refuses is sent
+    again on a fresh connection, up to TRANSPORT_RETRIES times, so that every call reaches the
+    server; `counts` says how many calls were made, reached it, were refused (each refusal) and
+    sent again, and never reached it, and over how many connections."""
+
+    def __init__(self, target: str):
+        self.target, self.channel = target, own_channel(target)
+        self.counts = dict.fromkeys(
+            ["calls", "reached", "refused_by_transport", "retried", "never_reached"], 0
+        )
+        self.counts["connections"] = 1
+
+    def call(
+        self, payload: bytes, deadline_s: float, max_messages: int
+    ) -> tuple[str, str, list[bytes]]:
+        """`call` on this connection, sent again on a fresh one while the transport refuses it;
+        the last answer (still a refusal once the retries are spent)."""
+        self.counts["calls"] += 1
+        for attempt in range(TRANSPORT_RETRIES + 1):
+            status, message, got = call(self.channel, payload, deadline_s, max_messages)
+            if not refused_by_transport(status, message):
+                self.counts["reached"] += 1
+                return status, message, got
+            self.counts["refused_by_transport"] += 1
+            if attempt < TRANSPORT_RETRIES:
+                self.counts["retried"] += 1
+                self.reconnect()
+        self.counts["never_reached"] += 1
+        return status, message, got
+
+    def reconnect(self) -> None:
+        old, self.channel = self.channel, own_channel(self.target)
+        self.counts["connections"] += 1
+        old.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 def judge(
     status: str, message: str, got: list[bytes], seconds: float, deadline_s: float
 ) -> str | None:
     """The finding an answer makes, if any."""
+    if refused_by_transport(status, message):  # on every connection `Connection.call` tried
+        return "never reached the server"
     if status == "INTERNAL" or status not in CONTRACT:
         return "internal" if status == "INTERNAL" else "status outside the contract"
     if "Traceback" in message:
@@ -597,7 +668,7 @@ def start_server(root: str) -> tuple[ChildProcess, str]:
 
 def send(
     args: argparse.Namespace,
-    channel: grpc.Channel,
+    conn: Connection,
     target: str,
     data: dict,
     server: Server | None,
@@ -611,7 +682,7 @@ def send(
     states = []
     for source in data["sources"]:
         req = valid_request(random.Random(0), data, source)
-        status, message, got = call(channel, req.SerializeToString(), 60, 3)
+        status, message, got = conn.call(req.SerializeToString(), 60, 3)
         if got:
             states.append((source, pb.Batch.FromString(got[-1]).state))
         else:
@@ -622,7 +693,7 @@ def send(
     while states and sent < args.requests and time.monotonic() - start < args.max_seconds:
         kind, summary, payload = next_request(rng, data, states)
         t0 = time.monotonic()
-        status, message, got = call(channel, payload, args.deadline_s, rng.randint(1, 3))
+        status, message, got = conn.call(payload, args.deadline_s, rng.randint(1, 3))
         seconds, what, sent = time.monotonic() - t0, f"#{sent} {kind}: {summary}", sent + 1
         counts[status] += 1
         by_kind[kind][status] += 1
@@ -688,66 +759,84 @@ def aftermath(server: Server, findings: Findings) -> dict:
     }
 
 
+def attacks(
+    args: argparse.Namespace, target: str, pid: int | None, data: dict, findings: Findings
+) -> dict:
+    """The aimed attacks, each on a connection of its own (their calls at once then meet no
+    stream the server still counts from the fuzz's); the seconds each took."""
+    template = valid_request(random.Random(2), data)
+    log = os.path.join(data["root"], "server.log") if pid and not args.server else None
+    with own_channel(target) as channel:
+        took = run_attacks(
+            channel,
+            target,
+            template,
+            data["root"],
+            args.deadline_s,
+            findings.add,
+            bomb_mb=args.bomb_mb,
+        )
+    # Issue 27's attacks: on the server, then a flood of calls, then hostile servers against the
+    # client; each seeded by --seed.
+    with own_channel(target) as channel:
+        took.update(
+            run_hostile(
+                channel,
+                target,
+                template,
+                data,
+                args.deadline_s,
+                findings.add,
+                seed=args.seed,
+                bomb_mb=args.bomb_mb,
+                pid=pid,
+            )
+        )
+    with own_channel(target) as channel:
+        took.update(
+            run_flood(
+                channel,
+                target,
+                template.SerializeToString(),
+                findings.add,
+                seed=args.seed,
+                pid=pid,
+                log=log,
+            )
+        )
+    took.update(run_client(data["root"], findings.add, seed=args.seed))
+    return took
+
+
 def fuzz(args: argparse.Namespace, target: str, pid: int | None, data: dict, kill) -> dict:
-    findings, channel = Findings(), grpc.insecure_channel(target, options=MESSAGE_OPTIONS)
+    findings, conn = Findings(), Connection(target)
     server = pid and Server(
         pid,
         args.max_rss_mb,
         lambda mb: (findings.add("rss limit", "", "", f"{mb:.0f} MB with workers"), kill()),
     )
-    result = send(args, channel, target, data, server, findings)
+    result = send(args, conn, target, data, server, findings)
     if server:
         result.update(aftermath(server, findings))
     # The aimed attacks after the RSS check: their silent calls leave the server's pool with
     # some 60 threads, each of which then warms its own caches (RSS grew ~90 MB over the next
     # 1,000 requests, flat with one thread; not a leak, and not what the check is for).
-    result["attacks_s"] = run_attacks(
-        channel,
-        target,
-        valid_request(random.Random(2), data),
-        data["root"],
-        args.deadline_s,
-        findings.add,
-        bomb_mb=args.bomb_mb,
-    )
-    # Issue 27's attacks: on the server, then a flood of calls, then hostile servers against the
-    # client; each seeded by --seed.
-    template = valid_request(random.Random(2), data)
-    result["attacks_s"].update(
-        run_hostile(
-            channel,
-            target,
-            template,
-            data,
-            args.deadline_s,
-            findings.add,
-            seed=args.seed,
-            bomb_mb=args.bomb_mb,
-            pid=pid,
-        )
-    )
-    log = os.path.join(data["root"], "server.log") if server and not args.server else None
-    result["attacks_s"].update(
-        run_flood(
-            channel,
-            target,
-            template.SerializeToString(),
-            findings.add,
-            seed=args.seed,
-            pid=pid,
-            log=log,
-        )
-    )
-    result["attacks_s"].update(run_client(data["root"], findings.add, seed=args.seed))
-    status, message, got = call(
-        channel, valid_request(random.Random(1), data).SerializeToString(), 60, 2
+    result["attacks_s"] = attacks(args, target, pid, data, findings)
+    status, message, got = conn.call(
+        valid_request(random.Random(1), data).SerializeToString(), 60, 2
     )
     if not got:
         findings.add("final stream", "a valid request after the run", status, message)
     if (end_health := health_name(target)) != "SERVING":
         findings.add("health", "at the end", end_health)
-    channel.close()
-    return {**result, "health": end_health, "findings": list(findings.values()), "server": target}
+    conn.close()
+    return {
+        **result,
+        "transport": conn.counts,
+        "health": end_health,
+        "findings": list(findings.values()),
+        "server": target,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
