@@ -41,13 +41,13 @@ def _unquote_ints(message, d: dict) -> None:
                 elif _kind(vf) in _QUOTED_INTS:
                     d[key][str(k)] = int(v)
         elif mt is not None:
-            if _repeated(field):
+            if repeated(field):
                 for m, sub in zip(value, d[key], strict=True):
                     _unquote_ints(m, sub)
             else:
                 _unquote_ints(value, d[key])
         elif _kind(field) in _QUOTED_INTS:
-            d[key] = [int(x) for x in value] if _repeated(field) else int(value)
+            d[key] = [int(x) for x in value] if repeated(field) else int(value)
 
 
 def _kind(field) -> str:
@@ -56,7 +56,7 @@ def _kind(field) -> str:
     )
 
 
-def _repeated(field) -> bool:
+def repeated(field) -> bool:
     if hasattr(field, "is_repeated"):
         return field.is_repeated
     return field.label == field.LABEL_REPEATED

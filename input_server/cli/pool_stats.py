@@ -10,6 +10,12 @@ input-bound; the server (and the job) is judged by its stream (server) under mos
    limiting it;
 3. else (no demand known yet) the one whose clients waited most, a reported wait before none.
 Its verdict kind is the server's, and the job's.
+
+A server's figures are checked before it may speak for the job (`impossible`): one that reports
+what no server can (a figure that is not a finite number, a negative rate, time or count, a wait
+share outside [0, 1], a pace of batches taken with none sent) is named as reporting impossible
+figures and left out of the job's view, as one that cannot be asked is; it never limits the job.
+`--json` is strict JSON: a figure that is not a finite number is null.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +37,64 @@ from input_server.serving.verdict import INPUT_BOUND_WAIT
 
 # The most servers asked at once: each waits on the network, not on this process's CPU.
 MAX_THREADS = 32
+
+
+# A running stream's figures that are rates, times or counts: each a finite number >= 0, by where
+# it sits in the answer (the stream's own fields, or its `stats`).
+_STREAM_FIGURES = (
+    "consumed_batches_per_s",
+    "demand_batches_per_s",
+    "batches_sent",
+    "batches_produced",
+    "batches_taken",
+)
+_STATS_FIGURES = (
+    "age_s",
+    "production_batches_per_s",
+    "real_tokens",
+    "padding_tokens",
+    "bytes_sent",
+    "queue_fill",
+    "queue_depth",
+)
+
+
+def _bad(value: float, top: float) -> bool:
+    """Neither -1 (not reported) nor a finite number within [0, `top`]; NaN fails every
+    comparison, so it is bad too."""
+    return not (math.isfinite(value) and (value == -1 or 0 <= value <= top))
+
+
+def impossible(s) -> str | None:
+    """What no server can truly report in a running stream's figures (the first found), or None.
+
+    Figures cannot be checked against the truth, only against what they mean and each other:
+    each rate, time and count a finite number >= 0; the client's wait -1 (not reported) or a
+    finite number of seconds >= 0, its share of the loop's time -1 or within [0, 1], a share
+    above 0 only with some wait behind it; a pace of batches taken only once a batch was sent or
+    taken. The rules between two figures leave room for a live stream's counters moving while
+    the server reads one and then the other (a pace needs two batches sent, and the rule asks
+    for one), so a real server's answer is never impossible.
+    """
+    st = s.stats
+    figures = [(n, getattr(s, n)) for n in _STREAM_FIGURES]
+    figures += [(n, getattr(st, n)) for n in _STATS_FIGURES]
+    figures += [(f"stages[{t.stage}].seconds", t.seconds) for t in st.stages]
+    for name, value in figures:
+        if not math.isfinite(value) or value < 0:
+            return f"`{name}` is {value!r}, not a finite number >= 0"
+    wait, share = st.client_wait_s, st.client_wait_share
+    if _bad(wait, math.inf):
+        return f"`client_wait_s` is {wait!r}, neither -1 (not reported) nor seconds >= 0"
+    if _bad(share, 1.0):
+        return f"`client_wait_share` is {share!r}, neither -1 (not reported) nor within [0, 1]"
+    if share > 0 and wait <= 0:
+        return f"`client_wait_share` is {share!r} with no wait behind it (`client_wait_s` {wait!r})"
+    if s.consumed_batches_per_s > 0 and s.batches_sent == 0 and s.batches_taken == 0:
+        return (
+            f"`consumed_batches_per_s` is {s.consumed_batches_per_s!r} with no batch sent or taken"
+        )
+    return None
 
 
 def pressure(wait_share: float | None, headroom: float | None) -> tuple:
@@ -68,8 +133,11 @@ class ServerRow:
       headroom: its limiting stream's production / demand (None: not known); with no client
         waiting, the least of its streams'.
       kind, verdict: its limiting stream's verdict kind and sentence ("idle" with no stream,
-        "unreachable" when it could not be asked).
+        "unreachable" when it could not be asked, "bad-figures" when its figures are
+        impossible).
       stream_id: its limiting stream (None without one).
+      bad_figures: what no server can truly report that it did (`impossible`: the first found,
+        with its stream), or None; its figures then stay out of the row and the job's view.
     """
 
     address: str
@@ -82,6 +150,7 @@ class ServerRow:
     kind: str = "idle"
     verdict: str = "idle: no stream running"
     stream_id: int | None = None
+    bad_figures: str | None = None
 
     @classmethod
     def of(cls, address: str, info) -> ServerRow:
@@ -90,6 +159,17 @@ class ServerRow:
         running = [s for s in info.streams if s.HasField("stats")]
         if not running:
             return cls(address=quote(address))
+        for s in running:
+            why = impossible(s)
+            if why is not None:
+                why = f"stream {s.stream_id}: {why}"
+                return cls(
+                    address=quote(address),
+                    streams=len(running),
+                    kind="bad-figures",
+                    verdict=f"bad-figures: {why}",
+                    bad_figures=why,
+                )
         waits = [w for w in map(_stream_wait, running) if w is not None]
         worst = max(running, key=lambda s: pressure(_stream_wait(s), _stream_headroom(s)))
         return cls(
@@ -125,16 +205,19 @@ class JobVerdict:
       limiting: the address of the server that limits the job, or, where no server's clients
         wait, of the one nearest to limiting it (None without one).
       unreachable: the servers that could not be asked: the job's view leaves them out.
+      bad_figures: the servers that reported impossible figures: left out too.
     """
 
     kind: str
     verdict: str
     limiting: str | None
     unreachable: tuple[str, ...]
+    bad_figures: tuple[str, ...] = ()
 
     @property
     def partial(self) -> bool:
-        return bool(self.unreachable)
+        """Whether the job's view leaves a server out."""
+        return bool(self.unreachable or self.bad_figures)
 
 
 def _pct(share: float) -> str:
@@ -157,24 +240,40 @@ def _why(row: ServerRow, rows: int) -> str:
     return f"{head}: production {row.headroom:.1f} x demand"
 
 
+def _partial(servers: int, lost: Sequence[str], bad: Sequence[str]) -> str:
+    """The verdict's ending that names the servers the job's view leaves out, if any."""
+    said = []
+    if lost:
+        said.append(f"{len(lost)} of {servers} servers could not be asked ({', '.join(lost)})")
+    if bad:
+        said.append(
+            f"{len(bad)} of {servers} servers reported impossible figures ({', '.join(bad)})"
+        )
+    return f" — partial: {'; '.join(said)}" if said else ""
+
+
 def limiting(rows: Sequence[ServerRow]) -> JobVerdict:
     """The job's verdict: the server under most pressure (the module's rules) among those that
-    answered with a stream, named with its verdict; the servers that could not be asked."""
+    answered with a stream and figures that can be true, named with its verdict; the servers
+    that could not be asked, and those whose figures are impossible."""
     lost = tuple(r.address for r in rows if r.error is not None)
-    partial = (
-        f" — partial: {len(lost)} of {len(rows)} servers could not be asked ({', '.join(lost)})"
-        if lost
-        else ""
-    )
-    serving = [r for r in rows if r.error is None and r.streams]
+    bad = tuple(r.address for r in rows if r.bad_figures is not None)
+    partial = _partial(len(rows), lost, bad)
+    out = {"unreachable": lost, "bad_figures": bad}
+    serving = [r for r in rows if r.error is None and r.bad_figures is None and r.streams]
     if not serving:
         if len(lost) == len(rows):
             said = f"none of the {len(rows)} servers could be asked"
             return JobVerdict(
-                kind="unreachable", verdict=f"unreachable: {said}", limiting=None, unreachable=lost
+                kind="unreachable", verdict=f"unreachable: {said}", limiting=None, **out
+            )
+        if len(lost) + len(bad) == len(rows):
+            said = f"no server answered with figures that can be true{partial}"
+            return JobVerdict(
+                kind="bad-figures", verdict=f"bad-figures: {said}", limiting=None, **out
             )
         verdict = f"idle: no stream running{partial}"
-        return JobVerdict(kind="idle", verdict=verdict, limiting=None, unreachable=lost)
+        return JobVerdict(kind="idle", verdict=verdict, limiting=None, **out)
     row = max(serving, key=lambda r: pressure(r.wait_share, r.headroom))
     waiting = row.wait_share is not None and row.wait_share >= INPUT_BOUND_WAIT
     # Only a server whose clients wait limits the job; else it is the nearest to limiting it.
@@ -184,7 +283,7 @@ def limiting(rows: Sequence[ServerRow]) -> JobVerdict:
         else f"no server limits the job; nearest to it: {row.address}"
     )
     verdict = f"{row.kind}: {named} ({_why(row, len(serving))}) — {row.verdict}{partial}"
-    return JobVerdict(kind=row.kind, verdict=verdict, limiting=row.address, unreachable=lost)
+    return JobVerdict(kind=row.kind, verdict=verdict, limiting=row.address, **out)
 
 
 def ask_all(args: argparse.Namespace, addresses: Sequence[str]) -> list[tuple[str, Any]]:
@@ -219,8 +318,9 @@ def format_pool(rows: Sequence[ServerRow], job: JobVerdict) -> str:
     head = ("server", "streams", "taken b/s", "could make b/s", "clients waited", "verdict")
     table = [head]
     for r in rows:
-        if r.error is not None:
-            table.append((r.address, "-", "-", "-", "-", r.kind))
+        if r.error is not None or r.bad_figures is not None:
+            streams = "-" if r.error is not None else str(r.streams)
+            table.append((r.address, streams, "-", "-", "-", r.kind))
             continue
         waited = "not reported" if r.wait_share is None else _pct(r.wait_share)
         if not r.streams:
@@ -242,7 +342,31 @@ def format_pool(rows: Sequence[ServerRow], job: JobVerdict) -> str:
     lines += [line(cells) for cells in table]
     lines.append(f"job  {job.verdict}")
     lines += [f"  {r.address}: {r.error}" for r in rows if r.error is not None]
+    lines += [
+        f"  {r.address}: impossible figures: {r.bad_figures}"
+        for r in rows
+        if r.bad_figures is not None
+    ]
     return "\n".join(lines)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every float that is not a finite number made None, through dicts, lists and
+    tuples: strict JSON has no NaN or Infinity, and strict parsers refuse the whole reading for
+    one of them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def strict_json(value: Any) -> str:
+    """`value` as one line of strict JSON: a figure that is not a finite number is null (which
+    `--json` documents as such a figure)."""
+    return json.dumps(finite(value), allow_nan=False)
 
 
 def as_json(
@@ -251,8 +375,8 @@ def as_json(
     job: JobVerdict,
     streams_json: Callable[[Any], list[dict]],
 ) -> str:
-    """One line: each server's row and streams (`streams_json` of its info), and the job's
-    verdict."""
+    """One line of strict JSON: each server's row and streams (`streams_json` of its info, a
+    server with impossible figures too, so they can be seen), and the job's verdict."""
     servers = []
     for (_, info), r in zip(answers, rows, strict=True):
         row = dataclasses.asdict(r)
@@ -265,8 +389,9 @@ def as_json(
         "limiting": job.limiting,
         "partial": job.partial,
         "unreachable": list(job.unreachable),
+        "bad_figures": list(job.bad_figures),
     }
-    return json.dumps({"at": time.time(), "servers": servers, "job": verdict})
+    return strict_json({"at": time.time(), "servers": servers, "job": verdict})
 
 
 def run_pool(
@@ -274,9 +399,10 @@ def run_pool(
     addresses: Sequence[str],
     streams_json: Callable[[Any], list[dict]],
 ) -> int:
-    """`stats` of several servers, once or `--watch`: 0, or 2 when the last reading could not
-    ask every server. `streams_json`: a server's streams as one server's `--json` gives them
-    (`stats.stream_dicts`: passed in, as `stats` is the command that dispatches here)."""
+    """`stats` of several servers, once or `--watch`: 0, or 2 when the last reading left a
+    server out (it could not be asked, or its figures were impossible). `streams_json`: a
+    server's streams as one server's `--json` gives them (`stats.stream_dicts`: passed in, as
+    `stats` is the command that dispatches here)."""
     readings = (args.count if args.count > 0 else None) if args.watch else 1
     done, code = 0, 0
     try:

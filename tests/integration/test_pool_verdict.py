@@ -1,12 +1,16 @@
 """`input-server stats` across a pool of real servers: one reading slow storage for a trainer
 faster than it (input-bound), one fed well for a trainer slower than it (client-bound); the
 table has a row each and the job's verdict names the slow server. An address where nothing
-serves is a row saying so, the view partial, exit 2, no traceback."""
+serves is a row saying so, the view partial, exit 2, no traceback. A member reporting figures no
+server can (a stand-in: a real gRPC server answering crafted `GetInfo`s) is named as such, never
+as the job's limit, and `--json` stays strict JSON (it printed `Infinity` and named the member)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,9 +18,13 @@ from collections.abc import Iterator
 import pytest
 
 from input_client import InputClient
+from input_client.proto import pb
+from input_client.wire import PROTOCOL_VERSION
 from input_server import cli
 from input_server.serving.server import Server, ServerConfig
+from input_server.testing.attacks import HostileServer
 from tests.integration.test_verdicts import DELAY_S, slow
+from tests.support import serve_servicer
 
 
 @pytest.fixture
@@ -136,3 +144,130 @@ def test_an_address_where_nothing_serves_is_a_row_and_the_view_partial(
     assert cli.main(["stats", gone, "--timeout-s", "1"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines()[-1].startswith("input-server: no input server")
+
+
+@pytest.fixture(scope="module")
+def fed_member(make_spec) -> Iterator[str]:
+    """A real server with one running stream, its trainer paced slower than it: a pool member
+    whose clients hardly wait, so it limits nothing unless another member is believed."""
+    folder = tempfile.mkdtemp(prefix="is-", dir="/tmp")
+    config = ServerConfig(
+        listen=[f"unix://{folder}/fed.sock"],
+        pipelines={"p": slow(make_spec(order={"epochs": 0}))},
+    )
+    try:
+        with Server(config) as server, trainer(server.targets[0], 0.05) as failed:
+            target = server.targets[0]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with InputClient(target) as client:
+                    streams = client.info().streams
+                if streams and streams[0].HasField("stats") and streams[0].batches_taken > 2:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"no stream running in 60 s: {streams}")
+            yield target
+            assert failed == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class ImpossibleFigures(HostileServer):
+    """A member whose one running stream's client waits 90 % of its loop (believed, the job's
+    limit), with `craft` making one of its figures what no server can report."""
+
+    def __init__(self, craft):
+        super().__init__([])
+        self.craft = craft
+
+    def GetInfo(self, request, context):
+        s = pb.StreamInfo(
+            stream_id=7,
+            pipeline="p",
+            batches_sent=500,
+            batches_produced=504,
+            batches_taken=500,
+            consumed_batches_per_s=40.0,
+            stats=pb.StreamStats(
+                age_s=30.0,
+                client_wait_s=27.0,
+                client_wait_share=0.9,
+                production_batches_per_s=40.5,
+                queue_depth=4,
+                verdict_kind="input-bound",
+                verdict="input-bound: the trainer waited 90 % of its time",
+            ),
+        )
+        self.craft(s)
+        return pb.GetInfoResponse(
+            server_version="hostile", protocol_version=PROTOCOL_VERSION, streams=[s]
+        )
+
+
+def _set(**figures):
+    """A craft setting each figure on the stream, or on its `stats` where it belongs there."""
+
+    def craft(s):
+        for name, value in figures.items():
+            own = name in pb.StreamInfo.DESCRIPTOR.fields_by_name
+            setattr(s if own else s.stats, name, value)
+
+    return craft
+
+
+def _strict(text: str):
+    def refuse(constant: str):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+# Each crafted answer and what the row says is impossible in it.
+CRAFTED = {
+    "wait_share_infinite": (_set(client_wait_share=float("inf")), "`client_wait_share` is inf"),
+    "wait_share_over_one": (_set(client_wait_share=7.5), "`client_wait_share` is 7.5"),
+    "wait_negative": (_set(client_wait_s=-3.0), "`client_wait_s` is -3.0"),
+    "production_nan": (_set(production_batches_per_s=float("nan")), "is nan"),
+    "pace_infinite": (_set(consumed_batches_per_s=float("inf")), "is inf"),
+    "pace_with_nothing_sent": (
+        _set(batches_sent=0, batches_taken=0, batches_produced=0),
+        "`consumed_batches_per_s` is 40.0 with no batch sent or taken",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_member_reporting_impossible_figures_is_named_so_not_as_the_limit(
+    fed_member, short_tmp, capsys, case
+):
+    craft, words = CRAFTED[case]
+    evil = f"unix://{short_tmp}/evil.sock"
+    listed = short_tmp / "pool.txt"
+    listed.write_text(f"{fed_member}\n{evil}\n")
+    with serve_servicer(ImpossibleFigures(craft), evil):
+        code = cli.main(["stats", "--addresses-file", str(listed), "--json"])
+        reading = _strict(capsys.readouterr().out)
+        assert cli.main(["stats", fed_member, evil]) == 2
+        table = capsys.readouterr().out.splitlines()
+        assert cli.main(["stats", evil, "--json"]) == 0  # one server's view: strict JSON too
+        alone = _strict(capsys.readouterr().out)
+
+    assert code == 2  # the job's view leaves the member out
+    job = reading["job"]
+    assert job["limiting"] == fed_member, job
+    assert job["bad_figures"] == [evil] and job["unreachable"] == [] and job["partial"]
+    assert job["verdict"].endswith(
+        f"— partial: 1 of 2 servers reported impossible figures ({evil})"
+    )
+    rows = {r["address"]: r for r in reading["servers"]}
+    assert rows[evil]["kind"] == "bad-figures" and words in rows[evil]["bad_figures"]
+    assert rows[evil]["streams"][0]["stream_id"] == 7  # what it sent, kept to be seen
+    assert rows[fed_member]["bad_figures"] is None  # a real server's figures are possible
+
+    assert table[3].split()[0] == evil and table[3].endswith("bad-figures"), table
+    assert table[4].startswith("job  ") and f"{evil} limits" not in table[4], table
+    assert fed_member in table[4].split("— partial")[0], table
+    assert table[5].startswith(f"  {evil}: impossible figures: stream 7: ") and words in table[5]
+
+    assert [s["stream_id"] for s in alone["streams"]] == [7]
