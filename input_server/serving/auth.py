@@ -171,12 +171,22 @@ class TokenPolicy:
     Attributes:
       token: the shared token; None when no listener needs one.
       tcp: TCP peers (`ipv4:`/`ipv6:`) must send it.
-      unix: Unix-socket peers (`unix:`, socket files and abstract sockets alike) must.
+      unix: Unix-socket peers (`unix:`, socket files and abstract sockets alike) must; a
+        server with abstract sockets beside other listeners serves them apart (`split`).
     """
 
     token: bytes | None = dataclasses.field(default=None, repr=False)  # never in a log line
     tcp: bool = False
     unix: bool = False
+
+    def split(self) -> tuple[TokenPolicy, TokenPolicy]:
+        """This policy for two servers, one for the abstract sockets and one for the other
+        listeners (socket files, TCP): (the others', the abstract sockets'). gRPC reports a
+        socket file's peer as it does an abstract socket's ("unix:"); apart, a server's Unix
+        peers are its own listeners' alone, so a socket file's clients need no token and a
+        guesser on an abstract socket puts none of them in backoff (`Backoff` is per server)."""
+        others = TokenPolicy(self.token if self.tcp else None, tcp=self.tcp, unix=False)
+        return others, TokenPolicy(self.token if self.unix else None, tcp=False, unix=self.unix)
 
     def needs_token(self, peer: str) -> bool:
         if peer.startswith(("ipv4:", "ipv6:")):
@@ -209,11 +219,6 @@ def token_policy(
             )
     tcp = "tcp" in kinds and not insecure_tcp
     unix = "abstract" in kinds and not insecure_abstract
-    if unix and "file" in kinds:
-        log.warning(
-            "socket-file clients must send the token too: gRPC reports their peer as "
-            "it does an abstract socket's"
-        )
     return TokenPolicy(token if tcp or unix else None, tcp=tcp, unix=unix)
 
 

@@ -115,15 +115,13 @@ class Server:
         self._draining = threading.Event()
         self._stopped = threading.Event()
         self._servicer = self._make_servicer(pipelines)
-        self._server = self._make_grpc_server(policy)
-        add_to_server(self._servicer, self._server)
         self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        # `grpcurl -unix -plaintext SOCKET list`: behind the token like InputService (only
-        # health is open, `auth.OPEN_METHODS`), and under `call_limits.OTHER_CAP`.
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, HEALTH_SERVICE, reflection.SERVICE_NAME), self._server
-        )
+        # The abstract sockets, beside other listeners, on a gRPC server of their own, which
+        # shares the services, the call caps and the thread pool (`TokenPolicy.split`).
+        apart = {a.kind == "abstract" for a in addresses} == {True, False}
+        policies = policy.split() if apart else (policy,)
+        self._server, *others = self._make_grpc_servers(policies)
+        self._abstract_server = others[0] if others else None
         self._metrics = self._metrics_endpoint()
         self._probes: grpc.Server | None = None
         self.health_port: int | None = None  # bound, on every interface, when configured
@@ -204,8 +202,12 @@ class Server:
                 self._servicer.info, host=c.metrics_host or "127.0.0.1", port=c.metrics_port
             )
         except OSError:
-            self._server.stop(None)
+            for server in self._grpc_servers():
+                server.stop(None)
             raise
+
+    def _grpc_servers(self) -> list[grpc.Server]:
+        return [s for s in (self._server, self._abstract_server) if s is not None]
 
     def _make_servicer(self, pipelines: dict[str, Pipeline]) -> InputServicer:
         c = self.config
@@ -232,16 +234,33 @@ class Server:
             openings=Openings(cache=TuneCache(c.tune_cache) if c.tune_cache else None),
         )
 
-    def _make_grpc_server(self, policy) -> grpc.Server:
-        """gRPC's server, its thread pool sized for every capped call."""
+    def _make_grpc_servers(self, policies: tuple[auth.TokenPolicy, ...]) -> list[grpc.Server]:
+        """gRPC's servers, one a token policy, with the services: their one thread pool
+        sized for every capped call, the caps shared (one `CallLimits`)."""
         # Streams hold a thread each, and a stream whose client left keeps its thread while
         # it closes (its slot already free). Calls still waiting for their request, and calls
         # of the other methods, are capped too (`call_limits`): the pool holds every capped
         # call, and its spare threads answer the refusals beyond the caps.
         calls = CallLimits()
         threads = self._servicer.max_handlers + calls.threads() + SPARE_THREADS
+        pool = futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc")
+        servers = [self._make_grpc_server(p, pool, calls, threads) for p in policies]
+        for server in servers:
+            add_to_server(self._servicer, server)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+            # `grpcurl -unix -plaintext SOCKET list`: behind the token like InputService
+            # (only health is open, `auth.OPEN_METHODS`), and under `call_limits.OTHER_CAP`.
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, HEALTH_SERVICE, reflection.SERVICE_NAME), server
+            )
+        return servers
+
+    @staticmethod
+    def _make_grpc_server(
+        policy: auth.TokenPolicy, pool: futures.ThreadPoolExecutor, calls: CallLimits, threads: int
+    ) -> grpc.Server:
         return grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+            pool,
             interceptors=[*auth.interceptors(policy), calls],
             # A flood of calls beyond the pool waits in its queue; past this gRPC refuses them.
             maximum_concurrent_rpcs=4 * threads,
@@ -272,15 +291,17 @@ class Server:
             )
         # A default socket was not asked for by --listen: its messages say which it is.
         said = f"--listen {a.bind}" if self.config.listen else f"the default socket {a.bind}"
+        server = self._abstract_server if a.kind == "abstract" else None
+        server = server or self._server
         try:
             if path is None and credentials is not None and not a.is_unix:
-                port = add_port(lambda: self._server.add_secure_port(a.bind, credentials), said, a)
+                port = add_port(lambda: server.add_secure_port(a.bind, credentials), said, a)
             elif path is None:
-                port = add_port(lambda: self._server.add_insecure_port(a.bind), said, a)
+                port = add_port(lambda: server.add_insecure_port(a.bind), said, a)
             else:
                 claim_socket_path(path, said)
                 with auth.owner_only_umask():  # born 0600: no moment open to others
-                    port = add_port(lambda: self._server.add_insecure_port(a.bind), said, a)
+                    port = add_port(lambda: server.add_insecure_port(a.bind), said, a)
                 st = os.stat(path)
                 self._unix_sockets.append((path, (st.st_dev, st.st_ino)))
                 auth.share_socket(path, gid, self.config.socket_group)
@@ -291,14 +312,16 @@ class Server:
 
     def _unbind(self) -> None:
         """Releases the addresses already bound, for a start that failed."""
-        self._server.stop(None)
+        for server in self._grpc_servers():
+            server.stop(None)
         if self._metrics is not None:
             self._metrics.stop()
         self._remove_own_sockets()
 
     def start(self) -> None:
         warm.load()  # Grain, which every stream needs, before any call can run beside it
-        self._server.start()
+        for server in self._grpc_servers():
+            server.start()
         for service in ("", SERVICE_NAME):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self._probes is not None:
@@ -334,7 +357,9 @@ class Server:
         while self._servicer.active_requests() and time.monotonic() < deadline:
             time.sleep(0.05)
         self.drained = not self._servicer.active_requests()
-        self._server.stop(max(0.0, min(1.0, deadline - time.monotonic()))).wait()
+        left = max(0.0, min(1.0, deadline - time.monotonic()))
+        for stopped in [server.stop(left) for server in self._grpc_servers()]:
+            stopped.wait()
         if self._probes is not None:
             self._probes.stop(None).wait()
         if self._metrics is not None:

@@ -131,15 +131,18 @@ def test_a_socket_file_needs_no_token_and_takes_the_right_one(server, make_spec)
     assert call(tcp, "GetInfo", None, None)[0] == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_beside_a_guarded_abstract_socket_a_socket_file_needs_the_token_too(tmp_path):
-    # gRPC reports both peers as "unix:": the server cannot tell them apart (auth's docstring).
+def test_beside_a_guarded_abstract_socket_a_socket_file_needs_no_token(tmp_path):
+    # gRPC reports both peers as "unix:": the abstract socket is served by a gRPC server of its
+    # own (`TokenPolicy.split`), so the socket file's guard is its file mode, as alone.
     token_file, token = write_token_file(tmp_path)
     with Server(
         ServerConfig(listen=[f"unix://{tmp_path}/s.sock", abstract_name()], token_file=token_file)
     ) as srv:
-        sock = srv.targets[0]
-        assert call(sock, "GetInfo", None, None)[0] == grpc.StatusCode.UNAUTHENTICATED
+        sock, abstract = srv.targets
+        assert call(sock, "GetInfo", None, None)[0] == grpc.StatusCode.OK
         assert call(sock, "GetInfo", None, token)[0] == grpc.StatusCode.OK
+        assert call(abstract, "GetInfo", None, None)[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert call(abstract, "GetInfo", None, token)[0] == grpc.StatusCode.OK
 
 
 def test_grpc_reports_the_peers_the_token_check_expects(tmp_path):

@@ -77,10 +77,16 @@ def guess(target: str, stop: threading.Event, codes: collections.Counter) -> Non
             codes[get_info(stub, uuid.uuid4().hex)] += 1
 
 
+class Guarded(tuple):
+    """(tcp target, socket file target, token), and every target the server printed."""
+
+    targets: list[str]
+
+
 @pytest.fixture
 def guarded_cli(tmp_path, short_tmp):
-    """`input-server serve` in its own process on loopback TCP, an abstract socket and a socket
-    file, all behind one token: (tcp target, socket file target, token)."""
+    """`input-server serve` in its own process on loopback TCP, an abstract socket (both behind
+    a token) and a socket file: (tcp target, socket file target, token), `.targets` all."""
     token_file, token = write_token_file(tmp_path)
     abstract = f"unix-abstract:input-server-backoff-{uuid.uuid4().hex[:12]}"
     sock = f"unix://{short_tmp}/s.sock"
@@ -91,7 +97,9 @@ def guarded_cli(tmp_path, short_tmp):
     )
     try:
         tcp = next(t for t in targets if t.startswith("127.0.0.1:"))
-        yield tcp, sock, token
+        guarded = Guarded((tcp, sock, token))
+        guarded.targets = targets
+        yield guarded
     finally:
         child.kill()
 
@@ -136,6 +144,38 @@ def test_a_guessers_checks_drop_to_a_bound_while_another_peer_is_answered_at_onc
     assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 50, codes  # it kept on trying
     assert answers == {grpc.StatusCode.OK: len(latencies)}, answers
     assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0, latencies
+
+
+def test_a_guesser_on_the_abstract_socket_never_delays_the_socket_files_clients(guarded_cli):
+    """Issue 50, finding 3: all Unix peers were one backoff ("unix:" to gRPC), so one wrong
+    guess every 20 ms on the abstract socket locked the owner's trainer on the socket file out
+    for the whole attack. The abstract sockets are served apart (`TokenPolicy.split`): the
+    socket file's clients, with the token or without (its file mode is their guard), are
+    answered throughout, while the guesser stays in its backoff."""
+    tcp, sock, token = guarded_cli
+    abstract = next(t for t in guarded_cli.targets if t.startswith("unix-abstract:"))
+    codes: collections.Counter = collections.Counter()
+    stop = threading.Event()
+    guessers = [threading.Thread(target=guess, args=(abstract, stop, codes)) for _ in range(2)]
+    answers = collections.Counter()
+    with grpc.insecure_channel(sock) as channel:
+        stub = pb_grpc.InputServiceStub(channel)
+        started = time.monotonic()
+        for t in guessers:
+            t.start()
+        try:
+            while time.monotonic() - started < FLOOD_S:
+                answers[get_info(stub, token)] += 1
+                answers[get_info(stub, None)] += 1
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            for t in guessers:
+                t.join(30)
+    with grpc.insecure_channel(abstract) as own:  # the guesser's peer: still in its backoff
+        assert get_info(pb_grpc.InputServiceStub(own), token) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 50, codes  # the guesser was held back
+    assert answers == {grpc.StatusCode.OK: sum(answers.values())}, answers
 
 
 def test_the_backoff_doubles_forgets_and_remembers_a_bounded_number_of_peers():
