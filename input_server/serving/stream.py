@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ import grpc
 
 from input_client.proto import pb
 from input_client.spec import PipelineSpec
+from input_client.wire import CLIENT_KEY
 from input_server import cancel
 from input_server.autotune import report
 from input_server.autotune.online import OnlineSearch
@@ -30,6 +32,7 @@ from input_server.autotune.openings import Opening, Openings
 from input_server.autotune.policy import cpu_count
 from input_server.batching.batch_stream import BatchStream
 from input_server.batching.footprint import GROUP_MIB, groups_mb, order_bytes, order_process_cap
+from input_server.batching.pacing import Key, caller
 from input_server.batching.parallelism import default_threads
 from input_server.batching.pipeline import Pipeline
 from input_server.errors import (
@@ -40,12 +43,19 @@ from input_server.errors import (
     shorten,
 )
 from input_server.serving.accounting import Accounting, log_open, tokenizer_figures
+from input_server.serving.backoff import LoopbackOwners, peer_key
 from input_server.serving.coalesce import batches_per_message
 from input_server.serving.credit import Credit
 from input_server.serving.limits import Limits, access_for, check_fits
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
 from input_server.serving.slots import ProcessPool, ProcessReservation
+
+# Loopback peers of the set-up queue are told apart by the user owning their socket, as the
+# token check tells them apart (`backoff.peer_key`).
+_OWNERS = LoopbackOwners()
+# The longest client key a call may send that the set-up queue keeps (a random hex id is 16).
+CLIENT_KEY_CHARS = 64
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +78,12 @@ def _draining_refusal() -> RefusedError:
     return RefusedError(
         grpc.StatusCode.UNAVAILABLE, "the server is shutting down; resume from the last state."
     )
+
+
+def _call_if_alive(method: weakref.WeakMethod) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
 
 
 class Stream:
@@ -111,7 +127,11 @@ class Stream:
         self.session: StreamSession | None = None
         self.accounting: Accounting | None = None  # its figures, once it runs
         self._live: StreamTuner | None = None
-        self.credit = Credit(request.window, on_fail=self._interrupt)
+        # The credit calls back weakly: a bound method would make the stream and its credit a
+        # cycle that only the garbage collector frees, and until then gRPC core counts the
+        # cancelled call against the connection's concurrent streams (new calls refused).
+        interrupt = weakref.WeakMethod(self._interrupt)
+        self.credit = Credit(request.window, on_fail=lambda: _call_if_alive(interrupt))
         self.credit.follow(requests)
         if not context.add_callback(self._leave):
             self._leave()
@@ -157,7 +177,7 @@ class Stream:
         """
         shared = self._shared
         try:
-            with cancel.scope(self._left, shared.draining):
+            with cancel.scope(self._left, shared.draining), caller(self._pace_key):
                 cancel.check()
                 pipeline = self._pipeline()
                 # The state first: a request refused for it must not wait for (or hold) a
@@ -205,6 +225,16 @@ class Stream:
         if self._left.is_set() or shared.draining.is_set():  # `_interrupt` found no producer
             session.stop()
         log_open(self.id, pipeline, session.label, opening, position)
+
+    def _pace_key(self) -> Key:
+        """Whom this stream's set-up is fair to in the server's set-up queue (`pacing`): its
+        peer as the token check tells peers apart (a TCP host, a loopback user, every Unix
+        socket as one), then within it the client process it names (`wire.CLIENT_KEY`), or
+        else its connection (a TCP peer's port; all of a Unix socket's as one)."""
+        peer = self._context.peer()
+        named = dict(self._context.invocation_metadata() or ()).get(CLIENT_KEY)
+        client = f"client {named[:CLIENT_KEY_CHARS]}" if isinstance(named, str) and named else peer
+        return peer_key(peer, _OWNERS), client
 
     def _pipeline(self) -> Pipeline:
         """The pipeline the request names, or one made of its spec (closed with the stream)."""

@@ -1,0 +1,45 @@
+"""A stream its client cancels is freed when it ends, not when Python's garbage collector next
+runs (issue 50's review): a stream and its credit were a reference cycle (the credit called
+the stream back through a bound method), so each cancelled stream kept its pipeline, its slot
+and gRPC's call until a collection. gRPC's core counts a call the server has not freed against
+the connection's concurrent streams (`server.CONNECTION_CALLS_PCT`); scripts/fuzz.py saw new
+calls refused so (UNAVAILABLE, RST_STREAM REFUSED_STREAM). Here the collector is off in this
+process, which runs the server, while one channel opens and cancels streams; then a
+collection that keeps what it finds (`gc.DEBUG_SAVEALL`) finds no stream."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from input_client import InputClient
+from input_server.serving.server import Server, ServerConfig
+from input_server.serving.stream import Stream
+
+STREAMS = 20
+
+
+def test_a_cancelled_stream_is_freed_without_the_garbage_collector(short_tmp, make_spec):
+    spec = make_spec()
+    with Server(ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])) as srv:
+        with InputClient(srv.targets[0], connect_timeout_s=30) as client:
+            gc.collect()
+            gc.disable()
+            try:
+                rows = []
+                for _ in range(STREAMS):
+                    with client.batches(spec) as it:  # left after its first batch
+                        rows.append(len(next(it)["inputs"]))
+                deadline = time.monotonic() + 30
+                while srv.active_streams() and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the server's side of each stream ends on its threads
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                gc.collect()
+                kept = [o for o in gc.garbage if isinstance(o, Stream)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+    assert rows == [spec.batch.size] * STREAMS
+    assert srv.active_streams() == 0
+    assert kept == [], f"{len(kept)} of {STREAMS} cancelled streams were left to the collector"
