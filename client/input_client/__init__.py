@@ -19,7 +19,8 @@ from input_client.spec import (
     TokenizerSpec,
     WorkersSpec,
 )
-from input_client.timing import StepRecord, StepTimer
+from input_client.step_record import StepRecord
+from input_client.timing import StepTimer
 
 __all__ = [
     "BatchIterator",

@@ -1,10 +1,11 @@
 """The pod's view of the steps: every JAX process's data wait and step time, gathered across
-processes a window at a time, and the worst host of each step."""
+processes a window at a time, the worst host of each step, and the pod's figures over them."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # The TPU profiler's rule of thumb: a step is input-bound once its input wait is 5 % of the step,
@@ -52,7 +53,7 @@ class PodStep:
         return self.data_wait_s[p] / busy if busy > 0 else None
 
 
-def pod_summary(steps: Sequence[PodStep]) -> dict[str, Any]:
+def pod_summary(steps: Iterable[PodStep]) -> dict[str, Any]:
     """The pod's figures over `steps` (those a summary counts), by the worst host of each step.
 
     Args:
@@ -66,28 +67,77 @@ def pod_summary(steps: Sequence[PodStep]) -> dict[str, Any]:
       process worst on most input-bound steps, as {"process", "steps"}; None when no step was
       input-bound). Shares and fractions are None without a step.
     """
-    wait = sum(s.worst_data_wait_s for s in steps)
-    busy = wait + sum(s.step_s[s.worst_process] for s in steps)
-    fractions = [s.worst_fraction or 0.0 for s in steps]
-    bound = [s for s, f in zip(steps, fractions, strict=True) if f > INPUT_BOUND]
-    counts: dict[int, int] = {}
-    for s in bound:
-        counts[s.worst_process] = counts.get(s.worst_process, 0) + 1
-    most = min(counts, key=lambda p: (-counts[p], p)) if counts else None
+    tally = PodTally()
+    for s in steps:
+        tally.add(s)
+    return tally.figures()
 
-    def share(limit: float) -> float | None:
-        return sum(f > limit for f in fractions) / len(steps) if steps else None
 
-    return {
-        "pod_steps": len(steps),
-        "pod_worst_data_wait_s": wait,
-        "pod_input_bound_fraction": wait / busy if busy > 0 else None,
-        "pod_input_bound_steps": share(INPUT_BOUND),
-        "pod_highly_input_bound_steps": share(HIGHLY_INPUT_BOUND),
-        "pod_most_often_worst": (
-            {"process": most, "steps": counts[most]} if most is not None else None
-        ),
-    }
+@dataclasses.dataclass
+class PodTally:
+    """Running sums over gathered steps, by each step's worst host: all `pod_summary` needs of
+    them, so a long run's timer keeps these (one a step name) instead of its steps.
+
+    Attributes:
+      steps: steps added.
+      worst_data_wait_s: their worst hosts' data waits, summed.
+      worst_step_s: the same hosts' own step times, summed.
+      input_bound, highly_input_bound: the steps whose worst host waited more than
+        `INPUT_BOUND` (`HIGHLY_INPUT_BOUND`) of its wait plus step.
+      worst_of_bound: on the input-bound steps, how often each process was the worst.
+    """
+
+    steps: int = 0
+    worst_data_wait_s: float = 0.0
+    worst_step_s: float = 0.0
+    input_bound: int = 0
+    highly_input_bound: int = 0
+    worst_of_bound: collections.Counter[int] = dataclasses.field(
+        default_factory=collections.Counter
+    )
+
+    def add(self, s: PodStep) -> None:
+        """Counts one more gathered step in."""
+        worst = s.worst_process
+        fraction = s.worst_fraction or 0.0
+        self.steps += 1
+        self.worst_data_wait_s += s.data_wait_s[worst]
+        self.worst_step_s += s.step_s[worst]
+        if fraction > INPUT_BOUND:
+            self.input_bound += 1
+            self.worst_of_bound[worst] += 1
+        self.highly_input_bound += fraction > HIGHLY_INPUT_BOUND
+
+    @classmethod
+    def merged(cls, tallies: Iterable[PodTally]) -> PodTally:
+        """One tally of the steps of several names."""
+        out = cls()
+        for t in tallies:
+            for field in dataclasses.fields(cls):
+                # Every field adds up, the counts by process too: `Counter`'s `+` adds them.
+                setattr(out, field.name, getattr(out, field.name) + getattr(t, field.name))
+        return out
+
+    def figures(self) -> dict[str, Any]:
+        """`pod_summary`'s figures over the steps added."""
+        wait = self.worst_data_wait_s
+        busy = wait + self.worst_step_s
+        counts = self.worst_of_bound
+        most = min(counts, key=lambda p: (-counts[p], p)) if counts else None
+
+        def share(n: int) -> float | None:
+            return n / self.steps if self.steps else None
+
+        return {
+            "pod_steps": self.steps,
+            "pod_worst_data_wait_s": wait,
+            "pod_input_bound_fraction": wait / busy if busy > 0 else None,
+            "pod_input_bound_steps": share(self.input_bound),
+            "pod_highly_input_bound_steps": share(self.highly_input_bound),
+            "pod_most_often_worst": (
+                {"process": most, "steps": counts[most]} if most is not None else None
+            ),
+        }
 
 
 class PodGather:

@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
+import collections
+import itertools
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from input_client import badput as badput_records
 from input_client.badput import BadputTally, RunBadput
-from input_client.pod import PodGather, PodStep, pod_summary
+from input_client.pod import PodGather, PodStep, PodTally
+from input_client.step_histogram import histogram_percentile, percentile
+from input_client.step_record import StepRecord, json_line, new_run_id
+from input_client.step_tally import StepTally
 
 # An alias, so tests can put a fake clock in its place and check the arithmetic exactly.
 perf_counter = time.perf_counter
@@ -27,6 +28,11 @@ DEFAULT_EXCLUDE = ("compile",)
 # costs well under a millisecond a gather (docs/benchmarks.md, "The pod's view").
 DEFAULT_POD_EVERY = 10
 
+# Records kept in memory, the most recent: a long profile's or a stall's steps to look back on.
+# Every figure over the whole run comes from running sums instead (issue 50: a record a step,
+# kept for the whole run, grew a long run's trainer without bound).
+DEFAULT_KEEP_RECORDS = 10_000
+
 
 class WaitSource(Protocol):
     """Anything that counts the seconds a training loop spent blocked waiting for data.
@@ -38,90 +44,44 @@ class WaitSource(Protocol):
     wait_time_s: float
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    """One timed step.
-
-    Attributes:
-      index: 0 for the first step the timer saw, then 1, 2, ...
-      name: "compile" for the first step unless named, else the given name or "train".
-      step_s: wall seconds from dispatching the step until its outputs were ready.
-      data_wait_s: seconds the loop waited for this step's data (not part of `step_s`).
-      wall_s: real seconds from the previous step's end to this step's end (for the first step,
-        from the timer's creation): the step, its data wait and whatever else the loop did
-        between them (logging, checkpoints, evaluation).
-      num_tokens: tokens the step processed, if known.
-      tokens_per_s: `num_tokens / step_s`, or None when the token count is unknown.
-      tflops_per_device: `flops_per_step / step_s / num_devices / 1e12`, or None when the
-        FLOP count is unknown.
-    """
-
-    index: int
-    name: str
-    step_s: float
-    data_wait_s: float
-    wall_s: float
-    num_tokens: int | None
-    tokens_per_s: float | None
-    tflops_per_device: float | None
-
-
-def new_run_id() -> str:
-    """A run id that sorts by start time and tells apart runs started in the same second
-    (several hosts, or a restart): `20261206T134928Z-3fa9c1`."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def _json_line(
-    run_id: str, record: StepRecord, pod: PodStep | None = None, process: int | None = None
-) -> str:
-    """One record as a line of JSON, its keys `run` and the record's fields (`input-server
-    plot-steps` reads them; `run` tells apart the runs appended to one file); with the pod's
-    view of the step, `process` (the writer's index), `worst_process`, `worst_data_wait_s`
-    and `worst_step_s` (the worst host's wait and its own step time) too."""
-    line: dict[str, Any] = {"run": run_id, **dataclasses.asdict(record)}
-    if pod is not None:
-        worst = pod.worst_process
-        line["process"] = process
-        line["worst_process"] = worst
-        line["worst_data_wait_s"] = pod.data_wait_s[worst]
-        line["worst_step_s"] = pod.step_s[worst]
-    return json.dumps(line) + "\n"
-
-
-def _check_run(run_id: str | None, pod_every: int) -> None:
-    """`StepTimer`'s run arguments, refused with the value and the way out."""
+def _check_arguments(
+    *,
+    tokens_per_step: int | None,
+    flops_per_step: float | None,
+    num_devices: int | None,
+    exclude: Iterable[str],
+    run_id: str | None,
+    pod_every: int,
+    keep_records: int,
+) -> None:
+    """`StepTimer`'s arguments, refused with the value and the way out."""
+    if tokens_per_step is not None and tokens_per_step <= 0:
+        raise ValueError(f"`tokens_per_step` must be positive or None, got {tokens_per_step}.")
+    if flops_per_step is not None and flops_per_step <= 0:
+        raise ValueError(f"`flops_per_step` must be positive or None, got {flops_per_step}.")
+    if num_devices is not None and num_devices <= 0:
+        raise ValueError(
+            f"`num_devices` must be positive or None (= all local devices), got {num_devices}."
+        )
+    if isinstance(exclude, str):
+        raise ValueError(
+            f"`exclude` must be a collection of step names, not one string, "
+            f"got {exclude!r}; write ({exclude!r},)."
+        )
     if isinstance(pod_every, bool) or not isinstance(pod_every, int) or pod_every < 0:
         raise ValueError(
             f"`pod_every` must be a whole number of steps >= 0 (0 = never gather), "
             f"got {pod_every!r}."
         )
+    if isinstance(keep_records, bool) or not isinstance(keep_records, int) or keep_records < 0:
+        raise ValueError(
+            f"`keep_records` must be a whole number of records >= 0 (0 = keep none in memory), "
+            f"got {keep_records!r}."
+        )
     if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
         raise ValueError(
             f"`run_id` must be a non-empty string or None (= a new one), got {run_id!r}."
         )
-
-
-def _tokens_over(records: list[StepRecord], seconds: Callable[[StepRecord], float]) -> float | None:
-    """Tokens of the records whose count is known, over the seconds `seconds` gives them."""
-    known = [r for r in records if r.num_tokens is not None]
-    spent = sum(seconds(r) for r in known)
-    return sum(r.num_tokens for r in known) / spent if known and spent > 0 else None
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), without importing numpy."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
 
 
 class StepTimer:
@@ -139,20 +99,29 @@ class StepTimer:
     time. Named steps (the first, compiling one; profiler start/stop) can be left out of
     summaries, their real time with them.
 
+    Memory stays flat however long the run: `records` holds the most recent `keep_records`
+    steps only (every record held for the whole run grew a long run's trainer without bound),
+    and every figure of `summary()` and `badput()` comes from running sums kept per step name
+    (so names are meant to be few, not one a step). The median and p90 step time are exact
+    while every step is still in `records`; past that they come from a histogram of step
+    times, each within `step_histogram.PERCENTILE_ACCURACY` of the exact figure.
+
     With `records_path`, each record is appended to that file as a line of JSON as soon as it
-    is made (`input-server plot-steps FILE` draws them), so a run killed midway keeps its steps.
-    Each line carries the timer's `run_id`, so runs appended to one file stay apart.
+    is made (`input-server plot-steps FILE` draws them), so a run killed midway keeps its steps;
+    the file, not `records`, is where every step of a long run is kept. Each line carries the
+    timer's `run_id`, so runs appended to one file stay apart.
 
     On several JAX processes (`jax.process_count() > 1`) a pod trains in lock step, so one host
     waiting for data holds every chip. Every `pod_every` steps the timer gathers each process's
     data wait and step time for those steps (one small all-gather, dispatched after the window's
-    last step and read when it has arrived) into `pod_steps`: per step, the worst host's wait
-    and which process it was. Each record's JSON line then carries them too (`process`,
-    `worst_process`, `worst_data_wait_s`, `worst_step_s`) and is written when its window has
-    been gathered; the summary adds the pod's figures by the worst host; and
-    `badput()` is the run's data-loading badput (the worst host's first-batch and step waits).
-    Every process must time the same steps (the gather is a collective) and call `flush()` after
-    the loop, which gathers the last, shorter window. On one process nothing of this runs.
+    last step and read when it has arrived) into `pod_steps` (the most recent `keep_records`):
+    per step, the worst host's wait and which process it was. Each record's JSON line then
+    carries them too (`process`, `worst_process`, `worst_data_wait_s`, `worst_step_s`) and is
+    written when its window has been gathered; the summary adds the pod's figures by the worst
+    host; and `badput()` is the run's data-loading badput (the worst host's first-batch and step
+    waits). Every process must time the same steps (the gather is a collective) and call
+    `flush()` after the loop, which gathers the last, shorter window. On one process nothing of
+    this runs.
 
     Usage:
       timer = StepTimer(tokens_per_step=B * L, flops_per_step=6 * n_params * B * L,
@@ -175,6 +144,7 @@ class StepTimer:
         run_id: str | None = None,
         pod_every: int = DEFAULT_POD_EVERY,
         badput_path: str | os.PathLike[str] | None = None,
+        keep_records: int = DEFAULT_KEEP_RECORDS,
     ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
@@ -203,25 +173,23 @@ class StepTimer:
             appended to each time it grows (each gathered window; on one process every
             `pod_every` steps) and at `flush()`, so a run killed midway keeps its figure.
             Written by process 0 only; `input_client.badput.job_badput(path)` sums the runs.
+          keep_records: how many of the most recent records `records` (and `pod_steps`) hold;
+            0 = none. The summary covers every step whatever it is; `write_jsonl` writes the
+            kept ones.
 
         Raises:
-          ValueError: a count is not positive (`pod_every` negative), or `run_id` is not a
-            non-empty string.
+          ValueError: a count is not positive (`pod_every`, `keep_records` negative), or
+            `run_id` is not a non-empty string.
         """
-        if tokens_per_step is not None and tokens_per_step <= 0:
-            raise ValueError(f"`tokens_per_step` must be positive or None, got {tokens_per_step}.")
-        if flops_per_step is not None and flops_per_step <= 0:
-            raise ValueError(f"`flops_per_step` must be positive or None, got {flops_per_step}.")
-        if num_devices is not None and num_devices <= 0:
-            raise ValueError(
-                f"`num_devices` must be positive or None (= all local devices), got {num_devices}."
-            )
-        if isinstance(exclude, str):
-            raise ValueError(
-                f"`exclude` must be a collection of step names, not one string, "
-                f"got {exclude!r}; write ({exclude!r},)."
-            )
-        _check_run(run_id, pod_every)
+        _check_arguments(
+            tokens_per_step=tokens_per_step,
+            flops_per_step=flops_per_step,
+            num_devices=num_devices,
+            exclude=exclude,
+            run_id=run_id,
+            pod_every=pod_every,
+            keep_records=keep_records,
+        )
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self._num_devices = num_devices
@@ -229,19 +197,37 @@ class StepTimer:
         self.data_source = data_source
         # Waits that happened before the timer existed belong to no step.
         self._last_wait_s = self._read_wait()
-        self.records: list[StepRecord] = []
+        self.keep_records = keep_records
+        self._start_sums()
         self.records_path = os.fspath(records_path) if records_path is not None else None
         self.run_id = run_id if run_id is not None else new_run_id()
         self.pod_every = pod_every
         self.badput_path = os.fspath(badput_path) if badput_path is not None else None
-        self.pod_steps: list[PodStep] = []
-        self._tally = BadputTally()  # the badput so far, by each step's worst host
         # Known at the first step (jax is imported there, not before).
         self._pod: PodGather | None = None
         self._process_index: int | None = None
-        self._gathered = 0  # records sent to a gather so far
+        self._gathered = 0  # steps sent to a gather so far
         # The first step's real time counts from here, as its data wait does.
         self._last_end = perf_counter()
+
+    def _start_sums(self) -> None:
+        """What the run gathers as its steps come: the recent windows and the running sums."""
+        # The most recent records, oldest first: a bounded window, not the run (the class).
+        self.records: collections.deque[StepRecord] = collections.deque(maxlen=self.keep_records)
+        self.pod_steps: collections.deque[PodStep] = collections.deque(maxlen=self.keep_records)
+        self._count = 0  # steps timed
+        self._first: StepRecord | None = None
+        self._tallies: dict[str, StepTally] = {}  # a step name's running sums
+        self._pod_tallies: dict[str, PodTally] = {}  # the same, of the gathered steps
+        # On several processes: the records not yet gathered and written, in order (at most
+        # about two windows: the one in flight and the one filling).
+        self._unwritten: collections.deque[StepRecord] = collections.deque()
+        self._badput_tally = BadputTally()  # the badput so far, by each step's worst host
+
+    @property
+    def steps_timed(self) -> int:
+        """Steps timed so far (`records` keeps only the most recent `keep_records`)."""
+        return self._count
 
     @property
     def num_devices(self) -> int:
@@ -306,7 +292,14 @@ class StepTimer:
         # From the previous step's end: what the loop did between steps is this step's cost.
         wall_s = end - self._last_end
         self._last_end = end
-        index = len(self.records)
+        self._keep(self._record(step_s, wait, wall_s, name, num_tokens))
+        return out
+
+    def _record(
+        self, step_s: float, wait: float, wall_s: float, name: str | None, num_tokens: int | None
+    ) -> StepRecord:
+        """The next step's record, with its rates."""
+        index = self._count
         if name is None:
             name = "compile" if index == 0 else "train"
         tokens = num_tokens if num_tokens is not None else self.tokens_per_step
@@ -314,7 +307,7 @@ class StepTimer:
         tflops = None
         if self.flops_per_step is not None and step_s > 0:
             tflops = self.flops_per_step / step_s / self.num_devices / 1e12
-        record = StepRecord(
+        return StepRecord(
             index=index,
             name=name,
             step_s=step_s,
@@ -324,18 +317,29 @@ class StepTimer:
             tokens_per_s=tokens_per_s,
             tflops_per_device=tflops,
         )
+
+    def _keep(self, record: StepRecord) -> None:
+        """Adds a record to the running sums and the recent window, and writes its line (on
+        several processes, once its window is gathered)."""
+        self._count += 1
+        if self._first is None:
+            self._first = record
+        tally = self._tallies.get(record.name)
+        if tally is None:
+            tally = self._tallies[record.name] = StepTally()
+        tally.add(record)
         self.records.append(record)
         if self._pod is not None:
+            self._unwritten.append(record)
             self._advance_pod()
-        else:
-            self._tally.add(record.data_wait_s, self._process_index or 0)
-            if self.records_path is not None:
-                # Opened per line: nothing to close, and each line is on disk when the step ends.
-                with open(self.records_path, "a", encoding="utf-8") as f:
-                    f.write(_json_line(self.run_id, record))
-            if self.pod_every and len(self.records) % self.pod_every == 0:
-                self._write_badput()
-        return out
+            return
+        self._badput_tally.add(record.data_wait_s, self._process_index or 0)
+        if self.records_path is not None:
+            # Opened per line: nothing to close, and each line is on disk when the step ends.
+            with open(self.records_path, "a", encoding="utf-8") as f:
+                f.write(json_line(self.run_id, record))
+        if self.pod_every and self._count % self.pod_every == 0:
+            self._write_badput()
 
     def _start_pod(self) -> None:
         """Asks jax how many processes run; on several (and `pod_every` > 0), sets up the
@@ -351,13 +355,16 @@ class StepTimer:
         pod = self._pod
         if pod.ready():
             self._absorb(pod.collect())
-        if len(self.records) - self._gathered >= self.pod_every:
+        if self._count - self._gathered >= self.pod_every:
             if pod.pending:  # one in flight at a time; a window later, it has long arrived
                 self._absorb(pod.collect())
             self._submit(self.pod_every)
 
     def _submit(self, count: int) -> None:
-        window = self.records[self._gathered : self._gathered + count]
+        """Sends the next `count` steps not yet gathered."""
+        # The unwritten records start at the oldest window not yet absorbed: maybe in flight.
+        skip = self._gathered - self._unwritten[0].index if self._unwritten else 0
+        window = list(itertools.islice(self._unwritten, skip, skip + count))
         self._pod.submit(
             self._gathered, [r.data_wait_s for r in window], [r.step_s for r in window]
         )
@@ -365,18 +372,24 @@ class StepTimer:
 
     def _absorb(self, rows: list[tuple[int, tuple[float, ...], tuple[float, ...]]]) -> None:
         """Keeps a gathered window's steps and writes their lines (and the badput so far)."""
+        # Windows come back in the order they were sent: theirs are the oldest unwritten.
+        records = [self._unwritten.popleft() for _ in rows]
         steps = [
-            PodStep(index=i, name=self.records[i].name, data_wait_s=waits, step_s=times)
-            for i, waits, times in rows
+            PodStep(index=i, name=r.name, data_wait_s=waits, step_s=times)
+            for r, (i, waits, times) in zip(records, rows, strict=True)
         ]
         self.pod_steps.extend(steps)
         for s in steps:
-            self._tally.add(s.worst_data_wait_s, s.worst_process)
+            self._badput_tally.add(s.worst_data_wait_s, s.worst_process)
+            tally = self._pod_tallies.get(s.name)
+            if tally is None:
+                tally = self._pod_tallies[s.name] = PodTally()
+            tally.add(s)
         if self.records_path is not None:
             with open(self.records_path, "a", encoding="utf-8") as f:
                 f.writelines(
-                    _json_line(self.run_id, self.records[s.index], s, self._process_index)
-                    for s in steps
+                    json_line(self.run_id, r, s, self._process_index)
+                    for r, s in zip(records, steps, strict=True)
                 )
         self._write_badput()
 
@@ -392,12 +405,12 @@ class StepTimer:
         """
         pod = self._pod
         if pod is None:
-            if self.records:
+            if self._count:
                 self._write_badput()
             return
         if pod.pending:
             self._absorb(pod.collect())
-        self._submit(len(self.records) - self._gathered)
+        self._submit(self._count - self._gathered)
         self._absorb(pod.collect())
 
     def badput(self) -> RunBadput:
@@ -405,7 +418,7 @@ class StepTimer:
         each by the worst host of the step (on several processes, over the gathered steps; on
         one, or with `pod_every=0`, this process's own waits)."""
         processes = self._pod.processes if self._pod is not None else 1
-        return self._tally.figure(self.run_id, processes)
+        return self._badput_tally.figure(self.run_id, processes)
 
     def _write_badput(self) -> None:
         # Process 0 alone: every process holds the same gathered figures.
@@ -413,17 +426,14 @@ class StepTimer:
             badput_records.append(self.badput_path, self.badput())
 
     def write_jsonl(self, path: str | os.PathLike[str]) -> None:
-        """Writes every record so far to `path` (replacing it), one line of JSON each, as
-        `records_path` appends them."""
-        pod = self.pod_steps
+        """Writes the kept records (`records`: every step of a run no longer than
+        `keep_records`, else the most recent) to `path` (replacing it), one line of JSON each,
+        as `records_path` appends them; `records_path` is the way to keep every step of a long
+        run."""
+        pod = {s.index: s for s in self.pod_steps}
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(
-                _json_line(
-                    self.run_id,
-                    r,
-                    pod[r.index] if r.index < len(pod) else None,
-                    self._process_index,
-                )
+                json_line(self.run_id, r, pod.get(r.index), self._process_index)
                 for r in self.records
             )
 
@@ -448,41 +458,42 @@ class StepTimer:
           worst host of each step: `pod_processes`, and `pod_summary`'s `pod_steps`,
           `pod_worst_data_wait_s`, `pod_input_bound_fraction`, `pod_input_bound_steps` (the
           share over 5 %), `pod_highly_input_bound_steps` (over 20 %), `pod_most_often_worst`.
-          Figures are None where no step was counted or the inputs are unknown.
+          Figures are None where no step was counted or the inputs are unknown. Every figure
+          covers every step timed, from running sums; the median and p90 are exact while
+          `records` still holds every step, and within `step_histogram.PERCENTILE_ACCURACY`
+          after.
         """
         names = self.exclude if exclude is None else frozenset(exclude)
-        counted = [r for r in self.records if r.name not in names]
-        steps = sorted(r.step_s for r in counted)
-        total_step = sum(steps)
-        total_wait = sum(r.data_wait_s for r in counted)
-        busy = total_step + total_wait
-        total_wall = sum(r.wall_s for r in counted)
+        t = StepTally.merged(v for k, v in self._tallies.items() if k not in names)
+        median, p90 = self._percentiles(names, t)
+        first = self._first
         return {
-            "steps": len(counted),
-            "excluded": len(self.records) - len(counted),
-            "median_step_s": _percentile(steps, 50) if steps else None,
-            "p90_step_s": _percentile(steps, 90) if steps else None,
-            "total_step_s": total_step,
-            "total_data_wait_s": total_wait,
-            "total_wall_s": total_wall,
-            # Never below 0: a `data_wait_s` given by hand may exceed the real time.
-            "total_other_s": max(0.0, total_wall - busy),
-            "input_bound_fraction": total_wait / busy if busy > 0 else None,
-            "mean_tokens_per_s": _mean([r.tokens_per_s for r in counted]),
-            "mean_tflops_per_device": _mean([r.tflops_per_device for r in counted]),
-            "step_and_wait_tokens_per_s": _tokens_over(counted, lambda r: r.step_s + r.data_wait_s),
-            "wall_tokens_per_s": _tokens_over(counted, lambda r: r.wall_s),
-            "first_data_wait_s": self.records[0].data_wait_s if self.records else None,
-            "first_step_s": self.records[0].step_s if self.records else None,
+            "steps": t.steps,
+            "excluded": self._count - t.steps,
+            "median_step_s": median,
+            "p90_step_s": p90,
+            **t.figures(),
+            "first_data_wait_s": first.data_wait_s if first is not None else None,
+            "first_step_s": first.step_s if first is not None else None,
             **self._pod_summary(names),
         }
+
+    def _percentiles(self, names: frozenset[str], t: StepTally) -> tuple[float | None, ...]:
+        """The median and p90 step time of the counted steps: exact from `records` while it
+        holds every step, else from the histogram of them all."""
+        if not t.steps:
+            return None, None
+        if self._count <= len(self.records):
+            steps = sorted(r.step_s for r in self.records if r.name not in names)
+            return percentile(steps, 50), percentile(steps, 90)
+        return histogram_percentile(t.buckets, 50), histogram_percentile(t.buckets, 90)
 
     def _pod_summary(self, names: frozenset[str]) -> dict[str, Any]:
         """The pod's figures over the gathered steps not left out (none on one process)."""
         if self._pod is None:
             return {}
-        counted = [s for s in self.pod_steps if s.name not in names]
-        return {"pod_processes": self._pod.processes, **pod_summary(counted)}
+        counted = PodTally.merged(v for k, v in self._pod_tallies.items() if k not in names)
+        return {"pod_processes": self._pod.processes, **counted.figures()}
 
     def format_summary(self, exclude: Iterable[str] | None = None) -> str:
         """The summary as a small two-column table for logs and terminals.

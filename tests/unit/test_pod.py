@@ -112,7 +112,7 @@ def test_one_process_runs_no_gather_and_keeps_its_summary_and_lines(tmp_path, mo
         timer.step(_trivial, 1)
         assert len(records.read_text().splitlines()) == len(timer.records)  # not held back
     timer.flush()
-    assert timer.pod_steps == []
+    assert not timer.pod_steps
     assert not any(k.startswith("pod") for k in timer.summary())
     assert "pod" not in timer.format_summary()
     assert not any("worst_process" in line for line in records.read_text().splitlines())
@@ -155,3 +155,90 @@ def test_a_window_comes_back_bit_for_bit_and_its_padding_left_out():
 def test_a_gather_window_must_be_positive():
     with pytest.raises(ValueError, match="window"):
         PodGather(0)
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, False, "100"])
+def test_keep_records_must_be_a_whole_number_of_records(value):
+    with pytest.raises(ValueError, match="keep_records"):
+        StepTimer(keep_records=value)
+
+
+def _other_wait(index: int) -> float:
+    """The other process's wait for step `index`: every fifth step it waits most."""
+    return 0.5 if index % 5 == 0 else 0.001
+
+
+class TwoProcessGather:
+    """Stands in for `PodGather` (a collective needs several JAX processes): a second process
+    whose waits are `_other_wait`'s and whose steps take 1 s, gathered beside this one's
+    figures; `arrives` says whether a window has arrived when the timer looks (else it is
+    collected when the next one is due, so two windows' records wait at once)."""
+
+    def __init__(self, window: int, arrives: bool):
+        self.window, self.processes, self.arrives = window, 2, arrives
+        self.rows: list[tuple[int, tuple[float, ...], tuple[float, ...]]] = []
+        self._pending = None
+
+    def submit(self, first_index: int, data_wait_s, step_s) -> None:
+        assert self._pending is None and len(data_wait_s) <= self.window
+        self._pending = [
+            (first_index + i, (w, _other_wait(first_index + i)), (s, 1.0))
+            for i, (w, s) in enumerate(zip(data_wait_s, step_s, strict=True))
+        ]
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def ready(self) -> bool:
+        return self.arrives and self.pending
+
+    def collect(self):
+        rows, self._pending = self._pending, None
+        self.rows += rows
+        return rows
+
+
+@pytest.mark.parametrize("arrives", [True, False], ids=["arrived", "in_flight"])
+def test_a_pod_run_longer_than_its_window_keeps_every_figure_and_line(
+    tmp_path, monkeypatch, arrives
+):
+    """The pod's figures come from running sums, as the run's do: with `pod_steps` holding the
+    latest steps only, they still equal `pod_summary` over every gathered step, and every
+    step's line is written with its worst host, in order."""
+    gathers = []
+
+    def gather(window):
+        gathers.append(TwoProcessGather(window, arrives))
+        return gathers[-1]
+
+    monkeypatch.setattr(timing, "PodGather", gather)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    path = tmp_path / "steps.jsonl"
+    timer = StepTimer(pod_every=4, keep_records=6, records_path=path)
+    names = ["profile" if i % 9 == 4 else None for i in range(23)]
+    for i, name in enumerate(names):
+        timer.step(_trivial, 1, name=name, data_wait_s=0.01 * (i % 3))
+    timer.flush()
+
+    rows = gathers[0].rows
+    assert [i for i, _, _ in rows] == list(range(23))
+    named = [name or ("compile" if i == 0 else "train") for i, name in enumerate(names)]
+    every = [_step(i, w, t, name=n) for (i, w, t), n in zip(rows, named, strict=True)]
+    assert [s.index for s in timer.pod_steps] == list(range(17, 23))
+    assert [r.index for r in timer.records] == list(range(17, 23))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(23))
+    assert [line["worst_process"] for line in lines] == [s.worst_process for s in every]
+    assert [line["name"] for line in lines] == [s.name for s in every]
+    s = timer.summary()
+    for left_out, steps in [(("compile",), 22), (("compile", "profile"), 19), ((), 23)]:
+        counted = [p for p in every if p.name not in left_out]
+        expected = pod_summary(counted)
+        s = timer.summary(exclude=left_out)
+        # Sums over several names are added name by name: equal up to the order of adding.
+        assert {k: s[k] for k in expected} == {
+            k: pytest.approx(v) if isinstance(v, float) else v for k, v in expected.items()
+        }
+        assert s["pod_processes"] == 2 and s["pod_steps"] == steps
+    assert timer.badput().steps == 23

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from input_client import timing
+from input_client import step_histogram, timing
 from input_client.timing import StepTimer
 
 
@@ -346,7 +346,7 @@ def test_wall_clock_counts_what_the_loop_does_between_steps(clock):
     for _ in range(4):
         clock.advance(1.5 + 0.25)  # the loop's own work after the previous step, then the wait
         timer.step(_step_taking(clock, 0.25), jnp.ones(2), data_wait_s=0.25)
-    assert [r.wall_s for r in timer.records[1:]] == pytest.approx([2.0] * 4)
+    assert [r.wall_s for r in list(timer.records)[1:]] == pytest.approx([2.0] * 4)
     s = timer.summary()
     assert s["total_wall_s"] == pytest.approx(8.0)
     assert s["total_other_s"] == pytest.approx(6.0)
@@ -392,3 +392,49 @@ def test_each_line_names_its_run_so_two_runs_in_one_file_stay_apart(tmp_path):
     assert [(r["run"], r["index"]) for r in lines] == expected
     assert first.run_id != StepTimer().run_id  # two timers made at once differ
     assert first.run_id[:8].isdigit() and first.run_id[8] == "T"  # sorts by start time
+
+
+# Device times the window tests cycle through: a few alike, one slow.
+STEP_S = (0.010, 0.012, 0.011, 0.050, 0.009, 0.013, 0.010, 0.0105, 0.2)
+
+
+def test_a_run_longer_than_its_window_keeps_the_latest_records_and_writes_every_line(
+    clock, tmp_path
+):
+    path = tmp_path / "steps.jsonl"
+    timer = StepTimer(keep_records=50, records_path=path, exclude=())
+    for i in range(200):
+        timer.step(_step_taking(clock, STEP_S[i % 9]), jnp.ones(2))
+        if i == 49:  # still every step: the median and p90 as exact as before
+            s = timer.summary()
+            exact = sorted(r.step_s for r in timer.records)
+            assert s["median_step_s"] == step_histogram.percentile(exact, 50)
+            assert s["p90_step_s"] == step_histogram.percentile(exact, 90)
+    assert [r.index for r in timer.records] == list(range(150, 200))
+    assert len(path.read_text().splitlines()) == 200  # the file keeps every step
+    timer.write_jsonl(tmp_path / "kept.jsonl")
+    kept = [
+        json.loads(line)["index"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()
+    ]
+    assert kept == list(range(150, 200))
+    s = timer.summary()
+    assert s["steps"] == 200
+    assert s["total_step_s"] == pytest.approx(sum(STEP_S[i % 9] for i in range(200)))
+    every = sorted(STEP_S[i % 9] for i in range(200))
+    for key, q in (("median_step_s", 50), ("p90_step_s", 90)):
+        assert s[key] == pytest.approx(
+            step_histogram.percentile(every, q), rel=step_histogram.PERCENTILE_ACCURACY
+        )
+
+
+def test_the_step_time_histogram_is_within_its_accuracy_of_every_percentile():
+    times = [0.0, 1e-6, 0.003, 0.0031, 0.02, 0.5, 2.0, 37.0] * 3 + [0.0105] * 5
+    counts: dict[int, int] = {}
+    for t in times:
+        counts[step_histogram.bucket(t)] = counts.get(step_histogram.bucket(t), 0) + 1
+    exact = sorted(times)
+    for q in (0, 10, 25, 50, 90, 99, 100):
+        got = step_histogram.histogram_percentile(counts, q)
+        assert got == pytest.approx(
+            step_histogram.percentile(exact, q), rel=step_histogram.PERCENTILE_ACCURACY
+        )

@@ -17,7 +17,7 @@ from typing import Any
 from input_client import badput as badput_records
 from input_client.badput import BadputTally, RunBadput
 from input_client.pod import PodGather, PodStep
-from input_client.timing import new_run_id
+from input_client.step_record import new_run_id
 
 # Each gathered step's worst host, in MaxText's metrics beside `perf/data_wait_seconds`.
 WORST_SCALAR = "perf/worst_data_wait_seconds"
