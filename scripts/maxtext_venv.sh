@@ -34,6 +34,11 @@ if [[ "${1:-}" == "--check" ]]; then
   exit
 fi
 
+# One run at a time builds, checks or reinstalls (test workers and checkouts share the venv):
+# the lock is beside the venv, which a rebuild removes.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if ! current; then
   say "building MaxText $MAXTEXT_VERSION's venv at $venv (~2 GB, a few minutes, once;" \
     "INPUT_SERVER_MAXTEXT_VENV=DIR puts it elsewhere)"
@@ -62,13 +67,12 @@ PY
   say "4/4 this checkout's client; the venv holds $(du -sh "$venv" | cut -f1)"
 fi
 # The client is reinstalled when this checkout's differs from the one installed (the tests
-# exercise this checkout's code), under a lock: a reinstall removes the package's files first,
-# so a MaxText run of another test worker importing it meanwhile would fail.
+# exercise this checkout's code), under the lock, and only then: a reinstall removes the
+# package's files first, and a MaxText run of another test worker importing it meanwhile
+# failed. (A run of another checkout with another client can still meet a reinstall.)
 # It is built from a copy, so no build/ folder left in the tree brings back deleted files.
 client_stamp="$(cd "$here/client" && find . -type f -not -path '*/build/*' -not -path '*.egg-info/*' \
   -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
-exec 9>"$venv/.client.lock"
-flock 9
 if [[ ! -f "$venv/.client-stamp" || "$(cat "$venv/.client-stamp")" != "$client_stamp" ]]; then
   copy="$(mktemp -d)"
   trap 'rm -rf "$copy"' EXIT

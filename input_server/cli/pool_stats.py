@@ -13,7 +13,7 @@ Its verdict kind is the server's, and the job's.
 
 A server's figures are checked before it may speak for the job (`impossible`): one that reports
 what no server can (a figure that is not a finite number, a negative rate, time or count, a wait
-share outside [0, 1], a pace of batches taken with none sent) is named as reporting impossible
+share outside [0, 1], a pace of batches taken with none sent or taken) is named as reporting impossible
 figures and left out of the job's view, as one that cannot be asked is; it never limits the job.
 `--json` is strict JSON: a figure that is not a finite number is null.
 """
@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import json
 import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from input_server.cli import strict_json
 from input_server.cli.connection import Unreachable, connected_to
 from input_server.plurals import plural
 from input_server.quoting import quote, quoted_copy
@@ -350,25 +350,6 @@ def format_pool(rows: Sequence[ServerRow], job: JobVerdict) -> str:
     return "\n".join(lines)
 
 
-def finite(value: Any) -> Any:
-    """`value` with every float that is not a finite number made None, through dicts, lists and
-    tuples: strict JSON has no NaN or Infinity, and strict parsers refuse the whole reading for
-    one of them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
-
-
-def strict_json(value: Any) -> str:
-    """`value` as one line of strict JSON: a figure that is not a finite number is null (which
-    `--json` documents as such a figure)."""
-    return json.dumps(finite(value), allow_nan=False)
-
-
 def as_json(
     answers: Sequence[tuple[str, Any]],
     rows: Sequence[ServerRow],
@@ -391,7 +372,7 @@ def as_json(
         "unreachable": list(job.unreachable),
         "bad_figures": list(job.bad_figures),
     }
-    return strict_json({"at": time.time(), "servers": servers, "job": verdict})
+    return strict_json.dumps({"at": time.time(), "servers": servers, "job": verdict})
 
 
 def run_pool(

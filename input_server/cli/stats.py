@@ -5,10 +5,10 @@ that is not a finite number is null). Several servers are a pool's view (`pool_s
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
+from input_server.cli import strict_json
 from input_server.cli.arguments import positive
 from input_server.cli.connection import (
     BadAddresses,
@@ -17,8 +17,8 @@ from input_server.cli.connection import (
     addresses_of,
     connected_to,
 )
-from input_server.cli.info import audit_words, repeated
-from input_server.cli.pool_stats import run_pool, strict_json
+from input_server.cli.info import audit_words
+from input_server.cli.pool_stats import run_pool
 from input_server.quoting import quote, quoted_copy
 from input_server.stages import STREAM_STAGES, WORKER_STAGES
 
@@ -94,46 +94,6 @@ def format_stats(info, address: str, before=None) -> str:
     return "\n".join(lines)
 
 
-def _dict(message) -> dict:
-    """`message` as protobuf's JSON mapping gives it, but a float field that is not a finite
-    number null: the mapping writes it as the string "NaN" or "Infinity", which a reader
-    expecting a number takes for text (`_null_non_finite`)."""
-    from google.protobuf import json_format
-
-    out = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
-    _null_non_finite(message, out)
-    return out
-
-
-def _null_non_finite(message, out: dict) -> None:
-    """Sets to None each float of `out` (`message`'s JSON mapping) that is not a finite number,
-    through nested, repeated and map fields; by the message's own fields, so a string field
-    that reads "NaN" stays as it is."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    floats = (F.TYPE_DOUBLE, F.TYPE_FLOAT)
-    for field, value in message.ListFields():
-        key = field.json_name
-        if field.type in floats:
-            if repeated(field):
-                out[key] = [v if math.isfinite(v) else None for v in value]
-            elif not math.isfinite(value):
-                out[key] = None
-        elif field.type == F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
-            kind = field.message_type.fields_by_name["value"].type
-            for k, v in value.items():
-                name = str(k).lower() if isinstance(k, bool) else str(k)
-                if kind == F.TYPE_MESSAGE:
-                    _null_non_finite(v, out[key][name])
-                elif kind in floats and not math.isfinite(v):
-                    out[key][name] = None
-        elif field.type == F.TYPE_MESSAGE and repeated(field):
-            for v, o in zip(value, out[key], strict=True):
-                _null_non_finite(v, o)
-        elif field.type == F.TYPE_MESSAGE:
-            _null_non_finite(value, out[key])
-
-
 def stream_dicts(info) -> list[dict]:
     """Each running stream's figures and verdict, as `--json` gives them."""
     return [
@@ -144,7 +104,7 @@ def stream_dicts(info) -> list[dict]:
             "worker_threads": s.worker_threads,
             "worker_reason": s.worker_reason,
             "consumed_batches_per_s": s.consumed_batches_per_s,
-            "stats": _dict(s.stats),
+            "stats": strict_json.message_dict(s.stats),
         }
         for s in info.streams
         if s.HasField("stats")
@@ -155,7 +115,8 @@ def as_json(info) -> str:
     """One line of strict JSON: each running stream's figures and verdict, and the server's
     totals; a figure the server sent that is not a finite number is null."""
     streams = stream_dicts(info)
-    return strict_json({"at": time.time(), "streams": streams, "totals": _dict(info.totals)})
+    totals = strict_json.message_dict(info.totals)
+    return strict_json.dumps({"at": time.time(), "streams": streams, "totals": totals})
 
 
 def register(subparsers) -> None:

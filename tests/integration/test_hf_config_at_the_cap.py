@@ -4,9 +4,8 @@ distinct special tokens, written as transformers 4's `save_pretrained` writes th
 special_tokens_map.json): the real loader takes it within a deadline, in a child process so the
 deadline stops it; the lists the configs name are read in the order they always were.
 
-Measured before (issue 50): the two lists were compared as lists, quadratic; a 1.1 MB config
-with 40,000 tokens took 36.8 s of a server's CPU, and this folder took 75 s to load where it
-now takes about 1.3 s (`load_tokenizer` alone, on the same host).
+The two lists were compared as lists, quadratic (issue 50; before and after in
+docs/benchmarks.md, "Tokenizer configs near their cap").
 """
 
 from __future__ import annotations
