@@ -7,6 +7,10 @@ only a complete head reaches a worker, which runs wsgiref's handler and the appl
 it. A peer that opens connections and sends nothing, or half a request (slowloris), holds a
 place in the cap for a few seconds and never a thread: before, each such connection started
 a thread that waited on it forever (1,100 of them took a server to its 1,024 threads).
+
+A `gate` sees each complete head on the loop's thread before any worker does, and may answer
+it at once with bytes of its own (the metrics page's 429 to a peer over its rate): no
+handler, no application, no worker's turn.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,16 @@ ACCEPT_PAUSE_S = 0.1
 # Refused connections are logged at most this often, with their count.
 LOG_EVERY_S = 60.0
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+# What a gate is given (the peer's address, the requests read on the connection: pipelined
+# ones count each, though only the first is answered) and returns (None to serve the request,
+# or the whole response to send instead).
+Gate = Callable[[tuple, int], bytes | None]
+
+
+def _requests(data: bytes) -> int:
+    """Complete request heads in `data` (each ends with an empty line, CRLF or bare LF)."""
+    return max(1, data.count(b"\n\r\n") + data.count(b"\n\n"))
 
 
 class _Head:
@@ -85,6 +100,8 @@ class BoundedWSGIServer(WSGIServer):
       address: (host, port) for `family`.
       family: the socket family (AF_INET or AF_INET6).
       max_connections, threads, idle_s, head_s: the bounds (defaults above, with why).
+      gate: called on the loop's thread with each complete head's peer and request count; a
+        response it returns is sent in place of the application's (see `Gate`).
     """
 
     # The kernel's backlog: a burst of connections waits there (no thread, no descriptor)
@@ -102,8 +119,10 @@ class BoundedWSGIServer(WSGIServer):
         threads: int = THREADS,
         idle_s: float = IDLE_S,
         head_s: float = HEAD_S,
+        gate: Gate | None = None,
     ):
         self.address_family = family
+        self.gate = gate
         self.max_connections, self.idle_s, self.head_s = max_connections, idle_s, head_s
         self.refused = 0  # connections closed at once, the cap full
         self._open = 0  # connections counted against the cap: read by the loop, lowered by workers
@@ -207,11 +226,26 @@ class BoundedWSGIServer(WSGIServer):
         if ended:
             selector.unregister(sock)
             del heads[sock]
+            answer = self.gate(head.address, _requests(head.data)) if self.gate else None
+            if answer is not None:
+                self._answer_now(sock, answer)
+                return
             sock.setblocking(True)
             sock.settimeout(self.head_s)  # for the response: a peer that reads none
             self._work.put_nowait((sock, head.address, head.data))
         elif len(head.data) > MAX_HEAD_BYTES:
             self._drop(selector, sock, heads)
+
+    def _answer_now(self, sock: socket.socket, answer: bytes) -> None:
+        """Sends a gate's answer and closes: a small one fits the socket's empty send buffer,
+        so the loop never waits on the peer; a peer that reset loses it, its own loss."""
+        try:
+            sock.send(answer)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()
+        self._release()
 
     def _drop(self, selector, sock: socket.socket, heads: dict) -> None:
         selector.unregister(sock)

@@ -35,9 +35,17 @@ SERVICES = {
 
 
 def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, tuple], float]:
-    """The page's samples: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    """The page's samples: (name, sorted labels) -> value. A 429 (a test polling past the
+    page's rate per peer) is waited out as its Retry-After says, as a scraper does."""
+    for attempt in range(10):
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            break
+        except urllib.error.HTTPError as e:
+            if e.code != 429 or attempt == 9:
+                raise
+            time.sleep(int(e.headers["Retry-After"]))
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -90,10 +98,12 @@ def _batches(messages) -> int:
 
 def test_live_streams_show_as_gauges_and_go_when_they_end(metrics_server, make_spec):
     port, target = metrics_server.metrics_port, metrics_server.targets[0]
-    spec = make_spec(workers={"count": 0, "threads": 2})
+    # Endless, so the stream is still live when a page newer than the one below is rendered.
+    spec = make_spec(workers={"count": 0, "threads": 2}, order={"epochs": 0})
     assert scrape(port)[("input_server_active_streams", ())] == 0
     with held_stream(target, spec):
-        page = scrape(port)
+        # A page is answered again for up to PAGE_TTL_S: the one above may still be it.
+        page = wait_for(lambda: (p := scrape(port))[("input_server_active_streams", ())] and p)
         assert page[("input_server_active_streams", ())] == 1
         assert page[("input_server_parallelism", (("kind", "processes"),))] == 0
         assert page[("input_server_parallelism", (("kind", "threads"),))] == 2
