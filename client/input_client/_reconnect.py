@@ -12,7 +12,7 @@ import grpc
 
 from input_client.errors import ReconnectError, StreamError
 from input_client.proto import pb
-from input_client.wire import PROTOCOL_VERSION, protocol_mismatch
+from input_client.wire import PROTOCOL_VERSION, SETUP_QUEUE_FULL, protocol_mismatch
 
 log = logging.getLogger("input_client.iterator")
 
@@ -70,6 +70,13 @@ RETRYABLE_WHILE_RECONNECTING = RETRYABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}
 # many clients of one restarted server do not retry in step.
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 5.0
+# A fresh stream refused because the server's set-up queue is full (others' resumed states
+# being read, each for seconds) waits for a place: a pause that doubles up to BACKOFF_MAX_S,
+# jittered so that the clients refused together do not come back together. It starts longer
+# than a reconnect's: a place frees only as a turn ends. Servers of an earlier release said
+# it in the second words.
+SETUP_WAIT_INITIAL_S = 0.5
+SETUP_QUEUE_WORDS = (SETUP_QUEUE_FULL, "requests already wait to set up large resumed states")
 
 
 def check_protocol(info: pb.GetInfoResponse, address: str) -> None:
@@ -145,3 +152,53 @@ class Outage:
             self.attempts,
             "" if self.attempts == 1 else "s",
         )
+
+
+class SetUpWait:
+    """A fresh stream's wait for a place in the server's set-up queue, from its first refusal
+    until a new stream is let in; said once when it begins.
+
+    Args:
+      address: the server's address, for messages.
+      deadline_s: how long to keep trying (the client's `connect_timeout_s`).
+      error: the refusal.
+    """
+
+    def __init__(self, address: str, deadline_s: float, error: StreamError):
+        self.address = address
+        self.deadline_s = deadline_s
+        self.error = error
+        self.start = time.monotonic()
+        self._delay = SETUP_WAIT_INITIAL_S
+        log.warning(
+            "input stream to %s: the server is busy setting up other clients' resumed states "
+            "(%s); waiting for a place in its set-up queue for up to %g s",
+            address,
+            error.details,
+            deadline_s,
+        )
+
+    @staticmethod
+    def applies(error: StreamError) -> bool:
+        """Whether `error` is the server's set-up queue refusing the stream for now (not a
+        budget the request itself is over, which no retry cures)."""
+        return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+            words in (error.details or "") for words in SETUP_QUEUE_WORDS
+        )
+
+    def next_pause_s(self) -> float:
+        """How long to wait before the next try (jittered, doubling, within the deadline).
+
+        Raises:
+          StreamError: the last refusal, once the deadline has passed.
+        """
+        remaining = self.start + self.deadline_s - time.monotonic()
+        if remaining <= 0:
+            raise StreamError(
+                self.error.code,
+                f"{self.error.details} (waited {time.monotonic() - self.start:.1f} s for a "
+                f"place in the server's set-up queue, the client's connect_timeout_s)",
+            )
+        pause = min(remaining, self._delay * random.uniform(0.5, 1.0))
+        self._delay = min(2 * self._delay, BACKOFF_MAX_S)
+        return pause

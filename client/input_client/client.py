@@ -45,7 +45,9 @@ class InputClient:
         that does not exist yet is waited for (a server starting), and said in one warning
         within a second, naming the other default path where a server answers if one does
         (a `serve` with another XDG_RUNTIME_DIR); an address that can never work (a socket
-        path without `unix://`) is refused at once.
+        path without `unix://`) is refused at once. A stream the server refuses at its start
+        because its set-up queue is full (it is reading other clients' resumed states) is
+        opened again, backing off, for this long too (said once in a warning).
       token: the shared token of a server started with `--token-file`, sent on every call
         (`authorization: Bearer TOKEN`). Its abstract sockets and TCP ports need it; its
         socket files do not (their file mode admits only the server's user), unless it also
@@ -369,6 +371,7 @@ class InputClient:
                 sharding=sharding,
                 expected=expected,
                 reconnect_deadline_s=reconnect_deadline_s,
+                start_deadline_s=self.connect_timeout_s,
                 diagnose=self._diagnose,
                 on_item=on_item,
                 on_close=channel.close,

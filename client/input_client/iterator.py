@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from input_client._reconnect import Outage, check_protocol
+from input_client._reconnect import Outage, SetUpWait, check_protocol
 from input_client._server_checks import (
     BadBatch,
     Expected,
@@ -26,7 +27,7 @@ from input_client.proto import pb
 from input_client.quiet import Quiet
 from input_client.threads import Prefetcher
 from input_client.tls_diagnosis import wait_diagnosing
-from input_client.wire import Buffers, batches_of, decode_state, encode_state
+from input_client.wire import CLIENT_KEY, Buffers, batches_of, decode_state, encode_state
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,17 @@ FIRST_BATCH_NOTICE_S = 2.0
 BUFFERS_BYTES = 256 << 20
 
 _END = object()
+# This process's name among a server's clients (`wire.CLIENT_KEY`): its streams share one
+# fair share of the server's set-up queue, whatever number of threads or channels opens them.
+CLIENT_ID = secrets.token_hex(8)
 
 
 class BatchIterator:
     """Yields batches (dicts of arrays) while a background thread fetches the next ones.
+
+    A stream refused at its start because the server's set-up queue is full (it is reading
+    other clients' resumed states) is opened again, backing off, for up to `start_deadline_s`
+    (`_reconnect.SetUpWait`, said once on stderr); no other refusal is retried at the start.
 
     The fetch thread also reconnects: a stream that breaks for a retryable reason
     (`_reconnect.RETRYABLE`, or a stream that ends without its end-of-data marker) is reopened
@@ -67,6 +75,7 @@ class BatchIterator:
         sharding: Any,
         expected: Expected,
         reconnect_deadline_s: float = 0.0,
+        start_deadline_s: float = 0.0,
         on_item: Callable[[], None] | None = None,
         diagnose: Callable[[float], str | None] | None = None,
         on_close: Callable[[], None] | None = None,
@@ -82,6 +91,9 @@ class BatchIterator:
         self._request = request
         self._sharding = sharding
         self._reconnect_deadline_s = reconnect_deadline_s
+        self._start_deadline_s = start_deadline_s
+        self._set_up_wait: SetUpWait | None = None  # while the set-up queue keeps it out
+        self._started = False  # a message came: a refusal now is no start's
         self._state = dict(state) if state else None
         # The state the fetch thread resumes from: that of the last batch it received.
         self._resume = encode_state(state) if state else b""
@@ -120,7 +132,9 @@ class BatchIterator:
         # The batches this client holds untaken: its prefetch queue and the one in hand.
         request.window = self._prefetch + 1
         taken = Taken(hold=self._hold)
-        call = self._stub.StreamBatches(taken.requests(request))
+        call = self._stub.StreamBatches(
+            taken.requests(request), metadata=((CLIENT_KEY, CLIENT_ID),)
+        )
         self._taken[id(call)] = taken
         return call
 
@@ -166,6 +180,7 @@ class BatchIterator:
         taken = self._taken.get(id(call))
         try:
             for message in call:
+                self._started = True
                 if self._outage is not None:
                     seq = decode_state(self._resume).get("seq", 0) if self._resume else 0
                     self._outage.ended(seq)
@@ -245,6 +260,9 @@ class BatchIterator:
           ReconnectError: the deadline passed.
         """
         reconnecting = self._outage is not None
+        starting = not (reconnecting or self._started) and self._start_deadline_s > 0
+        if starting and SetUpWait.applies(error):
+            return self._wait_for_set_up(error)
         if (
             not Outage.retryable(error, reconnecting=reconnecting)
             or self._reconnect_deadline_s <= 0
@@ -286,6 +304,22 @@ class BatchIterator:
             if not self._track(call):
                 return None
             return call
+
+    def _wait_for_set_up(self, error: StreamError) -> Any:
+        """Opens the stream again after a pause while the server's set-up queue refuses it;
+        None if closed.
+
+        Raises:
+          StreamError: the refusal, once `start_deadline_s` has passed since the first.
+        """
+        if self._set_up_wait is None:
+            self._set_up_wait = SetUpWait(self._address, self._start_deadline_s, error)
+        wait = self._set_up_wait
+        wait.error = error
+        if self._stop.wait(wait.next_pause_s()):
+            return None
+        call = self._open()
+        return call if self._track(call) else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self

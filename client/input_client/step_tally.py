@@ -21,9 +21,12 @@ class StepTally:
     Attributes:
       steps: records added.
       step_s, data_wait_s, wall_s: their seconds, summed.
-      tokens_per_s, tflops: their known per-step rates, summed, and how many were known.
-      tokens: tokens of the records whose count is known, and those records' step + data wait
-        and real seconds.
+      tokens: tokens of the records whose count is known, and those records' device, step +
+        data wait and real seconds: each rate is these tokens over one of these times, never
+        a mean of the steps' own rates (a mean of rates weighs a fast step like a slow one,
+        so an uneven loop read far above what it processed).
+      tflops, tflops_step_s: the TFLOP a device did in the records whose FLOP count is known,
+        and those records' device seconds.
       buckets: a histogram of their step times: how many each `step_histogram.bucket` holds.
     """
 
@@ -31,14 +34,12 @@ class StepTally:
     step_s: float = 0.0
     data_wait_s: float = 0.0
     wall_s: float = 0.0
-    tokens_per_s: float = 0.0
-    tokens_per_s_known: int = 0
-    tflops: float = 0.0
-    tflops_known: int = 0
     tokens: int = 0
-    tokens_known: int = 0
+    tokens_step_s: float = 0.0
     tokens_busy_s: float = 0.0
     tokens_wall_s: float = 0.0
+    tflops: float = 0.0
+    tflops_step_s: float = 0.0
     buckets: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
 
     def add(self, r: StepRecord) -> None:
@@ -47,15 +48,13 @@ class StepTally:
         self.step_s += r.step_s
         self.data_wait_s += r.data_wait_s
         self.wall_s += r.wall_s
-        if r.tokens_per_s is not None:
-            self.tokens_per_s += r.tokens_per_s
-            self.tokens_per_s_known += 1
         if r.tflops_per_device is not None:
-            self.tflops += r.tflops_per_device
-            self.tflops_known += 1
+            # The record keeps the step's rate; times its device time, the work it did.
+            self.tflops += r.tflops_per_device * r.step_s
+            self.tflops_step_s += r.step_s
         if r.num_tokens is not None:
             self.tokens += r.num_tokens
-            self.tokens_known += 1
+            self.tokens_step_s += r.step_s
             self.tokens_busy_s += r.step_s + r.data_wait_s
             self.tokens_wall_s += r.wall_s
         self.buckets[bucket(r.step_s)] += 1
@@ -74,7 +73,11 @@ class StepTally:
         """The summary's figures over the records added (`StepTimer.summary` says what each
         is); None where no record was added or the inputs are unknown."""
         busy = self.step_s + self.data_wait_s
-        known = self.tokens_known
+
+        def rate(work: float, seconds: float) -> float | None:
+            # No seconds: no step with a known count (or none that took time).
+            return work / seconds if seconds > 0 else None
+
         return {
             "total_step_s": self.step_s,
             "total_data_wait_s": self.data_wait_s,
@@ -82,16 +85,8 @@ class StepTally:
             # Never below 0: a `data_wait_s` given by hand may exceed the real time.
             "total_other_s": max(0.0, self.wall_s - busy),
             "input_bound_fraction": self.data_wait_s / busy if busy > 0 else None,
-            "mean_tokens_per_s": (
-                self.tokens_per_s / self.tokens_per_s_known if self.tokens_per_s_known else None
-            ),
-            "mean_tflops_per_device": (
-                self.tflops / self.tflops_known if self.tflops_known else None
-            ),
-            "step_and_wait_tokens_per_s": (
-                self.tokens / self.tokens_busy_s if known and self.tokens_busy_s > 0 else None
-            ),
-            "wall_tokens_per_s": (
-                self.tokens / self.tokens_wall_s if known and self.tokens_wall_s > 0 else None
-            ),
+            "device_tokens_per_s": rate(self.tokens, self.tokens_step_s),
+            "tflops_per_device": rate(self.tflops, self.tflops_step_s),
+            "step_and_wait_tokens_per_s": rate(self.tokens, self.tokens_busy_s),
+            "wall_tokens_per_s": rate(self.tokens, self.tokens_wall_s),
         }

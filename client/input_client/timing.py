@@ -91,13 +91,15 @@ class StepTimer:
     the device has run), and step time measured from one `next()` to the next mixes in the
     input pipeline. So `step` dispatches the step, waits with `jax.block_until_ready` for its
     outputs, and records that span alone; the data wait before the step is recorded beside it.
-    TFLOP/s and tokens/s are computed on device time; the input-bound fraction is
-    wait / (wait + device). The wall-clock tokens/s is tokens over real time: each step counts
-    the seconds from the previous step's end to its own, so everything the loop does between
-    steps (data wait, logging, checkpoints, a sleep) slows it as it slows the run; a figure on
-    step + data wait alone is kept beside it, and the gap between the two is the loop's own
-    time. Named steps (the first, compiling one; profiler start/stop) can be left out of
-    summaries, their real time with them.
+    Every rate of the summary is a total over a total: TFLOP/s and tokens/s on device time are
+    the counted steps' FLOPs and tokens over their device seconds, never a mean of each step's
+    rate (which weighs a fast step like a slow one: an uneven loop read far above what it
+    processed); the input-bound fraction is wait / (wait + device). The wall-clock tokens/s is
+    tokens over real time: each step counts the seconds from the previous step's end to its
+    own, so everything the loop does between steps (data wait, logging, checkpoints, a sleep)
+    slows it as it slows the run; a figure on step + data wait alone is kept beside it, and the
+    gap between the two is the loop's own time. Named steps (the first, compiling one; profiler
+    start/stop) can be left out of summaries, their real time with them.
 
     Memory stays flat however long the run: `records` holds the most recent `keep_records`
     steps only (every record held for the whole run grew a long run's trainer without bound),
@@ -447,17 +449,24 @@ class StepTimer:
           A dict: `steps` (counted), `excluded` (left out), `median_step_s`, `p90_step_s`,
           `total_step_s`, `total_data_wait_s`, `total_wall_s` (the counted steps' real time),
           `total_other_s` (of it, the loop's own time outside steps and data waits),
-          `input_bound_fraction` (wait / (wait + step) over counted steps), `mean_tokens_per_s`,
-          `mean_tflops_per_device` (means of the per-step rates, on device time),
-          `step_and_wait_tokens_per_s` (tokens over device time plus data wait: the rate were
-          the loop to do nothing else), `wall_tokens_per_s` (tokens over real time: what the
-          loop delivered); and, whether counted or not, the first step's data wait
-          (`first_data_wait_s`: the pipeline's start-up, which a server tuning its workers makes
-          long) and its device time (`first_step_s`: compilation, for a jitted step).
+          `input_bound_fraction` (wait / (wait + step) over counted steps); rates, each the
+          counted steps' total over the time it names (never a mean of per-step rates):
+          `device_tokens_per_s` (tokens over device time), `tflops_per_device` (TFLOP a device
+          over device time), `step_and_wait_tokens_per_s` (tokens over device time plus data
+          wait: the rate were the loop to do nothing else), `wall_tokens_per_s` (tokens over
+          real time: what the loop delivered); and, whether counted or not, the first step's
+          data wait (`first_data_wait_s`: the pipeline's start-up, which a server tuning its
+          workers makes long) and its device time (`first_step_s`: compilation, for a jitted
+          step).
           On several processes (see the class), over the gathered steps not left out, by the
           worst host of each step: `pod_processes`, and `pod_summary`'s `pod_steps`,
           `pod_worst_data_wait_s`, `pod_input_bound_fraction`, `pod_input_bound_steps` (the
-          share over 5 %), `pod_highly_input_bound_steps` (over 20 %), `pod_most_often_worst`.
+          share over 5 %), `pod_highly_input_bound_steps` (over 20 %), `pod_most_often_worst`;
+          and, counted or not as `first_data_wait_s` is for this process, the worst host's wait
+          for the first batch and its process (`pod_first_data_wait_s`, `pod_first_process`:
+          the badput's `first_batch_wait_s`), None until the first step is gathered. The first
+          step is left out as compilation, and with it a host whose pipeline started late,
+          holding every chip, which this process's own `first_data_wait_s` does not show.
           Figures are None where no step was counted or the inputs are unknown. Every figure
           covers every step timed, from running sums; the median and p90 are exact while
           `records` still holds every step, and within `step_histogram.PERCENTILE_ACCURACY`
@@ -489,11 +498,20 @@ class StepTimer:
         return histogram_percentile(t.buckets, 50), histogram_percentile(t.buckets, 90)
 
     def _pod_summary(self, names: frozenset[str]) -> dict[str, Any]:
-        """The pod's figures over the gathered steps not left out (none on one process)."""
+        """The pod's figures over the gathered steps not left out, and its first batch's worst
+        wait whether left out or not (none on one process)."""
         if self._pod is None:
             return {}
         counted = PodTally.merged(v for k, v in self._pod_tallies.items() if k not in names)
-        return {"pod_processes": self._pod.processes, **counted.figures()}
+        # The badput's tally holds the first gathered step's worst host (the run's first batch).
+        first = self._badput_tally
+        gathered = first.steps > 0
+        return {
+            "pod_processes": self._pod.processes,
+            **counted.figures(),
+            "pod_first_data_wait_s": first.first_batch_wait_s if gathered else None,
+            "pod_first_process": first.first_batch_process if gathered else None,
+        }
 
     def format_summary(self, exclude: Iterable[str] | None = None) -> str:
         """The summary as a small two-column table for logs and terminals.
@@ -524,10 +542,10 @@ class StepTimer:
                 f"({s['total_other_s']:.3f} s outside step and data wait)",
             ),
             ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
-            ("tokens/s, device time", num(s["mean_tokens_per_s"], ",.0f")),
+            ("tokens/s, device time", num(s["device_tokens_per_s"], ",.0f")),
             ("tokens/s, step + data wait", num(s["step_and_wait_tokens_per_s"], ",.0f")),
             ("tokens/s, wall clock (whole loop)", num(s["wall_tokens_per_s"], ",.0f")),
-            ("TFLOP/s/device", num(s["mean_tflops_per_device"], ".4g")),
+            ("TFLOP/s/device, device time", num(s["tflops_per_device"], ".4g")),
             (
                 "first step's data wait",
                 num(s["first_data_wait_s"], ".3f") + " s"
@@ -552,9 +570,14 @@ class StepTimer:
             return "n/a" if value is None else format(value, ".1%")
 
         most = s["pod_most_often_worst"]
+        first = s["pod_first_data_wait_s"]
         return [
             ("pod", f"{s['pod_processes']} processes, {s['pod_steps']} steps gathered"),
             ("pod data wait (worst host a step)", f"{s['pod_worst_data_wait_s']:.3f} s"),
+            (
+                "pod first batch wait (worst host)",
+                f"{first:.3f} s (process {s['pod_first_process']})" if first is not None else "n/a",
+            ),
             ("pod input-bound fraction (worst host)", pct(s["pod_input_bound_fraction"])),
             (
                 "pod steps input-bound (>5% / >20%)",

@@ -30,6 +30,16 @@ from input_client.proto import pb
 #      has taken (`batches_taken`), within its `window` (flow control).
 PROTOCOL_VERSION = 3
 
+# A stream call's header that names the client process making it (random, one per process).
+# gRPC shows a server every Unix-socket peer alike, so the server's set-up queue shares its
+# places between the clients of one peer by this (`input_server/batching/pacing.py`). A client
+# may send any value: it keeps well-behaved clients of one peer apart, and proves nothing.
+CLIENT_KEY = "input-client"
+# What a server's refusal for a full set-up queue says (RESOURCE_EXHAUSTED, while it sets up
+# others' resumed states): a fresh stream refused so waits for a place and retries
+# (`iterator.py`); no other refusal is retried that way.
+SETUP_QUEUE_FULL = "the server's set-up queue is full"
+
 
 def protocol_mismatch(server: str, server_version: int, client_version: int) -> str | None:
     """The refusal both sides give when their wire protocols differ (None when they agree);

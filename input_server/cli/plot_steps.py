@@ -8,9 +8,11 @@ import dataclasses
 import json
 import math
 import sys
+import textwrap
 from typing import Any
 
 from input_client.pod import HIGHLY_INPUT_BOUND, INPUT_BOUND
+from input_server.plurals import plural
 
 # What every line needs: the fields `StepTimer` writes that the plot reads.
 FIELDS = ("index", "step_s", "data_wait_s")
@@ -20,6 +22,11 @@ POD_FIELDS = ("process", "worst_process", "worst_data_wait_s", "worst_step_s")
 
 # More panels than this are too short to read; the rest are listed and drawn by `--run`.
 MAX_PANELS = 6
+
+# Characters a title line may hold: what a panel's width fits at the title's font size, with
+# room for wide characters (a run id's capitals and digits); longer lines are wrapped, which a
+# pod run's title (its run and the worst host beside it) needed, cut off at the right before.
+TITLE_CHARS = 72
 
 
 class RecordsError(ValueError):
@@ -312,7 +319,13 @@ def _draw_run(ax, records: list[dict[str, Any]]) -> None:
         ax.plot(steps, series[2], ":", color="tab:gray", label="step to step (wall clock) s")
     series.append(_draw_pod(ax, rest))
     ax.axvspan(first["index"] - 0.5, first["index"] + 0.5, color="gray", alpha=0.25)
-    worst = f" (worst host {first['worst_data_wait_s']:.3g} s)" if "worst_process" in first else ""
+    # On a line of its own: beside the step's figures it ran under the legend.
+    worst = (
+        f"\n the worst host's wait: process {first['worst_process']}, "
+        f"{first['worst_data_wait_s']:.3g} s"
+        if "worst_process" in first
+        else ""
+    )
     ax.text(
         first["index"],
         0.98,
@@ -330,8 +343,15 @@ def _draw_run(ax, records: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8, loc="upper right")
 
 
+def _title(*parts: str) -> str:
+    """A title of `parts`, each on lines of at most `TITLE_CHARS` (a long one broken at its
+    spaces, or anywhere if it has none, as a file's path)."""
+    return "\n".join(line for part in parts for line in textwrap.wrap(part, TITLE_CHARS))
+
+
 def plot(runs: list[Run], path: str, *, title: str) -> None:
-    """Draws each run in its own panel, titled with its label, into the PNG `path`.
+    """Draws each run in its own panel, titled with its label (on a pod, the worst host on a
+    line of its own), into the PNG `path`.
 
     Raises:
       ImportError: matplotlib is not installed.
@@ -346,11 +366,11 @@ def plot(runs: list[Run], path: str, *, title: str) -> None:
     for ax, run in zip(axes[:, 0], runs, strict=True):
         _draw_run(ax, run.records)
         pod = PodView.of(run.records)
-        ax.set_title(run.label if pod is None else f"{run.label}, {pod.label}")
+        ax.set_title(_title(run.label) if pod is None else _title(run.label, pod.label))
     if len(runs) == 1 and runs[0].run_id is None and PodView.of(runs[0].records) is None:
-        axes[0, 0].set_title(title)  # an older file of one run: nothing to tell apart
+        axes[0, 0].set_title(_title(title))  # an older file of one run: nothing to tell apart
     else:
-        fig.suptitle(title)
+        fig.suptitle(_title(title))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -358,14 +378,14 @@ def plot(runs: list[Run], path: str, *, title: str) -> None:
 
 def _listing(path: str, runs: list[Run], drawn: list[Run]) -> str:
     """What the file holds, a line a run, and which were drawn: how to pick one by `--run`."""
-    lines = [f"{path}: {len(runs)} run{'s' * (len(runs) != 1)}"]
+    lines = [f"{path}: {plural(len(runs), 'run')}"]
     for run in runs:
         where = (
             f"panel {drawn.index(run) + 1}" if run in drawn else f"not drawn: --run {run.number}"
         )
         pod = PodView.of(run.records)
         also = "" if pod is None else f"; {pod.label}"
-        lines.append(f"  {run.label}  {len(run.records)} steps  ({where}){also}")
+        lines.append(f"  {run.label}  {plural(len(run.records), 'step')}  ({where}){also}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from input_server.cli.connection import (
 )
 from input_server.cli.info import audit_words
 from input_server.cli.pool_stats import run_pool
+from input_server.plurals import plural
 from input_server.quoting import quote, quoted_copy
 from input_server.stages import STREAM_STAGES, WORKER_STAGES
 
@@ -68,8 +69,8 @@ def format_stream(s, before=None) -> list[str]:
         else f"waited {100 * st.client_wait_share:.1f} % of its loop ({st.client_wait_s:.1f} s)"
     )
     return [
-        f"stream {s.stream_id}  {s.pipeline}  {s.worker_processes} processes x "
-        f"{s.worker_threads} threads ({s.worker_reason})",
+        f"stream {s.stream_id}  {s.pipeline}  {plural(s.worker_processes, 'process', 'processes')}"
+        f" x {plural(s.worker_threads, 'thread')} ({s.worker_reason})",
         f"  verdict   {st.verdict}",
         f"  rates     taken {s.consumed_batches_per_s:.1f} batches/s, could make "
         f"{st.production_batches_per_s:.1f}; {_si(real / span)}tokens/s{pad}, "
@@ -88,7 +89,7 @@ def format_stats(info, address: str, before=None) -> str:
     info, address = quoted_copy(info), quote(address)
     earlier = {s.stream_id: s for s in before.streams} if before is not None else {}
     running = [s for s in info.streams if s.HasField("stats")]
-    lines = [f"server {address}: {len(running)} streams running"]
+    lines = [f"server {address}: {plural(len(running), 'stream')} running"]
     for s in running:
         lines.extend(format_stream(s, earlier.get(s.stream_id)))
     return "\n".join(lines)

@@ -47,11 +47,23 @@ def describe(name: str, spec) -> str:
     ("(request)" alone named none of a server's many such streams)."""
     if name != REQUEST:
         return name
-    paths = [p for source in spec.sources for p in source.paths]
+    return _label([p for source in spec.sources for p in source.paths], spec.tokenizer.model)
+
+
+def describe_request(name: str, spec: pb.PipelineSpec) -> str:
+    """`describe` of a stream still setting up, from the spec as the client sent it (nothing of
+    it checked yet): the label it keeps once it runs, where "(request)" showed before."""
+    if name != REQUEST:
+        return name
+    sources = list(spec.mixture) or [spec.source]
+    return _label([p for source in sources for p in source.paths], spec.tokenizer.model)
+
+
+def _label(paths: list[str], model: str) -> str:
+    """ "request: FIRST-PATH [+N], MODEL", of their base names."""
     data = os.path.basename(paths[0]) if paths else "?"
     if len(paths) > 1:
         data += f" +{len(paths) - 1}"
-    model = spec.tokenizer.model
     return f"request: {data}" + (f", {os.path.basename(model.rstrip('/'))}" if model else "")
 
 

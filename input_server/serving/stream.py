@@ -48,13 +48,20 @@ from input_server.serving.coalesce import batches_per_message
 from input_server.serving.credit import Credit
 from input_server.serving.limits import Limits, access_for, check_fits
 from input_server.serving.retune import StreamTuner
-from input_server.serving.session import REQUEST, TICK_S, UNSTICK_S, StreamSession
+from input_server.serving.session import (
+    REQUEST,
+    TICK_S,
+    UNSTICK_S,
+    StreamSession,
+    describe_request,
+)
 from input_server.serving.slots import ProcessPool, ProcessReservation
 
 # Loopback peers of the set-up queue are told apart by the user owning their socket, as the
 # token check tells them apart (`backoff.peer_key`).
 _OWNERS = LoopbackOwners()
-# The longest client key a call may send that the set-up queue keeps (a random hex id is 16).
+# The longest client name the set-up queue keeps of a call's header (the client sends a short
+# random one): a longer one is cut, so that a call cannot make the queue hold much text.
 CLIENT_KEY_CHARS = 64
 
 
@@ -368,7 +375,9 @@ class Stream:
             session, live, opening, doing = self.session, self._live, self._opening, self._doing
         if session is None or opening is None:
             return pb.StreamInfo(
-                stream_id=self.id, pipeline=self._name, worker_reason=f"setting up: {doing}"
+                stream_id=self.id,
+                pipeline=describe_request(self._name, self._request.spec),
+                worker_reason=f"setting up: {doing}",
             )
         parallelism = session.stream.parallelism
         credit = self.credit

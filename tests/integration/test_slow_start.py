@@ -4,12 +4,17 @@ new user once watched 11-19 s with nothing on screen)."""
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 
 from input_client import InputClient
+from input_client.iterator import BatchIterator
 from input_server.batching.parallelism import default_threads
 from input_server.batching.pipeline import MIN_GROUP
+from input_server.plurals import plural
+from input_server.serving import stream
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
 
@@ -35,12 +40,78 @@ def test_a_slow_first_batch_says_why_once(tmp_path, make_spec, caplog):
             next(it)
     lines = [r.getMessage() for r in caplog.records if "no first batch" in r.getMessage()]
     assert len(lines) == 1, lines
-    assert "making its first batch" in lines[0]
+    assert "still setting a stream up or making its first batch" in lines[0]
     threads = default_threads(0)  # the provisional start: in process, the default threads
     assert (
-        f"stream 1 (slow): 0 batches produced, 0 processes x {threads} threads (searching)"
-        in lines[0]
-    )
+        f"stream 1 (slow): making its first batch, 0 processes x {plural(threads, 'thread')} "
+        "(searching)"
+    ) in lines[0]
+
+
+def _first_batch_notice(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if "no first batch" in r.getMessage()]
+    return line
+
+
+def test_a_clients_spec_setting_up_is_named_by_its_data_not_request(
+    tmp_path, make_spec, caplog, monkeypatch
+):
+    """A stream of a spec the client sent was "(request)" until it ran, which the notice put in
+    its own brackets: "stream 1 ((request))". It has the label it keeps from its first moment."""
+    opened = threading.Event()
+
+    class SlowToOpen(stream.Pipeline):
+        """Opening its files takes ~3 s (slow storage at the open), as a stream's set-up."""
+
+        def __init__(self, *args, **kwargs):
+            opened.set()
+            time.sleep(3.0)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "Pipeline", SlowToOpen)
+    spec = make_spec()
+    label = f"request: {os.path.basename(spec.sources[0].paths[0])}, "
+    label += os.path.basename(spec.tokenizer.model)
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        caplog.at_level(logging.WARNING, logger="input_client"),
+        client.batches(spec) as it,
+    ):
+        assert opened.wait(10)
+        assert [s.pipeline for s in client.info().streams] == [label]  # while setting up
+        next(it)
+    line = _first_batch_notice(caplog)
+    assert f"stream 1 ({label}): setting up: opening its files and model" in line, line
+    assert "(request)" not in line, line
+
+
+def test_batches_made_but_not_here_are_not_said_to_be_setting_up(
+    tmp_path, make_spec, caplog, monkeypatch
+):
+    """The server had made its batches while the first waited on this side (its placement on
+    the devices: JAX starting): the notice said "still setting up" beside "18 batches
+    produced"."""
+    place = BatchIterator._place
+
+    def slow_first_place(self, arrays):
+        if not self.batches_yielded:
+            time.sleep(3.0)  # a first device_put starting JAX's backend
+        return place(self, arrays)
+
+    monkeypatch.setattr(BatchIterator, "_place", slow_first_place)
+    with (
+        Server(ServerConfig(listen=[f"unix://{tmp_path}/s.sock"])) as srv,
+        InputClient(srv.targets[0]) as client,
+        caplog.at_level(logging.WARNING, logger="input_client"),
+        client.batches(make_spec()) as it,
+    ):
+        next(it)
+    line = _first_batch_notice(caplog)
+    assert "still setting" not in line and "making its first batch" not in line, line
+    assert "the server has batches on every stream it lists" in line, line
+    produced = re.search(r"stream 1 \(request: [^)]*\): ([\d,]+) batch(es)? produced", line)
+    assert produced and int(produced.group(1).replace(",", "")) >= 1, line
 
 
 def test_info_lists_a_stream_from_its_first_moment(tmp_path, make_spec):

@@ -166,6 +166,7 @@ def test_stats_shows_the_verdict_and_where_the_time_goes(serve, make_spec, capsy
         settled(client)
         assert cli.main(["stats", srv.targets[0]]) == 0
         table = capsys.readouterr().out
+        assert table.splitlines()[0].endswith(": 1 stream running"), table  # not "1 streams"
         assert "verdict   read-bound: " in table, table
         assert "workers   read " in table and "stream    wait_workers " in table, table
         watch = ["--json", "--watch", "--count", "2", "--interval-s", "0.2"]

@@ -1,5 +1,7 @@
 """The set-up gate: free within the grace, then one request at a time at its share of the CPU,
-refused past its budget or past the queue's bound, and left by a client that goes."""
+refused past its budget or past the queue's bound, and left by a client that goes; its queue
+fair between peers, and between the clients of one peer: a flood from one neither keeps
+another's request out nor puts it behind the flood."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 import pytest
 
 from input_server import cancel
-from input_server.batching.pacing import Gate, PaceConfig
+from input_server.batching.pacing import Gate, PaceConfig, caller
 from input_server.errors import CancelledError, OverBudgetError
 
 
@@ -66,8 +68,9 @@ def test_paced_requests_take_turns_and_the_queue_is_bounded():
     b = threading.Thread(target=second)
     b.start()
     time.sleep(0.3)  # b waits its turn
-    with gate.work("c") as pace, pytest.raises(OverBudgetError, match="1 requests already wait"):
+    with gate.work("c") as pace, pytest.raises(OverBudgetError) as e:
         pace()
+    assert "c: the server's set-up queue is full (1 request waiting" in str(e.value)
     release.set()
     a.join(10)
     b.join(10)
@@ -105,3 +108,116 @@ def test_a_client_that_leaves_gives_its_place_up():
     threads[0].join(10)
     with gate.work("c") as pace:  # the queue is empty again: c goes at once
         pace()
+
+
+class _Request:
+    """A request of `key` on its own thread: it takes its turn (appending its name to `order`),
+    then holds it until `release` is set; `error` is what refused it."""
+
+    def __init__(self, gate: Gate, key, name: str, order: list, release: threading.Event):
+        self.name, self.error = name, None
+        self.turn = threading.Event()
+        self._args = gate, key, order, release
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        gate, key, order, release = self._args
+        try:
+            with caller(lambda: key), gate.work(self.name) as pace:
+                pace()
+                order.append(self.name)
+                self.turn.set()
+                release.wait(10)
+        except OverBudgetError as e:
+            self.error = e
+
+    def start(self, gate: Gate, waiting: int | None) -> _Request:
+        """Starts it; returns once `waiting` requests wait (None: once it holds the turn)."""
+        self.thread.start()
+        if waiting is None:
+            assert self.turn.wait(10), self.name
+        else:
+            _until(lambda: gate.waiting == waiting, self.name)
+        return self
+
+
+def _until(done, what: str) -> None:
+    end = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < end, what
+        time.sleep(0.01)
+
+
+def _released(requests) -> None:
+    for r in requests:
+        r.thread.join(10)
+        assert not r.thread.is_alive(), r.name
+
+
+@pytest.mark.parametrize(
+    "flood, other",
+    [
+        (("ipv4:10.0.0.1", "ipv4:10.0.0.1:1000"), ("ipv4:10.0.0.2", "ipv4:10.0.0.2:2000")),
+        # Unix-socket peers all read `unix:`: the client each names tells them apart.
+        (("unix", "client a"), ("unix", "client b")),
+    ],
+    ids=["another-host", "another-client-of-one-unix-peer"],
+)
+def test_a_flood_from_one_peer_cannot_keep_another_request_out(flood, other):
+    gate = Gate(PaceConfig(grace_s=0.0, share=1.0, max_waiting=4))
+    order, release = [], threading.Event()
+    made = [_Request(gate, flood, "f0", order, release).start(gate, None)]
+    for i in range(1, 5):  # every waiting place the flood's
+        made.append(_Request(gate, flood, f"f{i}", order, release).start(gate, i))
+    refused = _Request(gate, flood, "f5", order, release)
+    refused.thread.start()
+    refused.thread.join(10)
+    assert "set-up queue is full (4 requests waiting" in str(refused.error), refused.error
+    # Another's request takes the flood's newest place, and the next turn.
+    made.append(_Request(gate, other, "o", order, release).start(gate, 4))
+    _until(lambda: made[4].error is not None, "the flood's newest place given up")
+    assert "gave its place to one of a peer (or client) holding fewer" in str(made[4].error)
+    release.set()
+    _released(made)
+    assert order == ["f0", "o", "f1", "f2", "f3"], order
+
+
+def test_turns_rotate_between_peers_and_then_between_each_peers_clients():
+    gate = Gate(PaceConfig(grace_s=0.0, share=1.0, max_waiting=8))
+    order, release = [], threading.Event()
+    arrivals = [
+        (("a", "1"), "a1"),  # holds the turn as the others come
+        (("a", "1"), "a1-2"),
+        (("a", "1"), "a1-3"),
+        (("a", "2"), "a2"),
+        (("b", "1"), "b1"),
+        (("b", "1"), "b1-2"),
+        (("c", "1"), "c1"),
+    ]
+    holder, *rest = [_Request(gate, k, n, order, release) for k, n in arrivals]
+    holder.start(gate, None)
+    for i, r in enumerate(rest, 1):
+        r.start(gate, i)
+    release.set()
+    _released([holder, *rest])
+    # Peer by peer (the one served longest ago first: b and c were never served), and within
+    # peer a, client 2 before client 1's next.
+    assert order == ["a1", "b1", "c1", "a2", "b1-2", "a1-2", "a1-3"], order
+
+
+def test_equal_peers_never_take_places_from_each_other():
+    """A full queue of one request from each of many peers (a flood spread over many hosts,
+    or over made-up client names) refuses a newcomer rather than churn: it would take the
+    place of an honest request as soon as of a flood's."""
+    gate = Gate(PaceConfig(grace_s=0.0, share=1.0, max_waiting=3))
+    order, release = [], threading.Event()
+    made = [_Request(gate, ("p0", ""), "p0", order, release).start(gate, None)]
+    for i in range(1, 4):
+        made.append(_Request(gate, (f"p{i}", ""), f"p{i}", order, release).start(gate, i))
+    late = _Request(gate, ("p9", ""), "p9", order, release)
+    late.thread.start()
+    late.thread.join(10)
+    assert "set-up queue is full" in str(late.error), late.error
+    release.set()
+    _released(made)
+    assert order == ["p0", "p1", "p2", "p3"] and all(r.error is None for r in made)

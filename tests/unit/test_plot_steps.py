@@ -177,7 +177,7 @@ def test_two_runs_in_one_file_are_drawn_in_two_labelled_panels(tmp_path, capsys,
     top, bottom = figures[0].axes
     assert top.get_title() == f"run 1: {first.run_id}"
     assert bottom.get_title() == "run 2: slow-loop"
-    assert figures[0].get_suptitle() == str(path)
+    assert figures[0].get_suptitle().replace("\n", "") == str(path)  # wrapped if long
     assert list(_lines(top)["data wait s"].get_xdata()) == [1, 2, 3, 4, 5]
     assert list(_lines(bottom)["data wait s"].get_xdata()) == [1, 2, 3]
     # The second loop slept after each step: its step-to-step real time shows it.
@@ -308,8 +308,9 @@ def test_a_pod_run_draws_the_worst_host_beside_this_one(tmp_path, capsys, figure
     assert ax.get_ylim()[1] >= 0.05  # the worst waits on the scale
     # Input-bound steps 2, 3, 4, 6, 7, 8: process 2 was worst on 4 of them.
     label = "process 0; worst host process 2 (4 of 6 input-bound steps)"
-    assert ax.get_title() == f"run 1: pod-run, {label}"
-    assert any("(worst host 0.2 s)" in t.get_text() for t in ax.texts)  # the first step's
+    assert ax.get_title() == f"run 1: pod-run\n{label}"
+    # The first step's worst host, its process named.
+    assert any("the worst host's wait: process 0, 0.2 s" in t.get_text() for t in ax.texts)
     assert stdout.splitlines()[1] == f"  run 1: pod-run  12 steps  (panel 1); {label}"
 
 
@@ -334,3 +335,42 @@ def test_a_one_process_run_draws_no_pod_lines(records, tmp_path, capsys, figures
     assert set(_lines(ax)) == {"step (device) s", "data wait s", "step to step (wall clock) s"}
     assert [p.get_gid() for p in ax.patches if p.get_gid()] == []
     assert "process" not in ax.get_title()
+
+
+def test_a_pod_runs_titles_fit_the_figure(tmp_path, capsys, figures):
+    """A pod run's panel names its run and the worst host beside it: on one line it ran off
+    the figure's right edge, as a long file name did above it. Each is wrapped to fit."""
+    from input_client.step_record import new_run_id
+
+    run_id = new_run_id()
+    lines = []
+    for i in range(1500):
+        bound = i % 3 == 1  # the host of the highest index worst and input-bound, often
+        lines.append(
+            {
+                "run": run_id,
+                "index": i,
+                "step_s": 0.1,
+                "data_wait_s": 0.001,
+                "process": 12,
+                "worst_process": 127 if bound else 12,
+                "worst_data_wait_s": 0.05 if bound else 0.001,
+                "worst_step_s": 0.1,
+            }
+        )
+    folder = tmp_path / "an-experiment-folder-with-a-long-name" / "and-another-below-it"
+    folder.mkdir(parents=True)
+    path = folder / "steps-of-the-pod.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = _main(capsys, "plot-steps", str(path), "-o", str(tmp_path / "p.png"))
+    assert (code, err) == (0, "")
+    fig = figures[0]
+    (ax,) = fig.axes
+    label = "process 12; worst host process 127 (500 of 500 input-bound steps)"
+    assert ax.get_title() == f"run 1: {run_id}\n{label}"
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (suptitle,) = fig.texts
+    for text in (ax.title, suptitle):
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1, (text.get_text(), box)

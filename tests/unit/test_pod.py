@@ -242,3 +242,26 @@ def test_a_pod_run_longer_than_its_window_keeps_every_figure_and_line(
         }
         assert s["pod_processes"] == 2 and s["pod_steps"] == steps
     assert timer.badput().steps == 23
+
+
+def test_the_pod_summary_names_a_hosts_late_first_batch(monkeypatch):
+    """The first step is left out of the summary's figures (its device time is compilation),
+    and with it the wait of a host whose pipeline started late: this process's own first wait
+    did not show it. The pod summary gives the worst host's first-batch wait apart."""
+    monkeypatch.setattr(timing, "PodGather", lambda window: TwoProcessGather(window, True))
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    timer = StepTimer(pod_every=4)
+    timer.step(_trivial, 1, data_wait_s=0.1)  # the other process waits 0.5 s for its first
+    s = timer.summary()
+    assert s["pod_first_data_wait_s"] is None and s["pod_first_process"] is None  # not gathered
+    for _ in range(5):
+        timer.step(_trivial, 1, data_wait_s=0.0)
+    timer.flush()
+    s = timer.summary()
+    assert s["first_data_wait_s"] == 0.1  # this process's own
+    assert (s["pod_first_data_wait_s"], s["pod_first_process"]) == (0.5, 1)
+    # The counted steps' figures stay theirs: step 5's wait, the other process's again.
+    assert s["pod_steps"] == 5 and s["pod_worst_data_wait_s"] == pytest.approx(0.5 + 4 * 0.001)
+    assert timer.badput().first_batch_wait_s == s["pod_first_data_wait_s"]
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    assert rows["pod first batch wait (worst host)"].strip() == "0.500 s (process 1)"

@@ -208,8 +208,33 @@ def test_tflops_and_tokens_from_step_time(clock):
     assert second.num_tokens == 200
     assert second.tokens_per_s == pytest.approx(400.0)
     s = timer.summary(exclude=())
-    assert s["mean_tflops_per_device"] == pytest.approx(2.5)
-    assert s["mean_tokens_per_s"] == pytest.approx(450.0)
+    # Both steps' work a device and tokens over their seconds together, not their rates' mean.
+    assert s["tflops_per_device"] == pytest.approx(4.0 / 2.5)
+    assert s["device_tokens_per_s"] == pytest.approx(1200 / 2.5)
+
+
+def test_every_rate_is_tokens_over_the_time_it_names_not_a_mean_of_step_rates(clock):
+    """The issue's noisy loop: device time read far above step + data wait with no data wait,
+    a mean of per-step rates. Uneven steps with nothing between them: every rate is the same
+    tokens over the same seconds, far from the mean of the steps' rates."""
+    timer = StepTimer(tokens_per_step=1000, flops_per_step=2e12, num_devices=1, exclude=())
+    times = [0.001] * 9 + [1.0]  # nine quick steps and one slow one
+    for seconds in times:
+        timer.step(_step_taking(clock, seconds), jnp.ones(2), data_wait_s=0.0)
+    total_s = sum(times)
+    mean_of_rates = sum(1000 / t for t in times) / len(times)
+    s = timer.summary()
+    assert s["device_tokens_per_s"] == pytest.approx(10_000 / total_s)
+    assert mean_of_rates > 50 * s["device_tokens_per_s"]  # what was printed before
+    assert s["tflops_per_device"] == pytest.approx(10 * 2.0 / total_s)
+    assert s["step_and_wait_tokens_per_s"] == pytest.approx(s["device_tokens_per_s"])
+    assert s["wall_tokens_per_s"] == pytest.approx(s["device_tokens_per_s"])
+    rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
+    printed = f"{10_000 / total_s:,.0f}"
+    assert rows["tokens/s, device time"].strip() == printed
+    assert rows["tokens/s, step + data wait"].strip() == printed
+    assert rows["tokens/s, wall clock (whole loop)"].strip() == printed
+    assert float(rows["TFLOP/s/device, device time"]) == pytest.approx(20 / total_s, rel=1e-3)
 
 
 def test_num_devices_defaults_to_local_device_count(clock):
@@ -225,7 +250,7 @@ def test_rates_unknown_without_counts(clock):
     r = timer.records[0]
     assert r.tokens_per_s is None and r.tflops_per_device is None
     s = timer.summary(exclude=())
-    assert s["mean_tokens_per_s"] is None and s["mean_tflops_per_device"] is None
+    assert s["device_tokens_per_s"] is None and s["tflops_per_device"] is None
 
 
 def test_summary_with_nothing_counted():
@@ -329,7 +354,7 @@ def test_wall_clock_tokens_per_s_counts_the_data_wait(clock):
         timer.step(_step_taking(clock, 0.001), jnp.ones(2), data_wait_s=0.999)
     assert timer.records[0].wall_s == pytest.approx(15.0)  # from the timer's creation
     s = timer.summary()
-    assert s["mean_tokens_per_s"] == pytest.approx(1e6)
+    assert s["device_tokens_per_s"] == pytest.approx(1e6)
     assert s["wall_tokens_per_s"] == pytest.approx(1000.0)
     assert s["step_and_wait_tokens_per_s"] == pytest.approx(1000.0)  # nothing else between
     rows = dict(line.split("  ", 1) for line in timer.format_summary().splitlines())
