@@ -40,7 +40,15 @@ WAIT_POLL_S = 1.0
 
 # Whom a request's set-up work belongs to: (peer, client within the peer).
 Key = tuple[str, str]
-_local = threading.local()
+
+
+class _Caller(threading.local):
+    """This thread's `caller` block's key (None outside one)."""
+
+    key: Callable[[], Key] | None = None
+
+
+_local = _Caller()
 _calls = itertools.count()
 
 
@@ -50,7 +58,7 @@ def caller(key: Callable[[], Key]) -> Iterator[None]:
     can tell apart) and its client within that peer. `key` is called only if the work has to
     wait for its turn. Outside a block, each request is a peer of its own.
     """
-    outer = getattr(_local, "key", None)
+    outer = _local.key
     _local.key = key
     try:
         yield
@@ -130,7 +138,7 @@ class Gate:
             its share of a full queue (or gave a place up to another peer's request).
           CancelledError: the client left (`cancel.scope`).
         """
-        pacer = _Pacer(self, what, getattr(_local, "key", None) or _own_key)
+        pacer = _Pacer(self, what, _local.key or _own_key)
         try:
             yield pacer.pace
         finally:

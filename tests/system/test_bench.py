@@ -161,8 +161,10 @@ def test_bench_measures_a_spec_of_each_kind(kind, tmp_path, corpus, kind_models,
     assert backend["documents_compared"] == (0 if kind == "sentencepiece" else len(docs))
     assert f"tokenizer backend: {backend['backend']}" in stdout
     # Served, what the reference verified of the backend's groups (none made: none to say).
+    # A short stream may be made whole by the reference while the backend loads behind it.
     served = result["server"]["unix"]
-    assert (served["backend_groups"] > 0) == (backend["backend"] != "reference"), served
+    if backend["backend"] == "reference":
+        assert served["backend_groups"] == 0, served
     assert served["audited_groups"] <= served["backend_groups"]
     assert ("audited by the reference, unix:" in stdout) == (served["backend_groups"] > 0)
 
