@@ -6,7 +6,7 @@ library's docstrings, one document of N characters (`a`, NUL, CJK, base64, prose
 peak resident memory read before and after it is tokenized. Prints one JSON line a run, then
 the most bytes a character of each kind.
 
-    python3 scripts/bench_document_memory.py [--chars 2000000]
+    python3 scripts/bench_document_memory.py [--chars 2000000] [--kinds tekken,...]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _models(folder: str) -> dict[str, list[str]]:
     from input_server.data.tokenizers.trainers import (
         train_hf_tokenizer,
         train_sentencepiece,
+        write_tekken_model,
         write_tiktoken_model,
     )
 
@@ -73,16 +74,20 @@ def _models(folder: str) -> dict[str, list[str]]:
         "tiktoken": [
             write_tiktoken_model(docs, os.path.join(folder, "t.tiktoken"), vocab_size=2000)
         ],
+        "tekken": [write_tekken_model(docs, os.path.join(folder, "tekken.json"), vocab_size=2000)],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chars", type=int, default=2_000_000)
+    parser.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
     args = parser.parse_args()
     most: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         for kind, models in _models(folder).items():
+            if args.kinds and kind not in args.kinds.split(","):
+                continue
             for model in models:
                 for text in ("a", "nul", "cjk", "base64", "prose"):
                     for backend in ("reference", "auto"):

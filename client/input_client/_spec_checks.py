@@ -19,7 +19,7 @@ FORMATS = ("jsonl", "text", "arrayrecord", "parquet", "tfrecord")
 RECORD_FORMATS = ("json", "text", "tf_example")
 PACKINGS = ("first_fit", "concat_then_split", "none")
 LONG_DOCUMENTS = ("trim", "chunk", "split")
-TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken")
+TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken", "tekken")
 # Who tokenizes (`input_server.data.tokenizers.backends` says which serve which kind).
 TOKENIZER_BACKENDS = ("auto", "reference", "fastokens", "kitoken")
 MAX_WORKERS = 1024

@@ -75,13 +75,14 @@ class TokenizerSpec:
     `kind` says what `model` is, as MaxText's `tokenizer_type`: "sentencepiece" (a `.model`
     file), "huggingface" (a `tokenizer.json`, or a folder holding it and, as Hugging Face
     saves one, its `tokenizer_config.json`) or "tiktoken" (a tiktoken BPE file, read with
-    MaxText's Llama 3 pattern and special tokens).
+    MaxText's Llama 3 pattern and special tokens); or "tekken", which MaxText does not name
+    (Mistral's `tekken.json`, read as mistral-common's `Tekkenizer` reads it).
 
     `backend` says who tokenizes: "auto" (a fast library proved exact for the model by the
     server's gate and audited while serving, else the reference), "reference" (the kind's own
-    library: sentencepiece, tokenizers, tiktoken) or a backend by name ("fastokens",
-    "kitoken"); a backend serves only the reference's ids as far as its gate and audits show
-    (docs/spec.md), so it is not part of the data.
+    library: sentencepiece, tokenizers, tiktoken; tiktoken for tekken) or a backend by name
+    ("fastokens", "kitoken"); a backend serves only the reference's ids as far as its gate and
+    audits show (docs/spec.md), so it is not part of the data.
 
     Without a model (every source pre-tokenized), `vocab_size` bounds the ids, `bos_id` and
     `eos_id` are what `add_bos`/`add_eos` add, and `pad_id` is the id the trainer pads with

@@ -1,7 +1,7 @@
 """Which files a tokenizer model is, and their one digest: what the server's DescribeTokenizer
 reports and what a trainer compares with its own copy (`input_client.maxtext`).
 
-A sentencepiece or tiktoken model is one file. A Hugging Face model is its `tokenizer.json`
+A sentencepiece, tiktoken or tekken model is one file. A Hugging Face model is its `tokenizer.json`
 and, where present beside it, the `tokenizer_config.json` and `special_tokens_map.json` that
 name its BOS, EOS and pad tokens: another config is another tokenizer, so they are hashed too.
 """

@@ -201,6 +201,7 @@ def make_models(
     from input_server.data.tokenizers.trainers import (
         train_hf_tokenizer,
         train_sentencepiece,
+        write_tekken_model,
         write_tiktoken_model,
     )
 
@@ -219,6 +220,9 @@ def make_models(
         ),
         "tiktoken": lambda: write_tiktoken_model(
             sample, os.path.join(folder, "bpe.tiktoken"), vocab_size=vocab
+        ),
+        "tekken": lambda: write_tekken_model(
+            sample, os.path.join(folder, "tekken.json"), vocab_size=vocab
         ),
     }
     return {k: spec.tokenizer.model if k == spec.tokenizer.kind else make[k]() for k in kinds}

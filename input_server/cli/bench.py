@@ -62,9 +62,9 @@ def register(subparsers) -> None:
         "--kinds",
         type=_kinds,
         metavar="all|KIND,...",
-        help="a row per tokenizer kind (sentencepiece, huggingface, tiktoken) on the spec's "
-        "corpus: the spec's model for its kind, the others trained on the corpus with its "
-        "vocabulary size; the server over a Unix socket only",
+        help="a row per tokenizer kind (sentencepiece, huggingface, tiktoken, tekken) on the "
+        "spec's corpus: the spec's model for its kind, the others trained on the corpus with "
+        "its vocabulary size; the server over a Unix socket only",
     )
     bench.add_argument(
         "--reference-processes",

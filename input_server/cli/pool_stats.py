@@ -13,8 +13,9 @@ Its verdict kind is the server's, and the job's.
 
 A server's figures are checked before it may speak for the job (`impossible`): one that reports
 what no server can (a figure that is not a finite number, a negative rate, time or count, a wait
-share outside [0, 1], a pace of batches taken with none sent or taken) is named as reporting impossible
-figures and left out of the job's view, as one that cannot be asked is; it never limits the job.
+share outside [0, 1], a pace of batches taken with none sent or taken) is named as reporting
+impossible figures and left out of the job's view, as one that cannot be asked is; it never
+limits the job.
 `--json` is strict JSON: a figure that is not a finite number is null.
 """
 

@@ -18,7 +18,11 @@ import pytest
 from input_client import PipelineSpec
 from input_server.data.builtin_corpora import write_jsonl
 from input_server.data.tokenizers.memory import BYTES_PER_CHAR, TOKENIZING, TokenizingBudget
-from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
+    write_tekken_model,
+    write_tiktoken_model,
+)
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.files import FORMATS, write_format
 from tests.support import stream_status
@@ -35,6 +39,7 @@ def models(tmp_path_factory, docs, spm_model) -> dict[str, str]:
         "sentencepiece": spm_model,
         "huggingface": train_hf_tokenizer(docs[:300], d / "hf", vocab_size=500),
         "tiktoken": write_tiktoken_model(docs[:300], d / "t.tiktoken", vocab_size=500),
+        "tekken": write_tekken_model(docs[:300], d / "tekken.json", vocab_size=500),
     }
 
 
@@ -146,7 +151,7 @@ def test_long_documents_of_two_streams_hold_no_more_than_the_budget_at_once(
     assert TOKENIZING.held == 0
 
 
-@pytest.mark.parametrize("kind", ["sentencepiece", "huggingface"])
+@pytest.mark.parametrize("kind", ["sentencepiece", "huggingface", "tekken"])
 def test_a_line_whose_first_cut_is_early_is_counted_as_it_grows(tmp_path, some_docs, models, kind):
     # One place to cut at the start, then none: the cut prefix holds too few tokens and grows
     # to the next place to cut, the end; counted as that, not as the first cut.

@@ -1,6 +1,7 @@
-"""Hugging Face and tiktoken tokenizers through the real server: their batches hold the ids the
-tokenizer gives (BOS/EOS as asked), equal in process, through threads, worker processes and the
-server; DescribeTokenizer reports each kind; their mistakes have statuses naming the key."""
+"""Hugging Face, tiktoken and tekken tokenizers through the real server: their batches hold the
+ids the tokenizer gives (BOS/EOS as asked), equal in process, through threads, worker processes
+and the server (for tekken, mistral-common's own ids); DescribeTokenizer reports each kind; their
+mistakes have statuses naming the key."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import pytest
 from input_client import InputClient, PipelineSpec, StreamError
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
-from input_server.data.tokenizers.trainers import train_hf_tokenizer, write_tiktoken_model
+from input_server.data.tokenizers.trainers import (
+    train_hf_tokenizer,
+    write_tekken_model,
+    write_tiktoken_model,
+)
 from tests.support import assert_same_batches, run_pipeline
 
 SEQ, ROWS = 128, 4
@@ -27,10 +32,11 @@ def models(docs, tmp_path_factory) -> dict[str, str]:
     return {
         "huggingface": train_hf_tokenizer(docs[:600], d / "hf", vocab_size=800),
         "tiktoken": write_tiktoken_model(docs[:600], d / "m.tiktoken", vocab_size=800),
+        "tekken": write_tekken_model(docs[:600], d / "tekken.json", vocab_size=800),
     }
 
 
-@pytest.fixture(params=["huggingface", "tiktoken"])
+@pytest.fixture(params=["huggingface", "tiktoken", "tekken"])
 def kind(request) -> str:
     return request.param
 
@@ -105,8 +111,12 @@ def test_describe_reports_each_kind(models, kind, server, tmp_path):
             config.write_text(config.read_text().replace('"<|pad|>"', '"<|eos|>"'))
             again = c.describe_tokenizer(spec)
             assert again.sha256 != info.sha256 and again.pad_id == 1
-        else:  # Llama 3's 256 specials after the ranks, no pad; the file's own SHA-256
-            assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id) == (1056, 800, 801, -1)
+        else:  # the file's own SHA-256
+            if kind == "tiktoken":  # Llama 3's 256 specials after the ranks, no pad
+                want = (1056, 800, 801, -1, -1)
+            else:  # tekken: the file's specials first (`<unk>`, `<s>`, `</s>`, ..., `<pad>`)
+                want = (1800, 1, 2, 5, 0)
+            assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.unk_id) == want
             assert info.sha256 == hashlib.sha256(open(model, "rb").read()).hexdigest()
 
 
@@ -160,6 +170,11 @@ def test_mistakes_name_the_model(corpus, models, server, tmp_path_factory):
         ("huggingface", str(d / "map"), grpc.StatusCode.INVALID_ARGUMENT, "make them agree"),
         ("huggingface", str(d / "added"), grpc.StatusCode.INVALID_ARGUMENT, "'<|new|>' as id"),
         ("huggingface", "/etc", grpc.StatusCode.PERMISSION_DENIED, "tokenizer.model"),
+        # A tekken file under another kind says what it is, in one line.
+        ("huggingface", models["tekken"], grpc.StatusCode.INVALID_ARGUMENT, 'kind = "tekken"'),
+        ("tiktoken", models["tekken"], grpc.StatusCode.INVALID_ARGUMENT, 'kind = "tekken"'),
+        ("sentencepiece", models["tekken"], grpc.StatusCode.INVALID_ARGUMENT, 'kind = "tekken"'),
+        ("tekken", models["tiktoken"], grpc.StatusCode.INVALID_ARGUMENT, 'kind = "tiktoken"'),
     ]
     for kind, model, code, needle in cases:
         spec = PipelineSpec(source={"paths": [corpus]}, tokenizer={"model": model, "kind": kind})
@@ -257,7 +272,43 @@ def test_the_registry_holds_every_kind_a_spec_may_name_each_behind_the_interface
         library = metadata.version(KINDS[kind].LIBRARY)
         assert library == tok.library_version()
         # The tune cache's key: the kind's library and the fast backends that may serve it.
-        fast = ", ".join(f"{n} {metadata.version(n)}" for n in KINDS[kind].BACKENDS)
+        fast = ", ".join(f"{n} {metadata.version(n)}" for n in KINDS[kind].BACKENDS) or "-"
         assert key_fields(spec)["tokenizer"] == f"{kind} {library}; backend auto: {fast}"
         reference = spec.replace(tokenizer={"backend": "reference"})
         assert key_fields(reference)["tokenizer"] == f"{kind} {library}; backend reference: -"
+
+
+def test_mistrals_tekken_file_served_gives_mistral_commons_ids(corpus, docs, server, tmp_path):
+    """Mistral NeMo's tekken file, as mistral-common ships it, named in a spec and served by
+    the real server: each row is the document's ids by mistral-common's `Tekkenizer` (BOS and
+    EOS its `<s>` and `</s>`), trimmed; DescribeTokenizer reports its ids."""
+    import shutil
+
+    tekken = pytest.importorskip("mistral_common.tokens.tokenizers.tekken")
+    import mistral_common
+
+    shipped = os.path.join(os.path.dirname(mistral_common.__file__), "data", "tekken_240911.json")
+    model = str(shutil.copy(shipped, tmp_path / "tekken.json"))  # inside the data roots
+    ref = tekken.Tekkenizer.from_file(model)
+    spec = PipelineSpec(
+        source={"paths": [corpus]},
+        tokenizer={"model": model, "kind": "tekken", "add_eos": False},
+        batch={"seq_len": SEQ, "size": ROWS, "packing": "none"},
+        order={"shuffle": False, "epochs": 1},
+        workers={"count": 1},  # the file loaded again in a worker process
+    )
+    with InputClient(server.targets[0]) as c:
+        info = c.describe_tokenizer(spec)
+        with c.batches(spec) as it:
+            rows = [r for _, b in zip(range(10), it, strict=False) for r in b["inputs"]]
+    assert (info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.unk_id) == (
+        ref.n_words,
+        ref.bos_id,
+        ref.eos_id,
+        ref.pad_id,
+        ref.unk_id,
+    )
+    for i, row in enumerate(rows):
+        want = ref.encode(docs[i], True, False)[:SEQ]
+        assert row[: len(want)].tolist() == want, i
+        assert not row[len(want) :].any()

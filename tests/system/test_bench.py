@@ -97,16 +97,18 @@ def _run_script(tmp_path, name: str, *args: str, timeout: float = 300) -> str:
 
 
 def test_bench_kinds_reports_a_row_per_kind(tmp_path, corpus, spm_model):
-    """`--kinds all`: the spec's sentencepiece model and a Hugging Face and a tiktoken model
-    trained on its corpus, each against its own limit and reference, in one table."""
+    """`--kinds all`: the spec's sentencepiece model and a Hugging Face, a tiktoken and a
+    tekken model trained on its corpus, each against its own limit and reference, in one
+    table."""
     spec = _spec_file(tmp_path / "spec.toml", corpus, spm_model)
     stdout, result = _bench(tmp_path, spec, "--kinds", "all", "--reference-processes", "0")
     rows = {r["kind"]: r for r in result["kinds"]}
-    assert list(rows) == ["sentencepiece", "huggingface", "tiktoken"]
+    assert list(rows) == ["sentencepiece", "huggingface", "tiktoken", "tekken"]
     assert result["models"] == {
         "sentencepiece": "the spec's",
         "huggingface": "trained here",
         "tiktoken": "trained here",
+        "tekken": "trained here",
     }
     for kind, r in rows.items():
         for k in (
@@ -118,8 +120,9 @@ def test_bench_kinds_reports_a_row_per_kind(tmp_path, corpus, spm_model):
             "in_process_over_best_reference",
         ):
             assert r[k] > 0, (kind, k)
-        # The same vocabulary size (tiktoken's file holds it, the 256 special tokens follow).
-        assert r["vocab_size"] - (256 if kind == "tiktoken" else 0) <= 1000
+        # The same vocabulary size (tiktoken's file holds it, the 256 special tokens follow;
+        # tekken's special tokens come first).
+        assert r["vocab_size"] - {"tiktoken": 256, "tekken": 1000}.get(kind, 0) <= 1000
         assert any(line.startswith(kind) for line in stdout.splitlines()), kind
         assert set(result["results"][kind]["server"]) == {"unix"}
     assert "transformers" in rows["huggingface"]["reference_encode"]

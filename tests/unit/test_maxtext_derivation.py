@@ -286,6 +286,8 @@ def test_tfrecord_files_from_maxtexts_tfds_layout(model):
             ("`tokenizer_path` 'meta-llama/Llama-3.1-8B'", "hub name"),
         ),
         ({"tokenizer_type": "byte"}, ("`tokenizer_type` 'byte'",)),
+        # The server's tekken kind is no MaxText tokenizer_type.
+        ({"tokenizer_type": "tekken"}, ("`tokenizer_type` 'tekken'", "huggingface, tiktoken")),
         ({"grain_packing_type": "best_fit"}, ("`grain_packing_type` 'best_fit'",)),
         ({"max_segments_per_seq": 32}, ("`max_segments_per_seq` 32",)),
         ({"use_sft": True}, ("`use_sft` True",)),

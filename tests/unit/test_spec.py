@@ -243,3 +243,16 @@ def test_long_documents_at_the_packings_default_keeps_the_fingerprint():
     assert cts.replace(batch={"long_documents": "trim"}).data_fingerprint() != (
         cts.data_fingerprint()
     )
+
+
+def test_the_tekken_kind_survives_toml_and_proto_and_an_unknown_kind_names_it(tmp_path):
+    """`kind = "tekken"` (Mistral's tekken.json) is a kind a spec may name, on both sides."""
+    path = tmp_path / "spec.toml"
+    path.write_text(
+        '[source]\npaths = ["d.jsonl"]\n[tokenizer]\nmodel = "tekken.json"\nkind = "tekken"\n'
+    )
+    spec = PipelineSpec.from_toml(str(path))
+    assert spec.tokenizer.kind == "tekken" and spec.tokenizer.to_dict()["kind"] == "tekken"
+    assert PipelineSpec.from_proto(spec.to_proto()) == spec
+    with pytest.raises(SpecError, match="sentencepiece, huggingface, tiktoken, tekken, got 'tek'"):
+        spec.replace(tokenizer={"kind": "tek"})

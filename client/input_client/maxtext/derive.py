@@ -25,8 +25,11 @@ from input_client.maxtext.check import (
     unsupported,
     value,
 )
-from input_client.spec import TOKENIZER_KINDS, BatchSpec, PipelineSpec, SpecError
+from input_client.spec import BatchSpec, PipelineSpec, SpecError
 
+# The `tokenizer.kind`s MaxText names as its `tokenizer_type` (the server's "tekken" is not one:
+# MaxText has no tokenizer class for it).
+MAXTEXT_TOKENIZER_TYPES = ("sentencepiece", "huggingface", "tiktoken")
 # MaxText's `grain_file_type` -> the server's source format. MaxText's ArrayRecord records are
 # serialized tf.train.Example protos (`input_pipeline_utils.ParseFeatures`).
 FILE_TYPES = {
@@ -184,8 +187,9 @@ def _order(config: Any, which: str) -> dict[str, Any]:
 
 def _tokenizer(config: Any, tokenized: bool) -> dict[str, Any]:
     kind = str(value(config, "tokenizer_type"))
-    if kind not in TOKENIZER_KINDS:
-        raise unsupported("tokenizer_type", kind, f"the server loads {', '.join(TOKENIZER_KINDS)}")
+    if kind not in MAXTEXT_TOKENIZER_TYPES:
+        loads = ", ".join(MAXTEXT_TOKENIZER_TYPES)
+        raise unsupported("tokenizer_type", kind, f"the server loads {loads}")
     path = str(value(config, "tokenizer_path") or "")
     if not path:
         # MaxText builds its tokenizer from it for the pad id even for pre-tokenized data.

@@ -1,12 +1,13 @@
 """Tokenizers of every `tokenizer.kind` behind one interface (`Tokenizer`): sentencepiece,
-Hugging Face `tokenizers` and tiktoken.
+Hugging Face `tokenizers`, tiktoken, and Mistral's tekken (run by tiktoken).
 
 Every kind encodes a group of documents on the calling thread with its library's fastest calls,
 which release the GIL (so Grain's threads and the tuner work alike for all): one batch call a
-group for sentencepiece and Hugging Face, one Rust call a document for tiktoken (which has no
-batch call but a Python thread pool). Each adds BOS/EOS as MaxText's tokenizer class of that
-kind adds them, and reports its special ids as `IdsInfo` (what `DescribeTokenizer` answers and
-what pre-tokenized ids are checked against).
+group for sentencepiece and Hugging Face, one Rust call a document for tiktoken and tekken
+(tiktoken has no batch call but a Python thread pool). Each adds BOS/EOS as MaxText's tokenizer
+class of that kind adds them (tekken: as mistral-common's `Tekkenizer`), and reports its
+special ids as `IdsInfo` (what `DescribeTokenizer` answers and what pre-tokenized ids are
+checked against).
 """
 
 from __future__ import annotations

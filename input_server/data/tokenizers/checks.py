@@ -199,23 +199,60 @@ _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} [0-9]+\r?$")
 
 
 def looks_like(path: str) -> str | None:
-    """The kind of model the file's first bytes look like, or None: a Hugging Face
-    `tokenizer.json` (a JSON object), tiktoken ranks (`base64 rank` lines), or a sentencepiece
-    model (a ModelProto opening with one of its length-delimited fields 1, 2 or 3)."""
+    """The kind of model the file's first bytes look like, or None: a Mistral tekken file (a
+    JSON object shaped as `_is_tekken` says), a Hugging Face `tokenizer.json` (any other JSON
+    object), tiktoken ranks (`base64 rank` lines), or a sentencepiece model (a ModelProto
+    opening with one of its length-delimited fields 1, 2 or 3)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            head = f.read(TEKKEN_HEAD_BYTES)
     except OSError:
         return None
     text = head.lstrip()
     if text.startswith(b"{"):
-        return "huggingface"
+        return "tekken" if _is_tekken(text) else "huggingface"
     first = text.split(b"\n", 1)[0]
     if _TIKTOKEN_LINE.match(first):
         return "tiktoken"
     if _opens_a_model_proto(head):
         return "sentencepiece"
     return None
+
+
+# What is read of a file to tell its kind: a tekken file's `config` (a pattern and a few
+# numbers) and the start of its `vocab` fit well inside it, whichever comes first.
+TEKKEN_HEAD_BYTES = 64 << 10
+# The parts of JSON text that nesting is followed by: strings (escapes inside), brackets,
+# colons. Numbers, literals, commas and spaces between them do not matter here.
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
+
+
+def _is_tekken(head: bytes) -> bool:
+    """Whether the start of a JSON object (`head`) is a tekken file's: a top-level `config`
+    object holding a `pattern`, or a top-level `vocab` list whose first entry holds
+    `token_bytes`. A Hugging Face `tokenizer.json` has neither (its `vocab` is inside
+    `model`, and a mapping); a file cut short inside `head` is judged on what it shows."""
+    depth, key, owner, previous = 0, None, None, None
+    for m in _JSON_TOKENS.finditer(head):
+        token = m.group()
+        if token in (b"{", b"["):
+            depth += 1
+            if depth == 2:  # the value of the top-level `key` opens
+                owner = (key, token)
+        elif token in (b"}", b"]"):
+            depth -= 1
+            if depth <= 1:
+                owner = None
+            if depth == 0:
+                return False
+        elif token == b":":
+            key = previous if depth == 1 else key
+            if owner == (b'"config"', b"{") and depth == 2 and previous == b'"pattern"':
+                return True
+            if owner == (b'"vocab"', b"[") and depth == 3 and previous == b'"token_bytes"':
+                return True
+        previous = token
+    return False
 
 
 # A ModelProto's length-delimited fields 1 (pieces), 2 (trainer spec) and 3 (normalizer spec):
@@ -249,8 +286,20 @@ def kind_hint(path: str, kind: str) -> str:
     if found is None or found == kind:
         return ""
     what = {
+        "tekken": 'a Mistral tekken file: set `kind = "tekken"`',
         "huggingface": 'a Hugging Face tokenizer.json: set `kind = "huggingface"`',
         "tiktoken": 'a tiktoken ranks file: set `kind = "tiktoken"`',
         "sentencepiece": 'a sentencepiece model: set `kind = "sentencepiece"` (the default)',
     }[found]
     return f"; this looks like {what}"
+
+
+def refuse_tekken(path: str, written: str, kind: str) -> None:
+    """Refuses a Mistral tekken file given as another kind, in one line saying what it is,
+    before that kind's own parser fails on it with a message about its syntax."""
+    if looks_like(path) == "tekken":
+        raise InvalidSpecError(
+            f"`tokenizer.model` {shorten(written)!r} is a Mistral tekken tokenizer (tekken.json: "
+            f"a `config` with its split pattern and a `vocab` list), which the {kind} kind does "
+            f'not read; set `kind = "tekken"`.'
+        )

@@ -45,6 +45,7 @@ from input_server.data.tokenizers.checks import (
     hf_normalizer_expansion,
     kind_hint,
     model_faults,
+    refuse_tekken,
 )
 from input_server.data.tokenizers.groups import Cutter
 from input_server.data.tokenizers.hf_config import named_tokens
@@ -237,6 +238,7 @@ class HuggingFaceTokenizer(ModelTokenizer):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from tokenizers import AddedToken, Tokenizer, processors
 
+        refuse_tekken(self.spec.model, self.written, self.KIND)
         try:
             tok = Tokenizer.from_file(self.spec.model)
         except Exception as e:  # the Rust side raises plain Exception for a bad file

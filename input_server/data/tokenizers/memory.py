@@ -9,6 +9,8 @@ killed it. Measured on this project's fixture models over 2-4 M characters of `a
 base64 and prose, peak memory over the text itself, the most of the reference and every fast
 backend (docs/benchmarks.md, "Tokenizing memory"): sentencepiece 37-76 (kitoken 95-164),
 Hugging Face 140-443 (fastokens 6-72), tiktoken 5-25 (fastokens 6-36) bytes a character.
+tekken, which tiktoken tokenizes a whole document at a time, as mistral-common does, takes more
+than MaxText's tiktoken pieces (docs/benchmarks.md, the same section).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from input_server.errors import OverBudgetError
 
 MIB = 1 << 20
 # The most measured for each kind (above), rounded up: an estimate, never an undercount.
-BYTES_PER_CHAR = {"sentencepiece": 170, "huggingface": 450, "tiktoken": 40}
+BYTES_PER_CHAR = {"sentencepiece": 170, "huggingface": 450, "tiktoken": 40, "tekken": 128}
 MOST_BYTES_PER_CHAR = max(BYTES_PER_CHAR.values())
 # A call whose documents would take less than this is not counted (a few short documents).
 UNCOUNTED_BYTES = 8 * MIB

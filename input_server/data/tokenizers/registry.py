@@ -15,6 +15,7 @@ from input_server.data.tokenizers.huggingface import HuggingFaceTokenizer
 from input_server.data.tokenizers.keep import ModelKeep
 from input_server.data.tokenizers.route import AUDIT_EVERY
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
+from input_server.data.tokenizers.tekken import TekkenTokenizer
 from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 
 # In `input_client.spec.TOKENIZER_KINDS` order.
@@ -24,6 +25,7 @@ KINDS: dict[str, type[ModelTokenizer]] = {
         SentencepieceTokenizer,
         HuggingFaceTokenizer,
         TiktokenTokenizer,
+        TekkenTokenizer,
     )
 }
 

@@ -15,6 +15,7 @@ from input_server.data.tokenizers.checks import (
     expansion_refusal,
     kind_hint,
     model_faults,
+    refuse_tekken,
 )
 from input_server.data.tokenizers.groups import Cutter
 from input_server.errors import InvalidSpecError, shorten
@@ -84,6 +85,7 @@ class SentencepieceTokenizer(ModelTokenizer):
         import sentencepiece as spm
 
         check_readable(self.spec.model, self.written)  # sentencepiece says only "not found"
+        refuse_tekken(self.spec.model, self.written, self.KIND)
         sp = spm.SentencePieceProcessor()
         try:
             sp.Load(self.spec.model)

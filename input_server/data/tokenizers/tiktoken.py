@@ -22,7 +22,12 @@ from collections.abc import Callable
 import numpy as np
 
 from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
-from input_server.data.tokenizers.checks import check_readable, file_identity, kind_hint
+from input_server.data.tokenizers.checks import (
+    check_readable,
+    file_identity,
+    kind_hint,
+    refuse_tekken,
+)
 from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN, framed
 from input_server.errors import InvalidSpecError, shorten
 
@@ -188,7 +193,13 @@ def _too_many_ranks(shown: str) -> InvalidSpecError:
     )
 
 
-def _buffer(core, text: str):
+def rust_core(enc):
+    """The Rust core of tiktoken Encoding `enc`, which `encode_buffer` calls (tiktoken offers
+    no public call that returns ids without a Python list)."""
+    return enc._core_bpe
+
+
+def encode_buffer(core, text: str):
     """tiktoken's Rust encode of `text` (Encoding.encode_to_numpy's call, without its per-call
     special-token checks), which releases the GIL; lone surrogates repaired as tiktoken's own
     calls repair them."""
@@ -361,6 +372,7 @@ class TiktokenTokenizer(ModelTokenizer):
         import tiktoken
 
         check_readable(self.spec.model, self.written)
+        refuse_tekken(self.spec.model, self.written, self.KIND)
         ranks = read_ranks(self.spec.model, self.written)
         if len(set(ranks.values())) != len(ranks):
             raise InvalidSpecError(
@@ -386,7 +398,7 @@ class TiktokenTokenizer(ModelTokenizer):
         return IdsInfo(enc.n_vocab, bos, eos, -1, -1)
 
     def _encode(self, texts: list[str], *, add_bos: bool, add_eos: bool) -> list[np.ndarray]:
-        core = self.model()._core_bpe  # see _buffer
+        core = self.model()._core_bpe  # see encode_buffer
         info = self.info()
         # Made once a group: each document's parts are its own arrays, not copies of these.
         head = np.asarray([info.bos_id] if add_bos else [], np.int32)
@@ -395,7 +407,7 @@ class TiktokenTokenizer(ModelTokenizer):
         for text in texts:
             parts = [head]
             for piece in pieces(text):
-                buf = _buffer(core, piece)
+                buf = encode_buffer(core, piece)
                 parts.append(np.frombuffer(buf, dtype=np.uint32).astype(np.int32))
             parts.append(tail)
             out.append(np.concatenate(parts))
@@ -403,14 +415,14 @@ class TiktokenTokenizer(ModelTokenizer):
 
     def limit_calls(self, threads: int) -> dict[str, LimitCall]:
         enc = self.model()
-        core = enc._core_bpe  # see _buffer
+        core = enc._core_bpe  # see encode_buffer
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
 
         def batch(texts):
             return [len(x) + extra for x in enc.encode_ordinary_batch(texts, num_threads=threads)]
 
         def part(texts):
-            return [memoryview(_buffer(core, t)).nbytes // 4 + extra for t in texts]
+            return [memoryview(encode_buffer(core, t)).nbytes // 4 + extra for t in texts]
 
         return {
             f"Encoding.encode_ordinary_batch(num_threads={threads})": batch,

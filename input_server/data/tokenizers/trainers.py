@@ -8,6 +8,8 @@ the demo's model), and byte-level BPEs as Hugging Face and tiktoken files (`benc
 - `write_tiktoken_model`: the same kind of BPE written as a tiktoken ranks file (one
   `base64(token bytes) rank` line per token, what `tiktoken.load.load_tiktoken_bpe` reads), the
   format of Llama 3's `tokenizer.model`.
+- `write_tekken_model`: the same ranks in a Mistral tekken file (`tekken.json`), special tokens
+  first, with Mistral's split pattern.
 """
 
 from __future__ import annotations
@@ -143,13 +145,10 @@ def _bytes_of_byte_level() -> dict[str, int]:
     return chars
 
 
-def write_tiktoken_model(
-    docs: Iterable[str], path: str | os.PathLike, *, vocab_size: int = 1000
-) -> str:
-    """Trains a byte-level BPE of `vocab_size` tokens and writes it as tiktoken ranks; returns
-    the path. Ranks: the 256 bytes first, then each merge in the order it was learned, so a
-    token's parts always rank below it, as tiktoken's encoder needs. The special tokens are not
-    in the file: tiktoken users (MaxText's `TikTokenTokenizer`) add them after the ranks."""
+def _byte_level_ranks(docs: Iterable[str], vocab_size: int) -> dict[bytes, int]:
+    """A byte-level BPE of `vocab_size` tokens as ranks: the 256 bytes first, then each merge
+    in the order it was learned, so a token's parts always rank below it, as tiktoken's encoder
+    needs."""
     tok = _byte_level_bpe(docs, vocab_size, [])
     to_byte = _bytes_of_byte_level()
     vocab = tok.get_vocab()  # token (byte-level characters) -> id, ids in learning order
@@ -158,7 +157,79 @@ def write_tiktoken_model(
         raw = bytes(to_byte[c] for c in token)
         if raw not in ranks:
             ranks[raw] = len(ranks)
+    return ranks
+
+
+def write_tiktoken_model(
+    docs: Iterable[str], path: str | os.PathLike, *, vocab_size: int = 1000
+) -> str:
+    """Trains a byte-level BPE of `vocab_size` tokens and writes it as tiktoken ranks
+    (`_byte_level_ranks`); returns the path. The special tokens are not in the file: tiktoken
+    users (MaxText's `TikTokenTokenizer`) add them after the ranks."""
+    ranks = _byte_level_ranks(docs, vocab_size)
     with open(path, "w", encoding="ascii") as f:
         for raw, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(raw).decode()} {rank}\n")
+    return os.fspath(path)
+
+
+def _text_or_none(raw: bytes) -> str | None:
+    """A tekken vocabulary entry's `token_str`: the token as text, None where it is no UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+# The special tokens a tekken file written here lists first, as Mistral's files of version v7 and
+# later list theirs (`<unk>`, `<s>`, `</s>` first; `[IMG]`s and the rest follow in real files).
+TEKKEN_SPECIALS = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "<pad>")
+
+
+def write_tekken_model(
+    docs: Iterable[str],
+    path: str | os.PathLike,
+    *,
+    vocab_size: int = 1000,
+    num_special: int = 1000,
+    keep: int | None = None,
+    specials: Iterable[str] | None = TEKKEN_SPECIALS,
+    version: str = "v7",
+) -> str:
+    """Trains a byte-level BPE of `vocab_size` tokens (`_byte_level_ranks`) and writes it as a
+    Mistral tekken file (`tekken.json`); returns the path.
+
+    Laid out as Mistral's: a `config` with Mistral's split pattern, the ranks as a `vocab` list
+    of `{rank, token_bytes, token_str}`, and `num_special` special tokens numbered first
+    (`specials` listed, mistral-common fills the rest; None: no list, as files of version v7
+    and before may leave it out). `keep` ranks are used (`default_vocab_size` is `keep` plus
+    the specials; default all of them): Mistral's files hold more ranks than they use.
+    """
+    from input_server.data.tokenizers.tekken import PATTERN
+
+    ranks = _byte_level_ranks(docs, vocab_size)
+    keep = len(ranks) if keep is None else keep
+    data: dict = {
+        "config": {
+            "pattern": PATTERN,
+            "num_vocab_tokens": len(ranks),
+            "default_vocab_size": keep + num_special,
+            "default_num_special_tokens": num_special,
+            "version": version,
+        },
+        "vocab": [
+            {
+                "rank": rank,
+                "token_bytes": base64.b64encode(raw).decode(),
+                "token_str": _text_or_none(raw),
+            }
+            for raw, rank in sorted(ranks.items(), key=lambda kv: kv[1])
+        ],
+    }
+    if specials is not None:
+        data["special_tokens"] = [
+            {"rank": i, "token_str": t, "is_control": True} for i, t in enumerate(specials)
+        ]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
     return os.fspath(path)
