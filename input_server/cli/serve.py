@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import tomllib
+from collections.abc import Callable
 
 from input_client.spec import PipelineSpec, SpecError
 from input_server.cli.arguments import positive
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from input_server.serving import warm
     from input_server.serving.server import Server
 
+    undo_platforms = keep_off_the_chip()  # before the server spawns any worker process
     undo = warm.keep_jax_out()  # before anything imports Grain, which imports JAX if it can
     try:
         configure(args.log_format)
@@ -164,6 +166,29 @@ def run(args: argparse.Namespace) -> int:
         return _serve_until_stopped(server)
     finally:
         undo()
+        undo_platforms()
+
+
+def keep_off_the_chip() -> Callable[[], None]:
+    """Sets `JAX_PLATFORMS=cpu` in this process's environment unless the operator set it
+    (to anything), so that a process `serve` spawns which imports JAX never opens the
+    accelerator: one program at a time may hold a TPU chip, and it is the trainer's.
+
+    `warm.keep_jax_out` already keeps JAX out of `serve` and of Grain's worker processes,
+    except where JAX was loaded before `serve` ran (a program that calls the CLI in-process,
+    a site hook): it then leaves `sys.path` alone, the workers import JAX with Grain, and
+    they read this variable as they do. JAX reads it only when it is imported, so a JAX
+    already loaded in this process keeps its platforms. Returns what undoes it, for a process
+    that goes on after `serve` returns."""
+    if "JAX_PLATFORMS" in os.environ:
+        return lambda: None
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+    def undo() -> None:
+        if os.environ.get("JAX_PLATFORMS") == "cpu":
+            del os.environ["JAX_PLATFORMS"]
+
+    return undo
 
 
 def _serve_until_stopped(server) -> int:
