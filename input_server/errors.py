@@ -31,6 +31,13 @@ class UnreadableError(InputServerError):
     """A named file exists but the server may not read it (PERMISSION_DENIED)."""
 
 
+class NotAFileError(UnreadableError, InvalidSpecError):
+    """A path inside the data roots names a folder where a file is expected: the spec's
+    mistake (INVALID_ARGUMENT, as InvalidSpecError comes first in `_STATUS`), not a
+    permission. An UnreadableError too: code that looks for a file or a folder (a Hugging
+    Face `tokenizer.model`) catches it as one."""
+
+
 class RecordError(InputServerError):
     """A record failed to decode; the message names the file and the record (DATA_LOSS)."""
 

@@ -3,15 +3,16 @@ the one line it ends with.
 
 A Unix socket file that does not exist yet is waited for (a sidecar starting), and said
 within a second, naming the other default path where a server does listen when there is one
-(a `serve` started with another XDG_RUNTIME_DIR: tmux, an IDE, cron). Over TCP, a
-refused connection is waited for too: a server starting on the same host (a sidecar over TCP,
-a restarted pod) refuses for its first seconds, and a client started alongside must not fail
-then. But it is said at once, in one warning line, and the final error names it: before, a
-refused connect waited 30 s in silence and ended without a hint. A host name that does not
-exist (the resolver says so, not a lookup that timed out) fails at once: a typo in a pool's
-address is a likely first mistake, and no waiting fixes it. During a stream's outage
-(`iterator.py`) the name of a replaced pod may vanish for a while, so only the first connect
-fails on it.
+(a `serve` started with another XDG_RUNTIME_DIR: tmux, an IDE, cron). A socket file nobody
+answers on (left by a killed server) is said at once and waited on the same way: a restarted
+sidecar binds it again. Over TCP, a refused connection is waited for too: a server starting on
+the same host (a sidecar over TCP, a restarted pod) refuses for its first seconds, and a client
+started alongside must not fail then. But it is said at once, in one warning line, and the
+final error names it: before, a refused connect waited 30 s in silence and ended without a
+hint. A host name that does not exist (the resolver says so, not a lookup that timed out)
+fails at once: a typo in a pool's address is a likely first mistake, and no waiting fixes it.
+During a stream's outage (`iterator.py`) the name of a replaced pod may vanish for a while, so
+only the first connect fails on it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def socket_file_ready(address: str, timeout_s: float) -> float:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if not addresses.is_socket(path):
         raise ConnectionError(f"no input server reachable at {address!r}: {path} is not a socket.")
+    if addresses.nobody_answers(path, timeout_s=SAY_MISSING_AFTER_S):
+        # A socket file left by a killed server: gRPC would retry it in silence until the
+        # deadline. Said now, as a missing one is; the wait goes on for a restarted server.
+        log.warning(
+            "nobody answers on the socket file %s (left by a server that was killed?); "
+            "waiting up to %g s for a server there: is `input-server serve` running?",
+            path,
+            timeout_s,
+        )
     return max(0.0, deadline - time.monotonic())
 
 

@@ -127,10 +127,11 @@ def answers(path: str) -> bool:
     return is_socket(path) and _connect(path, timeout_s=0.5) is None
 
 
-def nobody_answers(path: str) -> bool:
+def nobody_answers(path: str, *, timeout_s: float = 1.0) -> bool:
     """Whether the socket file at `path` refuses connections: left by a server that stopped
-    without removing it (killed), or one that has bound it and not yet started."""
-    return isinstance(_connect(path, timeout_s=1.0), ConnectionRefusedError)
+    without removing it (killed), or one that has bound it and not yet started. A listener
+    too busy to accept within `timeout_s` answers (it is not refusing)."""
+    return isinstance(_connect(path, timeout_s=timeout_s), ConnectionRefusedError)
 
 
 def _connect(path: str, *, timeout_s: float) -> OSError | None:

@@ -17,18 +17,27 @@ class InputClientError(Exception):
 
 
 class SpecError(InputClientError, ValueError):
-    """A spec key holds a value that cannot work; `key` is the dotted key, e.g. `batch.size`.
+    """A spec key holds a value that cannot work; `key` is the dotted key, e.g. `batch.size`;
+    `file` the spec file it was read from (`PipelineSpec.from_toml`), else None.
 
     A ValueError too: code written before the package base caught it as one.
     """
 
-    def __init__(self, key: str, value: Any, reason: str):
+    def __init__(self, key: str, value: Any, reason: str, *, file: str | None = None):
         self.key = key
         self.value = value
+        self.reason = reason
+        self.file = file
         shown = repr(value)
         if len(shown) > 80:  # a 5,000-digit number is named, not printed
             shown = f"{shown[:40]}...{shown[-20:]} ({len(shown)} characters)"
-        super().__init__(f"`{key}` {reason}, got {shown}.")
+        where = f"{file}: " if file else ""
+        super().__init__(f"{where}`{key}` {reason}, got {shown}.")
+
+    def in_file(self, file: str) -> SpecError:
+        """This error, said of the spec file `file`, with no traceback of its own: the
+        checks' frames say nothing to the user, whose mistake is the file's line."""
+        return SpecError(self.key, self.value, self.reason, file=file)
 
 
 class StreamError(InputClientError):

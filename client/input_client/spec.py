@@ -144,8 +144,14 @@ class PipelineSpec:
             try:
                 tables = tomllib.load(f)
             except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError, int-digit limit
-                raise SpecError("(file)", path, f"is not valid TOML: {e}") from e
-        return cls.from_dict(tables).resolve_paths(os.path.dirname(os.path.abspath(path)))
+                raise SpecError("(file)", path, f"is not valid TOML: {e}") from None
+        try:
+            spec = cls.from_dict(tables)
+        except SpecError as e:
+            # Raised from here, not deep in the checks: a script's traceback is its own line
+            # and this one, and the message names the file to fix.
+            raise e.in_file(path) from None
+        return spec.resolve_paths(os.path.dirname(os.path.abspath(path)))
 
     @property
     def is_mixture(self) -> bool:

@@ -86,5 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].run(args)
     except (SpecError, ConnectionError, OSError, InputServerError) as e:
+        if args.verbose:  # where it was raised, for a report; the line below is the user's
+            import traceback
+
+            traceback.print_exc()
         print(f"input-server: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,11 @@ from typing import Any
 
 from input_client.tls_flags import add_tls_arguments, tls_options
 
+# A one-shot question (`info`, `stats`) asks a server that runs: one that has not answered a
+# local or in-cluster connect in this long is not going to, and a user at a prompt should
+# hear so before wondering whether the command hangs. `--timeout-s` waits longer.
+CONNECT_TIMEOUT_S = 2.0
+
 
 def add_connection_arguments(
     parser: argparse.ArgumentParser, *, positive, several: bool = False
@@ -37,7 +42,13 @@ def add_connection_arguments(
             nargs="?",
             help="the server's gRPC target (default the address a plain `serve` listens on)",
         )
-    parser.add_argument("--timeout-s", type=positive, default=10.0)
+    parser.add_argument(
+        "--timeout-s",
+        type=positive,
+        default=CONNECT_TIMEOUT_S,
+        help="seconds to wait for the server to answer (default %(default)g); a refused "
+        "connection or a socket file nobody answers on is said at once",
+    )
     parser.add_argument(
         "--token-file",
         metavar="FILE",
@@ -95,6 +106,9 @@ def connected_to(args: argparse.Namespace, named: str | None) -> Iterator[tuple[
     try:
         if not named:  # a folder another user made could hold an impostor's socket
             check_private_dir(default_socket_dir())
+        refused = refused_now(address)
+        if refused:  # unlike a trainer's client, a question does not wait for a server to come
+            raise ConnectionError(refused)
         with InputClient(
             address,
             connect_timeout_s=args.timeout_s,
@@ -106,6 +120,43 @@ def connected_to(args: argparse.Namespace, named: str | None) -> Iterator[tuple[
     except (ConnectionError, StreamError, OSError, ValueError) as e:  # ValueError: the token
         said = "" if named or address in str(e) else f" (the default address {address})"
         raise Unreachable(f"input-server: {e}{said}") from None
+
+
+def refused_now(address: str) -> str | None:
+    """Why `address` refuses a connection now (a socket file nobody answers on, left by a
+    killed server; a TCP port nobody listens on), else None: anything else (no answer yet, a
+    name that does not resolve, TLS) is the client's wait to tell."""
+    import socket
+
+    from input_client import addresses
+    from input_client.tls import host_port
+
+    path = addresses.socket_path(address)
+    if path is not None:
+        if addresses.is_socket(path) and addresses.nobody_answers(path, timeout_s=0.5):
+            return (
+                f"no input server reachable at {address!r}: nobody answers on the socket "
+                f"file {path} (left by a server that was killed?); is `input-server serve` "
+                f"running?"
+            )
+        return None
+    target = host_port(address)
+    # Several targets: one refusing says nothing of the others. A path without its scheme
+    # is the client's to name.
+    if target is None or "," in address or addresses.looks_like_a_path(address):
+        return None
+    try:
+        socket.create_connection(target, timeout=CONNECT_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        host, port = target
+        at = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (
+            f"no input server reachable at {address!r}: nothing listens at {at} (connection "
+            f"refused); is `input-server serve --listen {at}` running?"
+        )
+    except (OSError, UnicodeError):  # no answer, no such name: the client's wait says which
+        return None
+    return None
 
 
 class Unreachable(Exception):

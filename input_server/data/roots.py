@@ -2,7 +2,8 @@
 
 A request's source paths, globs and tokenizer model each resolve to a real path, which must
 lie inside one of the roots and be a regular file outside the kernel's pseudo-filesystems, or
-the stream is refused with PERMISSION_DENIED naming the path as the client wrote it. A glob's
+the stream is refused with PERMISSION_DENIED naming the path as the client wrote it (a folder
+inside the roots is the spec's mistake, INVALID_ARGUMENT, said with the way out). A glob's
 fixed part must lie inside a root too, and its walk never enters a link that leads out or
 reports what it skipped: a client learns nothing of files outside the roots, not even whether
 they exist. The operator's own specs (`serve --pipelines`, the CLI's tools) use `OPERATOR`,
@@ -28,6 +29,7 @@ from input_server.errors import (
     DataNotFoundError,
     InputServerError,
     InvalidSpecError,
+    NotAFileError,
     UnreadableError,
     shorten,
 )
@@ -88,9 +90,12 @@ class DataAccess:
 
         Raises:
           UnreadableError: outside the roots, or not a regular file (PERMISSION_DENIED).
+          NotAFileError: a folder (INVALID_ARGUMENT), said with the way out.
           DataNotFoundError: inside the roots, and missing.
         """
         if self.roots is None:
+            if os.path.isdir(path):  # the operator's own spec: any path may be told of
+                raise not_a_file(key, path, path)
             return path
         real = self._real(path)  # non-strict: never raises, even for a name too long
         if not self.inside(real):
@@ -103,6 +108,8 @@ class DataAccess:
             ) from None
         except OSError:  # missing, or a name too long to exist
             raise DataNotFoundError(f"`{key}`: no such file {shorten(path)!r}.") from None
+        if stat.S_ISDIR(st.st_mode):  # inside the roots: what the path is may be said
+            raise not_a_file(key, path, real)
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableError(
                 f"`{key}`: {shorten(path)!r} is not a regular file; only regular files are read."
@@ -171,6 +178,8 @@ class DataAccess:
                     )
                 files.extend(matched)
             elif self.roots is None:
+                if os.path.isdir(pattern):
+                    raise not_a_file("source.paths", pattern, pattern)
                 if not os.path.isfile(pattern):
                     raise DataNotFoundError(f"`source.paths`: no such file {shorten(pattern)!r}.")
                 files.append((pattern, pattern))
@@ -400,3 +409,50 @@ def keyed(key: str):
         except TypeError:  # an error made of more than its message (`RefusedError`)
             raise e from None
         raise renamed from e
+
+
+# Names read from a folder to say what it holds: enough to name its formats, and bounded
+# work for a folder of millions of shards.
+_NAMES_READ = 1000
+# What a folder holding a Hugging Face tokenizer has (`input_client.model_files.HF_FILES`).
+_HF_NAMES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def not_a_file(key: str, path: str, real: str) -> NotAFileError:
+    """The error for a folder `path` (resolved: `real`, inside the roots) named under `key`
+    where a file is expected, with the way out: a glob of the files in it (a source), or
+    the Hugging Face kind (a tokenizer folder holding tokenizer.json)."""
+    names = _names_in(real)
+    shown = shorten(path)
+    if key.startswith("tokenizer"):
+        if any(n in names for n in _HF_NAMES):
+            return NotAFileError(
+                f"`{key}`: {shown!r} is a folder holding a Hugging Face tokenizer "
+                f'(tokenizer.json); this is a Hugging Face folder: kind = "huggingface".'
+            )
+        models = sorted(n for n in names if n.endswith(".model"))
+        named = f": {os.path.join(path, models[0])!r}?" if models else "."
+        return NotAFileError(f"`{key}`: {shown!r} is a folder; name the model file in it{named}")
+    counts: dict[str, int] = {}
+    for n in names:
+        suffix = os.path.splitext(n)[1]
+        if suffix and not n.startswith("."):
+            counts[suffix] = counts.get(suffix, 0) + 1
+    ranked = sorted(counts, key=lambda x: (-counts[x], x))
+    glob_ = f"{path.rstrip('/')}/*{ranked[0] if ranked else ''}"
+    holds = ", ".join(f"{counts[x]} {x}" for x in ranked[:3])
+    held = f" (it holds {holds} files{' and more' if len(names) >= _NAMES_READ else ''})"
+    return NotAFileError(
+        f"`{key}`: {shown!r} is a folder, and paths name files; a glob reads the files in "
+        f"it: {shorten(glob_)!r}{held if ranked else ''}."
+    )
+
+
+def _names_in(folder: str) -> list[str]:
+    """Up to `_NAMES_READ` names in `folder`, never stat-ed: a link among them may lead out
+    of the roots, and where it leads is not the client's to learn."""
+    try:
+        with os.scandir(folder) as entries:
+            return [e.name for e in itertools.islice(entries, _NAMES_READ)]
+    except OSError:
+        return []
