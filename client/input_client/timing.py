@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
+from input_client import _pod_start, step_table
 from input_client import badput as badput_records
 from input_client.badput import BadputTally, RunBadput
 from input_client.pod import PodGather, PodStep, PodTally
@@ -22,11 +24,18 @@ perf_counter = time.perf_counter
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 DEFAULT_EXCLUDE = ("compile",)
 
-# Steps per all-gather on several processes: one gather of 23 float64 a process every 10 steps
-# costs well under a millisecond a gather (docs/benchmarks.md, "The pod's view").
+# Steps per all-gather on several processes: a gather's cost, a small array a process, is in
+# docs/benchmarks.md ("The pod's view").
 DEFAULT_POD_EVERY = 10
+
+# How long each process waits, before the pod's first gather, for the others to reach it: long
+# enough for a slow host's start-up (a cold cache, a tokenizer to fetch), which holds every chip
+# at the first train step's collectives anyway; past it a host is more likely gone than late.
+DEFAULT_POD_WAIT_S = 600.0
 
 # Records kept in memory, the most recent: a long profile's or a stall's steps to look back on.
 # Every figure over the whole run comes from running sums instead (issue 50: a record a step,
@@ -35,11 +44,8 @@ DEFAULT_KEEP_RECORDS = 10_000
 
 
 class WaitSource(Protocol):
-    """Anything that counts the seconds a training loop spent blocked waiting for data.
-
-    `input_client`'s batch iterator is one: its `wait_time_s` grows by the time each `next()`
-    blocked.
-    """
+    """Anything that counts the seconds a training loop spent blocked waiting for data (the
+    batch iterator: its `wait_time_s` grows by the time each `next()` blocked)."""
 
     wait_time_s: float
 
@@ -52,6 +58,7 @@ def _check_arguments(
     exclude: Iterable[str],
     run_id: str | None,
     pod_every: int,
+    pod_wait_s: float,
     keep_records: int,
 ) -> None:
     """`StepTimer`'s arguments, refused with the value and the way out."""
@@ -72,6 +79,11 @@ def _check_arguments(
         raise ValueError(
             f"`pod_every` must be a whole number of steps >= 0 (0 = never gather), "
             f"got {pod_every!r}."
+        )
+    if isinstance(pod_wait_s, bool) or not isinstance(pod_wait_s, int | float) or pod_wait_s < 0:
+        raise ValueError(
+            f"`pod_wait_s` must be a number of seconds >= 0 (how long a process waits for the "
+            f"others before the first gather), got {pod_wait_s!r}."
         )
     if isinstance(keep_records, bool) or not isinstance(keep_records, int) or keep_records < 0:
         raise ValueError(
@@ -147,6 +159,7 @@ class StepTimer:
         pod_every: int = DEFAULT_POD_EVERY,
         badput_path: str | os.PathLike[str] | None = None,
         keep_records: int = DEFAULT_KEEP_RECORDS,
+        pod_wait_s: float = DEFAULT_POD_WAIT_S,
     ):
         """Args:
           tokens_per_step: tokens in one step's global batch (for tokens/s); a step's
@@ -178,20 +191,23 @@ class StepTimer:
           keep_records: how many of the most recent records `records` (and `pod_steps`) hold;
             0 = none. The summary covers every step whatever it is; `write_jsonl` writes the
             kept ones.
+          pod_wait_s: on several JAX processes, how long each waits after its first step for
+            every other to finish its own (a late host's first batch) before building the
+            gather. The wait runs in Python, not in a collective, whose first run on CPU (gloo)
+            fails after a fixed deadline; past it the pod gives up its view for this run on every
+            process, naming the late processes
+            (`pod_late`, the summary's `pod_late_processes`). A SIGTERM (jax's preemption
+            notice) while waiting ends the process (docs/pod.md).
 
         Raises:
           ValueError: a count is not positive (`pod_every`, `keep_records` negative), or
             `run_id` is not a non-empty string.
         """
         _check_arguments(
-            tokens_per_step=tokens_per_step,
-            flops_per_step=flops_per_step,
-            num_devices=num_devices,
-            exclude=exclude,
-            run_id=run_id,
-            pod_every=pod_every,
+            tokens_per_step=tokens_per_step, flops_per_step=flops_per_step, num_devices=num_devices,
+            exclude=exclude, run_id=run_id, pod_every=pod_every, pod_wait_s=pod_wait_s,
             keep_records=keep_records,
-        )
+        )  # fmt: skip
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self._num_devices = num_devices
@@ -204,13 +220,24 @@ class StepTimer:
         self.records_path = os.fspath(records_path) if records_path is not None else None
         self.run_id = run_id if run_id is not None else new_run_id()
         self.pod_every = pod_every
+        self.pod_wait_s = pod_wait_s
         self.badput_path = os.fspath(badput_path) if badput_path is not None else None
-        # Known at the first step (jax is imported there, not before).
-        self._pod: PodGather | None = None
-        self._process_index: int | None = None
-        self._gathered = 0  # steps sent to a gather so far
+        self._pod_state()
         # The first step's real time counts from here, as its data wait does.
         self._last_end = perf_counter()
+
+    def _pod_state(self) -> None:
+        """The pod's side, before the first step: whether this timer gathers is known there
+        (jax is imported there, not before), its gather built once the pod met."""
+        # The processes the pod gave up waiting for after the first step (then no gather).
+        self.pod_late: tuple[int, ...] = ()
+        self._met = False  # whether the pod has met after the first step
+        self._meeting = ""  # the meeting's name, taken with the gather's set-up
+        self._pod: PodGather | None = None
+        self._gathering = False
+        self._processes = 1
+        self._process_index: int | None = None
+        self._gathered = 0  # steps sent to a gather so far
 
     def _start_sums(self) -> None:
         """What the run gathers as its steps come: the recent windows and the running sums."""
@@ -331,17 +358,21 @@ class StepTimer:
             tally = self._tallies[record.name] = StepTally()
         tally.add(record)
         self.records.append(record)
-        if self._pod is not None:
+        if self._gathering:
             self._unwritten.append(record)
             self._advance_pod()
             return
+        self._write_own(record)
+        if self.pod_every and self._count % self.pod_every == 0:
+            self._write_badput()
+
+    def _write_own(self, record: StepRecord) -> None:
+        """Counts a record in by this process's own wait and writes its line (no pod's view)."""
         self._badput_tally.add(record.data_wait_s, self._process_index or 0)
         if self.records_path is not None:
             # Opened per line: nothing to close, and each line is on disk when the step ends.
             with open(self.records_path, "a", encoding="utf-8") as f:
                 f.write(json_line(self.run_id, record))
-        if self.pod_every and self._count % self.pod_every == 0:
-            self._write_badput()
 
     def _start_pod(self) -> None:
         """Asks jax how many processes run; on several (and `pod_every` > 0), sets up the
@@ -349,11 +380,50 @@ class StepTimer:
         import jax
 
         self._process_index = jax.process_index()
-        if self.pod_every and jax.process_count() > 1:
+        self._processes = jax.process_count()
+        if self.pod_every and self._processes > 1:
+            self._gathering = True
+            self._meeting = _pod_start.next_meeting_name()
+
+    def _pod_met(self) -> bool:
+        """After the first step (its batch here), waits in Python for every process to have
+        done its own, then builds the gather; False when the pod gave up on a late host: then no
+        process gathers, and each keeps its own view."""
+        if self._met:
+            return True
+        self._met = True
+        client = _pod_start.distributed_client()
+        # Without a store to meet in, building the gather is the only way to wait.
+        late = () if client is None else _pod_start.meet(
+            client, self._meeting, process=self._process_index, processes=self._processes,
+            wait_s=self.pod_wait_s,
+        )  # fmt: skip
+        if not late:
+            # Built only now: compiling a multi-process computation waits for every process
+            # too, where a late host's start-up met the collectives' deadline.
             self._pod = PodGather(self.pod_every)
+            # Start-up, as compilation: the late host's wait is its first batch's data wait.
+            self._last_end = perf_counter()
+            return True
+        log.warning(
+            "StepTimer: processes %s of %d had not finished their first step when the pod "
+            "stopped waiting for them (`pod_wait_s` %.0f s); the pod's view is off for this run "
+            "on every process, each keeps its own figures (process %d here). A late host's "
+            "first batch: docs/pod.md.",
+            list(late), self._processes, self.pod_wait_s, self._process_index,
+        )  # fmt: skip
+        self.pod_late = late
+        self._gathering = False
+        # No gathered figures will come for the steps waiting for them: written as they are.
+        for record in self._unwritten:
+            self._write_own(record)
+        self._unwritten.clear()
+        return False
 
     def _advance_pod(self) -> None:
         """Takes in a gathered window once it has arrived; sends the next once it is full."""
+        if not self._pod_met():
+            return
         pod = self._pod
         if pod.ready():
             self._absorb(pod.collect())
@@ -405,7 +475,8 @@ class StepTimer:
         (RuntimeError, on every process) instead of waiting for a gather nobody joins. On one
         process it writes the badput line (with `badput_path`) and nothing else.
         """
-        pod = self._pod
+        gathering = self._gathering and self._pod_met()
+        pod = self._pod if gathering else None
         if pod is None:
             if self._count:
                 self._write_badput()
@@ -464,8 +535,9 @@ class StepTimer:
           share over 5 %), `pod_highly_input_bound_steps` (over 20 %), `pod_most_often_worst`;
           and, counted or not as `first_data_wait_s` is for this process, the worst host's wait
           for the first batch and its process (`pod_first_data_wait_s`, `pod_first_process`:
-          the badput's `first_batch_wait_s`), None until the first step is gathered. The first
-          step is left out as compilation, and with it a host whose pipeline started late,
+          the badput's `first_batch_wait_s`), None until the first step is gathered. Where the pod
+          gave up waiting for a late host after the first step: `pod_late_processes` alone. The
+          first step is left out as compilation, and with it a host whose pipeline started late,
           holding every chip, which this process's own `first_data_wait_s` does not show.
           Figures are None where no step was counted or the inputs are unknown. Every figure
           covers every step timed, from running sums; the median and p90 are exact while
@@ -500,6 +572,8 @@ class StepTimer:
     def _pod_summary(self, names: frozenset[str]) -> dict[str, Any]:
         """The pod's figures over the gathered steps not left out, and its first batch's worst
         wait whether left out or not (none on one process)."""
+        if self.pod_late:
+            return {"pod_late_processes": list(self.pod_late)}
         if self._pod is None:
             return {}
         counted = PodTally.merged(v for k, v in self._pod_tallies.items() if k not in names)
@@ -514,7 +588,7 @@ class StepTimer:
         }
 
     def format_summary(self, exclude: Iterable[str] | None = None) -> str:
-        """The summary as a small two-column table for logs and terminals.
+        """The summary as a small two-column table for logs and terminals (`step_table`).
 
         Args:
           exclude: as for `summary`.
@@ -522,71 +596,4 @@ class StepTimer:
         Returns:
           Lines of `label  value`, no trailing newline.
         """
-        s = self.summary(exclude)
-
-        def num(value: float | None, fmt: str) -> str:
-            return "n/a" if value is None else format(value, fmt)
-
-        def ms(value: float | None) -> str:
-            return "n/a" if value is None else f"{value * 1e3:.2f} ms"
-
-        rows = [
-            ("steps timed", f"{s['steps']} ({s['excluded']} excluded)"),
-            ("median step", ms(s["median_step_s"])),
-            ("p90 step", ms(s["p90_step_s"])),
-            ("total step time", f"{s['total_step_s']:.3f} s"),
-            ("total data wait", f"{s['total_data_wait_s']:.3f} s"),
-            (
-                "total wall clock",
-                f"{s['total_wall_s']:.3f} s "
-                f"({s['total_other_s']:.3f} s outside step and data wait)",
-            ),
-            ("input-bound fraction", num(s["input_bound_fraction"], ".1%")),
-            ("tokens/s, device time", num(s["device_tokens_per_s"], ",.0f")),
-            ("tokens/s, step + data wait", num(s["step_and_wait_tokens_per_s"], ",.0f")),
-            ("tokens/s, wall clock (whole loop)", num(s["wall_tokens_per_s"], ",.0f")),
-            ("TFLOP/s/device, device time", num(s["tflops_per_device"], ".4g")),
-            (
-                "first step's data wait",
-                num(s["first_data_wait_s"], ".3f") + " s"
-                if s["first_data_wait_s"] is not None
-                else "n/a",
-            ),
-            (
-                "first step (compile)",
-                num(s["first_step_s"], ".3f") + " s" if s["first_step_s"] is not None else "n/a",
-            ),
-        ]
-        if "pod_processes" in s:
-            rows += self._pod_rows(s)
-        width = max(len(label) for label, _ in rows)
-        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
-
-    @staticmethod
-    def _pod_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-        """The summary's pod figures as table rows."""
-
-        def pct(value: float | None) -> str:
-            return "n/a" if value is None else format(value, ".1%")
-
-        most = s["pod_most_often_worst"]
-        first = s["pod_first_data_wait_s"]
-        return [
-            ("pod", f"{s['pod_processes']} processes, {s['pod_steps']} steps gathered"),
-            ("pod data wait (worst host a step)", f"{s['pod_worst_data_wait_s']:.3f} s"),
-            (
-                "pod first batch wait (worst host)",
-                f"{first:.3f} s (process {s['pod_first_process']})" if first is not None else "n/a",
-            ),
-            ("pod input-bound fraction (worst host)", pct(s["pod_input_bound_fraction"])),
-            (
-                "pod steps input-bound (>5% / >20%)",
-                f"{pct(s['pod_input_bound_steps'])} / {pct(s['pod_highly_input_bound_steps'])}",
-            ),
-            (
-                "pod's most often worst host",
-                f"process {most['process']} ({most['steps']} input-bound steps)"
-                if most
-                else "none (no input-bound step)",
-            ),
-        ]
+        return step_table.table(self.summary(exclude))

@@ -393,6 +393,7 @@ OUTSIDE_PRIVATES = {
     ("input_server/batching/grain_adapter.py", "SharedMemoryArray._del_thread_pool"),
     # os._exit is the standard way to end a process without running its cleanup.
     ("input_server/cli/serve.py", "os._exit"),
+    ("client/input_client/_pod_start.py", "os._exit"),
     # tiktoken's Rust core: its encode_to_tiktoken_buffer returns ids without Python lists.
     ("input_server/data/tokenizers/tiktoken.py", "self.model()._core_bpe"),
     ("input_server/data/tokenizers/tiktoken.py", "enc._core_bpe"),
