@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from input_client.running_sums import summed
+
 # The TPU profiler's rule of thumb: a step is input-bound once its input wait is 5 % of the step,
 # highly input-bound from 20 %.
 INPUT_BOUND = 0.05
@@ -111,12 +113,7 @@ class PodTally:
     @classmethod
     def merged(cls, tallies: Iterable[PodTally]) -> PodTally:
         """One tally of the steps of several names."""
-        out = cls()
-        for t in tallies:
-            for field in dataclasses.fields(cls):
-                # Every field adds up, the counts by process too: `Counter`'s `+` adds them.
-                setattr(out, field.name, getattr(out, field.name) + getattr(t, field.name))
-        return out
+        return summed(cls, tallies)
 
     def figures(self) -> dict[str, Any]:
         """`pod_summary`'s figures over the steps added."""

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from input_client.running_sums import summed
 from input_client.step_histogram import bucket
 from input_client.step_record import StepRecord
 
@@ -62,12 +63,7 @@ class StepTally:
     @classmethod
     def merged(cls, tallies: Iterable[StepTally]) -> StepTally:
         """One tally of the records of several names."""
-        out = cls()
-        for t in tallies:
-            for field in dataclasses.fields(cls):
-                # Every field adds up, the histogram too: `Counter`'s `+` adds counts.
-                setattr(out, field.name, getattr(out, field.name) + getattr(t, field.name))
-        return out
+        return summed(cls, tallies)
 
     def figures(self) -> dict[str, Any]:
         """The summary's figures over the records added (`StepTimer.summary` says what each

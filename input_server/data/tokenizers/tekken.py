@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import dataclasses
 import json
 import re
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -42,11 +40,11 @@ import numpy as np
 from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
 from input_server.data.tokenizers.checks import (
     check_readable,
-    file_identity,
     kind_hint,
     looks_like,
 )
 from input_server.data.tokenizers.groups import Cutter, framed
+from input_server.data.tokenizers.loaded import LoadedModels
 from input_server.data.tokenizers.tiktoken import MAX_RANKS, encode_buffer, rust_core
 from input_server.data.tokenizers.word_cuts import LETTER_SPACES, between_letters
 from input_server.errors import InvalidSpecError, shorten
@@ -97,11 +95,8 @@ MAX_SPECIALS = 1 << 20
 # a match only where a run starts: one pass over the text.
 HANDED_RUN = 1 << 18
 _LONG_WHITESPACE = re.compile(rf"(?<!\s)\s{{{HANDED_RUN}}}")
-# Loaded Encodings by their file's identity, least recent first: (Encoding, Tekken). Few: a
-# server sees few models, and each holds its ranks twice (in Python and in tiktoken's Rust).
-_LOADED: collections.OrderedDict = collections.OrderedDict()
-_LOADED_LOCK = threading.Lock()
-MAX_LOADED = 4
+# Loaded Encodings, each with what its file says beside the ranks (`Tekken`).
+_LOADED: LoadedModels[tuple] = LoadedModels()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,19 +354,8 @@ class TekkenTokenizer(ModelTokenizer):
 
     def _load(self):
         """The Encoding, shared by this process's tokenizers of the file as it stands."""
-        key = file_identity(self.spec.model)
-        with _LOADED_LOCK:
-            hit = _LOADED.get(key)
-            if hit is not None:
-                _LOADED.move_to_end(key)
-        if hit is None:
-            hit = self._read()
-            with _LOADED_LOCK:
-                _LOADED[key] = hit
-                while len(_LOADED) > MAX_LOADED:
-                    _LOADED.popitem(last=False)
-        self._tekken = hit[1]
-        return hit[0]
+        enc, self._tekken = _LOADED.get(self.spec.model, self._read)
+        return enc
 
     def _read(self):
         import tiktoken

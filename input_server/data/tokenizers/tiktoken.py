@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import os
 import re
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -24,11 +22,11 @@ import numpy as np
 from input_server.data.tokenizers.base import IdsInfo, LimitCall, ModelTokenizer, over_slices
 from input_server.data.tokenizers.checks import (
     check_readable,
-    file_identity,
     kind_hint,
     refuse_tekken,
 )
 from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN, framed
+from input_server.data.tokenizers.loaded import LoadedModels
 from input_server.errors import InvalidSpecError, shorten
 
 # MaxText's TikTokenTokenizer.pat_str and special tokens, verbatim.
@@ -68,11 +66,8 @@ MAX_LINE_BYTES = 1024
 # So no token holds more than this many bytes (765 beside a short rank; a character is at
 # least one byte).
 MAX_TOKEN_CHARS = 765
-# Loaded Encodings by their file's identity, least recent first: (Encoding, (bos, eos)). Few: a
-# server sees few models, and each holds its ranks twice (Llama 3's: about 40 MB).
-_LOADED: collections.OrderedDict = collections.OrderedDict()
-_LOADED_LOCK = threading.Lock()
-MAX_LOADED = 4
+# Loaded Encodings, each with its (bos, eos) ids.
+_LOADED: LoadedModels[tuple] = LoadedModels()
 
 
 def split_runs(s: str, max_run: int = MAX_RUN):
@@ -354,19 +349,8 @@ class TiktokenTokenizer(ModelTokenizer):
     def _load(self):
         """The Encoding, shared by this process's tokenizers of the file as it stands: reading
         Llama 3's ranks into one took 0.3-0.4 s of every later stream's first batch."""
-        key = file_identity(self.spec.model)
-        with _LOADED_LOCK:
-            hit = _LOADED.get(key)
-            if hit is not None:
-                _LOADED.move_to_end(key)
-        if hit is None:
-            hit = self._read()
-            with _LOADED_LOCK:
-                _LOADED[key] = hit
-                while len(_LOADED) > MAX_LOADED:
-                    _LOADED.popitem(last=False)
-        self._ids = hit[1]
-        return hit[0]
+        enc, self._ids = _LOADED.get(self.spec.model, self._read)
+        return enc
 
     def _read(self):
         import tiktoken
