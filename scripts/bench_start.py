@@ -39,6 +39,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 
 from results import emit_json  # scripts/, beside this file
@@ -82,15 +83,17 @@ class Serve:
     def __init__(self, sock: str, keep: str, roots: list[str], tree: str | None = None):
         self.started = time.perf_counter()
         env = dict(os.environ)
-        if tree:  # the server of another source tree (its client and server packages first)
-            env["PYTHONPATH"] = os.pathsep.join([tree, os.path.join(tree, "client")])
+        if tree:  # the server of another source tree (its client and server packages first;
+            # the host's own PYTHONPATH kept after them: a TPU host finds its JAX there)
+            paths = [tree, os.path.join(tree, "client"), env.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", "off"]
         for root in roots:
             args += ["--data-root", root]
         self.p = subprocess.Popen(
             cli_argv("serve", *args),
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
             # `python -m` puts its folder first on sys.path, before PYTHONPATH: each tree's
@@ -100,7 +103,10 @@ class Serve:
         line = self.p.stdout.readline()
         if "serving on" not in line:
             self.p.kill()
-            raise RuntimeError(f"serve did not start: {line!r}")
+            said = self.p.stderr.read()[-2000:]
+            raise RuntimeError(f"serve did not start: {line!r}; it said: {said}")
+        # Its log is not read from here on: drained, so a full pipe never blocks it.
+        threading.Thread(target=self.p.stderr.read, daemon=True).start()
         self.listening_s = time.perf_counter() - self.started
         self.target = f"unix://{sock}"
 
@@ -164,12 +170,17 @@ def workers_of(text: str) -> dict:
 
 
 def one_round(
-    model: str, data: str, work: pathlib.Path, workers: str, tree: str | None = None
+    model: str,
+    data: str,
+    work: pathlib.Path,
+    workers: str,
+    tree: str | None = None,
+    kind: str = "tiktoken",
 ) -> dict:
     roots = sorted({os.path.dirname(model), os.path.dirname(data)})
     spec = PipelineSpec(
         source={"paths": [data]},
-        tokenizer={"model": model, "kind": "tiktoken"},
+        tokenizer={"model": model, "kind": kind},
         batch={"seq_len": 2048, "size": 16, "packing": "first_fit"},
         order={"epochs": 0},  # forever: the restarted loop always has a next batch
         workers=workers_of(workers),
@@ -201,6 +212,7 @@ def one_round(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="tiktoken ranks (default: Llama-3-sized, made once)")
+    parser.add_argument("--kind", default="tiktoken", help="the model's tokenizer.kind")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", default="0x1", help='"auto" or PROCESSES x THREADS')
     parser.add_argument(
@@ -222,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.rounds):
             order = list(trees.items())
             for label, tree in order[::-1] if i % 2 else order:  # each tree first in turn
-                run = one_round(os.path.abspath(model), data, work, args.workers, tree)
+                run = one_round(
+                    os.path.abspath(model), data, work, args.workers, tree, args.kind
+                )
                 rounds[label].append(run)
     medians = {
         label: {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
