@@ -19,6 +19,19 @@ from input_server.autotune.policy import MAX_THREADS
 from input_server.autotune.remembered import TuneCache
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
+from input_server.plurals import plural
+
+# An "auto" stream with nothing remembered opens in process on at most this many threads: its
+# first batch needs a group or two, and more threads at once finish those later where the
+# tokenizer contends with itself (tiktoken's reference on a many-core host: docs/benchmarks.md,
+# "Time to a first batch after a (re)start"). The live search measures upward from there.
+OPENING_THREADS = 2
+
+
+def opening_threads(max_workers: int = 0, max_threads: int = MAX_THREADS) -> int:
+    """The threads an "auto" stream with nothing remembered opens with, within the spec's
+    `workers.max_workers` (0: none) and `max_threads` (what memory allows)."""
+    return min(default_threads(0), OPENING_THREADS, max_workers or MAX_THREADS, max_threads)
 
 
 class Processes(Protocol):
@@ -86,10 +99,10 @@ class Openings:
             return Opening.fixed(w.count, w.threads)
         remembered = self._recall(pipeline)
         if remembered is None:
-            threads = min(default_threads(0), w.max_workers or MAX_THREADS, max_threads)
+            threads = opening_threads(w.max_workers, max_threads)
             return Opening(
                 Parallelism(0, threads),
-                f"auto: started at once in process with {threads} threads; tuning on the "
+                f"auto: started at once in process with {plural(threads, 'thread')}; tuning on the "
                 f"live stream",
             )
         opening = Opening(

@@ -11,7 +11,7 @@ import time
 
 from input_client import InputClient
 from input_client.iterator import BatchIterator
-from input_server.batching.parallelism import default_threads
+from input_server.autotune.openings import opening_threads
 from input_server.batching.pipeline import MIN_GROUP
 from input_server.plurals import plural
 from input_server.serving import stream
@@ -41,7 +41,7 @@ def test_a_slow_first_batch_says_why_once(tmp_path, make_spec, caplog):
     lines = [r.getMessage() for r in caplog.records if "no first batch" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "still setting a stream up or making its first batch" in lines[0]
-    threads = default_threads(0)  # the provisional start: in process, the default threads
+    threads = opening_threads()  # the provisional start: in process, few threads
     assert (
         f"stream 1 (slow): making its first batch, 0 processes x {plural(threads, 'thread')} "
         "(searching)"
