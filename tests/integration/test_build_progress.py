@@ -1,6 +1,6 @@
 """The MaxText venv's build says each step on the terminal under the suite's default parallel
-run (pytest-xdist), where it was silent for its ten minutes: the build helper of
-tests/system/conftest.py run in a real `pytest -n 2`, on a script that says three steps."""
+run (pytest-xdist), where it was silent for its ten minutes: the build's helper
+(`tests.support.progress`) run in a real `pytest -n 2`, on a script that says three steps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.support import ROOT
 TEST = """
 import sys
 
-from tests.system.conftest import PREFIX, run_saying_progress
+from tests.support.progress import PREFIX, run_saying_progress
 
 STEPS = "; ".join(
     f"print('{PREFIX}step {i} of 3', file=sys.stderr, flush=True); time.sleep(0.2)"

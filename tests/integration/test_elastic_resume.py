@@ -18,8 +18,8 @@ import sentencepiece as spm
 from input_client import InputClient, PipelineSpec, StreamError, reshard
 from input_server.batching.pipeline import Pipeline
 from input_server.testing.reference import run_pipeline
-from tests.elastic_support import Ledger, components_at
 from tests.support import TOKENS
+from tests.support.elastic import Ledger, components_at
 
 DOCS = 240
 

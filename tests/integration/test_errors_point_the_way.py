@@ -8,14 +8,11 @@ an address does not answer. Real servers, real clients, real socket files.
 
 from __future__ import annotations
 
-import logging
 import os
-import queue
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import grpc
@@ -25,7 +22,7 @@ from input_client import InputClient, PipelineSpec
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server.serving.server import Server, ServerConfig
-from tests.support import assert_one_line, run_main
+from tests.support import assert_one_line, client_warnings, run_main
 
 
 def _refusal(target: str, paths: list[str], model: str, kind: str) -> tuple[grpc.StatusCode, str]:
@@ -114,39 +111,22 @@ def test_a_spec_mistake_in_a_cli_verb_is_one_line_naming_the_file(capsys, bad_sp
 
 
 @pytest.fixture
-def stale_socket():
-    """A socket file bound and closed, nobody listening: what a killed server leaves."""
-    folder = tempfile.mkdtemp(prefix="stale-", dir="/tmp")  # a Unix socket path is short
-    path = f"{folder}/s.sock"
+def stale_socket(short_tmp):
+    """A socket file bound and closed, nobody listening: what a killed server leaves (in a
+    folder with a short path: a Unix socket path is short)."""
+    path = f"{short_tmp}/s.sock"
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(path)
-    yield path
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-class _Said(logging.Handler):
-    """The client's warnings, each with when it came."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.said: queue.Queue = queue.Queue()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.said.put((time.monotonic(), record.getMessage()))
+    return path
 
 
 def test_a_stale_socket_is_said_within_a_second_and_waited_on(stale_socket):
-    said = _Said()
-    logger = logging.getLogger("input_client")
-    logger.addHandler(said)
-    try:
+    with client_warnings() as said:
         with InputClient(f"unix://{stale_socket}", connect_timeout_s=3) as client:
             start = time.monotonic()
             with pytest.raises(ConnectionError) as e:
                 client.wait_ready()
             ended = time.monotonic() - start
-    finally:
-        logger.removeHandler(said)
     at, message = said.said.get_nowait()
     assert at - start < 1.0, (at - start, message)
     assert f"nobody answers on the socket file {stale_socket}" in message, message

@@ -20,41 +20,32 @@ from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server.testing.reference import run_pipeline
 from tests.support import assert_same_batches, serve_files
+from tests.support.mixture import (
+    COMPONENTS,
+    OLD,
+    mixture_spec,
+    new_host_state,
+    stream_state,
+    write_mixture,
+)
 
-COMPONENTS, OLD = 16, 4096
 AHEAD = 62  # epochs the old stream that took batches is ahead, at most: the bound is 64
 BASE_S, ATTACK_S, WARM_S = 4.0, 8.0, 2.0
 
 
 def _mixture(folder: str, shard: tuple[int, int]) -> PipelineSpec:
-    """16 components of 4,096 three-token documents: shard i of 4,096 holds one of each."""
-    return PipelineSpec(
-        source=[
-            {"paths": [f"{folder}/c{c}.jsonl"], "token_field": "ids", "name": f"c{c}", "weight": 1}
-            for c in range(COMPONENTS)
-        ],
-        tokenizer={"vocab_size": 1000, "add_bos": False, "add_eos": False},
-        batch={"seq_len": 64, "size": 1},
-        order={"seed": 7, "epochs": 0},
-        shard={"index": shard[0], "count": shard[1]},
-        workers={"count": 0},
-    )
+    """The mixture's shard, a row of 64 a batch."""
+    return mixture_spec(folder, shard, size=1)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, corpus, spm_model):
     """A server of the mixture's files, the corpus and its model; the mixture's folder."""
     folder = str(tmp_path_factory.mktemp("forged"))
-    for c in range(COMPONENTS):
-        with open(f"{folder}/c{c}.jsonl", "w") as f:
-            f.writelines(
-                json.dumps({"ids": [c + 3, 2 + r % 7, 1 + r % 5]}) + "\n" for r in range(OLD)
-            )
+    first = write_mixture(folder)
     # Room for the running stream and the 8 forged ones (the default is 8 streams).
     flags = ("--max-streams", "16")
-    child, target = serve_files(
-        folder, f"{folder}/c0.jsonl", corpus, spm_model, flags=flags, name="forged"
-    )
+    child, target = serve_files(folder, first, corpus, spm_model, flags=flags, name="forged")
     try:
         yield child, target, folder
     finally:
@@ -66,13 +57,11 @@ def forged(served) -> bytes:
     """`reshard([s0] + [None] * 4095, 1)`, s0 a real state of shard 0 of 4,096 that is 61 or
     62 epochs into every component (one document of each an epoch; a batch takes 21)."""
     _, target, folder = served
-    state = None
-    with InputClient(target) as client, client.batches(_mixture(folder, (0, OLD))) as it:
-        while state is None or state["doc"] < (AHEAD - 1) * COMPONENTS:
-            next(it)
-            state = json.loads(json.dumps(it.get_state()))
+    spec = _mixture(folder, (0, OLD))
+    with InputClient(target) as client:
+        state = stream_state(client, spec, until_doc=(AHEAD - 1) * COMPONENTS)
     assert state["doc"] < (AHEAD + 1) * COMPONENTS, state["doc"]
-    return json.dumps(reshard([state] + [None] * (OLD - 1), 1)[0]).encode()
+    return json.dumps(new_host_state([state], OLD)).encode()
 
 
 def _cpu_s(pid: int) -> float:

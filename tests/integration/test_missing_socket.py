@@ -8,53 +8,24 @@ while one ran at the other default path. Real `serve` and `info` processes, real
 
 from __future__ import annotations
 
-import logging
 import os
-import queue
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 
-import pytest
-
 from input_client import InputClient
 from input_server.testing.processes import cli_argv
-from tests.support import serve_cli
+from tests.support import client_warnings, serve_cli
 
 SAID_WITHIN_S = 1.0  # the warning's bound, from the start of the wait
 
 
-@pytest.fixture
-def short_dir():
-    """A folder with a short path (a Unix socket path holds 107 bytes), private as a default
-    socket's folder must be."""
-    folder = tempfile.mkdtemp(prefix="miss-", dir="/tmp")  # 0700
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-class _Said(logging.Handler):
-    """The client's warnings, each with when it came."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.said: queue.Queue = queue.Queue()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.said.put((time.monotonic(), record.getMessage()))
-
-
 def test_a_missing_socket_is_said_within_a_second_then_the_server_starting_there_is_reached(
-    short_dir,
+    short_tmp,
 ):
-    path = f"{short_dir}/s.sock"
-    said = _Said()
-    logger = logging.getLogger("input_client")
-    logger.addHandler(said)
+    path = f"{short_tmp}/s.sock"
     outcome: list = []
-    try:
+    with client_warnings() as said:
         with InputClient(f"unix://{path}", connect_timeout_s=30) as client:
 
             def wait() -> None:
@@ -71,13 +42,11 @@ def test_a_missing_socket_is_said_within_a_second_then_the_server_starting_there
             assert f"no socket at {path}" in message, message
             assert "waiting up to 30 s" in message, message
             # The wait goes on: a server started there now is reached by the same call.
-            child, _ = serve_cli("--listen", f"unix://{path}", log=f"{short_dir}/serve.log")
+            child, _ = serve_cli("--listen", f"unix://{path}", log=f"{short_tmp}/serve.log")
             try:
                 waiter.join(timeout=15)
             finally:
                 child.kill()
-    finally:
-        logger.removeHandler(said)
     assert outcome and isinstance(outcome[0], str) and outcome[0], outcome
     assert said.said.empty(), list(said.said.queue)  # said once
 
@@ -99,15 +68,15 @@ def _info_lines(env: dict[str, str], timeout_s: float) -> tuple[int, list[tuple[
 
 
 def test_info_with_another_xdg_runtime_dir_names_the_default_path_where_a_server_listens(
-    short_dir,
+    short_tmp,
 ):
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    env["TMPDIR"] = short_dir
-    served = f"{short_dir}/input-server-{os.geteuid()}/input-server-{os.geteuid()}.sock"
-    child, targets = serve_cli(log=f"{short_dir}/serve.log", env=env)  # the default socket
+    env["TMPDIR"] = str(short_tmp)  # private (0700), as a default socket's folder must be
+    served = f"{short_tmp}/input-server-{os.geteuid()}/input-server-{os.geteuid()}.sock"
+    child, targets = serve_cli(log=f"{short_tmp}/serve.log", env=env)  # the default socket
     try:
         assert targets == [f"unix://{served}"]
-        xdg = f"{short_dir}/xdg"
+        xdg = f"{short_tmp}/xdg"
         os.mkdir(xdg, 0o700)  # another session's runtime folder: the default moves there
         timeout_s = 4.0
         code, lines = _info_lines({**env, "XDG_RUNTIME_DIR": xdg}, timeout_s)

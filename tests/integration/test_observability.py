@@ -15,7 +15,6 @@ import urllib.request
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import (
     ChildProcess,
@@ -24,41 +23,16 @@ from tests.support import (
     dial,
     free_port,
     run_main,
+    wait_for,
     write_token_file,
 )
+from tests.support.metrics import scrape
 
 SERVICES = {
     "input_server.v1.InputService",
     "grpc.health.v1.Health",
     "grpc.reflection.v1alpha.ServerReflection",
 }
-
-
-def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, tuple], float]:
-    """The page's samples: (name, sorted labels) -> value. A 429 (a test polling past the
-    page's rate per peer) is waited out as its Retry-After says, as a scraper does."""
-    for attempt in range(10):
-        try:
-            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
-                text = r.read().decode()
-            break
-        except urllib.error.HTTPError as e:
-            if e.code != 429 or attempt == 9:
-                raise
-            time.sleep(int(e.headers["Retry-After"]))
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def wait_for(check, what: str = "", timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture

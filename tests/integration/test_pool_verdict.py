@@ -23,8 +23,9 @@ from input_client.wire import PROTOCOL_VERSION
 from input_server import cli
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.attacks import HostileServer
-from tests.integration.test_verdicts import DELAY_S, slow
 from tests.support import serve_servicer
+from tests.support.figures import IMPOSSIBLE, impossible_stream, strict_json
+from tests.support.verdicts import DELAY_S, slow_pipeline
 
 
 @pytest.fixture
@@ -82,8 +83,8 @@ def settled(targets: dict[str, str]) -> None:
 
 def test_the_pool_names_the_server_whose_trainer_waits(serve, make_spec, capsys):
     spec = make_spec(order={"epochs": 0})
-    starved = serve("starved", slow(spec, read_s=DELAY_S))
-    fed = serve("fed", slow(spec))
+    starved = serve("starved", slow_pipeline(spec, read_s=DELAY_S))
+    fed = serve("fed", slow_pipeline(spec))
     with trainer(starved, 0.0) as failed_starved, trainer(fed, 0.1) as failed_fed:
         settled({starved: "input-bound", fed: "client-bound"})
         assert cli.main(["stats", starved, fed]) == 0
@@ -113,7 +114,7 @@ def test_the_pool_names_the_server_whose_trainer_waits(serve, make_spec, capsys)
 def test_an_address_where_nothing_serves_is_a_row_and_the_view_partial(
     serve, make_spec, capsys, short_tmp
 ):
-    live = serve("live", slow(make_spec(order={"epochs": 0})))
+    live = serve("live", slow_pipeline(make_spec(order={"epochs": 0})))
     gone = f"unix://{short_tmp}/gone.sock"
     listed = short_tmp / "pool.txt"
     listed.write_text(f"# the pool\n{live}\n{gone}  # not started\n")
@@ -153,7 +154,7 @@ def fed_member(make_spec) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="is-", dir="/tmp")
     config = ServerConfig(
         listen=[f"unix://{folder}/fed.sock"],
-        pipelines={"p": slow(make_spec(order={"epochs": 0}))},
+        pipelines={"p": slow_pipeline(make_spec(order={"epochs": 0}))},
     )
     try:
         with Server(config) as server, trainer(server.targets[0], 0.05) as failed:
@@ -175,83 +176,36 @@ def fed_member(make_spec) -> Iterator[str]:
 
 class ImpossibleFigures(HostileServer):
     """A member whose one running stream's client waits 90 % of its loop (believed, the job's
-    limit), with `craft` making one of its figures what no server can report."""
+    limit), with `figures` (`impossible_stream`'s) making one of them what no server can
+    report."""
 
-    def __init__(self, craft):
+    def __init__(self, figures: dict):
         super().__init__([])
-        self.craft = craft
+        self.figures = figures
 
     def GetInfo(self, request, context):
-        s = pb.StreamInfo(
-            stream_id=7,
-            pipeline="p",
-            batches_sent=500,
-            batches_produced=504,
-            batches_taken=500,
-            consumed_batches_per_s=40.0,
-            stats=pb.StreamStats(
-                age_s=30.0,
-                client_wait_s=27.0,
-                client_wait_share=0.9,
-                production_batches_per_s=40.5,
-                queue_depth=4,
-                verdict_kind="input-bound",
-                verdict="input-bound: the trainer waited 90 % of its time",
-            ),
-        )
-        self.craft(s)
         return pb.GetInfoResponse(
-            server_version="hostile", protocol_version=PROTOCOL_VERSION, streams=[s]
+            server_version="hostile",
+            protocol_version=PROTOCOL_VERSION,
+            streams=[impossible_stream(**self.figures)],
         )
 
 
-def _set(**figures):
-    """A craft setting each figure on the stream, or on its `stats` where it belongs there."""
-
-    def craft(s):
-        for name, value in figures.items():
-            own = name in pb.StreamInfo.DESCRIPTOR.fields_by_name
-            setattr(s if own else s.stats, name, value)
-
-    return craft
-
-
-def _strict(text: str):
-    def refuse(constant: str):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-# Each crafted answer and what the row says is impossible in it.
-CRAFTED = {
-    "wait_share_infinite": (_set(client_wait_share=float("inf")), "`client_wait_share` is inf"),
-    "wait_share_over_one": (_set(client_wait_share=7.5), "`client_wait_share` is 7.5"),
-    "wait_negative": (_set(client_wait_s=-3.0), "`client_wait_s` is -3.0"),
-    "production_nan": (_set(production_batches_per_s=float("nan")), "is nan"),
-    "pace_infinite": (_set(consumed_batches_per_s=float("inf")), "is inf"),
-    "pace_with_nothing_sent": (
-        _set(batches_sent=0, batches_taken=0, batches_produced=0),
-        "`consumed_batches_per_s` is 40.0 with no batch sent or taken",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(CRAFTED))
+@pytest.mark.parametrize("case", list(IMPOSSIBLE))
 def test_a_member_reporting_impossible_figures_is_named_so_not_as_the_limit(
     fed_member, short_tmp, capsys, case
 ):
-    craft, words = CRAFTED[case]
+    figures, words = IMPOSSIBLE[case]
     evil = f"unix://{short_tmp}/evil.sock"
     listed = short_tmp / "pool.txt"
     listed.write_text(f"{fed_member}\n{evil}\n")
-    with serve_servicer(ImpossibleFigures(craft), evil):
+    with serve_servicer(ImpossibleFigures(figures), evil):
         code = cli.main(["stats", "--addresses-file", str(listed), "--json"])
-        reading = _strict(capsys.readouterr().out)
+        reading = strict_json(capsys.readouterr().out)
         assert cli.main(["stats", fed_member, evil]) == 2
         table = capsys.readouterr().out.splitlines()
         assert cli.main(["stats", evil, "--json"]) == 0  # one server's view: strict JSON too
-        alone = _strict(capsys.readouterr().out)
+        alone = strict_json(capsys.readouterr().out)
 
     assert code == 2  # the job's view leaves the member out
     job = reading["job"]

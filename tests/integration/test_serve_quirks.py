@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.request
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import serve_cli, stream_status
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+from tests.support.metrics import scrape
 
 
 def test_verbose_after_the_verb_logs_at_info(short_tmp, corpus):
@@ -67,7 +56,7 @@ def test_a_client_that_leaves_is_no_stream_error(short_tmp, make_spec, corpus):
         refused = make_spec(source={"paths": [os.path.join(os.path.dirname(corpus), "no")]})
         assert stream_status(srv.targets[0], refused.to_proto())[0] == grpc.StatusCode.NOT_FOUND
         deadline = time.monotonic() + 20
-        while (page := _scrape(port)).get(("input_server_streams_cancelled_total", ())) != 1:
+        while (page := scrape(port)).get(("input_server_streams_cancelled_total", ())) != 1:
             assert time.monotonic() < deadline, page
             time.sleep(0.3)  # within the page's scrapes a second per peer (metrics.py)
     errors = {k[1][0][1]: v for k, v in page.items() if k[0] == "input_server_stream_errors_total"}

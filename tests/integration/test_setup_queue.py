@@ -8,7 +8,6 @@ retried."""
 from __future__ import annotations
 
 import json
-import logging
 import queue
 import sys
 import threading
@@ -17,14 +16,14 @@ import time
 import grpc
 import pytest
 
-from input_client import InputClient, PipelineSpec, StreamError, reshard
+from input_client import InputClient, PipelineSpec, StreamError
 from input_client.proto import pb, pb_grpc
 from input_client.wire import CLIENT_KEY, PROTOCOL_VERSION
 from input_server.testing.processes import ChildProcess
 from input_server.testing.reference import run_pipeline
-from tests.support import ROOT, assert_same_batches, serve_files
+from tests.support import ROOT, assert_same_batches, client_warnings, serve_files
+from tests.support.mixture import OLD, mixture_spec, new_host_state, stream_state, write_mixture
 
-COMPONENTS, MAXIMAL = 16, 4096  # the largest state: 4,096 old streams of 16 components
 HONEST = 1024  # the honest resume's old hosts
 FILLER = 512  # old hosts of the states that fill the queue: each reads in about a second, paced
 FLOOD_THREADS = 18
@@ -36,18 +35,8 @@ QUEUED = "to set up large resumed states"
 
 
 def _mixture(folder: str, shard: tuple[int, int]) -> PipelineSpec:
-    """16 components of 4,096 three-token documents: shard i of 4,096 holds one of each."""
-    return PipelineSpec(
-        source=[
-            {"paths": [f"{folder}/c{c}.jsonl"], "token_field": "ids", "name": f"c{c}", "weight": 1}
-            for c in range(COMPONENTS)
-        ],
-        tokenizer={"vocab_size": 1000, "add_bos": False, "add_eos": False},
-        batch={"seq_len": 64, "size": 2},
-        order={"seed": 7, "epochs": 0},
-        shard={"index": shard[0], "count": shard[1]},
-        workers={"count": 0},
-    )
+    """The mixture's shard, two rows of 64 a batch."""
+    return mixture_spec(folder, shard, size=2)
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +44,9 @@ def served(tmp_path_factory):
     """A server of the mixture's files, with room for the flood's streams and the honest
     one's (the default is 8 streams); its target and the mixture's folder."""
     folder = str(tmp_path_factory.mktemp("setup-queue"))
-    for c in range(COMPONENTS):
-        with open(f"{folder}/c{c}.jsonl", "w") as f:
-            f.writelines(
-                json.dumps({"ids": [c + 3, 2 + r % 7, 1 + r % 5]}) + "\n" for r in range(MAXIMAL)
-            )
+    first = write_mixture(folder)
     flags = ("--max-streams", "32", "--stream-memory-mb", "256")
-    child, target = serve_files(folder, f"{folder}/c0.jsonl", flags=flags, name="sq")
+    child, target = serve_files(folder, first, flags=flags, name="sq")
     try:
         yield target, folder
     finally:
@@ -71,21 +56,18 @@ def served(tmp_path_factory):
 def _resumed(target: str, folder: str, hosts: int, took: int) -> dict:
     """The state of the one new host of a run of `hosts` old ones, the first 4 of which took
     `took` batches each (the others none): `reshard` of their real states."""
-    states = []
     with InputClient(target) as client:
-        for i in range(4):
-            with client.batches(_mixture(folder, (i, hosts))) as it:
-                for _ in range(took):
-                    next(it)
-                states.append(json.loads(json.dumps(it.get_state())))
-    return reshard(states + [None] * (hosts - 4), 1)[0]
+        states = [
+            stream_state(client, _mixture(folder, (i, hosts)), batches=took) for i in range(4)
+        ]
+    return new_host_state(states, hosts)
 
 
 @pytest.fixture(scope="module")
 def maximal(served) -> bytes:
     """A serialized request resuming from the largest state the bounds admit."""
     target, folder = served
-    state = _resumed(target, folder, MAXIMAL, 20)
+    state = _resumed(target, folder, OLD, 20)
     request = pb.StreamBatchesRequest(
         spec=_mixture(folder, (0, 1)).to_proto(),
         protocol_version=PROTOCOL_VERSION,
@@ -100,24 +82,11 @@ def honest(served) -> dict:
     return _resumed(target, folder, HONEST, 3)
 
 
-class _Said(logging.Handler):
-    """The client's warnings, as they come."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture
 def said():
-    handler = _Said()
-    logger = logging.getLogger("input_client")
-    logger.addHandler(handler)
-    yield handler.lines
-    logger.removeHandler(handler)
+    """The client's warnings, as they come (`client_warnings`)."""
+    with client_warnings() as handler:
+        yield handler
 
 
 def _flood(target: str, request: bytes, folder, *extra: str) -> tuple[ChildProcess, list]:
@@ -179,7 +148,7 @@ def test_a_flood_of_maximal_states_keeps_no_other_client_out(
     # The flood held its share of the queue throughout (refused past it), and the honest
     # stream was never refused: it took a place from the flood.
     assert codes.count("RESOURCE_EXHAUSTED") >= 1, outcomes[-5:]
-    assert not [line for line in said if WAITING in line], said
+    assert not [line for line in said.lines if WAITING in line], said.lines
     want = [p.arrays for p in run_pipeline(spec, honest, limit=TAKE)]
     assert_same_batches(got, want)
 
@@ -243,8 +212,8 @@ def test_a_fresh_stream_refused_by_a_full_set_up_queue_waits_for_a_place(served,
               f"were refused")  # fmt: skip
     finally:
         _cancel(calls)
-    waited = [line for line in said if WAITING in line]
-    assert len(waited) == 1, said  # said once, however many tries it took
+    waited = [line for line in said.lines if WAITING in line]
+    assert len(waited) == 1, said.lines  # said once, however many tries it took
     assert FULL in waited[0] and "up to 120 s" in waited[0], waited[0]
     want = [p.arrays for p in run_pipeline(spec, state, limit=TAKE)]
     assert_same_batches(got, want)
@@ -261,4 +230,4 @@ def test_a_refusal_for_the_requests_own_budget_is_not_retried(served, said):
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
     assert "--stream-memory-mb" in e.value.details, e.value.details
     assert time.monotonic() - start < 30  # not waited for
-    assert not [line for line in said if WAITING in line], said
+    assert not [line for line in said.lines if WAITING in line], said.lines

@@ -17,15 +17,12 @@ from input_client import InputClient
 from input_client.proto import pb, pb_grpc
 from input_client.wire import PROTOCOL_VERSION
 from input_server import cli
-from input_server.batching.pipeline import MIN_GROUP
 from input_server.serving.server import Server, ServerConfig
 from input_server.serving.verdict import MORE_CPU
-from input_server.testing import SlowPipeline
-from tests.integration.test_exposed_wait import _RecordingProxy
-from tests.integration.test_observability import scrape, wait_for
-from tests.support import serve_servicer
-
-DELAY_S = 0.004  # a record's, or a document's tokenizing: far above the real work of either
+from tests.support import serve_servicer, wait_for
+from tests.support.metrics import scrape
+from tests.support.proxy import RecordingProxy
+from tests.support.verdicts import DELAY_S, slow_pipeline
 
 
 @pytest.fixture
@@ -40,12 +37,6 @@ def serve(short_tmp):
             return stack.enter_context(Server(config))
 
         yield start
-
-
-def slow(spec, *, read_s: float = 0.0, tokenize_s: float = 0.0) -> SlowPipeline:
-    pipeline = SlowPipeline(spec, delay_s=read_s, tokenize_delay_s=tokenize_s)
-    pipeline.group_size = MIN_GROUP  # short groups: batches come steadily
-    return pipeline
 
 
 @contextlib.contextmanager
@@ -88,7 +79,7 @@ def settled(client: InputClient, it=None, pace_s: float = 0.0) -> pb.StreamStats
 
 
 def test_slow_storage_is_read_bound(serve, make_spec):
-    srv = serve(reads=slow(make_spec(order={"epochs": 0}), read_s=DELAY_S))
+    srv = serve(reads=slow_pipeline(make_spec(order={"epochs": 0}), read_s=DELAY_S))
     with silent_client(srv.targets[0], "reads"), InputClient(srv.targets[0]) as client:
         stats = settled(client)
     assert stats.verdict_kind == "read-bound", stats.verdict
@@ -98,7 +89,7 @@ def test_slow_storage_is_read_bound(serve, make_spec):
 
 
 def test_a_costly_tokenizer_is_tokenizer_bound(serve, make_spec):
-    srv = serve(tokens=slow(make_spec(order={"epochs": 0}), tokenize_s=DELAY_S))
+    srv = serve(tokens=slow_pipeline(make_spec(order={"epochs": 0}), tokenize_s=DELAY_S))
     with silent_client(srv.targets[0], "tokens"), InputClient(srv.targets[0]) as client:
         stats = settled(client)
     assert stats.verdict_kind == "tokenizer-bound", stats.verdict
@@ -106,7 +97,7 @@ def test_a_costly_tokenizer_is_tokenizer_bound(serve, make_spec):
 
 
 def test_a_trainer_faster_than_its_input_is_input_bound(serve, make_spec):
-    srv = serve(reads=slow(make_spec(order={"epochs": 0}), read_s=DELAY_S))
+    srv = serve(reads=slow_pipeline(make_spec(order={"epochs": 0}), read_s=DELAY_S))
     with InputClient(srv.targets[0]) as client, client.batches("reads") as it:
         stats = settled(client, it)
     assert stats.verdict_kind == "input-bound", stats.verdict
@@ -116,7 +107,7 @@ def test_a_trainer_faster_than_its_input_is_input_bound(serve, make_spec):
 
 
 def test_a_trainer_slower_than_its_input_is_client_bound(serve, make_spec):
-    srv = serve(fast=slow(make_spec(order={"epochs": 0})))
+    srv = serve(fast=slow_pipeline(make_spec(order={"epochs": 0})))
     with InputClient(srv.targets[0]) as client, client.batches("fast") as it:
         stats = settled(client, it, pace_s=0.1)
     assert stats.verdict_kind == "client-bound", stats.verdict
@@ -127,8 +118,8 @@ def test_a_trainer_slower_than_its_input_is_client_bound(serve, make_spec):
 def test_a_slow_way_between_server_and_trainer_is_delivery_bound(serve, make_spec, short_tmp):
     """A proxy that holds each batch 40 ms stands in for a far network (or a client's busy
     process): the trainer waits while the server, its batches sent, waits for credit."""
-    srv = serve(fast=slow(make_spec(order={"epochs": 0})))
-    proxy = _RecordingProxy(srv.targets[0], delay_s=0.04)
+    srv = serve(fast=slow_pipeline(make_spec(order={"epochs": 0})))
+    proxy = RecordingProxy(srv.targets[0], delay_s=0.04)
     target = f"unix://{short_tmp}/p.sock"
     with (
         serve_servicer(proxy, target),
@@ -146,7 +137,7 @@ def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):
     """Over one epoch on two threads: the read and tokenize seconds the metrics endpoint
     shows are what the stand-ins spent by their own clocks (plus the real work, within 10 %)."""
     spec = make_spec(order={"epochs": 1}, workers={"count": 0, "threads": 2})
-    pipeline = slow(spec, read_s=DELAY_S, tokenize_s=DELAY_S)
+    pipeline = slow_pipeline(spec, read_s=DELAY_S, tokenize_s=DELAY_S)
     srv = serve(both=pipeline)
     with InputClient(srv.targets[0]) as client, client.batches("both") as it:
         assert sum(1 for _ in it) > 0
@@ -161,7 +152,7 @@ def test_worker_stages_add_up_to_the_workers_time(serve, make_spec):
 
 
 def test_stats_shows_the_verdict_and_where_the_time_goes(serve, make_spec, capsys):
-    srv = serve(reads=slow(make_spec(order={"epochs": 0}), read_s=DELAY_S))
+    srv = serve(reads=slow_pipeline(make_spec(order={"epochs": 0}), read_s=DELAY_S))
     with silent_client(srv.targets[0], "reads"), InputClient(srv.targets[0]) as client:
         settled(client)
         assert cli.main(["stats", srv.targets[0]]) == 0

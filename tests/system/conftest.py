@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
-import sys
 
 import pytest
 
+from input_client import PipelineSpec
+from input_server.data.builtin_corpora import write_jsonl
+from input_server.data.tokenizers.trainers import train_sentencepiece
 from tests.support import ROOT, file_lock, python_or_skip, run_dir
+from tests.support.maxtext import ROWS, SEQ
+from tests.support.progress import run_saying_progress
 
 SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
-PREFIX = "maxtext_venv: "  # the script's progress lines on stderr
 
 
 @pytest.fixture(scope="session")
@@ -33,43 +35,31 @@ def _built_venv(request) -> str:
     return stdout.strip().splitlines()[-1]
 
 
-def run_saying_progress(
-    config: pytest.Config, argv: list[str], *, shown: bool = True, timeout: float = 1200
-) -> tuple[int, str, str]:
-    """Runs `argv`, its `PREFIX` lines on stderr said on the terminal as they come (with
-    `shown`), past pytest's capture, under pytest-xdist too; its exit status, stdout and
-    stderr (pip's lines kept for a failure)."""
-    with _terminal(config) if shown else contextlib.nullcontext() as say:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stderr = []
-        for line in proc.stderr:
-            stderr.append(line)
-            if say and line.startswith(PREFIX):
-                say(line.rstrip())
-        stdout = proc.stdout.read()
-        returncode = proc.wait(timeout=timeout)
-    return returncode, stdout, "".join(stderr)
-
-
-@contextlib.contextmanager
-def _terminal(config: pytest.Config):
-    """A `write(line)` to pytest's terminal, its output capture suspended meanwhile.
-
-    A pytest-xdist worker's terminal reporter writes where nobody reads (the suite's default
-    run said nothing for the build's ten minutes): there the line goes to the worker's
-    stderr, which xdist leaves on the terminal, prefixed with the worker's name.
-    """
-    capture = config.pluginmanager.getplugin("capturemanager")
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    with capture.global_and_fixture_disabled():
-        reporter = config.pluginmanager.getplugin("terminalreporter")
-        if worker is None and reporter is not None:
-            reporter.ensure_newline()
-            yield reporter.write_line
-            return
-
-        def write(line: str) -> None:
-            sys.stderr.write(f"[{worker}] {line}\n" if worker else f"{line}\n")
-            sys.stderr.flush()
-
-        yield write
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory, docs):
+    """The launcher's spec files (`tests.support.maxtext.launch`'s folder): train (endless,
+    shuffled), train without packing, and eval (150 documents, written shuffled and endless:
+    the adapter must make it one pass in order) specs over real text, and a model without a
+    pad piece (pad id -1, like Llama 2's), inside the test server's root."""
+    d = tmp_path_factory.mktemp("maxtext")
+    model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
+    train = PipelineSpec(
+        source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
+        tokenizer={"model": model},
+        batch={"seq_len": SEQ, "size": ROWS},
+        order={"epochs": 0, "seed": 3},
+    )
+    evals = train.replace(
+        source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
+        order={"epochs": 0, "shuffle": True, "seed": 5},
+    )
+    unpacked = train.replace(batch={"packing": "none"})
+    missing = train.replace(source={"paths": [str(d / "no-such.jsonl")]})
+    for name, spec in (
+        ("train", train),
+        ("eval", evals),
+        ("unpacked", unpacked),
+        ("missing", missing),
+    ):
+        (d / f"{name}.toml").write_text(spec.to_toml())
+    return d, train, evals, model

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.integration.test_large_tokenizer_memory import large_model_scenario
 from tests.support import run_bounded
+from tests.support.large_tokenizer import large_model_scenario
 
 _MIB = 1 << 20
 _WRITE = """

@@ -11,159 +11,43 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
 import signal
-import socket
 import subprocess
-import tempfile
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from input_client import InputClient, PipelineSpec
-from input_client.maxtext.conventions import to_maxtext
-from input_server.data.builtin_corpora import write_jsonl
-from input_server.data.tokenizers.trainers import train_sentencepiece
-from tests.support import TINY_MAXTEXT, file_lock
+from input_client import InputClient
+from tests.support.maxtext import (
+    ONE_HOST,
+    STEPS,
+    assert_one_launcher_line,
+    launch,
+    launch_two_hosts,
+    logged_steps,
+    total_weight,
+    total_weights,
+)
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
-SEQ, ROWS, STEPS = 256, 8, 20
-STEP_LINE = re.compile(
-    r"completed step: (\d+), .*?total_weights: (\d+), loss: ([\d.]+), "
-    r"lm_loss: [\d.]+, perplexity: ([\d.]+)"
-)
 EVAL_LINE = re.compile(
     r"Completed eval after train step (\d+), loss=([\d.]+), .*?"
     r"total_weights=([\d.]+)"
 )
 DATA_WAIT_LINE = re.compile(r"data_wait: [\d.]+ s, step: (\d+)")
-MODEL = [*TINY_MAXTEXT, f"max_target_length={SEQ}", f"per_device_batch_size={ROWS}"]
-ONE_HOST = ["skip_jax_distributed_system=true"]
 EVAL_PASS = {"shuffle": False, "epochs": 1}  # what the adapter makes of any eval spec
-PROG = "python -m input_client.maxtext.train: "
-
-
-@pytest.fixture(scope="module")
-def specs(tmp_path_factory, docs):
-    """Train (endless, shuffled), train without packing, and eval (150 documents, written
-    shuffled and endless: the adapter must make it one pass in order) specs over real text, and
-    a model without a pad piece (pad id -1, like Llama 2's), inside the test server's root."""
-    d = tmp_path_factory.mktemp("maxtext")
-    model = train_sentencepiece(docs, d / "nopad", vocab_size=1000, with_pad=False)
-    train = PipelineSpec(
-        source={"paths": [write_jsonl(docs, d / "train.jsonl")]},
-        tokenizer={"model": model},
-        batch={"seq_len": SEQ, "size": ROWS},
-        order={"epochs": 0, "seed": 3},
-    )
-    evals = train.replace(
-        source={"paths": [write_jsonl(docs[:150], d / "eval.jsonl")]},
-        order={"epochs": 0, "shuffle": True, "seed": 5},
-    )
-    unpacked = train.replace(batch={"packing": "none"})
-    missing = train.replace(source={"paths": [str(d / "no-such.jsonl")]})
-    for name, spec in (
-        ("train", train),
-        ("eval", evals),
-        ("unpacked", unpacked),
-        ("missing", missing),
-    ):
-        (d / f"{name}.toml").write_text(spec.to_toml())
-    return d, train, evals, model
-
-
-def _launch(
-    python,
-    server,
-    d,
-    model,
-    run,
-    *extra,
-    spec="train",
-    stream=False,
-    steps=STEPS,
-    env=None,
-    evaluate=True,
-    sync_checkpoints=False,
-    address=None,
-):
-    argv = [
-        python,
-        "-m",
-        "input_client.maxtext.train",
-        "--server",
-        address or server.targets[0],
-        "--connect-timeout-s",
-        "3",
-        "--spec",
-        str(d / f"{spec}.toml"),
-        *(["--eval-spec", str(d / "eval.toml")] if evaluate else []),
-        f"run_name={run}",
-        f"base_output_directory={d / 'out'}",
-        f"tokenizer_path={model}",
-        *MODEL,
-        f"steps={steps}",
-        "checkpoint_period=5",
-        "enable_checkpointing=true",
-        *(["async_checkpointing=false"] if sync_checkpoints else []),
-        f"eval_interval={10 if evaluate else -1}",
-        "eval_steps=50",
-        *extra,
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DECOUPLE_GCLOUD": "TRUE", **(env or {})}
-    env.pop("XLA_FLAGS", None)  # one CPU device, as the model's batch is sized
-    if stream:
-        return subprocess.Popen(
-            argv,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-
-
-def _steps(log: str) -> dict[int, tuple[int, str, str]]:
-    return {int(s): (int(w), loss, ppl) for s, w, loss, ppl in STEP_LINE.findall(log)}
-
-
-def _weight(batch, packing) -> int:
-    """A batch's `total_weights` as MaxText's loss counts it (targets_segmentation != 0)."""
-    return int((to_maxtext(batch, -1, packing)["targets_segmentation"] != 0).sum())
-
-
-def _weights(spec, server, n=None) -> list[int]:
-    """Each batch's `total_weights`, for the first `n` batches of `spec` (all: None)."""
-    out = []
-    with InputClient(server.targets[0]) as c, c.batches(spec) as it:
-        for b in it:
-            out.append(_weight(b, spec.batch.packing))
-            if n is not None and len(out) == n:
-                break
-    return out
-
-
-def _one_line(out, code, *needles):
-    assert out.returncode == code, out.stderr[-3000:]
-    assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith(PROG), last
-    for needle in needles:
-        assert needle in last, (needle, last)
 
 
 def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     d, train, evals, model = specs
     metrics_file = d / "whole-metrics.jsonl"
-    a = _launch(  # async checkpoints
+    a = launch(  # async checkpoints
         maxtext_python, server, d, model, "whole", *ONE_HOST, f"metrics_file={metrics_file}"
     )
     assert a.returncode == 0, a.stderr[-4000:]
-    whole = _steps(a.stderr)
+    whole = logged_steps(a.stderr)
     assert sorted(whole) == list(range(STEPS))
     # Each step's wait for its batch, in MaxText's log and in its own metrics file.
     assert sorted(int(s) for s in DATA_WAIT_LINE.findall(a.stderr)) == list(range(STEPS))
@@ -174,11 +58,11 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     assert [r["step"] for r in train_rows] == list(range(10, STEPS))
     assert all(r["perf/data_wait_seconds"] >= 0 for r in train_rows)
     # MaxText trained on the server's batches, in order, weighted by MaxText's rule.
-    assert [whole[s][0] for s in range(STEPS)] == _weights(train, server, STEPS)
+    assert [whole[s][0] for s in range(STEPS)] == total_weights(train, server, STEPS)
     # Eval after steps 0 and 10: the same single pass in order both times (within eval_steps).
     evals_seen = EVAL_LINE.findall(a.stderr)
     assert [int(s) for s, _, _ in evals_seen] == [0, 10]
-    one_pass = _weights(evals.replace(order=EVAL_PASS), server)
+    one_pass = total_weights(evals.replace(order=EVAL_PASS), server)
     assert len(one_pass) < 50
     assert {float(w) for _, _, w in evals_seen} == {float(sum(one_pass))}
     for step in (10, 19):  # async checkpoints carry the data position too
@@ -186,7 +70,7 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
         assert json.loads(saved.read_text())["seq"] == step + 1
 
     # A second run, killed once step 12 is logged (after the checkpoint of step 10)...
-    b = _launch(
+    b = launch(
         maxtext_python, server, d, model, "killed", *ONE_HOST, stream=True, sync_checkpoints=True
     )
     try:
@@ -204,17 +88,17 @@ def test_trains_checkpoints_restarts_and_evals(maxtext_python, server, specs):
     assert 10 <= saved[-1] < STEPS - 1
     assert (checkpoints / str(saved[-1]) / "iter" / "process_0-of-1.json").is_file()
     # ... and restarted: it continues from its checkpoint with the model and data as they were.
-    c = _launch(maxtext_python, server, d, model, "killed", *ONE_HOST)
+    c = launch(maxtext_python, server, d, model, "killed", *ONE_HOST)
     assert c.returncode == 0, c.stderr[-4000:]
     assert f"restoring from this run's directory step {saved[-1]}" in c.stderr
-    resumed = _steps(c.stderr)
+    resumed = logged_steps(c.stderr)
     assert sorted(resumed) == list(range(saved[-1] + 1, STEPS))
     assert {s: whole[s] for s in resumed} == resumed  # loss, perplexity and total_weights
 
 
 def test_trains_without_packing(maxtext_python, server, specs):
     d, train, _, model = specs
-    out = _launch(
+    out = launch(
         maxtext_python,
         server,
         d,
@@ -227,8 +111,8 @@ def test_trains_without_packing(maxtext_python, server, specs):
         evaluate=False,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    steps = _steps(out.stderr)
-    assert [steps[s][0] for s in range(4)] == _weights(
+    steps = logged_steps(out.stderr)
+    assert [steps[s][0] for s in range(4)] == total_weights(
         train.replace(batch={"packing": "none"}), server, 4
     )
 
@@ -262,19 +146,19 @@ def test_trains_on_a_mixture_with_a_pre_tokenized_arrayrecord_component(
         ]
     )
     (d / "mixture.toml").write_text(mixture.to_toml())
-    out = _launch(
+    out = launch(
         maxtext_python, server, d, model, "mixture", *ONE_HOST, spec="mixture", steps=4,
         evaluate=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    steps = _steps(out.stderr)
-    assert [steps[s][0] for s in range(4)] == _weights(mixture, server, 4)
+    steps = logged_steps(out.stderr)
+    assert [steps[s][0] for s in range(4)] == total_weights(mixture, server, 4)
 
 
 def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
     d, _, _, model = specs
-    _one_line(
-        _launch(
+    assert_one_launcher_line(
+        launch(
             maxtext_python,
             server,
             d,
@@ -288,8 +172,8 @@ def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
         "`batch.seq_len` is 256",
         "`max_target_length` is 128",
     )
-    _one_line(
-        _launch(
+    assert_one_launcher_line(
+        launch(
             maxtext_python,
             server,
             d,
@@ -302,12 +186,12 @@ def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
         2,
         "no input server reachable",
     )
-    no_eval = _launch(
+    no_eval = launch(
         maxtext_python, server, d, model, "no-eval", *ONE_HOST, evaluate=False, steps=3
     )
     assert no_eval.returncode == 0, no_eval.stderr[-3000:]  # eval_interval=-1 needs no spec
-    _one_line(
-        _launch(
+    assert_one_launcher_line(
+        launch(
             maxtext_python,
             server,
             d,
@@ -320,8 +204,8 @@ def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
         2,
         "no eval spec was given",
     )
-    _one_line(
-        _launch(
+    assert_one_launcher_line(
+        launch(
             maxtext_python, server, d, model, "missing", *ONE_HOST, spec="missing", evaluate=False
         ),
         1,
@@ -330,82 +214,22 @@ def test_mistakes_stop_in_one_line(maxtext_python, server, specs):
     )
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the coordinator binds
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _two_hosts(python, server, d, model, run, steps, *extra, each=None, **options):
-    """Two JAX processes on this machine, as MaxText's CPU launcher (XPK) starts them; MaxText
-    fixes the coordinator's port at 1234, so one such pair runs at a time on the machine (a
-    lock file in its temporary folder). `extra` and `options` go to `_launch`, and so do
-    `each(i)`'s (arguments, options) for process i alone. Each process's log, also written to
-    `d/log{i}-{steps}.txt` for a failure's reader."""
-    with file_lock(pathlib.Path(tempfile.gettempdir()) / "input-server-maxtext-1234.lock"):
-        return _two_hosts_now(python, server, d, model, run, steps, *extra, each=each, **options)
-
-
-def _two_hosts_now(python, server, d, model, run, steps, *extra, each, **options):
-    own = [each(i) if each is not None else ((), {}) for i in (0, 1)]
-    if not _port_free(1234):
-        pytest.fail("port 1234, where MaxText's CPU processes meet, is taken on this host")
-    procs = [
-        _launch(
-            python,
-            server,
-            d,
-            model,
-            run,
-            "skip_jax_distributed_system=false",
-            *extra,
-            *own[i][0],
-            stream=True,
-            steps=steps,
-            evaluate=False,
-            env={
-                "JAX_COORDINATOR_ADDRESS": "localhost",
-                "JOB_INDEX": "0",
-                "JOB_COMPLETION_INDEX": str(i),
-                "PROCESSES_IN_JOB": "2",
-                "JAX_PROCESS_COUNT": "2",
-            },
-            **options,
-            **own[i][1],
-        )
-        for i in (0, 1)
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:  # both at once: a full pipe would stall a process
-            logs = list(pool.map(lambda p: p.stderr.read(), procs))
-        for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-            (d / f"log{i}-{steps}.txt").write_text(log)
-            assert p.wait(timeout=600) == 0, log[-4000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    return logs
-
-
 def test_two_hosts_each_read_their_shard_and_resume_it(maxtext_python, server, specs):
     d, train, _, model = specs
-    shards = [_weights(train.replace(shard={"index": i, "count": 2}), server, 14) for i in (0, 1)]
+    shards = [
+        total_weights(train.replace(shard={"index": i, "count": 2}), server, 14) for i in (0, 1)
+    ]
     want = [a + b for a, b in zip(*shards, strict=True)]  # MaxText logs the global batch's sum
-    logs = _two_hosts(maxtext_python, server, d, model, "hosts", 12)
-    assert _steps(logs[0]) == _steps(logs[1])  # one global step, two logs
-    first = _steps(logs[0])
+    logs = launch_two_hosts(maxtext_python, server, d, model, "hosts", 12)
+    assert logged_steps(logs[0]) == logged_steps(logs[1])  # one global step, two logs
+    first = logged_steps(logs[0])
     assert [first[s][0] for s in range(12)] == want[:12]
     iters = d / "out" / "hosts" / "checkpoints" / "11" / "iter"
     states = [json.loads((iters / f"process_{i}-of-2.json").read_text()) for i in (0, 1)]
     assert states[0]["seq"] == states[1]["seq"] == 12
     assert states[0]["fingerprint"] != states[1]["fingerprint"]  # each host's own shard
     # Both restart from step 11's checkpoint, each at its own shard's position.
-    again = _steps(_two_hosts(maxtext_python, server, d, model, "hosts", 14)[0])
+    again = logged_steps(launch_two_hosts(maxtext_python, server, d, model, "hosts", 14)[0])
     assert [again[s][0] for s in (12, 13)] == want[12:14]
 
 
@@ -563,27 +387,26 @@ def test_fans_in_from_two_servers_and_resumes_both_from_its_checkpoint(
         with InputClient(pool) as c, c.batches(train) as it:  # the fanned-in stream itself
             want = []
             for b in it:
-                seg = to_maxtext(b, -1, train.batch.packing)["targets_segmentation"]
-                want.append(int((seg != 0).sum()))
+                want.append(total_weight(b, train.batch.packing))
                 if len(want) == 15:
                     break
-        a = _launch(
+        a = launch(
             maxtext_python, server, d, model, "fanin", *ONE_HOST, steps=10,
             evaluate=False, sync_checkpoints=True, address=",".join(pool),
         )  # fmt: skip
         assert a.returncode == 0, a.stderr[-4000:]
-        first = _steps(a.stderr)
+        first = logged_steps(a.stderr)
         assert [first[s][0] for s in range(10)] == want[:10]
         saved = d / "out" / "fanin" / "checkpoints" / "5" / "iter" / "process_0-of-1.json"
         state = json.loads(saved.read_text())
         assert state["seq"] == 6 and state["fan_in"]["servers"] == 2
         # The same run to step 15: it restores step 9's checkpoint, both servers' positions.
-        b = _launch(
+        b = launch(
             maxtext_python, server, d, model, "fanin", *ONE_HOST, steps=15,
             evaluate=False, sync_checkpoints=True, address=",".join(pool),
         )  # fmt: skip
         assert b.returncode == 0, b.stderr[-4000:]
-        resumed = _steps(b.stderr)
+        resumed = logged_steps(b.stderr)
         assert sorted(resumed) == list(range(10, 15))
         assert [resumed[s][0] for s in range(10, 15)] == want[10:]
     finally:

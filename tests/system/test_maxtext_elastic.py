@@ -21,10 +21,14 @@ import pytest
 
 from input_client import InputClient, reshard
 from input_server.data.builtin_corpora import write_jsonl
-from tests.system import test_maxtext
-from tests.system.test_maxtext import ONE_HOST, _launch, _one_line, _steps, _two_hosts, _weight
-
-specs = test_maxtext.specs  # its fixture: the spec files and model in the launcher's folder
+from tests.support.maxtext import (
+    ONE_HOST,
+    assert_one_launcher_line,
+    launch,
+    launch_two_hosts,
+    step_weights,
+    total_weight,
+)
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -39,7 +43,7 @@ def _read(spec, server, state=None, n=None):
     weights, tokens = [], Counter()
     with InputClient(server.targets[0]) as c, c.batches(spec, state=state) as it:
         for b in it:
-            weights.append(_weight(b, spec.batch.packing))
+            weights.append(total_weight(b, spec.batch.packing))
             seg = np.asarray(b["inputs_segmentation"])
             tokens.update(np.asarray(b["inputs"])[seg != 0].tolist())
             if len(weights) == n:
@@ -70,15 +74,17 @@ def test_a_checkpoint_of_two_processes_continues_on_one_then_on_two(
     def run(processes, steps, name="elastic"):
         """MaxText's steps on `processes` processes, to `steps`: {step: total_weights}."""
         if processes == 2:
-            log = _two_hosts(maxtext_python, server, d, model, name, steps, PAD, spec="epoch")[0]
+            log = launch_two_hosts(
+                maxtext_python, server, d, model, name, steps, PAD, spec="epoch"
+            )[0]
         else:
-            out = _launch(
+            out = launch(
                 maxtext_python, server, d, model, name, *ONE_HOST, PAD,
                 spec="epoch", steps=steps, evaluate=False, sync_checkpoints=True,
             )  # fmt: skip
             assert out.returncode == 0, out.stderr[-4000:]
             log = out.stderr
-        return {s: w for s, (w, _, _) in _steps(log).items()}
+        return step_weights(log)
 
     # 1. Two processes, FIRST steps: each reads its shard of 2.
     ran = run(2, FIRST)
@@ -118,11 +124,13 @@ def _a_lost_file_is_refused(python, server, d, model, step):
     """A copy of the run whose step lacks host 1's file: one process refuses it in one line."""
     shutil.copytree(d / "out" / "elastic", d / "out" / "lacking")
     (d / "out" / "lacking" / "checkpoints" / str(step) / "iter" / "process_1-of-2.json").unlink()
-    out = _launch(
+    out = launch(
         python, server, d, model, "lacking", *ONE_HOST, PAD,
         spec="epoch", steps=step + 3, evaluate=False,
     )  # fmt: skip
-    _one_line(out, 2, "cannot restore the data position", "lacks process_1-of-2.json")
+    assert_one_launcher_line(
+        out, 2, "cannot restore the data position", "lacks process_1-of-2.json"
+    )
 
 
 MOVED = textwrap.dedent("""

@@ -17,8 +17,7 @@ import subprocess
 
 import pytest
 
-from input_client import InputClient, PipelineSpec
-from input_client.maxtext.conventions import to_maxtext
+from input_client import PipelineSpec
 from input_server.data.tf_example import make_example
 from input_server.data.tokenizers.trainers import (
     train_hf_tokenizer,
@@ -26,7 +25,7 @@ from input_server.data.tokenizers.trainers import (
     write_tiktoken_model,
 )
 from tests.support import TINY_MAXTEXT, write_arrayrecord
-from tests.system.test_maxtext import STEP_LINE
+from tests.support.maxtext import step_weights, total_weights
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -83,22 +82,6 @@ def _derived(log: str) -> PipelineSpec:
     return PipelineSpec.from_dict(json.loads(found[-1]))
 
 
-def _steps(log: str) -> dict[int, int]:
-    return {int(s): int(w) for s, w, *_ in STEP_LINE.findall(log)}
-
-
-def _weights(spec, server, n, pad_id) -> list[int]:
-    """Each batch's `total_weights` as MaxText's loss counts it."""
-    out = []
-    with InputClient(server.targets[0]) as c, c.batches(spec) as it:
-        for b in it:
-            seg = to_maxtext(b, pad_id, spec.batch.packing)["targets_segmentation"]
-            out.append(int((seg != 0).sum()))
-            if len(out) == n:
-                return out
-    return out
-
-
 def test_a_mixture_of_globs_trains_checkpoints_and_restores_exactly(maxtext_python, server, data):
     d, models = data
     mixture = [
@@ -116,12 +99,12 @@ def test_a_mixture_of_globs_trains_checkpoints_and_restores_exactly(maxtext_pyth
         (f"{d}/a-*.array_record",),
         (f"{d}/b-*.array_record",),
     ]
-    want = _weights(spec, server, 10, pad_id=-1)
-    assert [w for _, w in sorted(_steps(first).items())] == want[:6]
+    want = total_weights(spec, server, 10, pad_id=-1)
+    assert [w for _, w in sorted(step_weights(first).items())] == want[:6]
     # The same command with more steps restores step 5's checkpoint, data position included.
     again = _run(maxtext_python, server, d, "mix", *mixture, steps=10)
     assert "restoring from this run's directory step 5" in again
-    assert _steps(again) == {s: want[s] for s in range(6, 10)}
+    assert step_weights(again) == {s: want[s] for s in range(6, 10)}
 
 
 def test_pre_tokenized_arrayrecord_with_tokenize_train_data_false(
@@ -144,7 +127,9 @@ def test_pre_tokenized_arrayrecord_with_tokenize_train_data_false(
     )
     spec = _derived(log)
     assert spec.source.token_field == "ids" and not spec.tokenizer.add_bos
-    assert [w for _, w in sorted(_steps(log).items())] == _weights(spec, server, 6, pad_id=-1)
+    assert [w for _, w in sorted(step_weights(log).items())] == total_weights(
+        spec, server, 6, pad_id=-1
+    )
 
 
 @pytest.mark.parametrize(("kind", "pad_id"), [("huggingface", 0), ("tiktoken", -1)])
@@ -163,4 +148,6 @@ def test_trains_with_each_tokenizer_type(maxtext_python, server, data, kind, pad
     )
     spec = _derived(log)
     assert spec.tokenizer.kind == kind
-    assert [w for _, w in sorted(_steps(log).items())] == _weights(spec, server, 6, pad_id)
+    assert [w for _, w in sorted(step_weights(log).items())] == total_weights(
+        spec, server, 6, pad_id
+    )

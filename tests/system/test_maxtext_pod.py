@@ -20,10 +20,7 @@ from input_server.batching import pipeline as batching
 from input_server.serving import stream
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
-from tests.system import test_maxtext
-from tests.system.test_maxtext import _steps
-
-specs = test_maxtext.specs  # its fixture: the spec files and model in the launcher's folder
+from tests.support.maxtext import launch_two_hosts, logged_steps
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
 
@@ -57,14 +54,14 @@ def slow_server(tmp_path, monkeypatch):
 
 
 def _two_hosts(python, server, addresses, d, model, run, steps, *extra):
-    """MaxText's two CPU processes (`test_maxtext._two_hosts`), process i fed by
+    """MaxText's two CPU processes (`launch_two_hosts`), process i fed by
     `addresses[i]` and writing its own metrics file (`metrics{i}-{steps}.jsonl`). Each
     process's log."""
 
     def each(i: int):
         return (f"metrics_file={d / f'metrics{i}-{steps}.jsonl'}",), {"address": addresses[i]}
 
-    return test_maxtext._two_hosts(
+    return launch_two_hosts(
         python, server, d, model, run, steps, *extra, each=each, sync_checkpoints=True
     )
 
@@ -124,7 +121,7 @@ def test_two_processes_name_the_slow_host_and_the_badput_spans_a_restart(
         maxtext_python, server, addresses, d, model, "pod", LAST, "--badput", str(badput)
     )
     assert "restoring from this run's directory step" in b[0], b[0][-3000:]
-    start = min(_steps(b[0]))
+    start = min(logged_steps(b[0]))
     assert FIRST - 1 <= start < LAST
     second = _check_run(b, _metrics(d, LAST), range(start, LAST))
 

@@ -16,17 +16,9 @@ import pytest
 
 from input_server.data.tokenizers.trainers import train_sentencepiece
 from tests.support import ROOT
+from tests.support.pages import block
 
 pytestmark = [pytest.mark.maxtext, pytest.mark.timeout(1200)]
-README = (ROOT / "README.md").read_text()
-
-
-def _block(title: str, needle: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    section = README[start : README.find("\n## ", start + 1)]
-    blocks = re.findall(r"^```\w*\n(.*?)^```$", section, flags=re.S | re.M)
-    (found,) = [b for b in blocks if needle in b]
-    return found
 
 
 def test_the_cpu_recipe_trains_as_written(maxtext_python, tmp_path, docs):
@@ -36,9 +28,9 @@ def test_the_cpu_recipe_trains_as_written(maxtext_python, tmp_path, docs):
     lines = (" ".join(d.split()) for d in docs)
     (data / "docs.txt").write_text("".join(f"{d}\n" for d in lines if d))
     shutil.copy(train_sentencepiece(docs, tmp_path / "spm", vocab_size=1000), data / "spm.model")
-    own_data = _block("Bring your own data", "[batch]")
+    own_data = block("Bring your own data", "[batch]")
     (data / "pipeline.toml").write_text(own_data.split("<<'EOF'\n")[1].split("\nEOF")[0] + "\n")
-    recipe = _block("Use with MaxText", "maxtext_venv.sh")
+    recipe = block("Use with MaxText", "maxtext_venv.sh")
     for old, new in (
         ("unix:///tmp/input.sock", f"unix://{tmp_path}/input.sock"),
         ("/tmp/maxtext-out", str(tmp_path / "out")),

@@ -9,10 +9,9 @@ import subprocess
 
 import pytest
 
-from tests.support import ROOT
-from tests.system.test_readme import README, code_blocks
+from tests.support.pages import README, code_blocks, page
 
-POD_DOC = (ROOT / "docs" / "pod.md").read_text()
+POD_DOC = page("docs/pod.md")
 BLOCKS = code_blocks(POD_DOC)
 
 

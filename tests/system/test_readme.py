@@ -15,22 +15,11 @@ import time
 import pytest
 
 from tests.support import ROOT
+from tests.support.pages import README, code_blocks, page, section
 
-README = (ROOT / "README.md").read_text()
-SPEC_DOC = (ROOT / "docs" / "spec.md").read_text()
+SPEC_DOC = page("docs/spec.md")
 DEMO = "python3 -m pip install -e '.[dev]' && input-server demo"
 TESTS = "python3 -m pip install -e '.[dev]' && python3 -m pytest"
-
-
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end > 0 else None]
-
-
-def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of each fenced block, in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
 
 
 def test_the_first_screen_says_what_it_is_and_the_two_commands():

@@ -15,7 +15,7 @@ import pytest
 
 from input_server.testing.processes import ChildProcess, cli_argv
 from tests.support import ROOT
-from tests.system.test_readme import code_blocks
+from tests.support.pages import code_blocks
 
 PAGE = (ROOT / "docs" / "tpu.md").read_text()
 # Words that end a simple command, and those that start its redirections (always last here).

@@ -20,7 +20,8 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 
-from tests.deploy_support import (
+from tests.support import ROOT
+from tests.support.deploy import (
     DOCKERFILE,
     Container,
     Doc,
@@ -33,7 +34,6 @@ from tests.deploy_support import (
     socket_path,
     uid_of,
 )
-from tests.support import ROOT
 
 DOCS = load_docs()
 # The oldest Kubernetes the manifests are for (native sidecars are on by default from 1.29) and
@@ -332,7 +332,7 @@ def test_the_build_context_holds_what_the_build_copies_and_little_else():
     ]
     dropped = [p for p in needed if ignored_by_dockerignore(p)]
     assert not dropped, f".dockerignore leaves out what deploy/Dockerfile builds from: {dropped}"
-    for path in (".git/HEAD", "tests/support.py", "input_server/__pycache__/cli.pyc"):
+    for path in (".git/HEAD", "tests/support/__init__.py", "input_server/__pycache__/cli.pyc"):
         assert ignored_by_dockerignore(path), f".dockerignore sends {path} to the build"
 
 

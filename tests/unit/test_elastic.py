@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from input_client.elastic import reshard, reshard_servers
 from input_server.data.mixture import order_for
-from tests.elastic_support import Ledger, Stream, components_at, spec_of, token
+from tests.support.elastic import Ledger, Stream, components_at, spec_of, token
 
 PACKINGS = ["first_fit", "concat_then_split", "none"]
 POLICIES = ["trim", "chunk", "split"]

@@ -5,31 +5,19 @@ scripts/maxtext_venv.sh builds it; and that script says what it builds before it
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tomllib
 
 from tests.support import ROOT, TINY_MAXTEXT
+from tests.support.pages import block
 
-README = (ROOT / "README.md").read_text()
 SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
-
-
-def _section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    return README[start : README.find("\n## ", start + 1)]
-
-
-def _block(title: str, needle: str) -> str:
-    blocks = re.findall(r"^```\w*\n(.*?)^```$", _section(title), flags=re.S | re.M)
-    (found,) = [b for b in blocks if needle in b]
-    return found
 
 
 def _recipe() -> dict[str, str]:
     """The key=value arguments of the recipe's launcher command."""
-    block = _block("Use with MaxText", "maxtext_venv.sh")
-    command = block[block.index("-m input_client.maxtext.train") :].replace("\\\n", " ")
+    recipe = block("Use with MaxText", "maxtext_venv.sh")
+    command = recipe[recipe.index("-m input_client.maxtext.train") :].replace("\\\n", " ")
     return dict(a.split("=", 1) for a in command.split() if "=" in a and not a.startswith("-"))
 
 
@@ -42,10 +30,10 @@ def test_the_cpu_recipe_has_the_flags_the_maxtext_tests_use():
 
 def test_the_cpu_recipe_sizes_are_its_specs():
     # The spec of "Bring your own data", which the recipe names with --spec.
-    text = _block("Bring your own data", "[batch]").split("<<'EOF'\n")[1]
+    text = block("Bring your own data", "[batch]").split("<<'EOF'\n")[1]
     spec = tomllib.loads(text.split("\nEOF")[0])
     recipe = _recipe()
-    assert "--spec my-data/pipeline.toml" in _block("Use with MaxText", "maxtext_venv.sh")
+    assert "--spec my-data/pipeline.toml" in block("Use with MaxText", "maxtext_venv.sh")
     assert int(recipe["max_target_length"]) == spec["batch"]["seq_len"]
     assert int(recipe["per_device_batch_size"]) == spec["batch"]["size"]  # one CPU device
 
@@ -55,9 +43,9 @@ def test_the_recipe_says_where_the_venv_goes_and_how_to_move_it():
     env.pop("XDG_CACHE_HOME", None)
     out = subprocess.run(["bash", SCRIPT, "--check"], capture_output=True, text=True, env=env)
     default = out.stdout.strip().replace(os.path.expanduser("~"), "~", 1)
-    block = _block("Use with MaxText", "maxtext_venv.sh")
-    assert default in block and "INPUT_SERVER_MAXTEXT_VENV=DIR" in block, (default, block)
-    assert "~2 GB" in block
+    recipe = block("Use with MaxText", "maxtext_venv.sh")
+    assert default in recipe and "INPUT_SERVER_MAXTEXT_VENV=DIR" in recipe, (default, recipe)
+    assert "~2 GB" in recipe
 
 
 def test_the_venv_script_says_what_it_builds_before_building(tmp_path):

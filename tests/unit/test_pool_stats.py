@@ -14,6 +14,7 @@ from input_server.cli.connection import BadAddresses, addresses_of
 from input_server.cli.pool_stats import ServerRow, as_json, format_pool, limiting
 from input_server.cli.stats import stream_dicts
 from tests.support import assert_one_line, run_main
+from tests.support.figures import IMPOSSIBLE, impossible_stream, strict_json
 
 
 def stream(
@@ -178,52 +179,8 @@ def test_a_file_naming_no_server_is_refused(tmp_path):
         addresses_of(_args(file=str(empty)))
 
 
-def _strict(text: str):
-    """`text` parsed as strict JSON: NaN and Infinity refused, as strict parsers refuse them."""
-
-    def refuse(constant: str):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-# Each way a member's running stream can say what no server can, from a stream whose client
-# waits most (so that, believed, it would limit the job), and what the row then says of it.
-IMPOSSIBLE = {
-    "wait_share_infinite": (dict(share=float("inf")), "`client_wait_share` is inf"),
-    "wait_share_over_one": (dict(share=7.5), "`client_wait_share` is 7.5, neither -1"),
-    "wait_share_without_a_wait": (dict(wait_s=0.0), "`client_wait_share` is 0.9 with no wait"),
-    "wait_negative": (dict(wait_s=-3.0), "`client_wait_s` is -3.0"),
-    "production_nan": (dict(could=float("nan")), "`production_batches_per_s` is nan"),
-    "pace_negative": (dict(taken=-4.0), "`consumed_batches_per_s` is -4.0, not a finite"),
-    "pace_infinite": (dict(taken=float("inf")), "`consumed_batches_per_s` is inf"),
-    "pace_with_nothing_sent": (dict(sent=0), "is 10.0 with no batch sent or taken"),
-    "stage_seconds_negative": (dict(stage_s=-1.0), "`stages[read].seconds` is -1.0"),
-    "count_negative": (dict(produced=-1), "`batches_produced` is -1"),
-}
-
-
-def hostile_stream(
-    *,
-    share: float = 0.9,
-    wait_s: float = 9.0,
-    taken: float = 10.0,
-    could: float = 10.5,
-    sent: int = 100,
-    produced: int = 102,
-    stage_s: float = 1.0,
-) -> pb.StreamInfo:
-    """A stream whose client waited 90 % of its loop, with one figure made impossible."""
-    s = stream(7, "input-bound", wait=0.9, taken=taken, could=could)
-    s.stats.client_wait_share, s.stats.client_wait_s = share, wait_s
-    s.batches_sent = s.batches_taken = sent
-    s.batches_produced = produced
-    s.stats.stages.add(stage="read", seconds=stage_s)
-    return s
-
-
-def test_the_hostile_stream_is_possible_until_a_figure_is_made_impossible():
-    assert ServerRow.of("evil:1", info(hostile_stream())).bad_figures is None
+def test_the_impossible_stream_is_possible_until_a_figure_is_made_impossible():
+    assert ServerRow.of("evil:1", info(impossible_stream())).bad_figures is None
 
 
 @pytest.mark.parametrize("case", list(IMPOSSIBLE))
@@ -231,7 +188,7 @@ def test_a_member_reporting_impossible_figures_is_named_so_and_never_limits(case
     craft, words = IMPOSSIBLE[case]
     answers = [
         ("good:1", info(stream(1, "input-bound", wait=0.2, taken=10, could=10.5))),
-        ("evil:1", info(hostile_stream(**craft))),
+        ("evil:1", info(impossible_stream(**craft))),
     ]
     rows = [ServerRow.of(a, i) for a, i in answers]
     job = limiting(rows)
@@ -245,7 +202,7 @@ def test_a_member_reporting_impossible_figures_is_named_so_and_never_limits(case
     assert table[3].split() == ["evil:1", "1", "-", "-", "-", "bad-figures"]
     assert table[4].startswith("job  input-bound: good:1 limits the job")
     assert table[5] == f"  evil:1: impossible figures: {evil.bad_figures}"
-    out = _strict(as_json(answers, rows, job, stream_dicts))
+    out = strict_json(as_json(answers, rows, job, stream_dicts))
     assert out["job"]["limiting"] == "good:1" and out["job"]["bad_figures"] == ["evil:1"]
     assert out["servers"][1]["bad_figures"] == evil.bad_figures
     assert out["servers"][1]["streams"][0]["stream_id"] == 7  # what it sent, to be seen
@@ -253,7 +210,7 @@ def test_a_member_reporting_impossible_figures_is_named_so_and_never_limits(case
 
 def test_a_pool_of_only_impossible_figures_and_unreachable_servers_names_neither():
     rows = [
-        ServerRow.of("evil:1", info(hostile_stream(share=float("nan")))),
+        ServerRow.of("evil:1", info(impossible_stream(share=float("nan")))),
         ServerRow.unreachable("gone:1", "gone"),
     ]
     job = limiting(rows)
@@ -274,7 +231,7 @@ def test_figures_that_are_not_finite_numbers_are_null_in_strict_json():
     s.stats.stages.add(stage="read", seconds=float("-inf"))
     answer = info(s)
     answer.totals.client_wait_s = float("inf")
-    out = _strict(one_server_json(answer))
+    out = strict_json(one_server_json(answer))
     figures = out["streams"][0]
     assert figures["consumed_batches_per_s"] is None
     assert figures["stats"]["productionBatchesPerS"] is None
@@ -282,5 +239,5 @@ def test_figures_that_are_not_finite_numbers_are_null_in_strict_json():
     assert figures["stats"]["verdict"] == "NaN" and figures["stats"]["clientWaitShare"] == 0.9
     assert out["totals"]["clientWaitS"] is None
     rows = [ServerRow.of("evil:1", answer)]
-    pool = _strict(as_json([("evil:1", answer)], rows, limiting(rows), stream_dicts))
+    pool = strict_json(as_json([("evil:1", answer)], rows, limiting(rows), stream_dicts))
     assert pool["servers"][0]["streams"][0]["consumed_batches_per_s"] is None

@@ -1,5 +1,5 @@
 """What a resharded state is checked against before its orders are built: its deal against the
-spec's shard (by the server's own parser, through `tests.elastic_support.Stream`), and the
+spec's shard (by the server's own parser, through `tests.support.elastic.Stream`), and the
 shortcut its old states' fingerprints take (equal to `data_fingerprint` on every shard)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from input_client.elastic import reshard, reshard_servers
 from input_client.spec import ShardSpec
 from input_server.batching.resharded import ShardFingerprints
 from input_server.errors import InvalidSpecError
-from tests.elastic_support import Stream, spec_of
+from tests.support.elastic import Stream, spec_of
 
 LENGTHS = [[5 + (r * 7) % 30 for r in range(40)]]
 

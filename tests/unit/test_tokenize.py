@@ -10,11 +10,7 @@ from hypothesis import strategies as st
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers.groups import CUT_CHARS_PER_TOKEN
 from input_server.data.tokenizers.sentencepiece import SentencepieceTokenizer
-
-
-def doc_tokens(group, i):
-    start = int(group.starts[i])
-    return group.tokens[start : start + int(group.lengths[i])]
+from tests.support.tokens import PIECES, doc_tokens
 
 
 @pytest.fixture(scope="module")
@@ -120,41 +116,11 @@ def test_prefix_with_many_characters_per_token_is_grown_further_on(any_tokenizer
     assert cut.tokens.size == 128
 
 
-# Words and the whitespace and characters a normalizer treats specially: runs of spaces,
-# newlines and tabs, combining marks, compatibility characters NFKC rewrites (ligature,
-# full-width, diaeresis that decomposes to a space and a mark), non-Latin scripts.
-_pieces = st.sampled_from(
-    [
-        "the",
-        "data",
-        "token",
-        "x" * 30,
-        " ",
-        "  ",
-        "\n",
-        "\t",
-        " \n ",
-        "*" * 7,
-        "e\u0301",
-        "\u00a8",
-        "\ufb01le",
-        "\uff21\uff22",
-        "\u4e2d\u6587",
-        "\u00e9t\u00e9",
-        "(",
-        ").",
-        "42",
-        "\u00a0",
-        "--",
-    ]
-)
-
-
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    words=st.lists(st.lists(_pieces, min_size=1, max_size=400), min_size=1, max_size=6),
+    words=st.lists(st.lists(PIECES, min_size=1, max_size=400), min_size=1, max_size=6),
     trim_to=st.integers(1, 80),
 )
 def test_cut_and_grown_documents_keep_the_whole_documents_tokens(any_tokenizer, words, trim_to):

@@ -18,12 +18,7 @@ from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import load_tokenizer
 from input_server.data.tokenizers.trainers import train_hf_tokenizer
 from input_server.data.tokenizers.word_cuts import LLAMA3_PATTERN, QWEN_PATTERN
-from tests.unit.test_tokenize import _pieces as tokenize_pieces
-
-
-def doc_tokens(group, i):
-    start = int(group.starts[i])
-    return group.tokens[start : start + int(group.lengths[i])]
+from tests.support.tokens import PIECES, doc_tokens
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +76,10 @@ def _tokenizer(folder: str, **flags):
     return load_tokenizer(TokenizerSpec(model=folder, kind="huggingface", **flags))
 
 
-# test_tokenize's pieces (whitespace runs, combining marks, NFKC bait, scripts), and what the
+# `PIECES` (whitespace runs, combining marks, NFKC bait, scripts), and what the
 # split patterns treat apart: contractions, digit runs, specials written as text, Arabic, emoji.
 _pieces = st.one_of(
-    tokenize_pieces,
+    PIECES,
     st.sampled_from(
         ["'s", "'re", "don't", "12345", "<s>", "\u0645\u0631\u062d\u0628\u0627", "\U0001f600"]
     ),

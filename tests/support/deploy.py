@@ -21,7 +21,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
