@@ -38,8 +38,7 @@ from input_server.batching.pack import DocCursor, Produced, pack_batch
 from input_server.batching.parallelism import Parallelism
 from input_server.batching.resume import Position
 from input_server.data.elastic import heads_of
-from input_server.data.mixture import MixtureOrder
-from input_server.data.order import DocumentOrder
+from input_server.data.order import Order
 from input_server.data.tokenizers import TokenGroup, Tokenizer
 
 if TYPE_CHECKING:  # imported where groups are made: the server listens before Grain loads
@@ -59,9 +58,9 @@ class StreamPipeline(typing.Protocol):
     tokenizer: Tokenizer
     group_size: int  # documents per group
 
-    def encoder(self, order: DocumentOrder | MixtureOrder | None = None) -> EncodeGroup: ...
+    def encoder(self, order: Order | None = None) -> EncodeGroup: ...
 
-    def order_at(self, pos: Position) -> DocumentOrder | MixtureOrder: ...
+    def order_at(self, pos: Position) -> Order: ...
 
     def groups(self, first_doc: int = 0, encode: EncodeGroup | None = None) -> grain.MapDataset: ...
 
@@ -137,7 +136,7 @@ class Packer:
         self._seq = pos.seq
         self._encode = pipeline.encoder(pipeline.order_at(pos))
         order = self._encode.order
-        self._mix = order.at if isinstance(order, MixtureOrder) else None  # its interleave
+        self._mix = order.at  # its interleave (None: one source)
         self._elastic, self._base = pos.elastic, pos.order  # a resharded stream's layout
         size = pipeline.group_size
         self._feed = Feed(self._stage(parallelism, pos.doc), parallelism, pos.doc // size, size)

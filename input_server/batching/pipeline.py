@@ -23,8 +23,8 @@ from input_server.batching.parallelism import Parallelism
 from input_server.batching.resharded import Resharded, run_fingerprint, settled
 from input_server.batching.resume import Position, parse_state
 from input_server.data.ids import IdsOnly
-from input_server.data.mixture import MixtureOrder, component_fingerprints, order_for
-from input_server.data.order import DocumentOrder
+from input_server.data.mixture import component_fingerprints, order_for
+from input_server.data.order import Order
 from input_server.data.roots import OPERATOR, DataAccess
 from input_server.data.sources import DocumentSource
 from input_server.data.tokenizers import Tokenizer, load_tokenizer
@@ -184,7 +184,7 @@ class Pipeline:
         size = min(GROUP_CHARS // mean_chars, GROUP_RAW_CHARS // mean_raw)
         return min(MAX_GROUP, max(MIN_GROUP, size))
 
-    def encoder(self, order: DocumentOrder | MixtureOrder | None = None) -> EncodeGroup:
+    def encoder(self, order: Order | None = None) -> EncodeGroup:
         """What reads and tokenizes one group (`groups` maps it over the group numbers), over
         `order` (default the pipeline's; a resumed mixture's may stand elsewhere)."""
         return EncodeGroup(
@@ -208,7 +208,7 @@ class Pipeline:
             encode
         )
 
-    def order_at(self, pos: Position) -> DocumentOrder | MixtureOrder:
+    def order_at(self, pos: Position) -> Order:
         """The order a stream from `pos` reads: a resharded state's own, a mixture's
         interleave where the state put it."""
         base = pos.order if pos.order is not None else self.order
@@ -228,7 +228,7 @@ class Pipeline:
             state,
             fingerprint=self.fingerprint,
             num_docs=len(self.order),
-            mixture=self.order if isinstance(self.order, MixtureOrder) else None,
+            mixture=self.order if self.order.at is not None else None,
             components=self.components,
             resharded=Resharded(self.spec, self.records, budget, **rules),
             **rules,

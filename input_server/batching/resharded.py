@@ -25,8 +25,8 @@ from input_client.spec import PipelineSpec, ShardSpec
 from input_server.batching.pacing import GATE
 from input_server.batching.resume import Position, parse_state
 from input_server.data.elastic import Old, ReshardedOrder
-from input_server.data.mixture import MixPosition, MixtureOrder, order_for
-from input_server.data.order import DocumentOrder, OrderBudget
+from input_server.data.mixture import order_for
+from input_server.data.order import DocumentOrder, Order, OrderBudget
 from input_server.errors import InvalidSpecError
 
 # How deep resharded states may nest (`input_client.elastic.MAX_STREAMS` bounds how many old
@@ -104,14 +104,14 @@ class Resharded:
         self._streams = 0
         self._pace: Callable[[], None] = lambda: None
 
-    def __call__(self, d: dict[str, Any]) -> DocumentOrder | MixtureOrder | ReshardedOrder:
+    def __call__(self, d: dict[str, Any]) -> Order:
         """The order of the resharded state `d` (a stream of this spec's shard)."""
         self._streams = 0
         self._fingerprint = ShardFingerprints(self.spec)  # here: most streams resume no reshard
         with GATE.work("reading `resume_state`'s old hosts' states") as self._pace:
             order = self._order(d, self.spec.shard, 0)
         if self.budget is not None:
-            self.budget.check(self._parts(order), " and the old hosts' orders it continues")
+            self.budget.check(order.components, " and the old hosts' orders it continues")
         return order
 
     def _order(self, d: dict[str, Any], shard: ShardSpec, depth: int):
@@ -132,7 +132,7 @@ class Resharded:
         deal, entries = self._layout(d["elastic"])
         _check_deal(deal, _check_shards(entries), shard)
         fresh = order_for(self.spec, self.components, shard=shard)
-        per_component = [[] for _ in self._parts(fresh)]
+        per_component = [[] for _ in fresh.components]
         for e, entry in enumerate(entries):
             if e % 64 == 0:
                 self._pace()
@@ -141,15 +141,9 @@ class Resharded:
                 per_component[c].append(old)
         parts = [
             ReshardedOrder(olds, deal, f, self._pace)
-            for olds, f in zip(per_component, self._parts(fresh), strict=True)
+            for olds, f in zip(per_component, fresh.components, strict=True)
         ]
-        if isinstance(fresh, MixtureOrder):
-            return MixtureOrder(parts, fresh.offsets.tolist(), MixPosition(fresh.at.quotas))
-        return parts[0]
-
-    @staticmethod
-    def _parts(order) -> list:
-        return order.components if isinstance(order, MixtureOrder) else [order]
+        return fresh.with_components(parts)
 
     def _layout(self, layout: Any) -> tuple[tuple[int, int], list[dict[str, Any]]]:
         """The deal and old states of a layout, checked for shape and size."""
@@ -186,12 +180,12 @@ class Resharded:
         old_shard = ShardSpec(index=shard[0], count=shard[1])
         plain = self._shard_order(fresh, old_shard)
         if "doc" not in entry:  # a stream that took no batch: its start
-            return plain, Position(mix=plain.at if isinstance(plain, MixtureOrder) else None)
+            return plain, Position(mix=plain.at)
         pos = parse_state(
             {"version": 1, **entry},
             fingerprint=self._fingerprint(old_shard),
             num_docs=len(plain),
-            mixture=plain if isinstance(plain, MixtureOrder) else None,
+            mixture=plain if plain.at is not None else None,
             resharded=lambda d: self._order(d, old_shard, depth + 1),
             **self._rules,
         )
@@ -205,37 +199,26 @@ class Resharded:
         shard): the quotas and seeds a shard does not change are not computed again (for
         4,096 old streams of 16 components, 1.3 s of CPU through `order_for`)."""
         parts = []
-        for c, (f, (_, count)) in enumerate(zip(self._parts(fresh), self.components, strict=True)):
+        for c, (f, (_, count)) in enumerate(zip(fresh.components, self.components, strict=True)):
             kw = dict(seed=f.seed, shuffle=f.shuffle, epochs=f.epochs)
             part = DocumentOrder(
                 num_records=count, shard_index=shard.index, shard_count=shard.count, **kw
             )
             if not part.per_epoch:  # as `order_for` refuses it
-                key = f"source[{c}]" if isinstance(fresh, MixtureOrder) else "source"
+                key = f"source[{c}]" if fresh.at is not None else "source"  # a mixture's
                 raise InvalidSpecError(
                     f"`resume_state`'s old stream of shard [{shard.index}, {shard.count}] "
                     f"holds no documents of `{key}` ({count} in all): not a state of this data."
                 )
             parts.append(part)
-        if isinstance(fresh, MixtureOrder):
-            return MixtureOrder(parts, fresh.offsets.tolist(), MixPosition(fresh.at.quotas))
-        return parts[0]
+        return fresh.with_components(parts)
 
     @staticmethod
-    def _olds(order, pos: Position) -> list[Old]:
+    def _olds(order: Order, pos: Position) -> list[Old]:
         """Each component's old stream at `pos` of `order`."""
-        if not isinstance(order, MixtureOrder):
-            return [Old(order, pos.doc, pos.offset)]
-        if pos.doc == 0 and order.at.origin == 0:  # at its interleave's start: its bases
-            nexts = list(order.at.bases)
-        else:
-            nexts = order.next_ordinals(pos.doc)
-        begun = -1
-        if pos.offset and pos.doc < len(order):
-            begun = int(order.locate(pos.doc, pos.doc + 1)[0][0])
+        where = order.component_positions(pos.doc, pos.offset)
         return [
-            Old(comp, nexts[c], pos.offset if c == begun else 0)
-            for c, comp in enumerate(order.components)
+            Old(comp, nxt, head) for comp, (nxt, head) in zip(order.components, where, strict=True)
         ]
 
 
@@ -247,25 +230,12 @@ def settled(pos: Position) -> Position:
     order = pos.order
     if pos.elastic is None or order is None:
         return pos
-    if not isinstance(order, MixtureOrder):
-        if pos.doc < order.dealt:
-            return pos
-        doc = pos.doc - order.dealt + (order.last + 1) * order.per_epoch
-        return Position(pos.seq, doc, pos.offset)
     at = order.moved(pos.mix) if pos.mix is not None and pos.mix != order.at else order
-    nexts = at.next_ordinals(pos.doc)
-    parts = at.components
-    if any(n < p.dealt for n, p in zip(nexts, parts, strict=True)):
+    plain = at.settled_at(pos.doc)  # a mixture's: the same schedule position, as its origin
+    if plain is None:
         return pos
-    # The same schedule position, as the origin of a plain interleave: component c's next
-    # document is its shard's ordinal of the one it would read next.
-    sched = at.schedule
-    origin = (at.at.origin + pos.doc) % sched.period
-    bases = tuple(
-        n - p.dealt + (p.last + 1) * p.per_epoch - sched.count_before(c, origin)
-        for c, (n, p) in enumerate(zip(nexts, parts, strict=True))
-    )
-    return Position(pos.seq, 0, pos.offset, MixPosition(at.at.quotas, origin, bases))
+    doc, mix = plain
+    return Position(pos.seq, doc, pos.offset, mix)
 
 
 def _check_shards(entries: list[dict[str, Any]]) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from typing import Any
 from input_client.spec import MIX_PERIOD
 from input_client.wire import decode_state
 from input_server.data.mixture import MixPosition, MixtureOrder
+from input_server.data.order import Order
 from input_server.errors import InvalidSpecError
 
 STATE_VERSION = 1
@@ -94,7 +95,7 @@ def parse_state(
     chunk_len: int = 0,
     mixture: MixtureOrder | None = None,
     components: list[list[str]] | None = None,
-    resharded: Callable[[dict[str, Any]], Any] | None = None,
+    resharded: Callable[[dict[str, Any]], Order] | None = None,
 ) -> Position:
     """Reads a resume state sent back by a client; refuses one made for other data.
 
@@ -138,7 +139,7 @@ def parse_state(
         if resharded is None:
             raise InvalidSpecError("`resume_state` is a resharded state's, inside another.")
         base = resharded(d)
-        if isinstance(base, MixtureOrder):
+        if base.at is not None:  # a mixture's: its interleave, read as a mixture's state
             mixture = base
             if "mixture" not in d:  # as `reshard` writes it: the interleave's start
                 d["mixture"] = base.at.to_json()

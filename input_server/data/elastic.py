@@ -35,8 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from input_server.data.mixture import MixtureOrder
-from input_server.data.order import FOREVER, DocumentOrder, LockedCache
+from input_server.data.order import FOREVER, DocumentOrder, LockedCache, Order
 from input_server.errors import InvalidSpecError
 
 # Epochs the old streams may lie across (one ahead of another drifted past an epoch's end):
@@ -52,21 +51,10 @@ MAX_ORDINAL = 1 << 62
 MAX_NESTED_EPOCHS = 1 << 15
 
 
-def heads_of(order) -> dict[int, int]:
+def heads_of(order: Order) -> dict[int, int]:
     """The documents of `order` whose first tokens an earlier stream used (ordinal ->
     tokens): a resharded order's, mapped through a mixture's interleave."""
-    if isinstance(order, ReshardedOrder):
-        return dict(order.heads)
-    if not isinstance(order, MixtureOrder):
-        return {}
-    sched, at, out = order.schedule, order.at, {}
-    for c, comp in enumerate(order.components):
-        for j, h in heads_of(comp).items():
-            if j >= at.bases[c]:
-                x = sched.position_of(c, j - at.bases[c]) - at.origin
-                if 0 <= x < len(order):
-                    out[x] = h
-    return out
+    return order.used_heads()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +62,7 @@ class Old:
     """An old stream of one component: its order, its next unused document and the tokens
     of it used (its head: 0 if none)."""
 
-    order: object  # DocumentOrder | ReshardedOrder
+    order: DocumentOrder | ReshardedOrder
     next: int
     head: int = 0
 
@@ -91,7 +79,7 @@ class _Epoch(NamedTuple):
     size: int  # documents of R_e
 
 
-class ReshardedOrder(LockedCache):
+class ReshardedOrder(LockedCache, Order):
     """Maps a resharded stream's ordinals to source indices (see the module's rule).
 
     Args:
@@ -126,7 +114,7 @@ class ReshardedOrder(LockedCache):
         self._head = np.fromiter((o.head for o in olds), np.int64, m)
         self._per = np.fromiter((o.order.per_epoch for o in olds), np.int64, m)
         self._len = np.fromiter((min(len(o.order), FOREVER) for o in olds), np.int64, m)
-        self._nested = [i for i, o in enumerate(olds) if not isinstance(o.order, DocumentOrder)]
+        self._nested = [i for i, o in enumerate(olds) if o.order.resharded]
 
     def _epochs_of(self, x: np.ndarray) -> np.ndarray:
         """The epoch of each old stream's document `x[i]` (each at least 0)."""
@@ -203,7 +191,7 @@ class ReshardedOrder(LockedCache):
         nested = {}  # epoch -> [(old stream, its ordinal, head)]
         for i in self._nested:
             order = self.olds[i].order
-            for j, h in heads_of(order).items():
+            for j, h in order.used_heads().items():
                 nested.setdefault(order.epoch_of(j), []).append((i, j, h))
         r_start, a_start, heads = [], [], {}
         r, a = 0, 0
@@ -227,10 +215,23 @@ class ReshardedOrder(LockedCache):
         self.dealt = a  # this stream's documents of the begun epochs
         self.heads = heads
 
+    resharded = True  # its epochs are asked of it (`epoch_of`, `epoch_range`)
+
     def __len__(self) -> int:
         if not self.epochs:
             return FOREVER
         return self.dealt + max(0, self.epochs - 1 - self.last) * self.per_epoch
+
+    def used_heads(self) -> dict[int, int]:
+        """Its documents whose first tokens an old stream used (ordinal -> tokens)."""
+        return dict(self.heads)
+
+    def settled_at(self, doc: int) -> tuple[int, None] | None:
+        """Its document `doc` as its own shard's ordinal once past those it was dealt (the
+        ones after are that shard's, from the first untouched epoch on); None before."""
+        if doc < self.dealt:
+            return None
+        return doc - self.dealt + (self.last + 1) * self.per_epoch, None
 
     def held_bytes(self) -> int:
         """What its orders' permutations hold at most: the old streams' and its own."""

@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from input_client.spec import MIX_PERIOD
-from input_server.data.order import FOREVER, DocumentOrder, OrderBudget
+from input_server.data.order import FOREVER, DocumentOrder, MixPosition, Order, OrderBudget
 from input_server.errors import InvalidSpecError
 
 
@@ -107,21 +107,7 @@ def _schedule(quotas: tuple[int, ...]) -> Schedule:
     return Schedule(quotas)
 
 
-@dataclasses.dataclass(frozen=True)
-class MixPosition:
-    """Where a mixture's interleave starts (`origin`, a schedule position) and each
-    component's documents before it (`bases`), under integer `quotas`. A fresh stream:
-    origin 0, bases 0."""
-
-    quotas: tuple[int, ...]
-    origin: int = 0
-    bases: tuple[int, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"quotas": list(self.quotas), "origin": self.origin, "bases": list(self.bases)}
-
-
-class MixtureOrder:
+class MixtureOrder(Order):
     """Maps stream ordinals to source indices across the components of a mixture.
 
     Picklable and cheap to send; the schedule is built in each process that reads.
@@ -133,10 +119,8 @@ class MixtureOrder:
       at: the interleave's quotas, origin and bases.
     """
 
-    def __init__(
-        self, components: Sequence[DocumentOrder], offsets: Sequence[int], at: MixPosition
-    ):
-        self.components = list(components)
+    def __init__(self, components: Sequence[Order], offsets: Sequence[int], at: MixPosition):
+        self._components = list(components)
         self.offsets = np.asarray(offsets, np.int64)
         self.at = dataclasses.replace(at, bases=at.bases or (0,) * len(self.components))
         self._schedule: Schedule | None = None
@@ -144,6 +128,16 @@ class MixtureOrder:
 
     def __getstate__(self):
         return {**self.__dict__, "_schedule": None}
+
+    @property
+    def components(self) -> list[Order]:
+        """Each component's own order (a shard's, or a resharded state's)."""
+        return self._components
+
+    @property
+    def resharded(self) -> bool:
+        """Whether a component continues old streams' documents (a resharded state's)."""
+        return any(c.resharded for c in self.components)
 
     @property
     def schedule(self) -> Schedule:
@@ -224,6 +218,48 @@ class MixtureOrder:
     def moved(self, at: MixPosition) -> MixtureOrder:
         """The same components under another interleave position."""
         return MixtureOrder(self.components, self.offsets.tolist(), at)
+
+    def with_components(self, parts: Sequence[Order]) -> MixtureOrder:
+        """The same mixture over `parts` (one a component), its interleave at its start."""
+        return MixtureOrder(parts, self.offsets.tolist(), MixPosition(self.at.quotas))
+
+    def component_positions(self, doc: int, offset: int) -> list[tuple[int, int]]:
+        """Each component's next document once stream document `doc` is next, and the
+        tokens used of the one it stands in (`offset`; the others' 0)."""
+        if doc == 0 and self.at.origin == 0:  # at its interleave's start: its bases
+            nexts = list(self.at.bases)
+        else:
+            nexts = self.next_ordinals(doc)
+        begun = -1
+        if offset and doc < len(self):
+            begun = int(self.locate(doc, doc + 1)[0][0])
+        return [(n, offset if c == begun else 0) for c, n in enumerate(nexts)]
+
+    def used_heads(self) -> dict[int, int]:
+        """Its components' documents whose first tokens an earlier stream used, mapped
+        through the interleave (ordinal -> tokens)."""
+        sched, at, out = self.schedule, self.at, {}
+        for c, comp in enumerate(self.components):
+            for j, h in comp.used_heads().items():
+                if j >= at.bases[c]:
+                    x = sched.position_of(c, j - at.bases[c]) - at.origin
+                    if 0 <= x < len(self):
+                        out[x] = h
+        return out
+
+    def settled_at(self, doc: int) -> tuple[int, MixPosition] | None:
+        """Stream document `doc` as a plain interleave of its components' own shards once
+        each is past what it was dealt (None before): the same schedule position as its
+        origin, so component c's next document is its shard's ordinal of the one it would
+        read next."""
+        nexts = self.next_ordinals(doc)
+        owns = [p.settled_at(n) for n, p in zip(nexts, self.components, strict=True)]
+        if any(own is None for own in owns):
+            return None
+        sched = self.schedule
+        origin = (self.at.origin + doc) % sched.period
+        bases = tuple(own[0] - sched.count_before(c, origin) for c, own in enumerate(owns))
+        return 0, MixPosition(self.at.quotas, origin, bases)
 
 
 def component_seed(seed: int, c: int, name: str) -> int:

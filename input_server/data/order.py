@@ -9,8 +9,11 @@ one numpy call.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import threading
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -78,6 +81,79 @@ class OrderBudget:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class MixPosition:
+    """Where a mixture's interleave starts (`origin`, a schedule position) and each
+    component's documents before it (`bases`), under integer `quotas`. A fresh stream:
+    origin 0, bases 0. (Here, not in `mixture.py`: it is what `Order.at` holds.)"""
+
+    quotas: tuple[int, ...]
+    origin: int = 0
+    bases: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"quotas": list(self.quotas), "origin": self.origin, "bases": list(self.bases)}
+
+
+class Order(Protocol):
+    """What a stream reads, whichever kind of order: a shard's (`DocumentOrder`), a mixture's
+    (`mixture.MixtureOrder`), a resharded state's (`elastic.ReshardedOrder`). Each subclasses
+    it, so whoever holds an order asks it, never which class it is (issue 52;
+    `tests/unit/test_order_protocol.py` refuses an `isinstance` on them). The defaults are a
+    one-source order's; a mixture overrides them with its components'.
+    """
+
+    per_epoch: int  # documents of one pass (a mixture's: over every component)
+    # Where its interleave stands, which its resume state carries beside the ordinal: a
+    # mixture's; None for one source (the ordinal alone is its position).
+    at: MixPosition | None = None
+    # It continues old streams' documents (a resharded state's, or a mixture of those): its
+    # epochs are not a shard's arithmetic, so each is asked of it (`epoch_of`, `epoch_range`).
+    resharded: bool = False
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Documents in the stream; FOREVER when it repeats forever."""
+
+    @abc.abstractmethod
+    def held_bytes(self) -> int:
+        """The most its permutations hold at once (`OrderBudget` counts it)."""
+
+    @abc.abstractmethod
+    def source_indices(self, start: int, stop: int) -> np.ndarray:
+        """Source record indices of stream documents `[start, stop)`: what positions read."""
+
+    @property
+    def components(self) -> Sequence[Order]:
+        """Its one-source orders: itself, or a mixture's each."""
+        return [self]
+
+    def with_components(self, parts: Sequence[Order]) -> Order:
+        """The same kind of order over `parts`, one a component (a mixture's interleave at
+        its start): how a resharded state's orders are put together."""
+        (part,) = parts
+        return part
+
+    def moved(self, at: MixPosition | None) -> Order:
+        """The same order with its interleave at `at` (one source has none: itself)."""
+        return self
+
+    def component_positions(self, doc: int, offset: int) -> list[tuple[int, int]]:
+        """Each component's next document and the tokens of it used, when stream document
+        `doc` is next with `offset` of its tokens used."""
+        return [(doc, offset)]
+
+    def used_heads(self) -> dict[int, int]:
+        """Its documents whose first tokens an earlier stream used (ordinal -> tokens)."""
+        return {}
+
+    def settled_at(self, doc: int) -> tuple[int, MixPosition | None] | None:
+        """Where stream document `doc` stands in the order of its own shard, once every
+        component is past the old streams' documents it was dealt: (doc, interleave); None
+        before. A shard's order is its own: `doc` as it is."""
+        return doc, None
+
+
 class LockedCache:
     """An order's epoch cache and the lock that guards it (a worker process's threads share one
     order): a copy (a pickle for a worker process) starts with an empty cache and its own lock."""
@@ -92,7 +168,7 @@ class LockedCache:
         self._lock = threading.Lock()
 
 
-class DocumentOrder(LockedCache):
+class DocumentOrder(LockedCache, Order):
     """Maps stream ordinals to source indices: shard `index::count`, shuffled per epoch.
 
     Picklable and cheap to send: the permutation of an epoch is computed lazily in each process
