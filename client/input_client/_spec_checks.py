@@ -6,8 +6,11 @@ it receives), so both sides keep one definition.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
+
+from input_client import formats
 
 # Defined in the public `errors` module, so tracebacks name its public home.
 from input_client.errors import SpecError
@@ -15,8 +18,9 @@ from input_client.errors import SpecError
 # The spec's types are not imported: `spec` imports this module. Annotations name them.
 PipelineSpec = SourceSpec = TokenizerSpec = Any
 
-FORMATS = ("jsonl", "text", "arrayrecord", "parquet", "tfrecord")
-RECORD_FORMATS = ("json", "text", "tf_example")
+# The names and record formats of `formats`' table, under the names `spec` always gave them.
+FORMATS = formats.NAMES
+RECORD_FORMATS = formats.RECORD_FORMATS
 PACKINGS = ("first_fit", "concat_then_split", "none")
 LONG_DOCUMENTS = ("trim", "chunk", "split")
 TOKENIZER_KINDS = ("sentencepiece", "huggingface", "tiktoken", "tekken")
@@ -72,8 +76,8 @@ def _source(s: SourceSpec, key: str) -> None:
         f"[[source]]",
     )
     _check(s.format in FORMATS, f"{key}.format", s.format, f"must be one of {', '.join(FORMATS)}")
-    if s.format == "text":
-        _text_source(s, key)
+    form = formats.FORMATS[s.format]
+    _refused_keys(s, key, form)
     _check(
         isinstance(s.text_field, str) and s.text_field != "",
         f"{key}.text_field",
@@ -92,12 +96,8 @@ def _source(s: SourceSpec, key: str) -> None:
         s.record_format,
         f"must be one of {', '.join(RECORD_FORMATS)}",
     )
-    _check(
-        not (s.token_field and s.format == "arrayrecord" and s.record_format == "text"),
-        f"{key}.record_format",
-        s.record_format,
-        'holds text, not token ids: use "json" or "tf_example" with `token_field`',
-    )
+    if form.check is not None:
+        form.check(s, key)
     _check(
         _is_number(s.weight) and 0 < s.weight <= MAX_WEIGHT,
         f"{key}.weight",
@@ -112,22 +112,13 @@ def _source(s: SourceSpec, key: str) -> None:
     )
 
 
-def _text_source(s: SourceSpec, key: str) -> None:
-    """A plain-text source has no fields: a field named would be a spec written for another
+def _refused_keys(s: SourceSpec, key: str, form: formats.Format) -> None:
+    """A key the format refuses keeps its default: set, it is a spec written for another
     format, refused rather than silently ignored."""
-    _check(
-        s.text_field == "text",
-        f"{key}.text_field",
-        s.text_field,
-        'means nothing with format "text" (each line is the document): leave it out',
-    )
-    _check(
-        s.token_field == "",
-        f"{key}.token_field",
-        s.token_field,
-        'means nothing with format "text" (lines are text to tokenize; pre-tokenized ids '
-        "come in jsonl, parquet, arrayrecord or tfrecord): leave it out",
-    )
+    defaults = {f.name: f.default for f in dataclasses.fields(s)}
+    for field, reason in form.refuses.items():
+        value = getattr(s, field)
+        _check(value == defaults[field], f"{key}.{field}", value, reason)
 
 
 def _mixture(spec: PipelineSpec) -> None:

@@ -1,7 +1,6 @@
 """Document sources: every record of every file a spec names (a mixture's components one after
 another), as one random-access source for Grain (`DocumentSource`) of texts, or of token-id
-arrays for pre-tokenized files, over a reader per file (`jsonl`, `text_lines`, `array_record`,
-`parquet`, `tfrecord`).
+arrays for pre-tokenized files, over a reader per file (each format's: `formats`).
 """
 
 from __future__ import annotations
@@ -12,14 +11,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from input_client.formats import FORMATS
 from input_client.spec import SourceSpec
 from input_server import cancel
-from input_server.data.array_record import ArrayRecordReader
-from input_server.data.jsonl import JsonlReader, NotJsonError
-from input_server.data.parquet import ParquetReader
+from input_server.data.formats import READERS
+from input_server.data.jsonl import NotJsonError
 from input_server.data.records import Reader
 from input_server.data.roots import OPERATOR, DataAccess, keyed
-from input_server.data.text_lines import TextReader
 from input_server.errors import (
     CorruptFileError,
     InvalidSpecError,
@@ -40,34 +38,19 @@ def open_reader(
     """The reader of one file; a compressed one (or a Parquet column) is decompressed only while
     the process holds at most `max_decompressed_bytes` decompressed (`records.DECOMPRESSED`:
     all streams, all files).
-    Its messages call it `name` (the path as the client wrote it; default `path`)."""
-    token_field = spec.token_field or None
-    if spec.format == "jsonl":
-        reader = JsonlReader(
-            path,
-            spec.text_field,
-            token_field=token_field,
-            max_decompressed=max_decompressed_bytes,
-            name=name,
-        )
-    elif spec.format == "text":
-        reader = TextReader(path, max_decompressed=max_decompressed_bytes, name=name)
-    elif spec.format == "arrayrecord":
-        reader = ArrayRecordReader(
-            path, spec.text_field, spec.record_format, token_field=token_field, name=name
-        )
-    elif spec.format == "tfrecord":
-        from input_server.data.tfrecord import TFRecordReader
+    Its messages call it `name` (the path as the client wrote it; default `path`).
 
-        reader = TFRecordReader(path, spec.text_field, token_field=token_field, name=name)
-    else:
-        reader = ParquetReader(
-            path,
-            spec.text_field,
-            token_field=token_field,
-            name=name,
-            max_decompressed=max_decompressed_bytes,
+    Raises:
+      InvalidSpecError: the spec's format has no reader (a spec that passed validation names
+        one of `input_client.formats`, each of which has one).
+    """
+    opener = READERS.get(spec.format)
+    if opener is None:
+        raise InvalidSpecError(
+            f"`source.format` {spec.format!r} has no reader on this server; it reads "
+            f"{', '.join(READERS)}."
         )
+    reader = opener(path, spec, max_decompressed_bytes, name)
     reader.max_bytes = max_document_bytes
     return reader
 
@@ -91,8 +74,8 @@ def _refuse_repeats(key: str, files: list[tuple[str, str]]) -> None:
 def _does_not_fit(key: str, spec: SourceSpec, name: str, e: RecordError) -> InvalidSpecError:
     """A file's first record failing: the spec's keys that decide how it is read, and the
     reader's reason."""
-    if spec.format == "text":  # no fields: a line is the document
-        keys = "format='text'"
+    if not FORMATS[spec.format].reads:  # no fields: a record is the document
+        keys = f"format={spec.format!r}"
     else:
         field = (
             f"token_field={spec.token_field!r}"
