@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from input_server.batching.meter import Totals
+from input_server.batching.meter import Sums, Totals
 
 # A window in which the producer waited for room less than this share of the time ran as fast
 # as it could: the loop takes everything it makes.
@@ -26,16 +26,11 @@ MIN_UTILIZATION = 0.05
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Window:
-    """What a stream did over `seconds` at `workers` groups in flight."""
+class Window(Sums):
+    """What a stream did over `seconds` at `workers` groups in flight: how much its meter's
+    sums grew (`Sums`' fields)."""
 
     seconds: float
-    batches: int
-    tokens: int
-    groups: int
-    group_s: float
-    waiting_s: float
-    blocked_s: float
     workers: int
 
     @property
@@ -79,13 +74,4 @@ class Window:
 
 def window(start: Totals, end: Totals, workers: int) -> Window:
     """What the stream did between two readings of its meter, at `workers` groups in flight."""
-    return Window(
-        seconds=end.at - start.at,
-        batches=end.batches - start.batches,
-        tokens=end.tokens - start.tokens,
-        groups=end.groups - start.groups,
-        group_s=end.group_s - start.group_s,
-        waiting_s=end.waiting_s - start.waiting_s,
-        blocked_s=end.blocked_s - start.blocked_s,
-        workers=workers,
-    )
+    return Window(seconds=end.at - start.at, workers=workers, **end.since(start))

@@ -25,12 +25,13 @@ class LiveMeter:
     def __init__(self):
         # Its tuner waits on it for batches (`wait_batches`), woken by each one, not polling.
         self._lock = threading.Condition()
+        # `Sums`' fields (what each one sums is said there), read together by `totals`.
         self._batches = 0
         self._tokens = 0
         self._groups = 0
-        self._group_s = 0.0  # wall time the groups took in their workers
-        self._waiting_s = 0.0  # the in-order part waiting for the next group
-        self._blocked_s = 0.0  # the producer waiting for room in the send queue
+        self._group_s = 0.0
+        self._waiting_s = 0.0
+        self._blocked_s = 0.0
         self._stages = dict.fromkeys(STAGES, 0.0)
         self._sent_real = self._sent_padding = self._bytes_sent = 0
         self._audited = self._mismatches = self._failed = self._by_backend = 0
@@ -118,24 +119,37 @@ class LiveMeter:
     def totals(self) -> Totals:
         with self._lock:
             return Totals(
-                clock(),
-                self._batches,
-                self._tokens,
-                self._groups,
-                self._group_s,
-                self._waiting_s,
-                self._blocked_s,
+                at=clock(),
+                batches=self._batches,
+                tokens=self._tokens,
+                groups=self._groups,
+                group_s=self._group_s,
+                waiting_s=self._waiting_s,
+                blocked_s=self._blocked_s,
             )
 
 
-@dataclasses.dataclass(frozen=True)
-class Totals:
-    """The meter's counters at one moment; two of them make a window (`autotune.live.window`)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sums:
+    """The running sums a stream's tuner reads: the meter's since the stream began (`Totals`),
+    or their growth over a window (`autotune.live.Window`)."""
+
+    batches: int
+    tokens: int  # real tokens
+    groups: int
+    group_s: float  # wall time the groups took in their workers
+    waiting_s: float  # the in-order part waiting for the next group
+    blocked_s: float  # the producer waiting for room in the send queue
+
+    def since(self, start: Sums) -> dict[str, int | float]:
+        """Each sum's growth from `start` to these, by field name (a window's `Sums`)."""
+        now, then = dataclasses.asdict(self), dataclasses.asdict(start)
+        return {f.name: now[f.name] - then[f.name] for f in dataclasses.fields(Sums)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Totals(Sums):
+    """The meter's sums at the moment `at` (its `clock`); two of them make a window
+    (`autotune.live.window`)."""
 
     at: float
-    batches: int
-    tokens: int
-    groups: int
-    group_s: float
-    waiting_s: float
-    blocked_s: float

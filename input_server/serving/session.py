@@ -37,7 +37,8 @@ _GRAIN_WORKER_DIED = re.compile(
 )
 
 
-# The name the service gives a stream whose client sent its spec (the proto's documented value).
+# The name a stream whose client sent its spec has inside the server, never shown: `describe`
+# labels such a stream by its data and model wherever it is shown (`info`, the log).
 REQUEST = "(request)"
 
 
