@@ -234,9 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.rounds):
             order = list(trees.items())
             for label, tree in order[::-1] if i % 2 else order:  # each tree first in turn
-                run = one_round(
-                    os.path.abspath(model), data, work, args.workers, tree, args.kind
-                )
+                run = one_round(os.path.abspath(model), data, work, args.workers, tree, args.kind)
                 rounds[label].append(run)
     medians = {
         label: {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
