@@ -22,7 +22,6 @@ noisy window does not move it) starts a new search from where the stream is.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from input_server.autotune.live import Window
 from input_server.autotune.measurements import Measurement, Tuning
@@ -36,6 +35,7 @@ from input_server.autotune.policy import (
 )
 from input_server.autotune.search import ladder, next_candidate
 from input_server.autotune.shared_cores import Cores
+from input_server.batching.budget import UNBOUNDED, StreamBudget
 from input_server.batching.parallelism import Parallelism
 
 DEMAND_MOVE = 0.25
@@ -66,12 +66,13 @@ class OnlineSearch:
       start: the provisional parallelism the stream opened with.
       cpus, default_threads: the host's cores, and threads per process by default.
       target: the spec's `target_batches_per_s` (0 = measure the loop's demand).
-      max_workers, ram_budget_mb: the spec's caps (and what the server's memory leaves).
+      max_workers: the spec's cap on workers.
       tune_seconds: a search settles on what it has measured by then.
       remembered: the start is a remembered choice: begin settled, for this demand (0 = the
         loop took all).
-      mb_per_worker: memory a group in flight holds, MiB, held to `ram_budget_mb` with the
-        worker processes' measured memory.
+      budget: the stream's memory budget: each candidate's groups in flight and its worker
+        processes' measured memory are held to what it leaves them (`StreamBudget.groups_mb`);
+        the default bounds nothing.
     """
 
     def __init__(
@@ -82,17 +83,16 @@ class OnlineSearch:
         default_threads,
         target: float = 0.0,
         max_workers: int = 0,
-        ram_budget_mb: float = math.inf,
         tune_seconds: float = 20.0,
         remembered: Tuning | None = None,
-        mb_per_worker: float = 0.0,
+        budget: StreamBudget = UNBOUNDED,
     ):
         self.current = start
         self.cpus = cpus
         self.target = target
-        self.caps = dict(max_workers=max_workers, ram_budget_mb=ram_budget_mb)
+        self.caps = dict(max_workers=max_workers, ram_budget_mb=budget.groups_mb())
         self.tune_seconds = tune_seconds
-        self.mb_per_worker = mb_per_worker
+        self.budget = budget
         self.ladder = ladder(cpus, default_threads=default_threads)
         self.rows: list[Measurement] = []
         self.tuning: Tuning | None = remembered
@@ -136,7 +136,7 @@ class OnlineSearch:
             batches_per_s=w.capacity(),
             tokens_per_s=w.tokens_capacity(),
             cpu_cores=cpu_cores,
-            rss_mb=rss_mb + self.current.workers * self.mb_per_worker,
+            rss_mb=self.budget.window_mb(self.current, rss_mb),
             seconds=w.seconds,
             batches=w.batches,
         )
@@ -300,12 +300,9 @@ class OnlineSearch:
 
     def _fits(self, c: Parallelism) -> bool:
         measured = [r for r in self.rows if r.ran and not r.parallelism.in_process]
-        # A measured process row's memory holds its groups too; per process, it predicts c's.
-        process_mb = 0.0
-        if measured and not c.in_process:
-            m, p = measured[-1], measured[-1].parallelism
-            process_mb = (m.rss_mb - p.workers * self.mb_per_worker) / p.processes * c.processes
-        return not over_cap(c.workers, c.workers * self.mb_per_worker + process_mb, **self.caps)
+        # The last measured process row predicts c's processes (its groups apart).
+        last = (measured[-1].parallelism, measured[-1].rss_mb) if measured else None
+        return not over_cap(c.workers, self.budget.candidate_mb(c, last), **self.caps)
 
     def _settle(self, demand: float | None, why: str) -> Step:
         tuning = self._cheapest_as_good(self._decide(demand))

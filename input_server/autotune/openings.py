@@ -17,6 +17,7 @@ from input_client.spec import PipelineSpec
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.policy import MAX_THREADS
 from input_server.autotune.remembered import TuneCache
+from input_server.batching.budget import UNBOUNDED, StreamBudget
 from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import Pipeline
 from input_server.plurals import plural
@@ -87,19 +88,20 @@ class Openings:
         self._max_remembered = max_remembered
 
     def choose(
-        self, pipeline: Pipeline, *, processes: Processes, max_threads: int = MAX_THREADS
+        self, pipeline: Pipeline, *, processes: Processes, budget: StreamBudget = UNBOUNDED
     ) -> Opening:
         """How a new stream of `pipeline` opens. For "auto", the worker processes it opens with
         are taken from `processes` here (none for a fixed count: the caller waits for those);
         a remembered choice over what is free is clipped to it, and tuned from there like a
-        new one. The provisional in-process start keeps to `max_workers` and `max_threads`
-        (what memory allows)."""
+        new one. The provisional in-process start keeps to `max_workers` and to the threads
+        the stream's `budget` fits."""
         w = pipeline.spec.workers
         if w.count != "auto":
             return Opening.fixed(w.count, w.threads)
         remembered = self._recall(pipeline)
         if remembered is None:
-            threads = opening_threads(w.max_workers, max_threads)
+            fit = budget.threads_fit()
+            threads = opening_threads(w.max_workers, MAX_THREADS if fit is None else fit)
             return Opening(
                 Parallelism(0, threads),
                 f"auto: started at once in process with {plural(threads, 'thread')}; tuning on the "

@@ -33,6 +33,8 @@ from input_server.data.tokenizers.base import AUDIT_EVERY
 if TYPE_CHECKING:  # imported where groups are made: the server listens before Grain loads
     import grain
 
+    from input_server.data.tokenizers.registry import FoundModel
+
 # Text to tokenize per group (after long documents are cut, see groups.CUT_MARGIN_*): bigger
 # calls amortize each group's fixed costs (groups of this size against groups of 64:
 # docs/benchmarks.md, "Tokenizer side"). But a group's
@@ -68,6 +70,7 @@ class Pipeline:
         token_cache=None,
         tokenizer_cache=None,
         load_behind: bool = False,  # a server's request streams: `Router.load_behind`
+        model: FoundModel | None = None,  # its tokenizer's model, found (`find_model`)
     ):
         self.spec = spec  # valid: a PipelineSpec validates itself when built
         # Streams open on it (`stream_opened`); the last to close gives its files back.
@@ -87,6 +90,7 @@ class Pipeline:
             self.tokenizer = load_tokenizer(
                 spec.tokenizer,
                 access,
+                found=model,
                 keep=tokenizer_cache,
                 audit_every=audit_every,
                 load_behind=load_behind,

@@ -19,7 +19,7 @@ def describe_tokenizer(request: pb.Tokenizer, access: DataAccess) -> pb.Tokenize
     """The model's vocabulary size, special ids (-1 where it has none) and the SHA-256 of the
     files its tokens come from (`input_client.model_files.digest`): the `.model`, the tiktoken
     ranks, or a Hugging Face `tokenizer.json` with the config files beside it."""
-    kind = request.kind or "sentencepiece"
+    kind = request.kind or TokenizerSpec.kind  # the spec's default kind
     if not request.model:
         raise InvalidSpecError(f"`tokenizer.model` is required: the path of a {kind} model.")
     if kind not in TOKENIZER_KINDS:

@@ -8,6 +8,7 @@ import time
 
 import grpc
 
+from input_server.batching.budget import UNBOUNDED, StreamBudget
 from input_server.errors import CancelledError, RefusedError
 
 # How long a stream asking for fixed worker processes waits for them to free (a reconnecting
@@ -89,18 +90,18 @@ class ProcessReservation:
     stream opens with them, its live tuner (`retune.StreamTuner`) grows and shrinks them as it
     switches, and `close` gives back what is held, once. The one count of what the stream holds.
 
-    An "auto" stream's are held to `most` at once: each worker process computes its own copy
-    of the stream's document order, which its tuning (measuring memory once the processes
-    run) would learn of too late (`footprint.order_process_cap`).
+    An "auto" stream's are held to the copies of its document order its budget fits at once
+    (`StreamBudget.processes_fit`): each worker process computes its own copy, which its
+    tuning (measuring memory once the processes run) would learn of too late.
 
     Args:
       pool: the server's processes.
-      most: the most this stream may take at once; None = as many as are free.
+      budget: the stream's; the default bounds nothing (as many as are free).
     """
 
-    def __init__(self, pool: ProcessPool, most: int | None = None):
+    def __init__(self, pool: ProcessPool, budget: StreamBudget = UNBOUNDED):
         self._pool = pool
-        self._most = most
+        self._most = budget.processes_fit()
         self._held = 0
         self._lock = threading.Lock()  # the tuner's thread changes it, `close` another's
         self.cap = pool.cap  # the server's --max-workers, for messages
@@ -120,7 +121,7 @@ class ProcessReservation:
     def take(self, n: int, *stop: threading.Event) -> None:
         """Takes a fixed count's `n` processes, waiting for them (`ProcessPool.take`, which
         says what it raises); `most` does not bound them: the order's budget counted their
-        copies before the order was computed (`limits.order_budget`)."""
+        copies before the order was computed (`StreamBudget.order_budget`)."""
         self._pool.take(n, *stop)
         with self._lock:
             self._held += n

@@ -31,7 +31,7 @@ from input_server.autotune.online import OnlineSearch
 from input_server.autotune.openings import Opening, Openings
 from input_server.autotune.policy import cpu_count
 from input_server.batching.batch_stream import BatchStream
-from input_server.batching.footprint import GROUP_MIB, groups_mb, order_bytes, order_process_cap
+from input_server.batching.budget import StreamBudget
 from input_server.batching.pacing import Key, caller
 from input_server.batching.parallelism import default_threads
 from input_server.batching.pipeline import Pipeline
@@ -44,9 +44,8 @@ from input_server.errors import (
 )
 from input_server.serving.accounting import Accounting, log_open, tokenizer_figures
 from input_server.serving.backoff import LoopbackOwners, peer_key
-from input_server.serving.coalesce import batches_per_message
 from input_server.serving.credit import Credit
-from input_server.serving.limits import Limits, access_for, check_fits
+from input_server.serving.limits import Limits, access_for, admit, budget_for
 from input_server.serving.retune import StreamTuner
 from input_server.serving.session import (
     REQUEST,
@@ -186,16 +185,16 @@ class Stream:
         try:
             with cancel.scope(self._left, shared.draining), caller(self._pace_key):
                 cancel.check()
-                pipeline = self._pipeline()
+                pipeline, budget = self._pipeline()
                 # The state first: a request refused for it must not wait for (or hold) a
                 # tuning.
                 position = pipeline.parse_state(self._request.resume_state)
                 self._set_up("choosing its workers")
                 # An "auto" stream's processes: no more than copies of its order fit.
-                cap = order_process_cap(order_bytes(pipeline, position), self._groups_mb(pipeline))
-                processes = ProcessReservation(shared.processes, cap)
+                budget = budget.reading(pipeline, position)
+                processes = ProcessReservation(shared.processes, budget)
                 self._held.callback(processes.close)
-                opening = self._reserve(pipeline, processes)
+                opening = self._reserve(pipeline, processes, budget)
                 cancel.check()
         except CancelledError:
             if shared.draining.is_set() and not self._left.is_set():  # the client may resume
@@ -218,7 +217,9 @@ class Stream:
             batches.close()
             raise
         self._held.callback(self._end_session, session)
-        live = self._live_tuner(pipeline, batches, opening, processes).start() if auto else None
+        live = None
+        if auto:
+            live = self._live_tuner(pipeline, batches, opening, processes, budget).start()
         if live is not None:
             self._held.callback(self._end_tuner, live)
         most = min(
@@ -243,9 +244,11 @@ class Stream:
         client = f"client {named[:CLIENT_KEY_CHARS]}" if isinstance(named, str) and named else peer
         return peer_key(peer, _OWNERS), client
 
-    def _pipeline(self) -> Pipeline:
-        """The pipeline the request names, or one made of its spec (closed with the stream)."""
+    def _pipeline(self) -> tuple[Pipeline, StreamBudget]:
+        """The pipeline the request names, or one made of its spec (closed with the stream),
+        and the stream's memory budget (`limits.admit`)."""
         request, shared = self._request, self._shared
+        shape = {"queue_depth": shared.queue_depth, "message_tokens": shared.message_tokens}
         which = request.WhichOneof("pipeline")
         if which == "pipeline_name":
             name = request.pipeline_name
@@ -254,39 +257,27 @@ class Stream:
                 raise DataNotFoundError(
                     f"`pipeline_name`: no pipeline {shorten(name)!r} (known: {known})."
                 )
-            return shared.pipelines[name]
+            pipeline = shared.pipelines[name]
+            return pipeline, budget_for(pipeline.spec, shared.limits, **shape)
         if which != "spec":
             raise InvalidSpecError("the request names no pipeline: set `spec` or `pipeline_name`.")
         spec = PipelineSpec.from_proto(request.spec)
-        shape = {"queue_depth": shared.queue_depth, "message_tokens": shared.message_tokens}
-        check_fits(spec, shared.limits, **shape)  # before a file is opened
-        # With what its batches leave for its document order.
-        pipeline = Pipeline(
-            spec, access_for(spec, shared.limits, **shape), **shared.pipeline_options
-        )
+        budget, model = admit(spec, shared.limits, **shape)  # before a file is opened
+        # With what its batches leave for its document order, its model as found.
+        access = access_for(budget, shared.limits.access)
+        pipeline = Pipeline(spec, access, model=model, **shared.pipeline_options)
         self._held.callback(pipeline.close)  # a named one keeps its text
-        return pipeline
+        return pipeline, budget
 
-    def _groups_mb(self, pipeline: Pipeline) -> float:
-        shared, b = self._shared, pipeline.spec.batch
-        return groups_mb(
-            pipeline,
-            shared.limits.stream_memory_mb,
-            queue_depth=shared.queue_depth,
-            per_message=batches_per_message(b.size, b.seq_len, shared.message_tokens),
-        )
-
-    def _reserve(self, pipeline: Pipeline, processes: ProcessReservation) -> Opening:
+    def _reserve(
+        self, pipeline: Pipeline, processes: ProcessReservation, budget: StreamBudget
+    ) -> Opening:
         """How the stream opens; its worker processes are reserved for it (`processes`,
         given back by `close`): a fixed count's waited for, "auto"'s taken from what is free."""
         shared, w = self._shared, pipeline.spec.workers
         if w.count != "auto":
             processes.take(w.count, self._left, shared.draining)
-        return shared.openings.choose(
-            pipeline,
-            processes=processes,
-            max_threads=max(1, int(self._groups_mb(pipeline) / GROUP_MIB)),
-        )
+        return shared.openings.choose(pipeline, processes=processes, budget=budget)
 
     def _live_tuner(
         self,
@@ -294,6 +285,7 @@ class Stream:
         batches: BatchStream,
         opening: Opening,
         processes: ProcessReservation,
+        budget: StreamBudget,
     ) -> StreamTuner:
         """The thread that tunes an "auto" stream while it serves (`serving/retune.py`)."""
         w = pipeline.spec.workers
@@ -303,10 +295,9 @@ class Stream:
             default_threads=default_threads,
             target=float(w.target_batches_per_s),
             max_workers=w.max_workers,
-            ram_budget_mb=self._groups_mb(pipeline),
             tune_seconds=float(w.tune_seconds),
             remembered=opening.remembered,
-            mb_per_worker=GROUP_MIB,
+            budget=budget,
         )
         return StreamTuner(
             batches,

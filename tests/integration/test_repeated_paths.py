@@ -138,17 +138,18 @@ def test_an_auto_stream_takes_no_more_worker_processes_than_copies_of_its_order_
     """An "auto" stream's tuning measures memory once processes run; each computes its own
     copy of the order, so the processes it may take are capped first: 45 MiB left for copies
     of a 20 MiB order is two processes, however many the server has free."""
-    from input_server.batching.footprint import order_process_cap
+    from input_server.batching.budget import StreamBudget
     from input_server.serving.slots import ProcessPool, ProcessReservation
 
     pool = ProcessPool(8)
-    mine = ProcessReservation(pool, order_process_cap(20 << 20, 45))
+    left_45 = StreamBudget(ram_budget_mb=45, order_bytes=20 << 20)
+    mine = ProcessReservation(pool, left_45)
     assert mine.free() == 2
     assert mine.take_up_to(5) == 2 and mine.free() == 0 and pool.free() == 6
     mine.shrink_to(1)
     assert mine.free() == 1 and pool.free() == 7
     assert not mine.grow_to(3) and mine.held == 1 and pool.free() == 7  # all or none
-    unshuffled = ProcessReservation(pool, order_process_cap(0, 45))  # an order holding nothing
+    unshuffled = ProcessReservation(pool, StreamBudget(ram_budget_mb=45))  # an order of nothing
     assert unshuffled.free() == 7
     mine.close()
     mine.close()  # given back once

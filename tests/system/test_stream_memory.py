@@ -7,7 +7,8 @@ import time
 import psutil
 
 from input_client import InputClient
-from input_server.batching.footprint import stream_memory_mb
+from input_server.batching.budget import StreamBudget
+from input_server.batching.parallelism import Parallelism
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
 from tests.support import serve_cli
 
@@ -38,9 +39,8 @@ def test_a_streams_resident_growth_stays_within_its_estimate(tmp_path, make_spec
                     peak = max(peak, server.memory_info().rss)
                 next(it)
         per_message = batches_per_message(16, 8192, MESSAGE_TOKENS)
-        estimate = stream_memory_mb(
-            big, queue_depth=8, per_message=per_message, processes=0, threads=2
-        )
+        budget = StreamBudget.of(big, limit_mb=2048, queue_depth=8, per_message=per_message)
+        estimate = budget.held_mb(Parallelism(0, 2))
         grew_mb = (peak - before) / (1 << 20)
         assert grew_mb > 8 * 16 * 8192 * 4 / (1 << 20) / 2, grew_mb  # the queue did fill
         assert grew_mb < estimate, (grew_mb, estimate)

@@ -337,11 +337,11 @@ def test_a_resharded_stream_resumed_from_any_of_its_states_continues_byte_for_by
 
 
 def test_a_resharded_streams_order_counts_the_old_hosts_permutations():
-    """What caps an "auto" stream's worker processes (`footprint.order_bytes`) counts the
+    """What caps an "auto" stream's worker processes (`budget.order_bytes`) counts the
     order a resharded state makes, not the spec's own shard's alone."""
     from types import SimpleNamespace
 
-    from input_server.batching.footprint import order_bytes
+    from input_server.batching.budget import order_bytes
 
     lengths = [[5 + (r * 7) % 30 for r in range(40)]]
     spec = spec_of(

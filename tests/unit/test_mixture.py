@@ -162,7 +162,7 @@ def test_a_schedule_spreads_each_component_evenly():
 
 
 def test_a_mixtures_order_holds_what_its_components_hold():
-    """What caps an "auto" stream's worker processes (`footprint.order_bytes`) counts each
+    """What caps an "auto" stream's worker processes (`budget.order_bytes`) counts each
     component's permutations, an unshuffled one's none."""
     mix = _order([1_000, 3_000], [1, 1], epochs=1)
     assert mix.held_bytes() == 4 * 4_000 == sum(c.held_bytes() for c in mix.components)

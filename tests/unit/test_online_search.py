@@ -8,6 +8,7 @@ import pytest
 from input_server.autotune.live import Window
 from input_server.autotune.online import COOLDOWN_WINDOWS, OnlineSearch
 from input_server.autotune.shared_cores import DEFAULT_SPREAD, SPREAD_BOUNDS, Cores
+from input_server.batching.budget import StreamBudget
 from input_server.batching.parallelism import Parallelism as P
 
 
@@ -189,10 +190,10 @@ def test_a_measured_parallelism_whose_processes_went_elsewhere_is_not_chosen_aga
     assert s.tuning.parallelism != P(2, 1)
 
 
-def test_threads_are_held_to_the_memory_budget():
-    s = OnlineSearch(
-        P(0, 1), cpus=8, default_threads=default_threads, ram_budget_mb=40, mb_per_worker=8
-    )
+def test_threads_are_held_to_the_memory_budget(make_spec):
+    spec = make_spec(workers={"count": "auto", "ram_budget_mb": 40})
+    budget = StreamBudget.of(spec, limit_mb=float("inf"), queue_depth=4, per_message=1)
+    s = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads, budget=budget)
     run(s, capacities(10), demand=None)  # 4 threads hold 32 MiB, 8 would hold 64
     assert s.settled and s.current == P(0, 4), s.tuning
 

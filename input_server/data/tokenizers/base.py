@@ -192,6 +192,13 @@ class ModelTokenizer:
         path = access.file(spec.model, "tokenizer.model")
         return bounded(path, cls.MAX_FILE_BYTES, spec.model, why), {}
 
+    @classmethod
+    def process_bytes(cls, file_bytes: int) -> int:
+        """What one process's loaded copy of a model file of `file_bytes` costs, as a stream's
+        budget counts it in each of its worker processes (`batching.budget.StreamBudget`). 0:
+        not counted, the kind's loaded models being small beside a stream's batches."""
+        return 0
+
     def model(self):
         """The kind's loaded model; any fault of its own code says "loading" and names it."""
         if self._model is None:

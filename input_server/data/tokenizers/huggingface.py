@@ -103,6 +103,13 @@ class HuggingFaceTokenizer(ModelTokenizer):
             )
 
     @classmethod
+    def process_bytes(cls, file_bytes: int) -> int:
+        """A worker process's copy by the reference's estimate (LOAD_BYTES_PER_FILE_BYTE): a
+        118 MB tokenizer.json takes ~1.9 GB a process. The server's own copy is shared by its
+        streams and bounded apart (MAX_LOADED_BYTES)."""
+        return file_bytes * LOAD_BYTES_PER_FILE_BYTE
+
+    @classmethod
     def resolve(cls, access, spec) -> tuple[str, dict[str, str]]:
         """The tokenizer.json (`model` is the file itself, or the folder holding it, as
         MaxText's `tokenizer_path` is) and the files beside it that name its tokens

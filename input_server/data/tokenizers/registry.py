@@ -7,6 +7,7 @@ Adding a kind: a module with a `ModelTokenizer` subclass (its reference library'
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from input_client.spec import TokenizerSpec
 from input_server.data.roots import OPERATOR
@@ -37,6 +38,38 @@ def resolve_model(access, spec: TokenizerSpec) -> tuple[str, dict[str, str]]:
     return KINDS[spec.kind].resolve(access, spec)
 
 
+@dataclasses.dataclass(frozen=True)
+class FoundModel:
+    """A spec's model found once (`find_model`): the files it is read from, and what it costs
+    in memory as its kind reports (the stream's budget counts it before the model is read).
+
+    Attributes:
+      path: the model file, checked against the data roots and bounded in size.
+      sidecars: the files beside it its kind reads too (Hugging Face's configs), those that
+        exist.
+      file_bytes: the model file's size (0: not there yet; opening it says why).
+      process_bytes: one process's loaded copy (`ModelTokenizer.process_bytes`; 0: not
+        counted).
+    """
+
+    path: str
+    sidecars: dict[str, str]
+    file_bytes: int
+    process_bytes: int
+
+
+def find_model(access, spec: TokenizerSpec) -> FoundModel:
+    """A spec's model found inside `access`'s data roots (`resolve_model`), with its kind's
+    report of what a process's copy costs."""
+    kind = KINDS[spec.kind]
+    path, sidecars = kind.resolve(access, spec)
+    try:
+        size = os.path.getsize(path)
+    except OSError:  # a missing file is named when it is opened
+        size = 0
+    return FoundModel(path, sidecars, size, kind.process_bytes(size))
+
+
 def open_tokenizer(
     spec: TokenizerSpec,
     *,
@@ -63,6 +96,7 @@ def load_tokenizer(
     spec: TokenizerSpec,
     access=None,
     *,
+    found: FoundModel | None = None,
     keep: ModelKeep | None = None,
     audit_every: int = AUDIT_EVERY,
     load_behind: bool = False,
@@ -74,12 +108,14 @@ def load_tokenizer(
     process's memory only); while a fast backend serves, one group in `audit_every` is
     encoded again by the reference (0: none); with `load_behind` (a server's request
     streams), a backend not loaded in this process yet loads behind the stream while the
-    reference serves. Every call makes a new tokenizer: no two pipelines share one."""
-    model, sidecars = resolve_model(access or OPERATOR, spec)
+    reference serves. `found`: the model already found (`find_model`), not looked up again.
+    Every call makes a new tokenizer: no two pipelines share one."""
+    if found is None:
+        found = find_model(access or OPERATOR, spec)
     return open_tokenizer(
-        dataclasses.replace(spec, model=model),
+        dataclasses.replace(spec, model=found.path),
         written=spec.model,
-        sidecars=sidecars,
+        sidecars=found.sidecars,
         audit_every=audit_every,
         keep=keep,
         load_behind=load_behind,
