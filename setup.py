@@ -1,6 +1,6 @@
 """Which packages and requirements the input-server distribution has.
 
-See scripts/packaging/input_server_build.py: a built wheel is the server alone and requires
+See scripts/tools/packaging/input_server_build.py: a built wheel is the server alone and requires
 `input-client` by name; an editable install is the whole checkout, both packages from the tree.
 """
 

@@ -6,7 +6,7 @@ next batch, the fetch thread wakes to decode it (checks, segment ids, positions,
 `sharding=`, the placement: a millisecond or more with the GIL). Left alone, that work lands
 exactly while the loop, holding the same GIL, dispatches its step, and the step waits for it.
 Held back by a few milliseconds, the same work runs while the device computes and the loop sits
-in `block_until_ready`, GIL released (scripts/bench_client_cost.py measures both; figures in
+in `block_until_ready`, GIL released (scripts/bench/bench_client_cost.py measures both; figures in
 docs/benchmarks.md).
 
 The window is a share of the loop's own interval between batches, at most `MOST_S`, none for a

@@ -107,7 +107,7 @@ def bench_limit(
     texts: list[str], spec: PipelineSpec, *, min_seconds: float, call: str | None = None
 ) -> dict:
     """The limit: the tokenizer kind's own batch call over the corpus, in its fastest output
-    form (sentencepiece's: numpy arrays, see scripts/bench_tokenize.py); `call` names one of
+    form (sentencepiece's: numpy arrays, see scripts/bench/bench_tokenize.py); `call` names one of
     `limit_calls` (default the first on all cores)."""
     calls = limit_calls(load_tokenizer(spec.tokenizer), os.cpu_count() or 1)
     call = call or next(iter(calls))

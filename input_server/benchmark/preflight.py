@@ -22,7 +22,7 @@ def check_benchable(spec: PipelineSpec) -> None:
             "source",
             "a mixture" if spec.is_mixture else spec.source.to_dict(),
             "must be one text source with a `tokenizer.model` for `input-server bench`, which "
-            "compares it with its tokenizer; scripts/bench_mixture.py measures mixtures and "
+            "compares it with its tokenizer; scripts/bench/bench_mixture.py measures mixtures and "
             "pre-tokenized data",
         )
 

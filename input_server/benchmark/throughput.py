@@ -270,7 +270,7 @@ def run(
 
     Raises:
       SpecError: a mixture, pre-tokenized data or no model: this compares one text source
-        with its tokenizer (scripts/bench_mixture.py measures the others).
+        with its tokenizer (scripts/bench/bench_mixture.py measures the others).
     """
     check_benchable(spec)
     o = _Options(rounds, min_seconds, transports, packing, progress)

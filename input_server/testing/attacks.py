@@ -1,8 +1,9 @@
 """Builders of hostile inputs, shared by the tests that found each defect and by the fuzz run
-(`scripts/fuzz_hostile.py`, `scripts/fuzz_client.py`), so both keep meeting the same attacks:
-Parquet bombs (a few KB on disk, hundreds of MB decoded), hostile model files (normalizers that
-multiply text, a charsmap entry of thousands of characters, a catastrophic regex, tiktoken files
-past the ranks and line caps), and a fake server that sends crafted batches to a client.
+(`scripts/tools/fuzz_hostile.py`, `scripts/tools/fuzz_client.py`), so both keep meeting the
+same attacks: Parquet bombs (a few KB on disk, hundreds of MB decoded), hostile model files
+(normalizers that multiply text, a charsmap entry of thousands of characters, a catastrophic
+regex, tiktoken files past the ranks and line caps), and a fake server that sends crafted
+batches to a client.
 """
 
 from __future__ import annotations

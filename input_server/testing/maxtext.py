@@ -1,4 +1,4 @@
-"""The tiny decoder that the MaxText tests and `scripts/bench_maxtext.py` train."""
+"""The tiny decoder that the MaxText tests and `scripts/bench/bench_maxtext.py` train."""
 
 from __future__ import annotations
 

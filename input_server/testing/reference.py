@@ -1,5 +1,5 @@
 """A spec's stream with no server in between, and a batch's bytes: what a served stream, or a
-trainer killed and resumed (scripts/chaos.py), is compared with."""
+trainer killed and resumed (scripts/tools/chaos.py), is compared with."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ rm -rf "$W" && mkdir -p "$W/data1" "$W/data8" "$W/out"
 export DECOUPLE_GCLOUD=TRUE       # MaxText's stubs for GCS, diagnostics, goodput (no network)
 
 if [[ -n "${MX_LOCAL:-}" ]]; then # this CPU host: MaxText's venv; the server in this Python
-  PY="$(bash scripts/maxtext_venv.sh | tail -1)"
+  PY="$(bash scripts/tools/maxtext_venv.sh | tail -1)"
   SERVER_PY=python3
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$ROOT/client"
   export JAX_PLATFORMS=cpu MX_STEADY_FROM=1
@@ -181,7 +181,7 @@ PY
 
 cat > "$W/runner.py" <<'PY'
 """MaxText's trainer (its own pipeline, or the launcher with --server), timing each `next()`
-on its data iterator (DataLoader.load_next_batch_pre_sharding, as scripts/maxtext_runner.py).
+on its data iterator (DataLoader.load_next_batch_pre_sharding, as scripts/bench/maxtext_runner.py).
 argv: SERVER ('' for MaxText's own pipeline) then MaxText's key=value arguments. Prints one
 line `BENCH {json}` at the end: the epoch time it started, each wait's (start, seconds)."""
 import json, os, sys, time

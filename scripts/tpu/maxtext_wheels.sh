@@ -4,7 +4,7 @@
 # MaxText 0.2.5's pre-training (scripts/tpu/maxtext_run.sh installs it there).
 #
 # 1. Trains MaxText's tiny decoder 2 steps on Grain (Parquet) in MaxText's CPU venv
-#    (scripts/maxtext_venv.sh) and maps every module then loaded to its distribution;
+#    (scripts/tools/maxtext_venv.sh) and maps every module then loaded to its distribution;
 # 2. drops what the machine has (its pip list: $DEVICE_FACTS/piplist.txt), what .whl-tpu
 #    carries, jax/jaxlib (the machine's own) and maxtext;
 # 3. of the rest, those on the machine's index ($DEVICE_FACTS/index.txt) go to
@@ -26,7 +26,7 @@ fi
 [[ -f "$wheel" ]] || { echo "maxtext_wheels: no MaxText wheel at $wheel" >&2; exit 2; }
 [[ -f "$facts/piplist.txt" && -f "$facts/index.txt" ]] || { echo "maxtext_wheels: no piplist.txt/index.txt in $facts" >&2; exit 2; }
 grep -qx '/.whl-mx/' .git/info/exclude 2>/dev/null || echo '/.whl-mx/' >> .git/info/exclude
-python="$(bash scripts/maxtext_venv.sh | tail -1)"
+python="$(bash scripts/tools/maxtext_venv.sh | tail -1)"
 rm -rf .whl-mx && mkdir -p .whl-mx
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 

@@ -2,7 +2,7 @@
 budget, the data never depends on them, and the server reports them.
 
 How fast the choices are (against the best configuration of a sweep and against Grain's own
-choice) is measured by scripts/bench_autotune.py, side by side on a quiet host, not asserted
+choice) is measured by scripts/bench/bench_autotune.py, side by side on a quiet host, not asserted
 here: a shared host only ever slows a measurement down.
 """
 
@@ -59,7 +59,7 @@ def slow_tuning(slow_pipeline):
 
 def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
     # (How close the choice comes to the best configuration is measured by
-    # scripts/bench_autotune.py: `cpu_bound.auto_over_best`.)
+    # scripts/bench/bench_autotune.py: `cpu_bound.auto_over_best`.)
     cpus = autotune.cpu_count()
     # Longer windows than the default: steadier readings for the choice.
     t = autotune.tune(cpu_pipeline, ram_budget_mb=1024, window_s=1.5)
@@ -79,7 +79,7 @@ def test_cpu_bound_choice_stays_within_the_cores(cpu_pipeline):
 
 
 def test_latency_bound_choice_exceeds_the_cores(slow_pipeline, slow_tuning):
-    # (Its rate against Grain's own choice is measured by scripts/bench_autotune.py:
+    # (Its rate against Grain's own choice is measured by scripts/bench/bench_autotune.py:
     # `latency_bound.auto_over_grain`.)
     t = slow_tuning
     assert t.parallelism.workers > autotune.cpu_count(), autotune.table(t)

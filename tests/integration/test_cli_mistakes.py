@@ -95,7 +95,7 @@ def test_bench_of_what_it_does_not_compare_points_to_bench_mixture(
     path = tmp_path / "spec.toml"
     path.write_text(f'{source}[tokenizer]\nmodel = "{spm_model}"\n')
     code, err = run_main(capsys, "bench", str(path))
-    assert_one_line(code, err, "`source`", "scripts/bench_mixture.py")
+    assert_one_line(code, err, "`source`", "scripts/bench/bench_mixture.py")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 runs (issue 50's review): a stream and its credit were a reference cycle (the credit called
 the stream back through a bound method), so each cancelled stream kept its pipeline, its slot
 and gRPC's call until a collection. gRPC's core counts a call the server has not freed against
-the connection's concurrent streams (`server.CONNECTION_CALLS_PCT`); scripts/fuzz.py saw new
+the connection's concurrent streams (`server.CONNECTION_CALLS_PCT`); scripts/tools/fuzz.py saw new
 calls refused so (UNAVAILABLE, RST_STREAM REFUSED_STREAM). Here the collector is off in this
 process, which runs the server, while one channel opens and cancels streams; then a
 collection that keeps what it finds (`gc.DEBUG_SAVEALL`) finds no stream."""

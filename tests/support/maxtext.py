@@ -1,4 +1,4 @@
-"""Real MaxText (0.2.5, its own Python 3.12 venv that scripts/maxtext_venv.sh builds) run by
+"""Real MaxText (0.2.5, its own Python 3.12 venv that scripts/tools/maxtext_venv.sh builds) run by
 the launcher (`python -m input_client.maxtext.train`) against a test's server: one process or
 two, what its log says of each step, and each batch's `total_weights` by MaxText's rule."""
 

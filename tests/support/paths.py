@@ -9,7 +9,8 @@ SCRIPTS = ROOT / "scripts"
 
 
 def script(name: str) -> str:
-    """The absolute path of scripts/NAME, so script tests pass from any working folder."""
+    """The absolute path of scripts/NAME (`bench/bench_grpc.py`, `tools/chaos.py`), so script
+    tests pass from any working folder."""
     return str(SCRIPTS / name)
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-PREFIX = "maxtext_venv: "  # scripts/maxtext_venv.sh's progress lines on stderr
+PREFIX = "maxtext_venv: "  # scripts/tools/maxtext_venv.sh's progress lines on stderr
 
 
 def run_saying_progress(

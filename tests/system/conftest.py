@@ -13,12 +13,12 @@ from tests.support import ROOT, file_lock, python_or_skip, run_dir
 from tests.support.maxtext import ROWS, SEQ
 from tests.support.progress import run_saying_progress
 
-SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
+SCRIPT = str(ROOT / "scripts" / "tools" / "maxtext_venv.sh")
 
 
 @pytest.fixture(scope="session")
 def maxtext_python(request) -> str:
-    """The python of the cached MaxText 0.2.5 venv (scripts/maxtext_venv.sh builds it once).
+    """The python of the cached MaxText 0.2.5 venv (scripts/tools/maxtext_venv.sh builds it once).
     A build (~2 GB, minutes) is said on the terminal, with its steps, past pytest's capture:
     a suite that goes quiet for minutes looks hung."""
     python_or_skip("3.12", "the MaxText venv")

@@ -1,4 +1,4 @@
-"""`input-server bench` and the scripts/bench_*.py benchmarks run end to end, from any folder,
+"""`input-server bench` and the scripts/bench/bench_*.py benchmarks run end to end, from any folder,
 and report every figure (speed itself is not asserted: it is measured by the benchmark, side by
 side, not by unit tests)."""
 
@@ -83,10 +83,10 @@ def _bench(tmp_path, *args, min_tokens: int = 30_000):
 
 
 def _run_script(tmp_path, name: str, *args: str, timeout: float = 300) -> str:
-    """`python scripts/NAME ARGS` run from `tmp_path` (a benchmark runs from any folder); its
+    """`python scripts/bench/NAME ARGS` run from `tmp_path` (a benchmark runs from any folder); its
     stdout, once it has exited 0."""
     out = subprocess.run(
-        [sys.executable, script(name), *args],
+        [sys.executable, script(f"bench/{name}"), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

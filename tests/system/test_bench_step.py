@@ -1,4 +1,4 @@
-"""scripts/bench_step.py, the train-step benchmark made for the TPU host, runs on CPU at toy
+"""scripts/bench/bench_step.py, the train-step benchmark made for the TPU host, runs on CPU at toy
 sizes and reports every feed's figures (speed itself is not asserted: the benchmark measures
 it; docs/benchmarks.md "On a TPU host" holds the accelerator's figures)."""
 
@@ -21,7 +21,7 @@ def test_bench_step_reports_each_feed_the_start_and_the_restart(tmp_path):
     env.pop("XLA_FLAGS", None)
     run = subprocess.run(
         [
-            sys.executable, os.path.join(TREE, "scripts", "bench_step.py"),
+            sys.executable, os.path.join(TREE, "scripts", "bench", "bench_step.py"),
             "--sizes", "64x1", "--batch", "4", "--seq-len", "128", "--steps", "6",
             "--warmup", "1", "--loss-chunk", "128", "--host-batches", "3",
             "--feeds", ",".join(FEEDS), "--restart-steps", "400", "--out", str(out),

@@ -1,4 +1,4 @@
-"""scripts/bench_unigram_peer.py without TensorFlow: our served rate and the ids checks it can
+"""scripts/bench/bench_unigram_peer.py without TensorFlow: our served rate and the ids checks it can
 make, the peer said to be not measured (TensorFlow is no dependency of the project)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_peer_script_without_tensorflow_reports_served_rate_and_ids(spm_model, t
     done = subprocess.run(
         [
             sys.executable,
-            script("bench_unigram_peer.py"),
+            script("bench/bench_unigram_peer.py"),
             *("--model", spm_model, "--max-docs", "200", "--corpora", "short"),
             *("--rounds", "1", "--seconds", "0.2", "--min-tokens", "60000", "--out", str(out)),
         ],

@@ -1,6 +1,6 @@
 """Exactly once across SIGKILLs: of the server process (with its worker processes), of the
-trainer, of one Grain worker; and scripts/chaos.py, which does it all at random. Real processes,
-real SIGKILLs, real sockets; every wait is bounded."""
+trainer, of one Grain worker; and scripts/tools/chaos.py, which does it all at random. Real
+processes, real SIGKILLs, real sockets; every wait is bounded."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from tests.support import (
     write_token_file,
 )
 
-CHAOS = script("chaos.py")
+CHAOS = script("tools/chaos.py")
 
 
 @pytest.fixture

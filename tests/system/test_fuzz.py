@@ -1,9 +1,9 @@
-"""scripts/fuzz.py against a real server: every hostile request (random bytes, mutated requests,
-hostile field values, tampered resume states) gets a status from README's table, never UNKNOWN
-or INTERNAL; the server stays SERVING and its memory comes back; the aimed attacks (issue 27's:
-repeated paths, Parquet bombs, hostile models, an HTTP/2 flood, malicious servers against the
-client) find nothing; every call reaches the server, one the transport refuses being sent again
-on a fresh connection."""
+"""scripts/tools/fuzz.py against a real server: every hostile request (random bytes, mutated
+requests, hostile field values, tampered resume states) gets a status from README's table, never
+UNKNOWN or INTERNAL; the server stays SERVING and its memory comes back; the aimed attacks
+(issue 27's: repeated paths, Parquet bombs, hostile models, an HTTP/2 flood, malicious servers
+against the client) find nothing; every call reaches the server, one the transport refuses being
+sent again on a fresh connection."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def _tree_rss_mb(pid: int) -> float:
 def _run_fuzz(tmp_path) -> tuple[int, dict]:
     """The script's exit code and JSON, watched for memory and time."""
     fuzz = ChildProcess(
-        [sys.executable, script("fuzz.py"), *ARGV], log=str(tmp_path / "fuzz.log"), read_lines=True
+        [sys.executable, script("tools/fuzz.py"), *ARGV],
+        log=str(tmp_path / "fuzz.log"),
+        read_lines=True,
     )
     lines, deadline = [], time.monotonic() + TIMEOUT_S
     try:
@@ -138,7 +140,7 @@ def holding_server(short_tmp):
 def test_a_call_the_transport_refuses_is_sent_again_on_a_fresh_connection(
     holding_server, monkeypatch, retries
 ):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # the script imports its siblings by name
+    monkeypatch.syspath_prepend(str(SCRIPTS / "tools"))  # the script imports its siblings by name
     fuzz = importlib.import_module("fuzz")
     monkeypatch.setattr(fuzz, "TRANSPORT_RETRIES", retries)
     conn = fuzz.Connection(holding_server)

@@ -1,6 +1,6 @@
 """input_client.maxtext in real MaxText (0.2.5, its own Python 3.12 venv built by
-scripts/maxtext_venv.sh and cached): the launcher trains a tiny decoder from a real server with
-checkpoints; a killed run restarted from its checkpoint repeats the same steps exactly; eval
+scripts/tools/maxtext_venv.sh and cached): the launcher trains a tiny decoder from a real server
+with checkpoints; a killed run restarted from its checkpoint repeats the same steps exactly; eval
 passes repeat; two JAX processes read and resume their own shards; the batches equal MaxText's
 own ShiftData/PadOrTrimToMaxLength applied to the same documents; mistakes stop in one line.
 

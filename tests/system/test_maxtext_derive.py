@@ -1,5 +1,5 @@
 """input_client.maxtext.derive on MaxText's real config (0.2.5, its own Python 3.12 venv built by
-scripts/maxtext_venv.sh): `maxtext.configs.pyconfig.initialize` with base.yml and real command
+scripts/tools/maxtext_venv.sh): `maxtext.configs.pyconfig.initialize` with base.yml and real command
 lines, the derived specs as the adapter's factories would stream them, the adapter's own checks
 passing on them, a mixture's weights equal to the proportions of MaxText's own `get_datasets`
 mixture on the same files, and refusals in one line naming the key and its value.

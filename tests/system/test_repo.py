@@ -14,13 +14,13 @@ from tests.support import ROOT, SCRIPTS
 
 
 def test_checked_in_stubs_match_the_protos(tmp_path):
-    spec = importlib.util.spec_from_file_location("gen_protos", SCRIPTS / "gen_protos.py")
+    spec = importlib.util.spec_from_file_location("gen_protos", SCRIPTS / "tools" / "gen_protos.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     gen.generate(tmp_path)
     for rel in gen.GENERATED:
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), (
-            f"{rel} is stale: run `python scripts/gen_protos.py` and commit the result."
+            f"{rel} is stale: run `python scripts/tools/gen_protos.py` and commit the result."
         )
 
 

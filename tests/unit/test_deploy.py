@@ -328,11 +328,17 @@ def test_the_build_context_holds_what_the_build_copies_and_little_else():
         "client/README.md",
         "client/input_client/_proto/input_server/v1/input_service.proto",
         "input_server/version.py",
-        "scripts/packaging/input_server_build.py",
+        "scripts/tools/packaging/input_server_build.py",
     ]
     dropped = [p for p in needed if ignored_by_dockerignore(p)]
     assert not dropped, f".dockerignore leaves out what deploy/Dockerfile builds from: {dropped}"
-    for path in (".git/HEAD", "tests/support/__init__.py", "input_server/__pycache__/cli.pyc"):
+    for path in (
+        ".git/HEAD",
+        "tests/support/__init__.py",
+        "input_server/__pycache__/cli.pyc",
+        "scripts/bench/bench_grpc.py",
+        "scripts/tools/chaos.py",
+    ):
         assert ignored_by_dockerignore(path), f".dockerignore sends {path} to the build"
 
 

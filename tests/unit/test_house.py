@@ -203,7 +203,7 @@ def test_nothing_outside_the_client_reads_its_private_parts():
 
     private = re.compile(r"\b(?:client|c|it|self\._client)\._(?!_)[a-z]\w*")
     files = [p for m, p in MODULES.items() if m.startswith("input_server")]
-    files += sorted((ROOT / "scripts").glob("*.py"))
+    files += sorted((ROOT / "scripts").rglob("*.py"))
     found = [
         f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
         for p in files
@@ -438,7 +438,7 @@ OUTSIDE_PRIVATES = {
     ("input_server/data/tokenizers/tiktoken.py", "enc._core_bpe"),
     # The one way to read other threads' stacks from inside a process (where py-spy cannot
     # reach it: gVisor).
-    ("scripts/sampled.py", "sys._current_frames"),
+    ("scripts/bench/sampled.py", "sys._current_frames"),
 }
 
 

@@ -1,6 +1,6 @@
 """README's MaxText CPU recipe stays the one the MaxText tests run: its flags are
 `tests.support.TINY_MAXTEXT` and the one-host flag, its sizes are its spec's, its venv is where
-scripts/maxtext_venv.sh builds it; and that script says what it builds before it builds."""
+scripts/tools/maxtext_venv.sh builds it; and that script says what it builds before it builds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tomllib
 from tests.support import ROOT, TINY_MAXTEXT
 from tests.support.pages import block
 
-SCRIPT = str(ROOT / "scripts" / "maxtext_venv.sh")
+SCRIPT = str(ROOT / "scripts" / "tools" / "maxtext_venv.sh")
 
 
 def _recipe() -> dict[str, str]:

@@ -1,1 +1,1 @@
-"""Generated stubs; see scripts/gen_protos.py."""
+"""Generated stubs; see scripts/tools/gen_protos.py."""

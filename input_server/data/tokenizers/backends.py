@@ -88,7 +88,7 @@ PROBES: tuple[str, ...] = (
     "Ünïcödé ÀÉÎÕÜ ßẞ İı Ωω Ǆǅǆ",
     # Runs of one punctuation mark, alone and after newlines: where a unigram model's
     # segmentations tie (`>>`,`>` or `>`,`>>`), kitoken broke ties unlike sentencepiece on
-    # all 11 unigram models tried (scripts/bench_unigram_peer.py's notes, docs/benchmarks.md).
+    # all 11 unigram models tried (scripts/bench/bench_unigram_peer.py's notes, docs/benchmarks.md).
     " ".join("w" + c * n for c in "*->=~#." for n in range(3, 34, 5)),
     "\n".join(c * n for c in "*-=#" for n in (3, 8, 13, 21)),
 )

@@ -148,7 +148,7 @@ def flat_group(
 # Growing by tokenizing only the added text (BPE, word and char models) is cheap, so a small
 # margin pays; growing by tokenizing the longer prefix again (unigram models) costs more per
 # miss. Each margin tokenized the fewest characters per epoch of pydoc topics in a sweep done
-# while writing this (scripts/bench_tokenize.py reports the characters tokenized).
+# while writing this (scripts/bench/bench_tokenize.py reports the characters tokenized).
 CUT_CHARS_PER_TOKEN = 8.0
 CUT_MARGIN_GROW_ADDED = 1.05
 CUT_MARGIN_RETOKENIZE = 1.25

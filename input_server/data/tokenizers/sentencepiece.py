@@ -107,7 +107,7 @@ class SentencepieceTokenizer(ModelTokenizer):
         """One sentencepiece batch call on one of its C++ threads (it releases the GIL: two
         Python threads encoding at once ran 1.76-1.83x as fast as one), as numpy arrays: no
         Python int is made per token, 1.26-1.40x as fast as lists of ints once flattened
-        (scripts/bench_tokenize.py)."""
+        (scripts/bench/bench_tokenize.py)."""
         return self.model().encode(
             texts, add_bos=add_bos, add_eos=add_eos, num_threads=1, return_type="numpy"
         )

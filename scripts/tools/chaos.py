@@ -1,6 +1,6 @@
 """Chaos run: SIGKILL the server and the trainer during one long stream; prints JSON.
 
-  python scripts/chaos.py [--kills 5] [--restarts 3] [--batches 400] [--transport unix|tcp]
+  python scripts/tools/chaos.py [--kills 5] [--restarts 3] [--batches 400] [--transport unix|tcp]
                           [--workers 0[,1,...]] [--seed 0] [--json OUT]
 
 The server runs as a subprocess (`input-server serve`) and is SIGKILLed with its worker
@@ -34,8 +34,6 @@ import tempfile
 import threading
 import time
 
-from results import emit_json  # scripts/, beside this file
-
 from input_server.testing.processes import (
     ChildProcess,
     ServerProcess,
@@ -43,6 +41,7 @@ from input_server.testing.processes import (
     write_token_file,
 )
 from input_server.testing.reference import batch_bytes, run_pipeline
+from input_server.testing.results import emit_json
 
 # The stream must never stall this long without a batch (the server restarts take ~1 s).
 PROGRESS_TIMEOUT_S = 120.0

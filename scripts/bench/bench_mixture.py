@@ -1,8 +1,8 @@
 """Mixtures and pre-tokenized data through a real server, side by side in one run; prints a
 table and JSON.
 
-  python scripts/bench_mixture.py --builtin stdlib-docstrings [--components 40] [--json OUT]
-  python scripts/bench_mixture.py --corpus FILE.jsonl --model SPM.model
+  python scripts/bench/bench_mixture.py --builtin stdlib-docstrings [--components 40] [--json OUT]
+  python scripts/bench/bench_mixture.py --corpus FILE.jsonl --model SPM.model
 
 Through a real server over a Unix socket (ratios, since machines are noisy):
 

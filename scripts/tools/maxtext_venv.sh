@@ -10,9 +10,9 @@
 # venv is built and current, 1 when a run would build it (the test suite says so first).
 set -euo pipefail
 MAXTEXT_VERSION="${MAXTEXT_VERSION:-0.2.5}"
-here="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$0")/../.." && pwd)"  # the repository: this is scripts/tools/
 venv="${INPUT_SERVER_MAXTEXT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/input-server/maxtext-$MAXTEXT_VERSION-py3.12}"
-constraints="$here/scripts/maxtext_constraints.txt"
+constraints="$here/scripts/tools/maxtext_constraints.txt"
 stamp="$(cat "$0" "$constraints" | sha256sum | cut -c1-16)-$MAXTEXT_VERSION"
 
 say() { echo "maxtext_venv: $*" >&2; }
@@ -48,7 +48,7 @@ if ! current; then
   say "1/4 a Python 3.12 venv from $python312"
   "$python312" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  say "2/4 pip install maxtext==$MAXTEXT_VERSION (versions pinned by scripts/maxtext_constraints.txt)"
+  say "2/4 pip install maxtext==$MAXTEXT_VERSION (versions pinned by scripts/tools/maxtext_constraints.txt)"
   "$venv/bin/python" -m pip install -q -c "$constraints" "maxtext==$MAXTEXT_VERSION" >&2
   reqs="$("$venv/bin/python" - <<'PY'
 import importlib.metadata as md

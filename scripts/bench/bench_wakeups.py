@@ -1,6 +1,6 @@
 """Benchmark: how often one "auto" stream's server threads wake, with a slow consumer.
 
-    python scripts/bench_wakeups.py [--seconds 10] [--pace 2]
+    python scripts/bench/bench_wakeups.py [--seconds 10] [--pace 2]
 
 A server in this process streams the standard library's docstrings (a sentencepiece model
 trained on them) with `workers.count = "auto"` to a client that takes `--pace` batches a

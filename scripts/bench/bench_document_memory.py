@@ -6,7 +6,7 @@ library's docstrings, one document of N characters (`a`, NUL, CJK, base64, prose
 peak resident memory read before and after it is tokenized. Prints one JSON line a run, then
 the most bytes a character of each kind.
 
-    python3 scripts/bench_document_memory.py [--chars 2000000] [--kinds tekken,...]
+    python3 scripts/bench/bench_document_memory.py [--chars 2000000] [--kinds tekken,...]
 """
 
 from __future__ import annotations

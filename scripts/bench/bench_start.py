@@ -1,6 +1,6 @@
 """Benchmark: how long a (re)started sidecar holds the training loop.
 
-    python scripts/bench_start.py [--model RANKS.tiktoken] [--rounds 3] [--workers auto]
+    python scripts/bench/bench_start.py [--model RANKS.tiktoken] [--rounds 3] [--workers auto]
         [--before TREE] [--out FILE.json]
 
 Side by side in one run, each server a real `input-server serve` process on a Unix socket, with
@@ -42,12 +42,11 @@ import tempfile
 import threading
 import time
 
-from results import emit_json  # scripts/, beside this file
-
 from input_client import InputClient, PipelineSpec
 from input_server.data import builtin_corpora
 from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.testing.processes import cli_argv
+from input_server.testing.results import emit_json
 
 VOCAB = 128_000
 GRAIN_WAIT_S = 5.0
@@ -98,7 +97,8 @@ class Serve:
             env=env,
             # `python -m` puts its folder first on sys.path, before PYTHONPATH: each tree's
             # server runs from its own root (this one's: the repository's).
-            cwd=tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            cwd=tree
+            or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         line = self.p.stdout.readline()
         if "serving on" not in line:

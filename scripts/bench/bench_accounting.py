@@ -1,7 +1,7 @@
 """Benchmark: what the per-stage accounting costs, this tree against an earlier one.
 
     git worktree add /tmp/before COMMIT   # e.g. the commit before the accounting
-    python scripts/bench_accounting.py SPEC.toml --before /tmp/before [--rounds 6]
+    python scripts/bench/bench_accounting.py SPEC.toml --before /tmp/before [--rounds 6]
 
 Each round runs `bench`'s served measurement (`benchmark.served.bench_server`: a real
 `input-server serve` process on a Unix socket, the client in another process) once with each
@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Run in a fresh process whose path starts with one tree: its server and client.
 MEASURE = """

@@ -1,17 +1,17 @@
 """Benchmark: real MaxText fed by the input server against MaxText's own Grain pipeline.
 
-    python scripts/bench_maxtext.py [--steps 60] [--rounds 1] [--out FILE.json]
+    python scripts/bench/bench_maxtext.py [--steps 60] [--rounds 1] [--out FILE.json]
 
 One corpus (the standard library's docstrings as Parquet files, the demo's sentencepiece
 model), the tiny decoder of tests/system/test_maxtext.py on this host's CPU, MaxText 0.2.5 in
-its own venv (scripts/maxtext_venv.sh). Each configuration is one training run:
+its own venv (scripts/tools/maxtext_venv.sh). Each configuration is one training run:
 
 - `server`: `input-server serve` in its own process (workers "auto"), MaxText through
   input_client.maxtext;
 - `grain_0`, `grain_1`, `grain_auto`: MaxText's Grain pipeline with grain_worker_count 0, 1
   and -1 (its own pick).
 
-Per run (scripts/maxtext_runner.py times the data iterator's `next()` inside MaxText):
+Per run (scripts/bench/maxtext_runner.py times the data iterator's `next()` inside MaxText):
 `steady_step_s`, the mean of MaxText's logged step seconds from step 5 on; `data_wait_s`, the
 mean wait for a batch from step 5 on; `first_batch_s`, from process start to the first batch in
 hand; `first_wait_s`, that first `next()` alone. Also the client-only venv (`pip install
@@ -32,12 +32,12 @@ import sys
 import tempfile
 import time
 
-from results import emit_json  # scripts/, beside this file
-
 from input_server.testing.maxtext import TINY_MAXTEXT  # the tiny decoder of the MaxText tests
+from input_server.testing.results import emit_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))  # this is scripts/bench/
+TOOLS = os.path.join(ROOT, "scripts", "tools")
 STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+),")
 
 MODEL = [
@@ -134,7 +134,7 @@ def client_venv(folder: str) -> dict:
 def _maxtext_python() -> str:
     """The Python of MaxText's own venv (made by maxtext_venv.sh once)."""
     run = subprocess.run(
-        ["bash", os.path.join(HERE, "maxtext_venv.sh")], check=True, capture_output=True, text=True
+        ["bash", os.path.join(TOOLS, "maxtext_venv.sh")], check=True, capture_output=True, text=True
     )
     return run.stdout.strip().splitlines()[-1]
 

@@ -1,6 +1,6 @@
 """Hostile clients at the sizes that once denied service (issue 18), against real servers.
 
-  python scripts/bench_hostile.py [--bomb-mb 3480] [--bombs 4] [--memory-gb 3] [--silent 24]
+  python scripts/bench/bench_hostile.py [--bomb-mb 3480] [--bombs 4] [--memory-gb 3] [--silent 24]
                                   [--files 1100] [--decompressed-mb 1024]
 
 - bomb: a ~330 KB .jsonl.zst expanding to `--bomb-mb` MB inside the roots, sent `--bombs`
@@ -29,7 +29,6 @@ import time
 
 import grpc
 import psutil
-from results import emit_json  # scripts/, beside this file
 
 from input_client import InputClient, PipelineSpec
 from input_client.proto import pb
@@ -39,6 +38,7 @@ from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.testing.files import jsonl_bytes, write_bytes
 from input_server.testing.memory_bound import bounded_server
 from input_server.testing.processes import cgroup_server, health
+from input_server.testing.results import emit_json
 
 STREAM = "/input_server.v1.InputService/StreamBatches"
 _LINE = b'{"text": "' + b"all work and no play " * 48 + b'"}\n'

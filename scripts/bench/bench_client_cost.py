@@ -1,7 +1,8 @@
 """What the client costs a training loop, per step, side by side in one run; prints JSON.
 
-    python scripts/bench_client_cost.py [--steps 100] [--rounds 3] [--size 16] [--seq-len 2048]
-        [--dispatch-ms 1.0] [--device-ms 40] [--prefetch 2] [--devices 8] [--json OUT]
+    python scripts/bench/bench_client_cost.py [--steps 100] [--rounds 3] [--size 16]
+        [--seq-len 2048] [--dispatch-ms 1.0] [--device-ms 40] [--prefetch 2] [--devices 8]
+        [--json OUT]
 
 A server in its own process (`input-server serve`, a Unix socket, as a sidecar) streams the
 standard library's docstrings (a sentencepiece model trained on them, `first_fit`). The loop of
@@ -40,10 +41,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from results import emit_json  # scripts/, beside this file
 
 from input_server.data import builtin_corpora
 from input_server.testing.processes import cli_argv
+from input_server.testing.results import emit_json
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ likes: `serve` exits on SIGTERM from its own handler). For hosts where
 py-spy cannot read a process (gVisor); the samples are taken when the sampler gets the GIL,
 so a thread's own C work shows at the Python line that called it.
 
-    python3 scripts/sampled.py --out serve.folded -m input_server.cli serve --listen ...
-    python3 scripts/sampled.py --summary serve.folded [--top 30]
+    python3 scripts/bench/sampled.py --out serve.folded -m input_server.cli serve --listen ...
+    python3 scripts/bench/sampled.py --summary serve.folded [--top 30]
 
 `--summary` reads folded stacks back: each thread's samples and its busy share (the samples
 whose innermost frame is not a wait: a lock, a queue, a condition, a sleep, a poll), then the

@@ -1,10 +1,10 @@
 """Benchmark: a real JAX train step on this host's accelerator (or CPU), fed four ways.
 
-    python scripts/bench_step.py [--model FILE --kind KIND] [--corpus FILE.jsonl]
+    python scripts/bench/bench_step.py [--model FILE --kind KIND] [--corpus FILE.jsonl]
         [--sizes 256x4,768x8] [--batch 16] [--seq-len 2048] [--steps 40]
         [--feeds device,host,server,server_sharded,grain_1,grain_auto] [--out FILE.json]
 
-The step is scripts/step_model.py's decoder (bfloat16 matmuls, the loss over chunks of tokens,
+The step is scripts/bench/step_model.py's decoder (bfloat16 matmuls, the loss over chunks of tokens,
 Adam), its vocabulary the tokenizer's. Each model size runs every feed in turn, in one process,
 the step compiled once:
 
@@ -45,12 +45,12 @@ import tempfile
 import time
 
 import numpy as np
-from results import emit_json  # scripts/, beside this file
 from step_model import init_state, make_train_step, param_count, parse_size
 
 from input_client import InputClient, PipelineSpec
 from input_server.data.builtin_corpora import ensure_demo_assets
 from input_server.testing.processes import cli_argv
+from input_server.testing.results import emit_json
 
 STEP_KEYS = ("inputs", "inputs_segmentation", "inputs_position", "targets", "targets_segmentation")
 # MaxText's Grain pipeline names the same arrays its own way.

@@ -1,8 +1,8 @@
 """Peer benchmark: our served rate on a unigram sentencepiece model against TensorFlow Text's
 `FastSentencepieceTokenizer` in process, on the same texts and the same `.model` (issue 30).
 
-    python scripts/bench_unigram_peer.py --tf-python /tmp/tfvenv/bin/python [--rounds 3]
-    python scripts/bench_unigram_peer.py            # the peer reported as not measured
+    python scripts/bench/bench_unigram_peer.py --tf-python /tmp/tfvenv/bin/python [--rounds 3]
+    python scripts/bench/bench_unigram_peer.py            # the peer reported as not measured
 
 TensorFlow is not a dependency of the project: the peer runs in a child process of another
 Python that has it (`python3 -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install
@@ -40,7 +40,6 @@ import tempfile
 import time
 
 import numpy as np
-from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
@@ -52,6 +51,7 @@ from input_server.benchmark.served import bench_server
 from input_server.data.builtin_corpora import pydoc_topics, stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers import backends
 from input_server.data.tokenizers.trainers import train_sentencepiece
+from input_server.testing.results import emit_json
 
 GROUP = 256  # texts a tf.data batch, as a pipeline's groups hold about
 # The UTF-8 bytes a peer call takes, at most (but for a text longer alone):

@@ -1,8 +1,8 @@
 """The tokenizer-side measurements behind docs/architecture.md "Speed", side by side in one run;
 prints JSON.
 
-  python scripts/bench_tokenize.py --builtin pydoc-topics [--seq-len 1024]
-  python scripts/bench_tokenize.py --corpus FILE.jsonl --model SPM.model
+  python scripts/bench/bench_tokenize.py --builtin pydoc-topics [--seq-len 1024]
+  python scripts/bench/bench_tokenize.py --corpus FILE.jsonl --model SPM.model
 
 - numpy output against lists of Python ints (flattened to one array, as a group needs);
 - two Python threads encoding at once against one (does `encode` release the GIL?);

@@ -1,7 +1,7 @@
 """How many tokens of small batches one gRPC message should carry: the same pipeline through
 the real server at each `--message-tokens`, in paired rounds; prints a table and JSON.
 
-  python scripts/bench_message_size.py --builtin stdlib-docstrings [--batch-size 16
+  python scripts/bench/bench_message_size.py --builtin stdlib-docstrings [--batch-size 16
       --seq-len 1024] [--sizes 65536,262144] [--rounds 12]
 
 Each round runs the pipeline in process once and then the server at every size, back to back

@@ -1,7 +1,7 @@
 """Benchmark: what `StepTimer`'s pod view costs a step, with against without, on several JAX
 processes on this host's CPU (gloo collectives).
 
-    python scripts/bench_pod_gather.py [--processes 2] [--steps 200] [--rounds 4]
+    python scripts/bench/bench_pod_gather.py [--processes 2] [--steps 200] [--rounds 4]
         [--pod-every 10] [--out FILE.json]
 
 Each process runs the same lock-step train step (a matmul on its own device and an all-reduce
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from results import emit_json  # scripts/, beside this file
+from input_server.testing.results import emit_json
 
 GATHERS = 100
 

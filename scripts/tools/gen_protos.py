@@ -1,6 +1,6 @@
 """Regenerates the checked-in protobuf and gRPC stubs from proto/.
 
-`python scripts/gen_protos.py [OUT_ROOT]` (default: the repository). A test regenerates them
+`python scripts/tools/gen_protos.py [OUT_ROOT]` (default: the repository). A test regenerates them
 into a temporary folder and fails on any difference from the checked-in files.
 
 The generator is grpcio-tools 1.65.5, the newest whose stubs load on every protobuf runtime the
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # this is scripts/tools/
 PROTO = ROOT / "proto"
 SERVICE_STUBS = pathlib.Path("client/input_client/_proto")
 GENERATED = (

@@ -1,9 +1,9 @@
 """Runs MaxText's trainer inside its own venv and reports how long it waited for data.
 
-    $MAXTEXT_PYTHON scripts/maxtext_runner.py '{"server": ADDRESS, "spec": SPEC.toml}' \
+    $MAXTEXT_PYTHON scripts/bench/maxtext_runner.py '{"server": ADDRESS, "spec": SPEC.toml}' \
         key=value ...        # or '{}' for MaxText's own input pipeline
 
-Used by scripts/bench_maxtext.py. It times `DataLoader.load_next_batch_pre_sharding` (the
+Used by scripts/bench/bench_maxtext.py. It times `DataLoader.load_next_batch_pre_sharding` (the
 `next()` on the data iterator, before the batch is put on devices) for every step, and prints
 one line `BENCH {json}` at the end: each wait's start (seconds since this process started) and
 length. It imports only MaxText and input_client, which is all that venv has.

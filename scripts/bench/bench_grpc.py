@@ -1,7 +1,7 @@
 """gRPC's own cost per message: a server streams prebuilt batch messages (no pipeline) to a
 client over a Unix socket; prints CPU µs per message on each side, as JSON.
 
-  python scripts/bench_grpc.py [--rows 16] [--seq-len 1024] [--messages 3000] [--pace-ms 0]
+  python scripts/bench/bench_grpc.py [--rows 16] [--seq-len 1024] [--messages 3000] [--pace-ms 0]
 
 Compares the sync API (what the project uses), the asyncio API on both sides, and the sync
 client with gRPC's single-threaded unary-stream option, in one run. `--pace-ms` spaces the

@@ -1,6 +1,6 @@
 """Benchmark: the autotuner against an exhaustive sweep and Grain's pick_performance_config.
 
-    python scripts/bench_autotune.py [--out FILE.json] [--delay-ms 5] [--rounds 2]
+    python scripts/bench/bench_autotune.py [--out FILE.json] [--delay-ms 5] [--rounds 2]
 
 Two pipelines over the same real text (the standard library's docstrings joined into ~4 KB
 documents, a sentencepiece model trained on them): CPU-bound (a plain jsonl file in the page
@@ -20,8 +20,6 @@ import platform
 import sys
 import tempfile
 
-from results import emit_json  # scripts/, beside this file
-
 from input_client import PipelineSpec
 from input_server import autotune
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
@@ -30,6 +28,7 @@ from input_server.batching.pipeline import Pipeline
 from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
 from input_server.data.tokenizers.trainers import train_sentencepiece
 from input_server.testing import SlowPipeline
+from input_server.testing.results import emit_json
 
 DOC_CHARS = 4000
 

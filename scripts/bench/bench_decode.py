@@ -1,6 +1,6 @@
 """What the client's decode of a batch costs, in CPU ns a token, side by side in one run; JSON.
 
-    python scripts/bench_decode.py [--size 16] [--seq-len 2048] [--mean-segment 65]
+    python scripts/bench/bench_decode.py [--size 16] [--seq-len 2048] [--mean-segment 65]
         [--rounds 7] [--served-seconds 8] [--client DIR ...] [--json OUT]
 
 Two parts, rounds interleaving the cases so the host's drift falls on all alike:
@@ -38,11 +38,11 @@ import time
 
 import numpy as np
 from bench_client_cost import sidecar  # a sibling script: its folder is on the path
-from results import emit_json
 
 from input_client._server_checks import Expected, decode_checked
 from input_client.proto import pb
 from input_client.wire import Buffers, compact_arrays, encode_tensors, expand_packed
+from input_server.testing.results import emit_json
 
 
 def expand_before(inputs, segment_lengths, segments_per_row):
@@ -257,7 +257,8 @@ def main() -> None:
     ap.add_argument("--client", action="append", help="client folder(s) to serve (served part)")
     ap.add_argument("--json", help="also write the JSON here")
     o = ap.parse_args()
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "client")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.join(root, "client")
     result = {"args": vars(o), "host_cpus": os.cpu_count(), "expand": bench_expand(o)}
     if o.served_seconds > 0:
         result["served"] = bench_served(o, o.client or [here])

@@ -4,7 +4,7 @@ rate, the CPU of the server and its worker processes a token and each second, th
 and backend it served with, and (with --py-spy) py-spy's samples of the server and its workers,
 folded, for reading with any flame-graph tool or `sort | head`.
 
-    python3 scripts/profile_served.py A.toml B.toml [--seconds 10] [--warm-s 3] [--pace 25]
+    python3 scripts/bench/profile_served.py A.toml B.toml [--seconds 10] [--warm-s 3] [--pace 25]
         [--py-spy DIR] [--serve-flags "--tokenizer-audit-every 0"]
 
 Prints one JSON line a spec. Works where TCP does not (the TPU host): Unix sockets only.
@@ -95,7 +95,7 @@ def profile(
     with tempfile.TemporaryDirectory(prefix="prof-") as tmp:
         target = f"unix://{tmp}/s.sock"
         argv = [sys.executable, "-m", "input_server.cli", "serve", "--listen", target]
-        if sample:  # the server under scripts/sampled.py, whose stacks py-spy cannot reach
+        if sample:  # the server under scripts/bench/sampled.py, whose stacks py-spy cannot reach
             out = os.path.join(sample, f"{name}.folded")
             argv[1:1] = [os.path.join(os.path.dirname(__file__), "sampled.py"), "--out", out]
             if switch_ms:
@@ -151,7 +151,7 @@ def main() -> None:
         "--serve-flags", default="", help="more `serve` flags, e.g. '--tokenizer-audit-every 0'"
     )
     parser.add_argument(
-        "--sample", metavar="DIR", help="the server's stacks by scripts/sampled.py into DIR"
+        "--sample", metavar="DIR", help="the server's stacks by scripts/bench/sampled.py into DIR"
     )
     parser.add_argument(
         "--switch-interval-ms", type=float, help="with --sample: the server's GIL switch interval"

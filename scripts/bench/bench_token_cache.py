@@ -1,8 +1,8 @@
 """Benchmark: epochs read through the token cache (`serve --token-cache`) against epochs without.
 
-    python scripts/bench_token_cache.py [--repeat 8] [--rounds 2] [--out FILE.json]
-    python scripts/bench_token_cache.py --corpus FILE.jsonl --model M.model   # or --builtin NAME
-    python scripts/bench_token_cache.py --spec SPEC.toml   # its source and tokenizer instead
+    python scripts/bench/bench_token_cache.py [--repeat 8] [--rounds 2] [--out FILE.json]
+    python scripts/bench/bench_token_cache.py --corpus FILE.jsonl --model M.model  # or --builtin
+    python scripts/bench/bench_token_cache.py --spec SPEC.toml   # its source and tokenizer instead
 
 A corpus and its sentencepiece model (default the standard library's docstrings with a unigram
 model trained on them, `--builtin stdlib-docstrings`), repeated `--repeat` times so that an
@@ -35,7 +35,6 @@ import tempfile
 import time
 
 import numpy as np
-from results import emit_json  # scripts/, beside this file
 
 from input_client import PipelineSpec
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
@@ -44,6 +43,7 @@ from input_server.batching.pipeline import Pipeline
 from input_server.data import token_cache_digest as digests
 from input_server.data.token_cache import TokenCache
 from input_server.testing import corpus
+from input_server.testing.results import emit_json
 
 
 def epoch(spec: PipelineSpec, cache: TokenCache | None, processes: int) -> tuple[float, list]:

@@ -5,7 +5,8 @@ and kitoken with a copy a thread (what `fast.Kitoken` does); and sentencepiece's
 call on every core from one caller (the limit `bench` compares with). Each side and thread
 count runs in a child process of its own, so none warms another's caches.
 
-    python3 scripts/bench_backend_threads.py MODEL CORPUS.jsonl [--threads 1,8,13] [--seconds 4]
+    python3 scripts/bench/bench_backend_threads.py MODEL CORPUS.jsonl [--threads 1,8,13]
+        [--seconds 4]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 
-from results import emit_json  # scripts/, beside this file
+from input_server.testing.results import emit_json
 
 SIDES = ("limit", "reference", "kitoken_shared", "kitoken_copies")
 GROUP_DOCS = 256

@@ -1,6 +1,6 @@
 """Benchmark: "auto" tuned on the live stream against fixed worker counts, side by side.
 
-    python scripts/bench_online_tune.py [--out FILE.json] [--rounds 3] [--seconds 8]
+    python scripts/bench/bench_online_tune.py [--out FILE.json] [--rounds 3] [--seconds 8]
         [--spec FILE.toml] [--only-unthrottled] [--before TREE] [--fixed PxT,...]
 
 A real server (`input-server serve`, its own process) streams the standard library's
@@ -37,13 +37,13 @@ import sys
 import tempfile
 import time
 
-from bench_autotune import corpus  # scripts/, beside this file
-from results import emit_json
+from bench_autotune import corpus  # scripts/bench/, beside this file
 
 from input_client import InputClient, PipelineSpec
 from input_server.autotune.measure import tree_cpu_seconds
 from input_server.batching.grain_adapter import ensure_absl_flags_parsed
 from input_server.serving.coalesce import MESSAGE_TOKENS, batches_per_message
+from input_server.testing.results import emit_json
 
 # The in-process counts, one process, and 2 processes with 1 and 2 threads: with a fast
 # tokenizer backend the best fixed count may be any of them, so "best fixed" is honest.

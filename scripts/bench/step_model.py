@@ -1,4 +1,4 @@
-"""A decoder-only language model's train step in plain JAX, for scripts/bench_step.py.
+"""A decoder-only language model's train step in plain JAX, for scripts/bench/bench_step.py.
 
 What a MaxText-style trainer runs each step, small enough to write out: token embedding, pre-norm
 blocks of rotary self-attention (causal, within a packed row's segments) and a GELU MLP, an

@@ -1,7 +1,7 @@
 """Fan-in and TLS side by side in one run; prints a table and JSON. Needs two cores and `taskset`.
 
-  python scripts/bench_fanin.py --builtin pydoc-topics [--rounds 3] [--json OUT]
-  python scripts/bench_fanin.py --corpus FILE.jsonl --model SPM.model
+  python scripts/bench/bench_fanin.py --builtin pydoc-topics [--rounds 3] [--json OUT]
+  python scripts/bench/bench_fanin.py --corpus FILE.jsonl --model SPM.model
 
 One server against two servers each pinned to its own core (`taskset`), the same spec fanned in
 by one client, and one server over loopback TCP with TLS against the same without. Each server

@@ -1,6 +1,6 @@
 """Fuzz run: seeded hostile requests against a real server, which must answer by the contract.
 
-  python scripts/fuzz.py [--seed 0] [--requests 300] [--max-seconds 60] [--deadline-s 3]
+  python scripts/tools/fuzz.py [--seed 0] [--requests 300] [--max-seconds 60] [--deadline-s 3]
                          [--bomb-mb MB]
                          [--server unix:///path.sock [--server-pid PID] [--data-dir DIR]]
 
@@ -46,7 +46,7 @@ import time
 import grpc
 import psutil
 
-# Its siblings in scripts/ (the script's own folder is on sys.path when it runs as a file).
+# Its siblings in scripts/tools/ (the script's own folder is on sys.path when it runs as a file).
 from fuzz_attacks import run_attacks
 from fuzz_client import run_client
 from fuzz_flood import run_flood
