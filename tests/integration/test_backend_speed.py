@@ -114,17 +114,23 @@ def test_a_verdict_is_tried_again_when_the_groups_encoded_at_once_change(files, 
 def test_a_paced_stream_keeps_its_verdict(files, monkeypatch, caplog):
     """Groups arriving at a pace: the slow side's groups pile up during its phase (the sleepy
     backend's, ~5 at once) and the serving side's do not (one at a time). The verdict's regime
-    is the serving side's, so it is made once, not again each time the pile-up is gone."""
+    is the serving side's, so it is made once, not again each time the pile-up is gone.
+
+    The pace leaves the reference room on a loaded host: a group every 100 ms, which it
+    encodes in 5 ms alone. At a group every 25 ms (the sleepy backend taking 100), a full suite
+    beside a CPU burner slowed the reference past the pace, its groups piled up too (9,484 ns
+    a token: ~240 ms a group), and the sleepy backend read 2 x faster."""
     texts, _, model = files
     monkeypatch.setattr(speed, "CONCURRENCY_GROUPS", 8)
-    tok = sleepy_kind(TiktokenTokenizer, DELAY_S / 5)(TokenizerSpec(model=model, kind="tiktoken"))
+    tok = sleepy_kind(TiktokenTokenizer, 0.0)(TokenizerSpec(model=model, kind="tiktoken"))
     tok.choose_backend(texts[:GATE_DOCS])
+    tok.router.loaded_backend("fastokens").delay[0] = DELAY_S  # slow past the gate's probes
     caplog.set_level(logging.INFO, logger=route.__name__)
     with ThreadPoolExecutor(8) as pool:
         done = []
         for g in range(2 * speed.PHASE_GROUPS + 8 * speed.CONCURRENCY_GROUPS):
             done.append(pool.submit(_groups, tok, texts, 1, g))
-            time.sleep(DELAY_S / 20)  # a group every 25 ms; the sleepy backend takes 100
+            time.sleep(DELAY_S / 5)  # a group every 100 ms; the sleepy backend takes 500
         for f in done:
             f.result()
     verdicts = [r for r in caplog.records if "x the reference's speed" in r.getMessage()]

@@ -15,7 +15,7 @@ from input_server.batching.parallelism import Parallelism, default_threads
 from input_server.batching.pipeline import MIN_GROUP, Pipeline
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing import SlowPipeline
-from tests.support import assert_same_batches, consume_until, run_pipeline
+from tests.support import assert_same_batches, consume_until, run_pipeline, wait_for
 
 # The tuner measures throughput and the loop's pace: another test's load moves what it picks.
 pytestmark = pytest.mark.alone
@@ -25,6 +25,18 @@ DELAY_S = 0.004  # per record: remote storage's latency, which threads overlap w
 
 def settled(stream) -> bool:
     return stream.tuning_state == "settled"
+
+
+@pytest.fixture
+def idle_host(monkeypatch):
+    """The host's busy cores read as the server's own (this process's tree), as on a host that
+    runs nothing else: worker processes could gain there, so a search that needs more proposes
+    them. On a host kept busy by others (another test, a CPU burner) it rightly does not
+    (`shared_cores.Cores.busy`), which would leave these tests nothing to see."""
+    from input_server.autotune.measure import tree_cpu_seconds
+    from input_server.serving import retune
+
+    monkeypatch.setattr(retune, "host_busy_seconds", tree_cpu_seconds)
 
 
 def test_an_auto_stream_starts_at_once_and_tunes_while_it_serves(tmp_path, make_spec):
@@ -115,22 +127,28 @@ def test_a_throttled_loop_gets_few_workers_and_a_faster_loop_gets_more(tmp_path,
 
 
 def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(
-    tmp_path, make_spec
+    tmp_path, make_spec, idle_host
 ):
     """A target no parallelism meets walks the whole ladder, worker processes included, within
     the server's --max-workers; the processes return to the server when the stream ends."""
+    # The search's time bound well past its ladder's time on a loaded host (worker processes
+    # start slowly there): the walk ends at the top of the ladder, not at the bound; `timeout`
+    # is a hang guard past both.
     spec = make_spec(
         order={"epochs": 0},
-        workers={"count": "auto", "tune_seconds": 30, "target_batches_per_s": 1e6},
+        workers={"count": "auto", "tune_seconds": 120, "target_batches_per_s": 1e6},
     )
     fixed = make_spec(order={"epochs": 0}, workers={"count": 2})
     got: list = []
     config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], max_workers=2)
     with Server(config) as srv, InputClient(srv.targets[0]) as client:
         with client.batches(spec) as it:
-            stream = consume_until(it, client, settled, into=got, timeout=60)
+            stream = consume_until(it, client, settled, into=got, timeout=180)
         assert any(w.to_processes == 2 for w in stream.switches), stream.switches
         assert stream.worker_tuning.reason != "target met"
+        # The stream leaves the server's list once its teardown (its processes' end) is done;
+        # a fixed count waits only PROCESS_WAIT_S for processes still closing.
+        wait_for(lambda: not client.info().streams, "the tuned stream's end", timeout=60)
         with client.batches(fixed) as it:  # both processes are free again
             next(it)
             (again,) = client.info().streams
@@ -138,9 +156,12 @@ def test_live_tuning_takes_worker_processes_from_the_server_and_gives_them_back(
     assert_same_batches(got, run_pipeline(Pipeline(spec), limit=len(got)))
 
 
-def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(tmp_path, make_spec):
-    # Over storage whose latency leaves the cores idle, so the search proposes worker processes
-    # however busy the host is (a CPU-bound one on a loaded 2-core host never does: rule 1).
+def test_a_choice_the_servers_free_processes_cut_short_is_not_remembered(
+    tmp_path, make_spec, idle_host
+):
+    # Over storage whose latency leaves the server's cores idle, on a host idle but for the
+    # server (`idle_host`), so the search proposes worker processes (a CPU-bound stream on a
+    # loaded 2-core host never does: rule 1).
     # The search's time bound well past its ladder's time on a loaded host (a CI run's own
     # workers): at 30 s it once stopped at threads, before proposing a process (alone: ~8 s).
     spec = make_spec(

