@@ -21,8 +21,8 @@ from input_server.serving.audit_pace import AuditPace
 from input_server.serving.config import ServerConfig
 from input_server.serving.idle_cpu import host_idle_s
 from input_server.serving.server import Server
-from tests.backend_support import own_version, skewed_kind
 from tests.support import assert_same_batches
+from tests.support.backends import own_version, skewed_kind
 
 PACE_S = 0.05  # the loop's step: far slower than the stream makes batches
 

@@ -34,8 +34,8 @@ from input_server.data.tokenizers.base import GATE_DOCS
 from input_server.data.tokenizers.groups import framed
 from input_server.data.tokenizers.tiktoken import PATTERN, TiktokenTokenizer
 from input_server.data.tokenizers.trainers import write_tiktoken_model
-from tests.backend_support import first_new_word
 from tests.support import assert_same_batches, run_pipeline, same_batches
+from tests.support.backends import first_new_word
 
 GROUP = 250  # documents a group, in the tests that encode groups themselves
 TRIM = 64

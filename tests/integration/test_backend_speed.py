@@ -20,7 +20,7 @@ from input_server.data.tokenizers.tiktoken import TiktokenTokenizer
 from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
-from tests.backend_support import sleepy_kind
+from tests.support.backends import sleepy_kind
 
 # A call the sleepy backend makes waits this long: far more than the reference takes on a
 # group here (tiktoken: 20-60 ms for a server's group of ~64k tokens on a loaded host; a CPU

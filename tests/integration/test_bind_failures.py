@@ -21,7 +21,7 @@ import pytest
 
 from input_server.serving.server import Server, ServerConfig
 from input_server.testing.processes import cli_argv
-from tests.netns import hosts_or_skip
+from tests.support.netns import hosts_or_skip
 
 # A line of gRPC's C core (absl's log format): "E1206 13:49:36.460897   23827 add_port.cc:83] ...".
 CORE_LINE = re.compile(r"^[EIWF]\d{4} ", re.M)

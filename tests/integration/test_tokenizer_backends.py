@@ -32,8 +32,8 @@ from input_server.data.tokenizers.trainers import (
     write_tiktoken_model,
 )
 from input_server.errors import InvalidSpecError
-from tests.backend_support import first_new_word, own_version, skewed_kind
 from tests.support import assert_same_batches, run_pipeline, stream_status
+from tests.support.backends import first_new_word, own_version, skewed_kind
 
 # Which backend serves which kind's fixture model.
 BACKEND = {"tiktoken": "fastokens", "huggingface": "fastokens", "sentencepiece": "kitoken"}

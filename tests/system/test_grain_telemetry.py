@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from input_server.serving.metrics import GRAIN_PORT
-from tests.netns import Hosts, Unavailable
 from tests.support import ChildProcess, cli_argv, stream_status
+from tests.support.netns import Hosts, Unavailable
 
 PORT = 9400
 FETCH = (

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from tests.netns import Hosts, hosts_or_skip, serve_in
 from tests.support import ROOT, ChildProcess, health
+from tests.support.netns import Hosts, hosts_or_skip, serve_in
 
 # 1 s probes must pass under a flood: a measure of time, run alone.
 pytestmark = pytest.mark.alone

@@ -28,8 +28,8 @@ import time
 import grpc
 import pytest
 
-from tests.netns import Hosts, hosts_or_skip, serve_in
 from tests.support import ROOT, flowing_stream, health
+from tests.support.netns import Hosts, hosts_or_skip, serve_in
 
 # Thread counts and timings: run alone.
 pytestmark = pytest.mark.alone

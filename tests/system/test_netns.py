@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.netns import Hosts, Unavailable
 from tests.support import ROOT, ChildProcess, cli_argv, write_token_file
+from tests.support.netns import Hosts, Unavailable
 
 PORT = 50051
 CLIENT = str(ROOT / "tests" / "fanin_client.py")

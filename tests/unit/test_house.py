@@ -386,13 +386,6 @@ def test_no_module_imports_another_modules_private_name():
 
 
 TESTS = ROOT / "tests"
-# Helper modules of the tests not yet in `tests.support`, each with why (the list only shrinks).
-HELPERS_OUTSIDE_SUPPORT = {
-    # Imported by tests/integration/test_backend_speed.py, which another change owns for now.
-    "tests.backend_support": "tests/backend_support.py",
-    # Imported by tests/system/test_netns.py and test_http2_flood.py, owned elsewhere for now.
-    "tests.netns": "tests/netns.py",
-}
 
 
 def _test_imports(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
@@ -414,14 +407,10 @@ def test_tests_share_helpers_only_through_the_support_package():
     for path in sorted(TESTS.rglob("*.py")):
         for line, module, names in _test_imports(path):
             where = f"{path.relative_to(ROOT)}:{line}"
-            if module in HELPERS_OUTSIDE_SUPPORT:
-                continue
             if module != "tests.support" and not module.startswith("tests.support."):
                 bad.append(f"{where} imports {module} {names}")
             bad += [f"{where} imports {module}.{n}" for n in names if n.startswith("_")]
     assert not bad, bad
-    gone = [m for m, file in HELPERS_OUTSIDE_SUPPORT.items() if not (ROOT / file).exists()]
-    assert not gone, f"moved into tests/support: drop them from HELPERS_OUTSIDE_SUPPORT: {gone}"
 
 
 # Third-party or standard-library private attributes read on purpose, each with its reason.
