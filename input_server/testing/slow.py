@@ -22,12 +22,10 @@ class Spent:
         self.seconds = 0.0
         self.calls = 0
 
-    def sleep(self, delay_s: float) -> None:
-        started = time.perf_counter()
-        time.sleep(delay_s)
+    def add(self, seconds: float, *, calls: int) -> None:
         with self._lock:
-            self.seconds += time.perf_counter() - started
-            self.calls += 1
+            self.seconds += seconds
+            self.calls += calls
 
     def reset(self) -> None:
         with self._lock:
@@ -39,6 +37,7 @@ class Spent:
 
 class SlowSource:
     """Remote storage's latency: every record takes `delay_s` to arrive (sleeping, no CPU).
+    Its `spent` is each whole read's time, as `SlowTokenizer`'s.
 
     Module-level, so it pickles into Grain's worker processes. Its `read_many` reads records
     one by one, as from a store that serves single objects.
@@ -63,8 +62,11 @@ class SlowSource:
         self.inner.close()
 
     def __getitem__(self, index: int) -> str:
-        self.spent.sleep(self.delay_s)
-        return self.inner[index]
+        started = time.perf_counter()
+        time.sleep(self.delay_s)
+        text = self.inner[index]
+        self.spent.add(time.perf_counter() - started, calls=1)
+        return text
 
     def read_many(self, indices: Sequence[int]) -> list[str]:
         return [self[i] for i in indices]
@@ -75,7 +77,9 @@ class SlowSource:
 
 class SlowTokenizer:
     """A costly tokenizer: the model's own, taking `delay_s` longer over each document (sleeping,
-    no CPU). Module-level, so it pickles into Grain's worker processes."""
+    no CPU). Module-level, so it pickles into Grain's worker processes. Its `spent` is each
+    whole call's time, the model's own work in it: what a stage clock around the call should
+    read, however slow a loaded host makes that work."""
 
     def __init__(self, inner, delay_s: float):
         self.inner = inner
@@ -85,9 +89,12 @@ class SlowTokenizer:
     def encode(
         self, texts: list[str], first_doc: int = 0, trim_to: int | None = None
     ) -> TokenGroup:
+        started = time.perf_counter()
         for _ in texts:
-            self.spent.sleep(self.delay_s)
-        return self.inner.encode(texts, first_doc, trim_to)
+            time.sleep(self.delay_s)
+        group = self.inner.encode(texts, first_doc, trim_to)
+        self.spent.add(time.perf_counter() - started, calls=len(texts))
+        return group
 
     @property
     def audit_share(self) -> float:  # written by the producer each batch: the model's own

@@ -10,7 +10,7 @@ import threading
 import time
 
 from input_client import InputClient
-from input_client.iterator import BatchIterator
+from input_client.iterator import FIRST_BATCH_NOTICE_S, BatchIterator
 from input_server.autotune.openings import opening_threads
 from input_server.batching.pipeline import MIN_GROUP
 from input_server.plurals import plural
@@ -140,5 +140,15 @@ def test_a_fast_first_batch_says_nothing(tmp_path, make_spec, caplog):
         caplog.at_level(logging.WARNING, logger="input_client"),
     ):
         with client.batches(make_spec()) as it:
+            started = time.monotonic()
             next(it)
-    assert not [r for r in caplog.records if "no first batch" in r.getMessage()]
+            waited = time.monotonic() - started
+    notices = [r for r in caplog.records if "no first batch" in r.getMessage()]
+    # A loaded host can make the first batch slow; then the notice is due, and once (the
+    # iterator's own clock starts inside `next`: a wait just over the mark may go unsaid).
+    if waited < FIRST_BATCH_NOTICE_S:
+        assert not notices, waited
+    elif waited > FIRST_BATCH_NOTICE_S + 0.5:
+        assert len(notices) == 1, (waited, notices)
+    else:
+        assert len(notices) <= 1, (waited, notices)
