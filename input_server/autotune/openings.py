@@ -35,6 +35,11 @@ def opening_threads(max_workers: int = 0, max_threads: int = MAX_THREADS) -> int
     return min(default_threads(0), OPENING_THREADS, max_workers or MAX_THREADS, max_threads)
 
 
+def remembered_reason(tuning: Tuning) -> str:
+    """Why a stream runs at the choice remembered for its spec."""
+    return f"auto, remembered: {tuning.summary()}"
+
+
 class Processes(Protocol):
     """The server's worker processes as one stream may take them
     (`serving.slots.ProcessReservation`)."""
@@ -58,6 +63,28 @@ class Opening:
         """A fixed `workers.count` (and `workers.threads`, 0 = default)."""
         by = "workers.count and workers.threads" if threads else "workers.count"
         return cls(Parallelism.fixed(count, threads), f"fixed by {by}")
+
+    @property
+    def bridged_to(self) -> Parallelism | None:
+        """Where the stream goes once its first batch is out (the remembered choice it opened
+        short of, `bridged`); None: it opened there."""
+        r = self.remembered
+        return r.parallelism if r is not None and r.parallelism != self.parallelism else None
+
+    def bridged(self, threads: int) -> Opening:
+        """This remembered opening started in process on `threads` instead, when that is
+        less: worker processes take seconds to start (a TPU host's restart waited ~2 s for
+        them), and many threads finish a first group later than few (`OPENING_THREADS`). The
+        stream's tuner switches to the remembered choice once the first batch is out, the
+        running stage serving until the new one has its first group."""
+        p = self.parallelism
+        if p.in_process and p.threads <= threads:
+            return self
+        return dataclasses.replace(
+            self,
+            parallelism=Parallelism(0, threads),
+            reason=f"{self.reason}; its first batch in process on {plural(threads, 'thread')}",
+        )
 
     def clipped(self, processes: int, *, cap: int) -> Opening:
         """This opening cut to the `processes` free of the server's `cap` (--max-workers), with
@@ -99,20 +126,20 @@ class Openings:
         if w.count != "auto":
             return Opening.fixed(w.count, w.threads)
         remembered = self._recall(pipeline)
+        fit = budget.threads_fit()
+        threads = opening_threads(w.max_workers, MAX_THREADS if fit is None else fit)
         if remembered is None:
-            fit = budget.threads_fit()
-            threads = opening_threads(w.max_workers, MAX_THREADS if fit is None else fit)
             return Opening(
                 Parallelism(0, threads),
                 f"auto: started at once in process with {plural(threads, 'thread')}; tuning on the "
                 f"live stream",
             )
-        opening = Opening(
-            remembered.parallelism, f"auto, remembered: {remembered.summary()}", remembered
-        )
+        opening = Opening(remembered.parallelism, remembered_reason(remembered), remembered)
         wanted = opening.parallelism.processes
         got = processes.take_up_to(wanted) if wanted else 0
-        return opening if got == wanted else opening.clipped(got, cap=processes.cap)
+        if got != wanted:
+            return opening.clipped(got, cap=processes.cap)
+        return opening.bridged(threads)
 
     def remember(self, pipeline: Pipeline, tuning: Tuning) -> None:
         """Keeps a settled choice for the spec's later streams (and restarts, with a cache)."""

@@ -19,6 +19,7 @@ from input_server.autotune.live import Window, window
 from input_server.autotune.measure import added_bytes, host_busy_seconds, tree_cpu_seconds
 from input_server.autotune.measurements import Tuning
 from input_server.autotune.online import OnlineSearch, Step
+from input_server.autotune.openings import remembered_reason
 from input_server.autotune.policy import SERVER_CAP
 from input_server.batching.batch_stream import PendingSwitch, ServedStream
 from input_server.batching.meter import LiveMeter, clock
@@ -40,6 +41,8 @@ MAX_FAILURES = 3
 # a phase of its groups by the slower side) times the trial, not the parallelism: dropped,
 # up to this many in a row (a trial that keeps starting over does not stop the search).
 MAX_TRIAL_WINDOWS = 5
+# Why a stream that opened short of its remembered choice (`Opening.bridged`) switched to it.
+BRIDGE_REASON = "remembered: its first batch made in process"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,8 @@ class StreamTuner:
         settled choice says otherwise.
       stream_id: the stream's id, in its log lines.
       trials: the tokenizer's trials begun and whether one runs (`Tokenizer.trials`).
+      bridged_to: the remembered choice the stream opened short of (`Opening.bridged_to`),
+        switched to once its first batch is out; None: it opened at its choice.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class StreamTuner:
         reason: str = "",
         stream_id: int = 0,
         trials: Callable[[], tuple[int, bool]] = lambda: (0, False),
+        bridged_to: Parallelism | None = None,
     ):
         self.stream = stream
         self.stream_id = stream_id  # what its log lines name
@@ -96,6 +102,7 @@ class StreamTuner:
         self._stop = threading.Event()
         self._asked: PendingSwitch | None = None  # the latest switch asked of the stream
         self._trials = trials
+        self._bridged_to = bridged_to
         self._dropped = 0  # windows dropped in a row for a trial
         self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
 
@@ -119,6 +126,8 @@ class StreamTuner:
 
     def _run(self) -> None:
         failures = 0
+        self._first_batch()
+        self._leave_bridge()
         self._warm_up()
         while not self._stop.is_set():
             try:
@@ -196,6 +205,34 @@ class StreamTuner:
             window.capacity(),
             demand or 0.0,
         )
+        if not self._make(record):
+            return False
+        self.reason = f"auto: {step.reason}"
+        if self.search.settled:
+            self._settled()
+        self._warm_up()
+        return True
+
+    def _leave_bridge(self) -> None:
+        """The remembered choice the stream opened short of (`Opening.bridged`), switched to
+        once its first batch is out; one that will not open leaves the search to go on from
+        where the stream runs."""
+        to = self._bridged_to
+        if to is None or self._stop.is_set():
+            return
+        before = self.stream.parallelism
+        record = Switch(clock() - self._opened, before, to, BRIDGE_REASON, 0.0, 0.0)
+        if self._make(record):
+            self.reason = remembered_reason(self.search.tuning)
+        elif not self._stop.is_set() and not self.stream.closed:
+            self.search.unavailable(to, clock())
+            self.reason = f"auto: searching… (the remembered {to.processes} x {to.threads} "
+            self.reason += "would not open)"
+
+    def _make(self, record: Switch) -> bool:
+        """Asks the stream for `record.after` and waits until it is made (then recorded) or
+        not: stopped meanwhile, the stream ended, or the stage would not open."""
+        before, after = record.before, record.after
         log.info(
             "stream %d tuning: %d x %d -> %d x %d (%s)",
             self.stream_id,
@@ -203,7 +240,7 @@ class StreamTuner:
             before.threads,
             after.processes,
             after.threads,
-            step.reason,
+            record.reason,
             extra={
                 "event": "stream_switch",
                 "fields": {
@@ -212,11 +249,10 @@ class StreamTuner:
                     "from_threads": before.threads,
                     "to_processes": after.processes,
                     "to_threads": after.threads,
-                    "reason": step.reason,
+                    "reason": record.reason,
                 },
             },
         )
-        reason = f"auto: {step.reason}"
         # The producer switches before its next batch (a loop that is not taking may keep it
         # waiting); the old stage's processes stay the stream's until they are gone. `stop`
         # withdraws the switch, or waits here for the one being made.
@@ -224,23 +260,22 @@ class StreamTuner:
         if self._stop.is_set():
             self.stream.withdraw(self._asked)
         self._asked.wait()
-        if not self._asked.made:  # stopped meanwhile, the stream ended, or it would not open
+        if not self._asked.made:
             self._processes.shrink_to(before.processes)
             return False
         self.history.append(record)
-        self.reason = reason
         self.search.switched(after)
         self._processes.shrink_to(after.processes)
-        if self.search.settled:
-            self._settled()
-        self._warm_up()
         return True
 
     def _warm_up(self) -> None:
         """Waits for the stage's first batch and WARMUP_S more."""
+        self._first_batch()
+        self._stop.wait(WARMUP_S)
+
+    def _first_batch(self) -> None:
         start = self._meter.totals().batches
         self._meter.wait_batches(start + 1, None, until=self._stop.is_set)
-        self._stop.wait(WARMUP_S)
 
     def _window(self) -> tuple[Window, float, float, float] | None:
         """The next window: what the stream did, the loop's pace, the CPU cores the server's

@@ -21,6 +21,9 @@ workers 0 processes x 1 thread (what "auto" picked on the TPU host; `--workers a
 - `kill_restart_to_next_batch_s`: a loop taking batches (prefetch 2) from a server that is
   SIGKILLed and started again at once on the same socket and cache: from the kill to the first
   batch the loop had to wait for (the prefetched ones go first), and the loop's stall.
+With `--workers auto`, the same two with the tune cache kept (`serve --tune-cache`), after a
+stream that ran until its search settled (at most SETTLE_S): `first_batch_remembered_s` and
+`kill_restart_remembered_loop_stall_s`, the choice it opened at in `remembered`.
 First batches are timed from the request; `*_from_start_s` adds the time since `serve` started.
 Printed as JSON: each figure's rounds and median.
 """
@@ -50,6 +53,7 @@ from input_server.testing.results import emit_json
 
 VOCAB = 128_000
 GRAIN_WAIT_S = 5.0
+SETTLE_S = 90.0
 UNREACHABLE = b"\x01\x02\x03"  # no two tokens make it: fastokens' own loader refuses the file
 
 
@@ -79,14 +83,21 @@ class Serve:
     """`input-server serve` on `sock`, its tokenizer cache in `keep`; `listening_s` after its
     start, `started` its perf_counter at start."""
 
-    def __init__(self, sock: str, keep: str, roots: list[str], tree: str | None = None):
+    def __init__(
+        self,
+        sock: str,
+        keep: str,
+        roots: list[str],
+        tree: str | None = None,
+        tune_cache: str = "off",
+    ):
         self.started = time.perf_counter()
         env = dict(os.environ)
         if tree:  # the server of another source tree (its client and server packages first;
             # the host's own PYTHONPATH kept after them: a TPU host finds its JAX there)
             paths = [tree, os.path.join(tree, "client"), env.get("PYTHONPATH", "")]
             env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", "off"]
+        args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", tune_cache]
         for root in roots:
             args += ["--data-root", root]
         self.p = subprocess.Popen(
@@ -135,11 +146,54 @@ def first_batch(target: str, spec: PipelineSpec, settle: bool = False) -> tuple[
     return now - start, now
 
 
+def settled(target: str, spec: PipelineSpec) -> str:
+    """Takes batches until the stream's "auto" search settles (at most SETTLE_S): its
+    parallelism, as PxT."""
+    with InputClient(target) as client, client.batches(spec) as it:
+        deadline = time.perf_counter() + SETTLE_S
+        while time.perf_counter() < deadline:
+            next(it)
+            (stream,) = client.info().streams
+            if stream.tuning_state == "settled":
+                return f"{stream.worker_processes}x{stream.worker_threads}"
+    return "not settled"
+
+
+def remembered(
+    work: pathlib.Path, keep: str, roots: list[str], spec: PipelineSpec, tree: str | None
+) -> dict:
+    """A fresh server's first batch and a restart's stall with the tune cache kept by a
+    server whose stream settled."""
+    tune = os.fspath(work / "tune")
+    shutil.rmtree(tune, ignore_errors=True)
+    server = Serve(os.fspath(work / "t.sock"), keep, roots, tree, tune)
+    try:
+        choice = settled(server.target, spec)
+    finally:
+        server.kill()
+    server = Serve(os.fspath(work / "t.sock"), keep, roots, tree, tune)
+    try:
+        took = first_batch(server.target, spec)[0]
+    finally:
+        server.kill()
+    restart = kill_and_restart(os.fspath(work / "t.sock"), keep, roots, spec, tree, tune)
+    return {
+        "remembered": choice,
+        "first_batch_remembered_s": took,
+        "kill_restart_remembered_loop_stall_s": restart["loop_stall_s"],
+    }
+
+
 def kill_and_restart(
-    sock: str, keep: str, roots: list[str], spec: PipelineSpec, tree: str | None
+    sock: str,
+    keep: str,
+    roots: list[str],
+    spec: PipelineSpec,
+    tree: str | None,
+    tune_cache: str = "off",
 ) -> dict:
     """A loop taking batches from a server SIGKILLed and started again at once."""
-    server = Serve(sock, keep, roots, tree)
+    server = Serve(sock, keep, roots, tree, tune_cache)
     try:
         with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
             for _ in range(6):
@@ -147,7 +201,7 @@ def kill_and_restart(
             time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
             killed = time.perf_counter()
             server.kill()
-            server = Serve(sock, keep, roots, tree)
+            server = Serve(sock, keep, roots, tree, tune_cache)
             stall = 0.0
             while True:
                 asked = time.perf_counter()
@@ -206,6 +260,8 @@ def one_round(
     restart = kill_and_restart(os.fspath(work / "r.sock"), os.fspath(keep), roots, spec, tree)
     out["kill_restart_to_next_batch_s"] = restart["to_next_batch_s"]
     out["kill_restart_loop_stall_s"] = restart["loop_stall_s"]
+    if workers == "auto":
+        out.update(remembered(work, os.fspath(keep), roots, spec, tree))
     return out
 
 
@@ -237,7 +293,9 @@ def main(argv: list[str] | None = None) -> None:
                 run = one_round(os.path.abspath(model), data, work, args.workers, tree, args.kind)
                 rounds[label].append(run)
     medians = {
-        label: {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+        label: {
+            k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0] if k != "remembered"
+        }
         for label, runs in rounds.items()
     }
     result = {
@@ -246,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         "batch": f"16 x 2048, first_fit, workers {args.workers}",
         "median": medians.get("this") or medians,
         "rounds": {
-            k: [{f: round(v, 3) for f, v in r.items()} for r in runs] for k, runs in rounds.items()
+            k: [{f: v if isinstance(v, str) else round(v, 3) for f, v in r.items()} for r in runs]
+            for k, runs in rounds.items()
         },
     }
     emit_json(result, args.out)

@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 
+import numpy as np
 import pytest
 
 from input_client import InputClient
@@ -150,17 +151,14 @@ def test_serve_tune_cache_flag(value, expected, monkeypatch, tmp_path):
     assert got == (None if expected is None else str(tmp_path / "input-server" / "tune"))
 
 
-def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, make_spec):
-    """Remembered: 2 processes; the server has 1 to give. The stream starts with what it can
-    have and searches from there, instead of sitting settled on a clipped choice."""
+def remember_two_processes(spec, folder) -> None:
+    """A choice of 2 worker processes x 1 thread kept for `spec` in the cache at `folder`."""
     from dataclasses import replace
 
     from input_client import PipelineSpec
 
-    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
-    cache = TuneCache(str(tmp_path / "t"))
     served = PipelineSpec.from_proto(spec.to_proto())  # the spec as the server reads it
-    cache.put(
+    TuneCache(str(folder)).put(
         served,
         replace(
             a_tuning(),
@@ -180,6 +178,45 @@ def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, mak
             ),
         ),
     )
+
+
+def test_a_remembered_choice_of_processes_makes_the_first_batch_in_process(tmp_path, make_spec):
+    """Worker processes take seconds to start (a TPU host's restart waited ~2 s for them): the
+    stream's first batch is made in process, then it switches to the remembered 2 processes
+    and stays settled there, every batch as a stream that never switched makes it."""
+    from tests.support import consume_until
+
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
+    remember_two_processes(spec, tmp_path / "t")
+    config = ServerConfig(listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"))
+    got: list = []
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, client.batches(spec) as it:
+        got.append(next(it))
+        (opened,) = client.info().streams
+        switched = consume_until(it, client, lambda s: s.worker_processes == 2, into=got)
+        got += [next(it) for _ in range(20)]  # from the processes' stage
+        (stream,) = client.info().streams
+    assert (opened.worker_processes, opened.worker_threads) == (0, 2), opened
+    assert opened.worker_reason.startswith("auto, remembered: "), opened.worker_reason
+    assert opened.worker_reason.endswith("its first batch in process on 2 threads")
+    assert [(s.to_processes, s.to_threads) for s in switched.switches] == [(2, 1)]
+    assert switched.switches[0].reason == "remembered: its first batch made in process"
+    assert stream.worker_reason.startswith("auto, remembered: ") and "first batch" not in (
+        stream.worker_reason
+    )
+    assert stream.tuning_state == "settled" and len(stream.switches) == 1
+    fixed = spec.replace(workers={"count": 0, "threads": 1})
+    with Server(config) as srv, InputClient(srv.targets[0]) as client, client.batches(fixed) as it:
+        want = [next(it) for _ in got]
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert all(np.array_equal(a[k], b[k]) for k in b), f"batch {i} differs"
+
+
+def test_a_remembered_choice_clipped_by_busy_processes_tunes_again(tmp_path, make_spec):
+    """Remembered: 2 processes; the server has 1 to give. The stream starts with what it can
+    have and searches from there, instead of sitting settled on a clipped choice."""
+    spec = make_spec(order={"epochs": 0}, workers={"count": "auto", "tune_seconds": 3})
+    remember_two_processes(spec, tmp_path / "t")
     config = ServerConfig(
         listen=[f"unix://{tmp_path}/s.sock"], tune_cache=str(tmp_path / "t"), max_workers=1
     )
