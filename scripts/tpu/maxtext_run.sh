@@ -2,7 +2,9 @@
 # Real MaxText 0.2.5 on a TPU v5e device machine (one chip), fed by (a) its own Grain pipeline
 # (grain_worker_count=1), (c) the sidecar (`input-server serve` on a Unix socket, MaxText through
 # `python -m input_client.maxtext.train --server`), then, while time is left, (b) Grain with
-# grain_worker_count=-1 and (a), (c) with the Llama 3 tokenizer. One run each; MaxText's logs,
+# grain_worker_count=-1 and (a), (c), (b) with the Llama 3 tokenizer, and (3) (c) SIGKILLed and
+# restarted from its checkpoint (`MX_ONLY="c_server_llama2 r_server_llama2"`: those alone). One
+# run each; MaxText's logs,
 # each run's numbers and a JSON summary (also $OUT/summary.json) go to $OUT.
 #
 # There (project root, $OUT set, carry [".whl-tpu", ".whl-mx", ".tpu-kit"]; ≤ 540 s):
@@ -40,6 +42,7 @@ if [[ -n "${MX_LOCAL:-}" ]]; then # this CPU host: MaxText's venv; the server in
     per_device_batch_size=2 max_target_length=128)
   LLAMA3_TILING=2
   RUN_TIMEOUT=300
+  RESTART_PERIOD=2 RESTART_KILL=2 RESTART_STEPS=8
 else
   PY=python3
   SERVER_PY=python3
@@ -51,6 +54,7 @@ else
     head_dim=128 base_mlp_dim=2816 per_device_batch_size=8 max_target_length=2048)
   LLAMA3_TILING=4                 # 16k tokens × 128,256 float32 logits = 8.4 GB untiled
   RUN_TIMEOUT=170
+  RESTART_PERIOD=20 RESTART_KILL=25 RESTART_STEPS=41
 
   say "1/3 install: .whl-tpu -> $SITE; the index's and .whl-mx's -> $MX"
   rm -rf "$MX" "$MX-auto"
@@ -495,16 +499,50 @@ with InputClient('unix://$SOCK', connect_timeout_s=60) as c:
   fi
 }
 
+run_killed() { # NAME KILL_AFTER_STEP SERVER_ADDRESS ESTIMATE_S MAXTEXT_ARGS...: a run SIGKILLed
+  # once it logs step KILL_AFTER_STEP (a preempted job); its checkpoints stay in $W/out/NAME.
+  local name="$1" kill_at="$2" server="$3" need="$4"; shift 4
+  if [[ -n "${MX_ONLY:-}" && " $MX_ONLY " != *" $name "* ]]; then return 1; fi
+  if (( $(left) - 15 < need )); then say "skip $name: $(left) s left, it needs ~$need"; return 1; fi
+  say "run $name, SIGKILLed after step $kill_at"
+  setsid "$PY" "$W/runner.py" "$server" run_name="$name" "${MODEL[@]}" "${COMMON[@]}" "$@" \
+    > "$OUT/$name.killed.log" 2>&1 &
+  local pid=$! waited=0
+  until grep -q "completed step: $kill_at," "$OUT/$name.killed.log" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null || (( waited >= 5 * RUN_TIMEOUT )); then
+      say "$name ended or timed out before step $kill_at:"; tail -20 "$OUT/$name.killed.log"
+      kill -9 -- -"$pid" 2>/dev/null; return 1
+    fi
+    sleep 0.2; waited=$((waited + 1))
+  done
+  kill -9 -- -"$pid"; wait "$pid" 2>/dev/null
+  say "$name killed; checkpoints: $(ls "$W/out/$name/checkpoints" 2>/dev/null | tr '\n' ' ')"
+}
+
 say "3/3 train ($STEPS steps a run; $(left) s left)"
 run a_grain1_llama2 "" 110 "$ONE" "${LLAMA2[@]}" grain_worker_count=1
 start_server
 [[ -n "$SERVER_PID" ]] && run c_server_llama2 "unix://$SOCK" 100 "$ONE" "${LLAMA2[@]}"
+# (3) The same job fed by the sidecar, checkpointing every RESTART_PERIOD steps, SIGKILLed after
+# step RESTART_KILL and started again: it restores the last checkpoint, its data position with
+# it, and goes on; its losses against c_server_llama2's uninterrupted ones in the summary.
+CHECKPOINTS=(enable_checkpointing=true async_checkpointing=false
+  "checkpoint_period=$RESTART_PERIOD")
+if [[ -n "$SERVER_PID" ]] && run_killed r_server_llama2 "$RESTART_KILL" "unix://$SOCK" 150 \
+    "$ONE" "${LLAMA2[@]}" "${CHECKPOINTS[@]}"; then
+  run r_server_llama2 "unix://$SOCK" 80 "$ONE" "${LLAMA2[@]}" "${CHECKPOINTS[@]}" \
+    "steps=$RESTART_STEPS"
+  grep -o "restoring from this run's directory step [0-9]*" "$OUT/r_server_llama2.log" \
+    > "$OUT/r_server_llama2.restored.txt"
+  say "$(cat "$OUT/r_server_llama2.restored.txt")"
+fi
 run b_grainauto_llama2 "" 100 "$EIGHT" "${LLAMA2[@]}" grain_worker_count=-1
 run a_grain1_llama3 "" 110 "$ONE" "${LLAMA3[@]}" grain_worker_count=1
 [[ -n "$SERVER_PID" ]] && run c_server_llama3 "unix://$SOCK" 100 "$ONE" "${LLAMA3[@]}"
+run b_grainauto_llama3 "" 100 "$EIGHT" "${LLAMA3[@]}" grain_worker_count=-1
 if [[ -n "$SERVER_PID" ]]; then kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; fi
 
-"$PY" - "$SUMMARY" <<'PY' | tee "$OUT/summary.json"
+MX_METRICS_DIR="$OUT" "$PY" - "$SUMMARY" <<'PY' | tee "$OUT/summary.json"
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = {"runs": {r.pop("feed"): r for r in runs}}
@@ -518,6 +556,30 @@ for tok in ("llama2", "llama3"):  # (a) and (c): the same ids, so the same losse
             "max_abs_diff_logged": max((abs(x - y) for x, y in zip(a["losses_first_10"], c["losses_first_10"])), default=None),
             "max_rel_diff_metrics_file": max((abs(x - y) / abs(x) for x, y in zip(fa, fc)), default=None),
             "total_weights_equal": a["total_weights_first_10"][:n] == c["total_weights_first_10"][:n]}
+import os
+def full_losses(name):  # MaxText's metrics file: each step's loss unrounded
+    path = os.environ.get("MX_METRICS_DIR", "") + f"/{name}.metrics.jsonl"
+    try:
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+    except OSError:
+        return {}
+    return {r["step"]: r["learning/loss"] for r in rows if "learning/loss" in r}
+def weights(name):  # each logged step's total_weights: which batch it trained on
+    import re
+    try:
+        log = open(os.environ.get("MX_METRICS_DIR", "") + f"/{name}.log").read()
+    except OSError:
+        return {}
+    return {int(s): int(w) for s, w in re.findall(r"completed step: (\d+),.*?total_weights: (\d+)", log)}
+whole, resumed = full_losses("c_server_llama2"), full_losses("r_server_llama2")
+if resumed:  # the restarted run against the uninterrupted one, step by step
+    common = sorted(set(whole) & set(resumed))
+    ww, wr = weights("c_server_llama2"), weights("r_server_llama2")
+    out["restart_vs_uninterrupted_llama2"] = {
+        "resumed_steps": [min(resumed), max(resumed)],
+        "steps_compared": len(common),
+        "total_weights_equal": all(ww.get(s) == wr.get(s) for s in common),
+        "max_rel_diff": max((abs(whole[s] - resumed[s]) / abs(whole[s]) for s in common), default=None)}
 print(json.dumps(out, indent=1))
 PY
 say "done in $((SECONDS - START)) s"
