@@ -42,7 +42,7 @@ if [[ -n "${MX_LOCAL:-}" ]]; then # this CPU host: MaxText's venv; the server in
     per_device_batch_size=2 max_target_length=128)
   LLAMA3_TILING=2
   RUN_TIMEOUT=300
-  RESTART_PERIOD=2 RESTART_KILL=2 RESTART_STEPS=8
+  RESTART_PERIOD=2 RESTART_KILL=2
 else
   PY=python3
   SERVER_PY=python3
@@ -54,7 +54,7 @@ else
     head_dim=128 base_mlp_dim=2816 per_device_batch_size=8 max_target_length=2048)
   LLAMA3_TILING=4                 # 16k tokens × 128,256 float32 logits = 8.4 GB untiled
   RUN_TIMEOUT=170
-  RESTART_PERIOD=20 RESTART_KILL=25 RESTART_STEPS=41
+  RESTART_PERIOD=20 RESTART_KILL=25
 
   say "1/3 install: .whl-tpu -> $SITE; the index's and .whl-mx's -> $MX"
   rm -rf "$MX" "$MX-auto"
@@ -214,7 +214,8 @@ def main():
         if server:
             from input_client.maxtext import train as launcher
 
-            launcher.main(["--server", server, *args])
+            badput = os.environ.get("MX_BADPUT")  # the job's data-loading badput record
+            launcher.main(["--server", server, *(["--badput", badput] if badput else []), *args])
         else:
             from absl import app
             from maxtext.trainers.pre_train import train
@@ -528,14 +529,18 @@ start_server
 # it, and goes on; its losses against c_server_llama2's uninterrupted ones in the summary.
 CHECKPOINTS=(enable_checkpointing=true async_checkpointing=false
   "checkpoint_period=$RESTART_PERIOD")
+export MX_BADPUT="$OUT/r_server_llama2.badput.jsonl"  # both runs' lines: the job's record
 if [[ -n "$SERVER_PID" ]] && run_killed r_server_llama2 "$RESTART_KILL" "unix://$SOCK" 150 \
     "$ONE" "${LLAMA2[@]}" "${CHECKPOINTS[@]}"; then
-  run r_server_llama2 "unix://$SOCK" 80 "$ONE" "${LLAMA2[@]}" "${CHECKPOINTS[@]}" \
-    "steps=$RESTART_STEPS"
+  # The same `steps` as the uninterrupted run: the learning-rate schedule spans them.
+  run r_server_llama2 "unix://$SOCK" 80 "$ONE" "${LLAMA2[@]}" "${CHECKPOINTS[@]}"
   grep -o "restoring from this run's directory step [0-9]*" "$OUT/r_server_llama2.log" \
     > "$OUT/r_server_llama2.restored.txt"
   say "$(cat "$OUT/r_server_llama2.restored.txt")"
+  "$PY" -c "import json, sys; from input_client.badput import job_badput
+print('badput', json.dumps(job_badput(sys.argv[1])))" "$MX_BADPUT" | tee "$OUT/r_server_llama2.job_badput.txt"
 fi
+unset MX_BADPUT
 run b_grainauto_llama2 "" 100 "$EIGHT" "${LLAMA2[@]}" grain_worker_count=-1
 run a_grain1_llama3 "" 110 "$ONE" "${LLAMA3[@]}" grain_worker_count=1
 [[ -n "$SERVER_PID" ]] && run c_server_llama3 "unix://$SOCK" 100 "$ONE" "${LLAMA3[@]}"
