@@ -1,7 +1,7 @@
 """Tuning a live stream: which parallelism to switch to next, from measured windows. Pure.
 
-A stream of "auto" starts at once at a provisional parallelism (the remembered choice, else
-the in-process default) and this search moves it while it serves (`serving/retune.py` runs
+A stream of "auto" starts at once at a provisional parallelism (the remembered choice, its
+first batch perhaps made in process first, else the in-process opening) and this search moves it while it serves (`serving/retune.py` runs
 it; `batching/batch_stream.py` switches without changing a batch). Each candidate's row is its
 capacity measured on the live stream (`live.Window.capacity`), so the offline policy's pure
 functions decide here too:
@@ -68,8 +68,8 @@ class OnlineSearch:
       target: the spec's `target_batches_per_s` (0 = measure the loop's demand).
       max_workers: the spec's cap on workers.
       tune_seconds: a search settles on what it has measured by then.
-      remembered: the start is a remembered choice: begin settled, for this demand (0 = the
-        loop took all).
+      remembered: the stream runs a remembered choice (or is about to: `Opening.bridged`):
+        begin settled, for this demand (0 = the loop took all).
       budget: the stream's memory budget: each candidate's groups in flight and its worker
         processes' measured memory are held to what it leaves them (`StreamBudget.groups_mb`);
         the default bounds nothing.

@@ -1,9 +1,11 @@
 """The parallelism each stream opens with, and the choices "auto" streams settled on.
 
 A fixed `workers.count` opens as it is. "auto" opens at once: at the choice remembered for the
-spec (in memory, else in the on-disk cache, `remembered.TuneCache`), or in process with the
-default threads; the stream then tunes while it serves (`online`, `serving/retune.py`) and
-hands its settled choice back (`Openings.remember`). One `Openings` belongs to one server.
+spec (in memory, else in the on-disk cache, `remembered.TuneCache`) — its first batch made in
+process on the opening's threads when that choice has worker processes or more threads
+(`Opening.bridged`) — or in process on the opening's threads; the stream then tunes while it
+serves (`online`, `serving/retune.py`) and hands its settled choice back
+(`Openings.remember`). One `Openings` belongs to one server.
 """
 
 from __future__ import annotations
@@ -117,11 +119,12 @@ class Openings:
     def choose(
         self, pipeline: Pipeline, *, processes: Processes, budget: StreamBudget = UNBOUNDED
     ) -> Opening:
-        """How a new stream of `pipeline` opens. For "auto", the worker processes it opens with
-        are taken from `processes` here (none for a fixed count: the caller waits for those);
-        a remembered choice over what is free is clipped to it, and tuned from there like a
-        new one. The provisional in-process start keeps to `max_workers` and to the threads
-        the stream's `budget` fits."""
+        """How a new stream of `pipeline` opens. For "auto", the worker processes a remembered
+        choice runs are taken from `processes` here, before its first batch, made in process
+        (`Opening.bridged`), needs them (none for a fixed count: the caller waits for those);
+        a remembered choice over what is free is clipped to it, opens there, and is tuned
+        from there like a new one. The in-process start keeps to `max_workers` and to the
+        threads the stream's `budget` fits."""
         w = pipeline.spec.workers
         if w.count != "auto":
             return Opening.fixed(w.count, w.threads)

@@ -126,8 +126,10 @@ class StreamTuner:
 
     def _run(self) -> None:
         failures = 0
-        self._first_batch()
-        self._leave_bridge()
+        try:
+            self._leave_bridge()
+        except Exception:  # noqa: BLE001 - the stream goes on where it runs, and is tuned there
+            log.warning("switching to the remembered choice failed", exc_info=True)
         self._warm_up()
         while not self._stop.is_set():
             try:
@@ -218,13 +220,18 @@ class StreamTuner:
         once its first batch is out; one that will not open leaves the search to go on from
         where the stream runs."""
         to = self._bridged_to
-        if to is None or self._stop.is_set():
+        if to is None:
+            return
+        self._first_batch()
+        if self._stop.is_set():
             return
         before = self.stream.parallelism
         record = Switch(clock() - self._opened, before, to, BRIDGE_REASON, 0.0, 0.0)
         if self._make(record):
             self.reason = remembered_reason(self.search.tuning)
         elif not self._stop.is_set() and not self.stream.closed:
+            # The search goes on without it from the next window, where the stream runs (the
+            # step it proposes now would be judged on no window of its own).
             self.search.unavailable(to, clock())
             self.reason = f"auto: searching… (the remembered {to.processes} x {to.threads} "
             self.reason += "would not open)"

@@ -146,17 +146,22 @@ def first_batch(target: str, spec: PipelineSpec, settle: bool = False) -> tuple[
     return now - start, now
 
 
-def settled(target: str, spec: PipelineSpec) -> str:
-    """Takes batches until the stream's "auto" search settles (at most SETTLE_S): its
-    parallelism, as PxT."""
+def settled(target: str, spec: PipelineSpec, tune: str) -> str | None:
+    """Takes batches until the stream's "auto" search settles and its choice is in the tune
+    cache at `tune` (a settled search may still be switching to its choice, which it keeps
+    once there), at most SETTLE_S: the choice, as PxT; None if it was not kept in time."""
+
+    def kept() -> bool:
+        return os.path.isdir(tune) and any(not f.endswith(".tmp") for f in os.listdir(tune))
+
     with InputClient(target) as client, client.batches(spec) as it:
         deadline = time.perf_counter() + SETTLE_S
         while time.perf_counter() < deadline:
             next(it)
             (stream,) = client.info().streams
-            if stream.tuning_state == "settled":
+            if stream.tuning_state == "settled" and kept():
                 return f"{stream.worker_processes}x{stream.worker_threads}"
-    return "not settled"
+    return None
 
 
 def remembered(
@@ -168,9 +173,11 @@ def remembered(
     shutil.rmtree(tune, ignore_errors=True)
     server = Serve(os.fspath(work / "t.sock"), keep, roots, tree, tune)
     try:
-        choice = settled(server.target, spec)
+        choice = settled(server.target, spec, tune)
     finally:
         server.kill()
+    if choice is None:  # nothing remembered: the figures would not be a remembered start's
+        return {"remembered": "none kept within SETTLE_S"}
     server = Serve(os.fspath(work / "t.sock"), keep, roots, tree, tune)
     try:
         took = first_batch(server.target, spec)[0]
@@ -294,7 +301,9 @@ def main(argv: list[str] | None = None) -> None:
                 rounds[label].append(run)
     medians = {
         label: {
-            k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0] if k != "remembered"
+            k: round(statistics.median(r[k] for r in runs), 3)
+            for k in runs[0]
+            if k != "remembered" and all(k in r for r in runs)
         }
         for label, runs in rounds.items()
     }
