@@ -183,54 +183,11 @@ for line in open(sys.argv[1]):
     print(f"{name}=={chosen}")
 PY
 
-cat > "$W/runner.py" <<'PY'
-"""MaxText's trainer (its own pipeline, or the launcher with --server), timing each `next()`
-on its data iterator (DataLoader.load_next_batch_pre_sharding, as scripts/bench/maxtext_runner.py).
-argv: SERVER ('' for MaxText's own pipeline) then MaxText's key=value arguments. Prints one
-line `BENCH {json}` at the end: the epoch time it started, each wait's (start, seconds)."""
-import json, os, sys, time
-
-STARTED, EPOCH = time.perf_counter(), time.time()
-
-
-def main():
-    server, args = sys.argv[1], sys.argv[2:]
-    os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
-    from maxtext.common import data_loader
-
-    waits = []
-    load = data_loader.DataLoader.load_next_batch_pre_sharding
-
-    def timed(self, *a, **k):
-        start = time.perf_counter()
-        try:
-            return load(self, *a, **k)
-        finally:
-            waits.append((start - STARTED, time.perf_counter() - start))
-
-    data_loader.DataLoader.load_next_batch_pre_sharding = timed
-    code = 0
-    try:
-        if server:
-            from input_client.maxtext import train as launcher
-
-            badput = os.environ.get("MX_BADPUT")  # the job's data-loading badput record
-            launcher.main(["--server", server, *(["--badput", badput] if badput else []), *args])
-        else:
-            from absl import app
-            from maxtext.trainers.pre_train import train
-
-            app.run(train.main, argv=[train.__file__, *args])
-    except SystemExit as e:
-        code = e.code or 0
-    print("BENCH " + json.dumps({"epoch": EPOCH, "waits": waits,
-                                 "wall_s": time.perf_counter() - STARTED}), flush=True)
-    sys.exit(code)
-
-
-if __name__ == "__main__":  # Grain's worker processes re-import __main__
-    main()
-PY
+runner_options() { # SERVER_ADDRESS_OR_EMPTY: scripts/bench/maxtext_runner.py's JSON options
+  [[ -z "$1" ]] && { echo '{}'; return; }
+  echo "{\"server\": \"$1\"${MX_BADPUT:+, \"badput\": \"$MX_BADPUT\"}}"
+}
+RUNNER="$ROOT/scripts/bench/maxtext_runner.py"
 
 cat > "$W/cpu.py" <<'PY'
 """Samples the CPU seconds of process trees every 0.5 s: argv OUTFILE NAME=PID ...; one JSON
@@ -462,7 +419,7 @@ run() { # NAME SERVER_ADDRESS_OR_EMPTY ESTIMATE_S MAXTEXT_ARGS...
   (( budget > RUN_TIMEOUT )) && budget=$RUN_TIMEOUT
   say "run $name (timeout ${budget}s)"
   rm -f "$W/cpu-$name.jsonl.stop"
-  timeout -k 5 "$budget" "$PY" "$W/runner.py" "$server" run_name="$name" "${MODEL[@]}" "${COMMON[@]}" \
+  timeout -k 5 "$budget" "$PY" "$RUNNER" "$(runner_options "$server")" run_name="$name" "${MODEL[@]}" "${COMMON[@]}" \
     "metrics_file=$OUT/$name.metrics.jsonl" "$@" \
     > "$OUT/$name.log" 2>&1 &
   local pid=$!
@@ -506,7 +463,9 @@ run_killed() { # NAME KILL_AFTER_STEP SERVER_ADDRESS ESTIMATE_S MAXTEXT_ARGS...:
   if [[ -n "${MX_ONLY:-}" && " $MX_ONLY " != *" $name "* ]]; then return 1; fi
   if (( $(left) - 15 < need )); then say "skip $name: $(left) s left, it needs ~$need"; return 1; fi
   say "run $name, SIGKILLed after step $kill_at"
-  setsid "$PY" "$W/runner.py" "$server" run_name="$name" "${MODEL[@]}" "${COMMON[@]}" "$@" \
+  # Without job control a background `setsid` is no group leader, so it does not fork: $! is
+  # the new process group's id, which `kill -9 -- -PID` ends with its children.
+  setsid "$PY" "$RUNNER" "$(runner_options "$server")" run_name="$name" "${MODEL[@]}" "${COMMON[@]}" "$@" \
     > "$OUT/$name.killed.log" 2>&1 &
   local pid=$! waited=0
   until grep -q "completed step: $kill_at," "$OUT/$name.killed.log" 2>/dev/null; do
