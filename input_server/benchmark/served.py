@@ -110,16 +110,20 @@ class Held:
         result.update(self.peak)
 
 
-def _past_pending_backend(client, batches, timeout_s: float = 120.0) -> int:
-    """Takes batches while the stream's fast backend loads behind it (the reference serving
-    meanwhile; loading Llama 3's takes seconds): a sidecar's throughput is its chosen
-    backend's. Returns the batches taken."""
+def _past_pending_backend(client, spec: PipelineSpec, timeout_s: float = 120.0) -> int:
+    """Takes batches of `spec` while its fast backend loads behind the stream (the reference
+    serving meanwhile; loading Llama 3's takes seconds), a stream after another if one ends
+    first, until the backend is chosen: a sidecar's throughput is its chosen backend's. Returns
+    the batches taken."""
     deadline, taken = time.monotonic() + timeout_s, 0
     while time.monotonic() < deadline:
-        next(batches)
-        taken += 1
-        if not any(s.tokenizer_backend_pending for s in client.info().streams):
-            break
+        with client.batches(spec, prefetch=2) as batches:
+            for _ in batches:
+                taken += 1
+                if not any(s.tokenizer_backend_pending for s in client.info().streams):
+                    return taken
+                if time.monotonic() > deadline:
+                    break
     return taken
 
 
@@ -133,6 +137,24 @@ def _audits(client, timeout_s: float = 10.0) -> dict:
             break
         time.sleep(0.05)
     return {"backend_groups": t.backend_groups, "audited_groups": t.audited_groups}
+
+
+def _measured_stream(client, spec: PipelineSpec, server) -> dict:
+    """`consume`'s figures for a stream of `spec` served by `server` (a psutil.Process), the
+    client's CPU and the server's apart. A fast backend loads behind a stream's first group
+    (`tokenizers.behind`): streams before it take batches until it is chosen (a short one
+    could end first); the measured stream starts with it loaded, and its audits are the
+    server's totals' growth over it."""
+    before_backend = _past_pending_backend(client, spec)
+    audits = _audits(client)
+    with client.batches(spec, prefetch=2) as it:
+        result = consume(it, lambda b: b["inputs_segmentation"], server, on_last=Held(server))
+    result.update({k: n - audits[k] for k, n in _audits(client).items()})
+    # This process is the client; the server's CPU is the other process's.
+    result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
+    result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")
+    result["batches_before_backend"] = before_backend
+    return result
 
 
 def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...] = ()) -> dict:
@@ -183,14 +205,7 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         client = stack.enter_context(
             InputClient(target, connect_timeout_s=60, token_file=token_file)
         )
-        it = stack.enter_context(client.batches(spec, prefetch=2))
-        before_backend = _past_pending_backend(client, it)
-        process = psutil.Process(server.pid)
-        result = consume(it, lambda b: b["inputs_segmentation"], process, on_last=Held(process))
-        result.update(_audits(client))
-        # This process is the client; the server's CPU is the other process's.
-        result["client_cpu_ns_per_token"] = result.pop("cpu_ns_per_token")
-        result["server_cpu_ns_per_token"] = result.pop("other_cpu_ns_per_token")
+        result = _measured_stream(client, spec, psutil.Process(server.pid))
         # Wire size, from the raw messages of a short second stream, on a channel of its own
         # (the client's is its own business).
         channel = stack.enter_context(grpc.insecure_channel(target, options=MESSAGE_OPTIONS))
@@ -209,7 +224,6 @@ def bench_server(spec: PipelineSpec, transport: str, server_args: tuple[str, ...
         call.cancel()
     return {
         **result,
-        "batches_before_backend": before_backend,
         "transport": transport,
         "wire_bytes_per_token": wire / tokens if tokens else 0.0,
     }

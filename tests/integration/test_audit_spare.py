@@ -129,6 +129,21 @@ def _slowly(it, n: int) -> list:
     return got
 
 
+def _slowly_until_chosen(it, client, most: int = 40) -> list:
+    """Batches taken at the loop's pace until the stream's backend is chosen (it loads behind
+    the stream's first group: `tokenizers.behind`), at most `most`."""
+    got = []
+    for batch in it:
+        got.append(batch)
+        streams = client.info().streams  # none: the stream ended (the test then says so)
+        if not streams or not max(streams, key=lambda x: x.stream_id).tokenizer_backend_pending:
+            break
+        if len(got) == most:
+            break
+        time.sleep(PACE_S)
+    return got
+
+
 def test_a_slow_loop_gets_every_group_audited_and_info_says_the_share(files, short_tmp, idle_host):
     texts, data, model = files
     config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])  # audit_every: the default
@@ -162,7 +177,7 @@ def test_a_divergence_past_the_gate_never_reaches_a_slow_loops_batches(
     config = ServerConfig(listen=[f"unix://{short_tmp}/s.sock"], data_roots=roots)
     with Server(config) as srv, InputClient(srv.targets[0]) as client:
         with client.batches(_spec(data, model)) as it:
-            first = _slowly(it, 3)
+            first = _slowly_until_chosen(it, client)
             s = max(client.info().streams, key=lambda x: x.stream_id)
             assert s.tokenizer_backend == "fastokens", s.tokenizer_backend_why
             got = first + _slowly(it, 10_000)

@@ -14,7 +14,7 @@ import pytest
 from input_client import InputClient, PipelineSpec
 from input_client.spec import TokenizerSpec
 from input_server.data.builtin_corpora import stdlib_docstrings, write_jsonl
-from input_server.data.tokenizers import load_tokenizer
+from input_server.data.tokenizers import behind, load_tokenizer
 from input_server.data.tokenizers.trainers import write_tiktoken_model
 from input_server.serving.config import ServerConfig
 from input_server.serving.server import Server
@@ -100,3 +100,34 @@ def test_a_tokenizer_pickled_while_its_backend_loads_is_handed_the_backend(tmp_p
     assert not copy.choice.pending
     assert copy.choice == tok.choice
     assert copy.encode(texts[:50]).same_ids(tok.encode(texts[:50]))
+
+
+def test_the_backend_loads_once_the_reference_has_made_the_first_groups(tmp_path, monkeypatch):
+    """Loaded beside a stream's first groups, a backend held them up: it waits for the
+    reference's first LOAD_AFTER_GROUPS groups (here with no time limit to fall back on)."""
+    monkeypatch.setattr(behind, "LOAD_AFTER_S", 600.0)
+    texts = stdlib_docstrings(300)
+    model = write_tiktoken_model(texts, tmp_path / "after.tiktoken", vocab_size=645)
+    tok = load_tokenizer(TokenizerSpec(model=model, kind="tiktoken"), load_behind=True)
+    loads = []  # when each load began: the groups the reference had finished by then
+    load = type(tok.router).loaded_backend
+    finished = 0
+
+    def counted(router, name):
+        loads.append(finished)
+        return load(router, name)
+
+    monkeypatch.setattr(type(tok.router), "loaded_backend", counted)
+    assert tok.choose_backend(texts[:64]).pending
+    for n in range(behind.LOAD_AFTER_GROUPS):
+        time.sleep(0.5)  # time for a load that would not wait
+        assert not loads and tok.choice.pending, f"loading after {n} groups: {tok.choice.why}"
+        tok.encode(texts[50 * n : 50 * n + 50])
+        finished += 1
+    deadline = time.monotonic() + 60
+    while tok.choice.pending:
+        assert time.monotonic() < deadline, tok.choice.why
+        time.sleep(0.02)
+    assert tok.choice.backend == "fastokens", tok.choice.why
+    assert SERVED.search(tok.choice.why), tok.choice.why
+    assert loads and loads[0] >= behind.LOAD_AFTER_GROUPS, loads  # began once they were made

@@ -16,6 +16,7 @@ import numpy as np
 from input_client.spec import TokenizerSpec
 from input_server.data.tokenizers import backends, speed
 from input_server.data.tokenizers.backends import Backend, Choice
+from input_server.data.tokenizers.behind import LOADS_BEHIND, Behind
 from input_server.data.tokenizers.checks import NOT_THE_MODEL
 from input_server.data.tokenizers.groups import Cutter, TokenGroup, flat_group, group_of
 from input_server.data.tokenizers.keep import ModelKeep
@@ -37,10 +38,6 @@ _BACKENDS: collections.OrderedDict[tuple, Backend] = collections.OrderedDict()
 _BACKENDS_LOCK = threading.Lock()
 _LOADING: dict[tuple, threading.Lock] = {}  # the keys being loaded now, each its own lock
 MAX_BACKENDS = 4
-# The backends that may load behind a stream (`Router.load_behind`). Not kitoken: a server
-# loading it behind a sentencepiece stream died in 3 of 7 tries on the 2-core host (no Python
-# error; never without it), and it loads in tens of ms.
-LOADS_BEHIND = ("fastokens",)
 
 
 def _failure(e: BaseException) -> BaseException:
@@ -49,15 +46,6 @@ def _failure(e: BaseException) -> BaseException:
     if isinstance(e, NOT_THE_MODEL):
         raise e
     return e
-
-
-class _Behind:
-    """A backend being loaded and gated on a thread while the reference serves."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.groups = 0  # the groups the reference began meanwhile
 
 
 @runtime_checkable
@@ -142,7 +130,7 @@ class Router:
         self.audit_share = 0.0
         self.choice = Choice("reference", "no backend chosen (the pipeline chooses on its sample)")
         self._fast: Backend | None = None  # the backend serving in this process, once loaded
-        self._behind: _Behind | None = None  # a backend loading behind the stream
+        self._behind: Behind | None = None  # a backend loading behind the stream
         # What loading the chosen backend read from `keep`: the choice's why says so.
         self._cache_reads: list[str] = []
         self._lock = threading.Lock()  # the counts below, which every encoding thread moves
@@ -308,10 +296,11 @@ class Router:
 
     def _choose_behind(self, names: tuple[str, ...], documents: list[str]) -> Choice:
         """The reference serves from the first group while a thread loads the backends and
-        runs the gate (loading Llama 3's derived tokenizer.json took 1.1-1.7 s of a restarted
-        server's first batch); one that passes serves from the next group on. Batches are the
+        runs the gate, once the reference has finished its first group (`behind`: loading
+        Llama 3's derived tokenizer.json beside it held a restarted server's first batch up);
+        one that passes serves from the next group on. Batches are the
         same bytes either way (the gate): only who makes them changes."""
-        behind = self._behind = _Behind()
+        behind = self._behind = Behind()
         choice = self._serve(
             Choice(
                 "reference", f"while {' or '.join(names)} loads and meets the gate", pending=True
@@ -325,7 +314,8 @@ class Router:
         ).start()
         return choice
 
-    def _settle_behind(self, behind: _Behind, names: tuple[str, ...], documents: list[str]) -> None:
+    def _settle_behind(self, behind: Behind, names: tuple[str, ...], documents: list[str]) -> None:
+        behind.wait_to_start()
         try:
             choice, fast = self._gated(names, documents)
         except BaseException as e:  # noqa: BLE001 - stopping or out of memory: the reference stays
@@ -344,6 +334,7 @@ class Router:
         """The choice, once a backend loading behind the stream (`_choose_behind`) is chosen
         or refused: what a worker process is handed."""
         if self._behind is not None:
+            self._behind.go.set()  # needed now: no waiting for the reference's first groups
             self._behind.done.wait()
         return self.choice
 
@@ -505,9 +496,12 @@ class Router:
             fast = self._loser
             timed = timed and fast is not None  # (unless an audit's fall-back dropped it)
         if fast is None or side == "reference":
-            return self._timed(
+            group = self._timed(
                 trial, side, timed, lambda: self.reference_group(texts, first_doc, trim_to)
             )
+            if (behind := self._behind) is not None and not behind.done.is_set():
+                behind.finished_one()
+            return group
         try:
             group = self._timed(
                 trial, side, timed, lambda: self.backend_group(fast, texts, first_doc, trim_to)
