@@ -1,10 +1,10 @@
 """Tuning a live stream: which parallelism to switch to next, from measured windows. Pure.
 
 A stream of "auto" starts at once at a provisional parallelism (the remembered choice, its
-first batch perhaps made in process first, else the in-process opening) and this search moves it while it serves (`serving/retune.py` runs
-it; `batching/batch_stream.py` switches without changing a batch). Each candidate's row is its
-capacity measured on the live stream (`live.Window.capacity`), so the offline policy's pure
-functions decide here too:
+first batch perhaps made in process first, else the in-process opening) and this search moves
+it while it serves (`serving/retune.py` runs it; `batching/batch_stream.py` switches without
+changing a batch). Each candidate's row is its capacity measured on the live stream
+(`live.Window.capacity`), so the offline policy's pure functions decide here too:
 
 - the loop takes all the stream makes (no demand known): the offline search upward
   (`search.next_candidate`) and the plateau rule (`policy.decide`): the fewest workers within
