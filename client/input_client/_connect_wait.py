@@ -51,8 +51,9 @@ def socket_file_ready(address: str, timeout_s: float) -> float:
     if not path:
         return timeout_s
     start = time.monotonic()
-    deadline, warned = start + timeout_s, False
+    deadline, warned, appeared = start + timeout_s, False, False
     while not os.path.exists(path):
+        appeared = True  # if it comes, made now: a server starting, not one that was killed
         now = time.monotonic()
         if now >= deadline:
             raise ConnectionError(
@@ -72,9 +73,10 @@ def socket_file_ready(address: str, timeout_s: float) -> float:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if not addresses.is_socket(path):
         raise ConnectionError(f"no input server reachable at {address!r}: {path} is not a socket.")
-    if addresses.nobody_answers(path, timeout_s=SAY_MISSING_AFTER_S):
+    if not appeared and addresses.nobody_answers(path, timeout_s=SAY_MISSING_AFTER_S):
         # A socket file left by a killed server: gRPC would retry it in silence until the
         # deadline. Said now, as a missing one is; the wait goes on for a restarted server.
+        # One that appeared during the wait was bound by a server not yet listening.
         log.warning(
             "nobody answers on the socket file %s (left by a server that was killed?); "
             "waiting up to %g s for a server there: is `input-server serve` running?",
