@@ -66,13 +66,6 @@ class Opening:
         by = "workers.count and workers.threads" if threads else "workers.count"
         return cls(Parallelism.fixed(count, threads), f"fixed by {by}")
 
-    @property
-    def bridged_to(self) -> Parallelism | None:
-        """Where the stream goes once its first batch is out (the remembered choice it opened
-        short of, `bridged`); None: it opened there."""
-        r = self.remembered
-        return r.parallelism if r is not None and r.parallelism != self.parallelism else None
-
     def bridged(self, threads: int) -> Opening:
         """This remembered opening started in process on `threads` instead, when that is
         less: worker processes take seconds to start (a TPU host's restart waited ~2 s for

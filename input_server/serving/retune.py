@@ -71,8 +71,6 @@ class StreamTuner:
         settled choice says otherwise.
       stream_id: the stream's id, in its log lines.
       trials: the tokenizer's trials begun and whether one runs (`Tokenizer.trials`).
-      bridged_to: the remembered choice the stream opened short of (`Opening.bridged_to`),
-        switched to once its first batch is out; None: it opened at its choice.
     """
 
     def __init__(
@@ -86,7 +84,6 @@ class StreamTuner:
         reason: str = "",
         stream_id: int = 0,
         trials: Callable[[], tuple[int, bool]] = lambda: (0, False),
-        bridged_to: Parallelism | None = None,
     ):
         self.stream = stream
         self.stream_id = stream_id  # what its log lines name
@@ -102,7 +99,6 @@ class StreamTuner:
         self._stop = threading.Event()
         self._asked: PendingSwitch | None = None  # the latest switch asked of the stream
         self._trials = trials
-        self._bridged_to = bridged_to
         self._dropped = 0  # windows dropped in a row for a trial
         self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
 
@@ -216,12 +212,13 @@ class StreamTuner:
         return True
 
     def _leave_bridge(self) -> None:
-        """The remembered choice the stream opened short of (`Opening.bridged`), switched to
-        once its first batch is out; one that will not open leaves the search to go on from
-        where the stream runs."""
-        to = self._bridged_to
-        if to is None:
+        """The remembered choice the stream opened short of (`Opening.bridged`: the search
+        starts settled on it, the stream elsewhere), switched to once its first batch is out;
+        one that will not open leaves the search to go on from where the stream runs."""
+        remembered = self.search.tuning if self.search.settled else None
+        if remembered is None or remembered.parallelism == self.stream.parallelism:
             return
+        to = remembered.parallelism
         self._first_batch()
         if self._stop.is_set():
             return
@@ -233,8 +230,9 @@ class StreamTuner:
             # The search goes on without it from the next window, where the stream runs (the
             # step it proposes now would be judged on no window of its own).
             self.search.unavailable(to, clock())
-            self.reason = f"auto: searching… (the remembered {to.processes} x {to.threads} "
-            self.reason += "would not open)"
+            self.reason = (
+                f"auto: searching… (the remembered {to.processes} x {to.threads} would not open)"
+            )
 
     def _make(self, record: Switch) -> bool:
         """Asks the stream for `record.after` and waits until it is made (then recorded) or

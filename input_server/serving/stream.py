@@ -308,7 +308,6 @@ class Stream:
             reason=opening.reason,
             stream_id=self.id,
             trials=pipeline.tokenizer.trials,
-            bridged_to=opening.bridged_to,
         )
 
     def messages(self) -> Iterator[pb.Batch]:
