@@ -409,7 +409,12 @@ class BatchIterator:
             if self._stop.is_set():
                 return
             self._stop.set()
-            self._call.cancel()
+            # Dropped as well as cancelled: a call left for the garbage collector (this
+            # iterator is in a cycle with its fetch thread's producer) may be finalized by the
+            # interpreter's last collection at exit, whose `__del__` waits for the call's lock
+            # that a gRPC daemon thread frozen by the exit can hold: the process hung at exit.
+            call, self._call = self._call, None
+            call.cancel()
         self._fetcher.close(timeout=10)  # also frees prefetched batches now
         self._on_close()
 

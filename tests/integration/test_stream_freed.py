@@ -43,3 +43,32 @@ def test_a_cancelled_stream_is_freed_without_the_garbage_collector(short_tmp, ma
     assert rows == [spec.batch.size] * STREAMS
     assert srv.active_streams() == 0
     assert kept == [], f"{len(kept)} of {STREAMS} cancelled streams were left to the collector"
+
+
+def test_a_closed_iterator_leaves_no_grpc_call_to_the_collector(short_tmp, make_spec):
+    """The client's side: a closed iterator's gRPC call is freed as it closes. A call left to
+    the collector was finalized by the interpreter's last collection at exit, whose
+    `_Rendezvous.__del__` takes the call's lock: a daemon thread of gRPC's that the exit had
+    frozen holding it hung the process after its last line (2 of ~76 runs beside a CPU burner;
+    tests/system/test_import_isolation.py and test_client_dist.py timed out so in CI)."""
+    import grpc._channel
+
+    spec = make_spec()
+    with Server(ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])) as srv:
+        with InputClient(srv.targets[0], connect_timeout_s=30) as client:
+            gc.collect()
+            gc.disable()
+            try:
+                counts = []
+                for ended in (True, False, True, False):  # run to its end, or left early
+                    with client.batches(spec) as it:
+                        counts.append(sum(1 for _ in it) if ended else len(next(it)["inputs"]))
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                gc.collect()
+                kept = [o for o in gc.garbage if isinstance(o, grpc._channel._Rendezvous)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+    assert counts[0] == counts[2] > 10 and counts[1] == counts[3] == spec.batch.size
+    assert kept == [], f"{len(kept)} gRPC calls of 4 closed iterators were left to the collector"
