@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +42,17 @@ _END = object()
 # This process's name among a server's clients (`wire.CLIENT_KEY`): its streams share one
 # fair share of the server's set-up queue, whatever number of threads or channels opens them.
 CLIENT_ID = secrets.token_hex(8)
+
+# Iterators not closed yet, closed when the program exits (atexit runs while gRPC's daemon
+# threads still run): one left open to the interpreter's final collection could hang the exit
+# (`BatchIterator.close`).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_iterators() -> None:
+    for it in list(_OPEN):
+        it.close()
 
 
 class BatchIterator:
@@ -124,6 +137,7 @@ class BatchIterator:
         self._fetcher = Prefetcher(
             self._fetch, depth=prefetch, name="input-client-fetch", on_put=on_item
         )
+        _OPEN.add(self)
 
     def _open(self) -> Any:
         request = pb.StreamBatchesRequest()
@@ -417,6 +431,7 @@ class BatchIterator:
             call.cancel()
         self._fetcher.close(timeout=10)  # also frees prefetched batches now
         self._on_close()
+        _OPEN.discard(self)
 
     def __enter__(self) -> BatchIterator:
         return self

@@ -5,11 +5,17 @@ and gRPC's call until a collection. gRPC's core counts a call the server has not
 the connection's concurrent streams (`server.CONNECTION_CALLS_PCT`); scripts/tools/fuzz.py saw new
 calls refused so (UNAVAILABLE, RST_STREAM REFUSED_STREAM). Here the collector is off in this
 process, which runs the server, while one channel opens and cancels streams; then a
-collection that keeps what it finds (`gc.DEBUG_SAVEALL`) finds no stream."""
+collection that keeps what it finds (`gc.DEBUG_SAVEALL`) finds no stream. The client's side
+likewise: a closed iterator leaves no gRPC call to the collector, and one left open is closed
+when its program exits."""
 
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
+import textwrap
 import time
 
 from input_client import InputClient
@@ -72,3 +78,29 @@ def test_a_closed_iterator_leaves_no_grpc_call_to_the_collector(short_tmp, make_
                 gc.enable()
     assert counts[0] == counts[2] > 10 and counts[1] == counts[3] == spec.batch.size
     assert kept == [], f"{len(kept)} gRPC calls of 4 closed iterators were left to the collector"
+
+
+def test_an_iterator_left_open_is_closed_at_exit(server, make_spec):
+    """A script that ends with its iterator open (a training loop that stops taking batches)
+    has it closed by the client's exit handler, while gRPC's threads still run: no call is
+    left open for the interpreter's final collection (see above)."""
+    spec = make_spec()
+    code = textwrap.dedent(f"""
+        import atexit, gc, json
+        def open_calls():  # registered first, so it runs after the client's own handler
+            import grpc._channel
+            gc.collect()
+            calls = [o for o in gc.get_objects() if isinstance(o, grpc._channel._Rendezvous)]
+            print(json.dumps({{"open": sum(c._state.code is None for c in calls)}}))
+        atexit.register(open_calls)
+        from input_client import InputClient, PipelineSpec
+        spec = PipelineSpec.from_dict(json.loads({json.dumps(json.dumps(spec.to_dict()))}))
+        client = InputClient({server.targets[0]!r}, connect_timeout_s=30)
+        it = client.batches(spec)
+        first = next(it)
+        print(json.dumps({{"rows": len(first["inputs"])}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines == [{"rows": spec.batch.size}, {"open": 0}], out.stdout
