@@ -9,7 +9,11 @@ time, so its utilization is their busy time over `workers` x the window; the in-
 (packing, the stream's per-batch work) is busy whenever the producer neither waits for a group
 nor for room in the send queue. The busier part is the bottleneck, and the rate it allows is
 the window's rate over its utilization. A stream that never waits for room (the loop takes all
-it makes) is running at that rate outright.
+it makes) is running at that rate outright; so is one whose loop waited for data (its client
+reports the trainer's exposed wait) for at least `verdict.INPUT_BOUND_WAIT` of the window,
+whatever room the producer waited for: the loop takes all that reaches it, and the room the
+producer waited for was the server's own sending (on a host whose cores the client shares, one
+process's GIL shared by packing and gRPC's sends), part of what this parallelism delivers.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from input_server.batching.meter import Sums, Totals
+from input_server.serving.verdict import INPUT_BOUND_WAIT
 
 # A window in which the producer waited for room less than this share of the time ran as fast
 # as it could: the loop takes everything it makes.
@@ -32,6 +37,9 @@ class Window(Sums):
 
     seconds: float
     workers: int
+    # The trainer's exposed data wait over the window, as its client reported it; -1 when
+    # its client does not say.
+    loop_wait_s: float = -1.0
 
     @property
     def batches_per_s(self) -> float:
@@ -39,8 +47,12 @@ class Window(Sums):
 
     @property
     def free_running(self) -> bool:
-        """Whether the loop took all the stream made (it hardly ever waited for room)."""
-        return self.blocked_s < FREE_RUNNING * self.seconds
+        """Whether the loop took all the stream made: the producer hardly ever waited for
+        room, or the loop waited for data."""
+        return (
+            self.blocked_s < FREE_RUNNING * self.seconds
+            or self.loop_wait_s >= INPUT_BOUND_WAIT * self.seconds
+        )
 
     @property
     def parallel_busy(self) -> float:
@@ -72,6 +84,9 @@ class Window(Sums):
         return self.capacity() * self.tokens / self.batches
 
 
-def window(start: Totals, end: Totals, workers: int) -> Window:
-    """What the stream did between two readings of its meter, at `workers` groups in flight."""
-    return Window(seconds=end.at - start.at, workers=workers, **end.since(start))
+def window(start: Totals, end: Totals, workers: int, loop_wait_s: float = -1.0) -> Window:
+    """What the stream did between two readings of its meter, at `workers` groups in flight,
+    while its trainer waited `loop_wait_s` for data (-1: not reported)."""
+    return Window(
+        seconds=end.at - start.at, workers=workers, loop_wait_s=loop_wait_s, **end.since(start)
+    )

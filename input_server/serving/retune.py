@@ -35,6 +35,11 @@ MIN_BATCHES = 4
 MAX_WINDOW_S = 10.0
 # After a switch, the new stage's warm-up (threads filling, processes starting) is not timed.
 WARMUP_S = 1.0
+# Worker processes warm up longer: they start one after another and each loads its
+# tokenizer, so their first batches come before the last of them is making groups; a window
+# a second after the first batch read 2 x 1 at about half its settled rate on a 2-core host
+# (docs/benchmarks.md, "auto"'s first 30 s), and the search left it for fewer threads.
+PROCESS_WARMUP_S = 3.0
 # Windows in a row whose tuning failed before it stops for the stream (the stream goes on).
 MAX_FAILURES = 3
 # A window across a trial of the tokenizer's backend against the reference (`speed.Trial`:
@@ -71,6 +76,9 @@ class StreamTuner:
         settled choice says otherwise.
       stream_id: the stream's id, in its log lines.
       trials: the tokenizer's trials begun and whether one runs (`Tokenizer.trials`).
+      waited: the trainer's exposed data wait so far, in seconds, as its client reports it
+        (-1: its client does not say); a window in which the loop waited for data is one in
+        which it took all the stream made (`live.Window.free_running`).
     """
 
     def __init__(
@@ -84,6 +92,7 @@ class StreamTuner:
         reason: str = "",
         stream_id: int = 0,
         trials: Callable[[], tuple[int, bool]] = lambda: (0, False),
+        waited: Callable[[], float] = lambda: -1.0,
     ):
         self.stream = stream
         self.stream_id = stream_id  # what its log lines name
@@ -99,6 +108,7 @@ class StreamTuner:
         self._stop = threading.Event()
         self._asked: PendingSwitch | None = None  # the latest switch asked of the stream
         self._trials = trials
+        self._waited = waited
         self._dropped = 0  # windows dropped in a row for a trial
         self._thread = threading.Thread(target=self._run, name="stream-tuner", daemon=True)
 
@@ -274,9 +284,10 @@ class StreamTuner:
         return True
 
     def _warm_up(self) -> None:
-        """Waits for the stage's first batch and WARMUP_S more."""
+        """Waits for the stage's first batch and WARMUP_S more (PROCESS_WARMUP_S with worker
+        processes)."""
         self._first_batch()
-        self._stop.wait(WARMUP_S)
+        self._stop.wait(PROCESS_WARMUP_S if self.stream.parallelism.processes else WARMUP_S)
 
     def _first_batch(self) -> None:
         start = self._meter.totals().batches
@@ -286,6 +297,7 @@ class StreamTuner:
         """The next window: what the stream did, the loop's pace, the CPU cores the server's
         process tree kept busy and those busy on the whole host."""
         start, taken0, trials0 = self._meter.totals(), self._taken(), self._trials()
+        waited0 = self._waited()
         cpu0, host0 = tree_cpu_seconds(), host_busy_seconds()
         # Long enough in time first (a sleep), then in batches (woken by the meter's batches,
         # not by a clock): a loop at a few batches a second pays for no polling.
@@ -298,7 +310,9 @@ class StreamTuner:
         if self._stop.is_set():
             return None
         now = self._meter.totals()
-        measured = window(start, now, self.stream.parallelism.workers)
+        waited1 = self._waited()
+        loop_wait_s = waited1 - waited0 if min(waited0, waited1) >= 0 else -1.0
+        measured = window(start, now, self.stream.parallelism.workers, loop_wait_s)
         cpu_cores = (tree_cpu_seconds() - cpu0) / max(measured.seconds, 1e-9)
         host_cores = (host_busy_seconds() - host0) / max(measured.seconds, 1e-9)
         if measured.batches < MIN_BATCHES or self._across_trial(trials0):

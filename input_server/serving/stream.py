@@ -308,6 +308,7 @@ class Stream:
             reason=opening.reason,
             stream_id=self.id,
             trials=pipeline.tokenizer.trials,
+            waited=lambda: self.credit.exposed_wait()[0],
         )
 
     def messages(self) -> Iterator[pb.Batch]:

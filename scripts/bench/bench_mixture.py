@@ -108,6 +108,10 @@ def _specs(base: PipelineSpec, model: str, texts: list[str], components: int, tm
     }
     more = {"epochs": 4 * base.order.epochs}
     specs.update({f"ids_{k}": base.replace(source=v, order=more) for k, v in ids.items()})
+    # JSON lines of ids hold one process's GIL while read (each record parsed in Python):
+    # what worker processes make of them, and what "auto" chooses (its search inside).
+    specs["ids_jsonl_2_processes"] = specs["ids_jsonl"].replace(workers=two)
+    specs["ids_jsonl_auto"] = specs["ids_jsonl"].replace(workers={"count": "auto"})
     return specs
 
 

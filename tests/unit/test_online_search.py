@@ -3,6 +3,8 @@ on synthetic windows: where it walks, where it settles, what moves it again."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from input_server.autotune.live import Window
@@ -44,6 +46,32 @@ def test_a_throttled_window_scales_its_rate_by_the_bottlenecks_utilization():
     assert not w.free_running
     assert w.bottleneck == "parallel"
     assert w.capacity() == pytest.approx(10 / 0.25)
+
+
+def test_a_window_whose_loop_waited_for_data_is_its_own_capacity():
+    """The producer waited for room (the server's own sends held it, sharing one GIL), yet
+    the trainer waited for data: what reached the loop is all this parallelism delivers."""
+    w = window(10, workers=2, blocked=0.8, busy=0.25)
+    waited = dataclasses.replace(w, loop_wait_s=0.05 * w.seconds)
+    assert waited.free_running and waited.capacity() == 10
+    barely = dataclasses.replace(w, loop_wait_s=0.04 * w.seconds)  # a fed loop's jitter
+    assert not barely.free_running and barely.capacity() == pytest.approx(40)
+
+
+def test_a_search_whose_loop_waits_climbs_as_if_it_took_all_it_was_given():
+    """Windows whose loop waited: no demand is read from them (the loop's pace is what the
+    stream delivered), so the search climbs past the pace instead of settling on the fewest
+    workers that meet it."""
+    loop = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads)
+    step = loop.observe(
+        dataclasses.replace(window(10, blocked=0.8, busy=0.25), loop_wait_s=0.5),
+        demand=10.0,
+        now=1.0,
+    )
+    assert step.to == P(0, 2), step.reason
+    fed = OnlineSearch(P(0, 1), cpus=8, default_threads=default_threads)
+    step = fed.observe(window(10, blocked=0.8, busy=0.25), demand=10.0, now=1.0)
+    assert step.to != P(0, 2), step.reason
 
 
 def capacities(per_thread: float, gil: float = 1.0):
