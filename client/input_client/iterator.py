@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -52,7 +53,14 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()
 @atexit.register
 def _close_open_iterators() -> None:
     for it in list(_OPEN):
-        it.close()
+        try:
+            it.close()
+        except Exception:  # noqa: BLE001 - the others are still closed
+            log.warning("input stream: closing an iterator left open at exit failed", exc_info=True)
+
+
+# A forked child's copy of the parent's iterators is not its own to cancel when it exits.
+os.register_at_fork(after_in_child=_OPEN.clear)
 
 
 class BatchIterator:
@@ -429,6 +437,11 @@ class BatchIterator:
             # that a gRPC daemon thread frozen by the exit can hold: the process hung at exit.
             call, self._call = self._call, None
             call.cancel()
+            # Its credit ends with it: a fetch thread that had not yet read the call never
+            # pumps it, and gRPC's request thread would wait in `Taken.requests` for good.
+            taken = self._taken.pop(id(call), None)
+            if taken is not None:
+                taken.end()
         self._fetcher.close(timeout=10)  # also frees prefetched batches now
         self._on_close()
         _OPEN.discard(self)

@@ -37,8 +37,9 @@ MAX_WINDOW_S = 10.0
 WARMUP_S = 1.0
 # Worker processes warm up longer: they start one after another and each loads its
 # tokenizer, so their first batches come before the last of them is making groups; a window
-# a second after the first batch read 2 x 1 at about half its settled rate on a 2-core host
-# (docs/benchmarks.md, "auto"'s first 30 s), and the search left it for fewer threads.
+# a second after the first batch read 2 x 1 well below its settled rate on a 2-core host, and
+# the search left it for fewer threads (docs/benchmarks.md, '"auto" on this 2-core host when
+# its trainer waits').
 PROCESS_WARMUP_S = 3.0
 # Windows in a row whose tuning failed before it stops for the stream (the stream goes on).
 MAX_FAILURES = 3

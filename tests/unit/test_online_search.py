@@ -12,6 +12,7 @@ from input_server.autotune.online import COOLDOWN_WINDOWS, OnlineSearch
 from input_server.autotune.shared_cores import DEFAULT_SPREAD, SPREAD_BOUNDS, Cores
 from input_server.batching.budget import StreamBudget
 from input_server.batching.parallelism import Parallelism as P
+from input_server.serving.verdict import INPUT_BOUND_WAIT
 
 
 def default_threads(processes: int) -> int:
@@ -52,9 +53,9 @@ def test_a_window_whose_loop_waited_for_data_is_its_own_capacity():
     """The producer waited for room (the server's own sends held it, sharing one GIL), yet
     the trainer waited for data: what reached the loop is all this parallelism delivers."""
     w = window(10, workers=2, blocked=0.8, busy=0.25)
-    waited = dataclasses.replace(w, loop_wait_s=0.05 * w.seconds)
+    waited = dataclasses.replace(w, loop_wait_s=INPUT_BOUND_WAIT * w.seconds)
     assert waited.free_running and waited.capacity() == 10
-    barely = dataclasses.replace(w, loop_wait_s=0.04 * w.seconds)  # a fed loop's jitter
+    barely = dataclasses.replace(w, loop_wait_s=0.8 * INPUT_BOUND_WAIT * w.seconds)  # jitter
     assert not barely.free_running and barely.capacity() == pytest.approx(40)
 
 
