@@ -11,6 +11,7 @@ when its program exits."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import subprocess
@@ -25,13 +26,29 @@ from input_server.serving.stream import Stream
 STREAMS = 20
 
 
+@contextlib.contextmanager
+def collector_off(kind: type):
+    """The collector off within the block; then one collection that keeps what it finds,
+    and the list yielded gets the objects of `kind` it found (left to the collector)."""
+    kept: list = []
+    gc.collect()
+    gc.disable()
+    try:
+        yield kept
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept.extend(o for o in gc.garbage if isinstance(o, kind))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 def test_a_cancelled_stream_is_freed_without_the_garbage_collector(short_tmp, make_spec):
     spec = make_spec()
     with Server(ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])) as srv:
         with InputClient(srv.targets[0], connect_timeout_s=30) as client:
-            gc.collect()
-            gc.disable()
-            try:
+            with collector_off(Stream) as kept:
                 rows = []
                 for _ in range(STREAMS):
                     with client.batches(spec) as it:  # left after its first batch
@@ -39,13 +56,6 @@ def test_a_cancelled_stream_is_freed_without_the_garbage_collector(short_tmp, ma
                 deadline = time.monotonic() + 30
                 while srv.active_streams() and time.monotonic() < deadline:
                     time.sleep(0.05)  # the server's side of each stream ends on its threads
-                gc.set_debug(gc.DEBUG_SAVEALL)
-                gc.collect()
-                kept = [o for o in gc.garbage if isinstance(o, Stream)]
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
-                gc.enable()
     assert rows == [spec.batch.size] * STREAMS
     assert srv.active_streams() == 0
     assert kept == [], f"{len(kept)} of {STREAMS} cancelled streams were left to the collector"
@@ -62,20 +72,11 @@ def test_a_closed_iterator_leaves_no_grpc_call_to_the_collector(short_tmp, make_
     spec = make_spec()
     with Server(ServerConfig(listen=[f"unix://{short_tmp}/s.sock"])) as srv:
         with InputClient(srv.targets[0], connect_timeout_s=30) as client:
-            gc.collect()
-            gc.disable()
-            try:
+            with collector_off(grpc._channel._Rendezvous) as kept:
                 counts = []
                 for ended in (True, False, True, False):  # run to its end, or left early
                     with client.batches(spec) as it:
                         counts.append(sum(1 for _ in it) if ended else len(next(it)["inputs"]))
-                gc.set_debug(gc.DEBUG_SAVEALL)
-                gc.collect()
-                kept = [o for o in gc.garbage if isinstance(o, grpc._channel._Rendezvous)]
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
-                gc.enable()
     assert counts[0] == counts[2] > 10 and counts[1] == counts[3] == spec.batch.size
     assert kept == [], f"{len(kept)} gRPC calls of 4 closed iterators were left to the collector"
 
