@@ -319,7 +319,8 @@ class Server:
         self._remove_own_sockets()
 
     def start(self) -> None:
-        warm.load()  # Grain, which every stream needs, before any call can run beside it
+        if not warm.load_behind():  # Grain, which every stream needs, behind the socket;
+            warm.load()  # or, where its lazy imports cannot be made its own, before any call
         for server in self._grpc_servers():
             server.start()
         for service in ("", SERVICE_NAME):

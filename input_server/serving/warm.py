@@ -1,28 +1,37 @@
-"""What every stream needs but a `serve` process's path to its socket does not, loaded before it
-answers; and what no stream needs, kept out of a `serve` process.
+"""What every stream needs but a `serve` process's path to its socket does not, loaded behind
+the socket; and what no stream needs, kept out of a `serve` process.
 
 Grain is imported on first use (`batching.grain_adapter`), not while `serve` parses its
-arguments and binds. It is loaded before the server answers a call, on the thread that starts
-it: its import swaps `builtins.__import__` process-wide for a moment (its Parquet module
-imports pyarrow inside `etils.epy.lazy_imports()`), and a call that ran a `from ... import` on
-another thread in that moment got a `LazyModule` where a function should be (issue 50). JAX,
-which Grain would import with it, is kept out of `serve` (`keep_jax_out`), which leaves
-Grain's import a fraction of a second (docs/benchmarks.md, "Time to a first batch after a
-(re)start").
+arguments and binds. The server starts answering first and loads it on a thread of its own
+(`load_behind`); a stream waits for that load (`wait_loaded`), health and GetInfo do not. Its
+import swaps `builtins.__import__` process-wide for a moment (its Parquet module imports pyarrow
+inside `etils.epy.lazy_imports()`), and a call that ran a `from ... import` on another thread in
+that moment got a `LazyModule` where a function should be (issue 50): gRPC itself runs one for
+every call. While the loading thread imports, `etils.epy.lazy_imports` is one that makes that
+thread's imports lazy and no other's (`_lazy_here`); where etils lacks the function it builds
+on, Grain is loaded before the server answers, as before. JAX, which Grain would import with
+it, is kept out of `serve` (`keep_jax_out`), which leaves Grain's import a fraction of a second
+(docs/benchmarks.md, "Time to a first batch after a (re)start").
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import functools
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
 NO_JAX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
+# Set once Grain's load (`load_behind`) has ended, either way.
+_LOADED = threading.Event()
+_LOADED.set()  # until a load behind starts: nothing to wait for
 
 
 def keep_jax_out() -> Callable[[], None]:
@@ -55,3 +64,69 @@ def load() -> None:
         log.warning("loading Grain failed (%s: %s)", type(e).__name__, e)
         return
     log.debug("Grain loaded in %.2f s", time.perf_counter() - start)
+
+
+def load_behind() -> bool:
+    """Loads Grain on a thread of its own, its lazy imports its own (`_lazy_here`); False
+    (nothing started) where etils' lazy imports cannot be made so: the caller loads it before
+    answering."""
+    if "grain" in sys.modules or not _LOADED.is_set():
+        return True
+    try:
+        from etils import epy
+        from etils.epy import lazy_imports_utils
+    except ImportError:  # no etils, no swap: Grain's own import will say what is missing
+        lazy_import = None
+    else:
+        lazy_import = getattr(lazy_imports_utils, "_lazy_import", None)
+        if lazy_import is None or not hasattr(epy, "lazy_imports"):
+            return False
+    _LOADED.clear()
+
+    def run() -> None:
+        try:
+            if lazy_import is None:
+                load()
+            else:
+                with _lazy_here(epy, lazy_import):
+                    load()
+        finally:
+            _LOADED.set()
+
+    threading.Thread(target=run, name="load-grain", daemon=True).start()
+    return True
+
+
+def wait_loaded(timeout: float | None = None) -> bool:
+    """Waits for a load behind (`load_behind`) to end; whether it has."""
+    return _LOADED.wait(timeout)
+
+
+@contextlib.contextmanager
+def _lazy_here(epy, lazy_import: Callable) -> Iterator[None]:
+    """`epy.lazy_imports` replaced, meanwhile, by one whose lazy `__import__` serves only the
+    thread inside its block: etils' own puts its lazy `__import__` in `builtins` for every
+    thread (`lazy_import`: the function it puts there, made the same way)."""
+    original = epy.lazy_imports
+
+    @contextlib.contextmanager
+    def this_thread_only(*, error_callback=None, success_callback=None) -> Iterator[None]:
+        real, owner = builtins.__import__, threading.get_ident()
+        lazy = functools.partial(
+            lazy_import, error_callback=error_callback, success_callback=success_callback
+        )
+
+        def dispatch(*args, **kwargs):
+            return (lazy if threading.get_ident() == owner else real)(*args, **kwargs)
+
+        builtins.__import__ = dispatch
+        try:
+            yield
+        finally:
+            builtins.__import__ = real
+
+    epy.lazy_imports = this_thread_only
+    try:
+        yield
+    finally:
+        epy.lazy_imports = original

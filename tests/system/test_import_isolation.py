@@ -51,7 +51,7 @@ def test_client_streams_without_grain_sentencepiece_or_jax(server, make_spec):
 def test_the_server_listens_before_grain_or_jax_loads():
     """`serve`'s path to its socket imports neither Grain nor JAX (most of a restarted sidecar's
     time to listening before; docs/benchmarks.md, "Time to a first batch after a (re)start"):
-    the server loads Grain just before it answers (`serving/warm.py`), and JAX never."""
+    the server loads Grain behind its socket (`serving/warm.py`), and JAX never."""
     code = (
         "import sys, input_server.cli, input_server.cli.serve, input_server.serving.server; "
         "print([m for m in ('grain', 'jax') if m in sys.modules])"

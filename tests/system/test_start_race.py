@@ -1,14 +1,15 @@
-"""The first calls after `serve` listens are answered: a restarted sidecar's client is already
-waiting and calls the moment the socket appears. Grain's import swaps `builtins.__import__`
-process-wide for a moment (its Parquet module imports pyarrow inside
-`etils.epy.lazy_imports()`); a call that ran a `from ... import` in that moment, beside a Grain
-import on another thread, got a `LazyModule` for a function, died with `'LazyModule' object
-is not callable` in the server log, and its client had no status (issue 50, finding 5). The
-moment is as long as a GIL switch inside that `with` block lets it be; the server here holds
-it open for two seconds (a `sitecustomize` on its path that sleeps inside the block, a
-stand-in for a busy host). One client opens a stream as the socket appears (its first batch
-waits for Grain); another opens one half a second later, inside that moment if it comes after
-listening."""
+"""The first calls after `serve` listens are answered, and health and GetInfo are answered while
+Grain still loads behind the socket (`serving/warm.py`): a restarted sidecar's client is
+already waiting and calls the moment the socket appears. Grain's import swaps
+`builtins.__import__` process-wide for a moment (its Parquet module imports pyarrow inside
+`etils.epy.lazy_imports()`); a call that ran a `from ... import` in that moment (gRPC runs one
+for every call), beside a Grain import on another thread, got a `LazyModule` for a function,
+died with `'LazyModule' object is not callable` in the server log, and its client had no status
+(issue 50, finding 5). The moment is as long as a GIL switch inside that block lets it be; the
+server here holds it open for two seconds (a `sitecustomize` on its path that sleeps in etils'
+lazy `__import__`, a stand-in for a busy host), and writes when it enters and leaves it. One
+client opens a stream as the socket appears (its first batch waits for Grain), another half a
+second later, and a third asks for health and GetInfo over and over meanwhile."""
 
 from __future__ import annotations
 
@@ -16,22 +17,29 @@ import concurrent.futures
 import os
 import time
 
+import grpc
 import pytest
 
 from input_client import InputClient, PipelineSpec
 from input_server.data.tokenizers.trainers import train_hf_tokenizer
-from input_server.testing.processes import ChildProcess, cli_argv
+from input_server.testing.processes import ChildProcess, cli_argv, health
+from input_server.version import __version__
 
 SLOW_LAZY_IMPORTS = """\
-import contextlib, time
-from etils import epy
-_lazy = epy.lazy_imports
-@contextlib.contextmanager
+import os, time
+from etils.epy import lazy_imports_utils as _lazy
+_real = _lazy._lazy_import
+def _write(what):
+    with open(os.environ["LAZY_MARKS"], "a") as f:
+        f.write(f"{what} {time.time()}\\n")
 def _slow(*args, **kwargs):
-    with _lazy(*args, **kwargs):
-        time.sleep(2.0)
-        yield
-epy.lazy_imports = _slow
+    _write("in")
+    time.sleep(2.0)
+    try:
+        return _real(*args, **kwargs)
+    finally:
+        _write("out")
+_lazy._lazy_import = _slow
 """
 
 
@@ -42,12 +50,34 @@ def hf_folder(docs, data_dir) -> str:
 
 
 def _slow_lazy_imports(folder) -> dict[str, str]:
-    """An environment whose processes stay two seconds inside each `lazy_imports` block."""
+    """An environment whose processes stay two seconds in each lazy import of etils', and
+    write when they enter and leave it to `folder`/marks."""
     site = folder / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SLOW_LAZY_IMPORTS)
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path}
+    return {**os.environ, "PYTHONPATH": path, "LAZY_MARKS": str(folder / "marks")}
+
+
+def _answers(target: str, until_s: float) -> list[tuple[float, float, str]]:
+    """Health and GetInfo asked over and over from the moment the socket appears: (asked,
+    answered, what) for each answer, by the wall clock (the server's marks are too)."""
+    out, end = [], time.monotonic() + until_s
+    path = target.removeprefix("unix://")
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.005)
+    with InputClient(target, connect_timeout_s=15) as client:
+        while time.monotonic() < end:
+            asked = time.time()
+            try:
+                status = health(target)
+                out.append((asked, time.time(), f"health {status}"))
+                asked = time.time()
+                out.append((asked, time.time(), f"info {client.info().server_version}"))
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.05)
+    return out
 
 
 def _first_batch(target: str, spec: PipelineSpec, after_s: float) -> int:
@@ -72,18 +102,28 @@ def test_calls_from_the_moment_the_socket_appears_are_answered(short_tmp, corpus
     roots = {os.path.dirname(corpus), os.path.dirname(hf_folder)}
     sock, log = short_tmp / "s.sock", short_tmp / "s.log"
     argv = ["--listen", f"unix://{sock}", *(a for r in roots for a in ("--data-root", r))]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         # The clients first: they wait for the socket.
         answers = [pool.submit(_first_batch, f"unix://{sock}", spec, s) for s in (0.0, 0.5)]
+        asking = pool.submit(_answers, f"unix://{sock}", 8.0)
         time.sleep(0.05)
         child = ChildProcess(cli_argv("serve", *argv), log=str(log), env=env)
         try:
             rows = [_outcome(a) for a in answers]
+            asked = asking.result(timeout=30)
         finally:
             child.kill()
     said = log.read_text()  # what the server said first: it names a call that died unanswered
     assert "LazyModule" not in said and "grpc/_server.py" not in said, said[-3000:]
     assert rows == [spec.batch.size] * 2, (rows, said[-3000:])
+    # Grain's lazy import was held in the server (once: its Parquet module's), and health and
+    # GetInfo were answered, right, while it was.
+    marks = (short_tmp / "marks").read_text().split()
+    assert marks[0::2][:2] == ["in", "out"], marks
+    held = (float(marks[1]), float(marks[3]))
+    inside = [what for a, b, what in asked if held[0] < a and b < held[1]]
+    assert "health 1" in inside and any(w.startswith("info ") for w in inside), (held, asked)
+    assert all(w in ("health 1", f"info {__version__}") for _, _, w in asked), asked
 
 
 def _outcome(answer: concurrent.futures.Future):
