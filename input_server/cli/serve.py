@@ -149,6 +149,11 @@ def config_of(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(pipelines=pipelines, **given)
 
 
+# How long a returning `serve` waits for Grain's load behind the socket before undoing what
+# kept JAX out of it.
+UNDO_WAIT_S = 60.0
+
+
 def run(args: argparse.Namespace) -> int:
     from input_server.errors import InputServerError
     from input_server.serving import warm
@@ -165,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return _serve_until_stopped(server)
     finally:
+        # Grain, if it still loads behind the socket, imports what it imports as `serve` let it
+        # (no JAX) before a process that goes on (a test) gets its path back.
+        warm.wait_loaded(UNDO_WAIT_S)
         undo()
         undo_platforms()
 

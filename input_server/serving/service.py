@@ -22,7 +22,6 @@ from input_server.data.roots import DataAccess
 from input_server.data.tokenizers.base import AUDIT_EVERY
 from input_server.errors import InvalidSpecError, RefusedError
 from input_server.quoting import quote_message
-from input_server.serving import warm
 from input_server.serving.coalesce import MESSAGE_TOKENS
 from input_server.serving.describe import describe_tokenizer
 from input_server.serving.guards import guard_stream, guard_unary, parsed
@@ -110,7 +109,6 @@ class InputServicer(pb_grpc.InputServiceServicer):
             raise RefusedError(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if self._draining.is_set():
             raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
-        warm.wait_loaded()  # Grain, loading behind a server that has just started
         with self._streams.admit(request, requests, context) as stream:
             yield from stream.messages()
 

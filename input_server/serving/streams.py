@@ -12,12 +12,17 @@ from typing import Any
 import grpc
 
 from input_client.proto import pb
-from input_server.errors import RefusedError, status_of
+from input_server.errors import CancelledError, RefusedError, status_of
+from input_server.serving import warm
 from input_server.serving.accounting import ServerTotals
 from input_server.serving.slots import Slot
 from input_server.serving.stream import Shared, Stream
 
 log = logging.getLogger("input_server.serving.stream")
+
+# How often a stream that waits for Grain's load behind a server that has just started looks
+# whether its client left or the server drains.
+LOAD_POLL_S = 0.1
 
 
 def _code_of(e: BaseException) -> str:
@@ -25,6 +30,16 @@ def _code_of(e: BaseException) -> str:
     if isinstance(e, GeneratorExit):
         return "CANCELLED"
     return status_of(e)[0].name
+
+
+def _wait_for_grain(context: grpc.ServicerContext, draining: threading.Event) -> None:
+    """Until Grain's load behind a server that has just started has ended (`warm.load_behind`);
+    a stream admitted meanwhile holds its slot and handler thread, counted as every stream's."""
+    while not warm.wait_loaded(LOAD_POLL_S):
+        if draining.is_set():
+            raise RefusedError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down.")
+        if not context.is_active():
+            raise CancelledError("the client left while the server loaded Grain.")
 
 
 class Streams:
@@ -80,6 +95,7 @@ class Streams:
                     f"the server already runs its maximum of {self._max_streams} streams.",
                 )
             try:
+                _wait_for_grain(context, self.shared.draining)
                 stream = Stream(
                     next(self._ids), request, requests, context, self.shared, on_leave=slot.give
                 )

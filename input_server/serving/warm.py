@@ -3,7 +3,8 @@ the socket; and what no stream needs, kept out of a `serve` process.
 
 Grain is imported on first use (`batching.grain_adapter`), not while `serve` parses its
 arguments and binds. The server starts answering first and loads it on a thread of its own
-(`load_behind`); a stream waits for that load (`wait_loaded`), health and GetInfo do not. Its
+(`load_behind`); a stream waits for that load (`wait_loaded`, at its admission), other calls
+do not. Its
 import swaps `builtins.__import__` process-wide for a moment (its Parquet module imports pyarrow
 inside `etils.epy.lazy_imports()`), and a call that ran a `from ... import` on another thread in
 that moment got a `LazyModule` where a function should be (issue 50): gRPC itself runs one for
@@ -19,6 +20,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -32,6 +34,7 @@ NO_JAX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_jax")
 # Set once Grain's load (`load_behind`) has ended, either way.
 _LOADED = threading.Event()
 _LOADED.set()  # until a load behind starts: nothing to wait for
+_STARTING = threading.Lock()
 
 
 def keep_jax_out() -> Callable[[], None]:
@@ -68,32 +71,29 @@ def load() -> None:
 
 def load_behind() -> bool:
     """Loads Grain on a thread of its own, its lazy imports its own (`_lazy_here`); False
-    (nothing started) where etils' lazy imports cannot be made so: the caller loads it before
-    answering."""
-    if "grain" in sys.modules or not _LOADED.is_set():
-        return True
-    try:
-        from etils import epy
-        from etils.epy import lazy_imports_utils
-    except ImportError:  # no etils, no swap: Grain's own import will say what is missing
-        lazy_import = None
-    else:
-        lazy_import = getattr(lazy_imports_utils, "_lazy_import", None)
-        if lazy_import is None or not hasattr(epy, "lazy_imports"):
+    (nothing started) where etils' lazy imports cannot be made so (etils missing, or not as
+    `_etils_lazy` knows it): the caller loads it before answering."""
+    with _STARTING:  # two servers starting at once start one load
+        if "grain" in sys.modules or not _LOADED.is_set():
+            return True
+        found = _etils_lazy()
+        if found is None:
             return False
-    _LOADED.clear()
+        epy, lazy_import = found
+        _LOADED.clear()
 
-    def run() -> None:
-        try:
-            if lazy_import is None:
-                load()
-            else:
+        def run() -> None:
+            try:
                 with _lazy_here(epy, lazy_import):
                     load()
-        finally:
-            _LOADED.set()
+            finally:
+                _LOADED.set()
 
-    threading.Thread(target=run, name="load-grain", daemon=True).start()
+        try:
+            threading.Thread(target=run, name="load-grain", daemon=True).start()
+        except BaseException:
+            _LOADED.set()
+            raise
     return True
 
 
@@ -102,31 +102,57 @@ def wait_loaded(timeout: float | None = None) -> bool:
     return _LOADED.wait(timeout)
 
 
+def _etils_lazy() -> tuple[object, Callable] | None:
+    """etils' `epy` module and the lazy `__import__` its `lazy_imports` puts in `builtins`
+    (`_lazy_import(name, globals, locals, fromlist, level, *, error_callback,
+    success_callback)`), or None where etils is missing or not so."""
+    try:
+        from etils import epy
+    except ImportError:
+        return None
+    module = sys.modules.get(getattr(getattr(epy, "lazy_imports", None), "__module__", ""))
+    lazy_import = getattr(module, "_lazy_import", None)
+    try:
+        keywords = inspect.signature(lazy_import).parameters if lazy_import else {}
+    except (TypeError, ValueError):
+        return None
+    if not {"error_callback", "success_callback"} <= keywords.keys():
+        return None
+    return epy, lazy_import
+
+
 @contextlib.contextmanager
 def _lazy_here(epy, lazy_import: Callable) -> Iterator[None]:
     """`epy.lazy_imports` replaced, meanwhile, by one whose lazy `__import__` serves only the
     thread inside its block: etils' own puts its lazy `__import__` in `builtins` for every
-    thread (`lazy_import`: the function it puts there, made the same way)."""
+    thread (`lazy_import`: the function it puts there, made the same way). Each put back only
+    if it is still what was put there (another swap may have come between)."""
     original = epy.lazy_imports
 
     @contextlib.contextmanager
     def this_thread_only(*, error_callback=None, success_callback=None) -> Iterator[None]:
-        real, owner = builtins.__import__, threading.get_ident()
+        real, owner, active = builtins.__import__, threading.get_ident(), [True]
         lazy = functools.partial(
             lazy_import, error_callback=error_callback, success_callback=success_callback
         )
 
         def dispatch(*args, **kwargs):
-            return (lazy if threading.get_ident() == owner else real)(*args, **kwargs)
+            # After the block, or on another thread (a thread's ident is reused once it ends):
+            # the import it came in place of.
+            here = active[0] and threading.get_ident() == owner
+            return (lazy if here else real)(*args, **kwargs)
 
         builtins.__import__ = dispatch
         try:
             yield
         finally:
-            builtins.__import__ = real
+            active[0] = False
+            if builtins.__import__ is dispatch:
+                builtins.__import__ = real
 
     epy.lazy_imports = this_thread_only
     try:
         yield
     finally:
-        epy.lazy_imports = original
+        if epy.lazy_imports is this_thread_only:
+            epy.lazy_imports = original
