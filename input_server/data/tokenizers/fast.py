@@ -47,7 +47,7 @@ MAX_DERIVED_CHARS = 64 << 20
 # What the tokenizer cache (`keep.ModelKeep`) keeps a derived tokenizer.json as; the
 # derivation's own version, raised whenever `ranks_as_tokenizer_json` changes what it writes.
 DERIVED = "tokenizer.json derived from tiktoken ranks"
-DERIVE_FORMAT = 2  # 2: one merge a token where tiktoken's last join is known
+DERIVE_FORMAT = 3  # 2: one merge a token where tiktoken's last join is known; 3: "a b" merges
 # fastokens holds a tokenizer.json in far more memory than `tokenizers` does: measured on
 # synthetic byte-level BPE files (3-35 MB, 100 K-1 M tokens) at 27-101 x the file's bytes, most
 # for short tokens (10.5 MB of tokens of 2-4 characters: 1,067 MB; 33.8 MB of 1 M tokens: 2.5
@@ -168,7 +168,11 @@ def ranks_as_tokenizer_json(ranks: dict[bytes, int], pattern: str, written: str)
         "byte_fallback": False,
         "ignore_merges": True,
         "vocab": {spell[t]: r for t, r in ranks.items()},
-        "merges": [[a, b] for *_, a, b in merges],
+        # "a b", not ["a", "b"]: fastokens 0.3.5 loads Llama 3's derivation ~20 % faster so
+        # (docs/benchmarks.md, "Time to a first batch after a (re)start"), with the same ids.
+        # No spelled token holds a space (byte-level spelling writes 0x20 as "Ġ"): the split
+        # is unambiguous.
+        "merges": [f"{a} {b}" for *_, a, b in merges],
     }
     split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated"}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
