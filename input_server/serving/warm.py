@@ -108,13 +108,10 @@ def _etils_lazy() -> tuple[object, Callable] | None:
     success_callback)`), or None where etils is missing or not so."""
     try:
         from etils import epy
-    except ImportError:
-        return None
-    module = sys.modules.get(getattr(getattr(epy, "lazy_imports", None), "__module__", ""))
-    lazy_import = getattr(module, "_lazy_import", None)
-    try:
-        keywords = inspect.signature(lazy_import).parameters if lazy_import else {}
-    except (TypeError, ValueError):
+
+        lazy_import = sys.modules[epy.lazy_imports.__module__]._lazy_import
+        keywords = inspect.signature(lazy_import).parameters
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
         return None
     if not {"error_callback", "success_callback"} <= keywords.keys():
         return None

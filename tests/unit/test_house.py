@@ -425,6 +425,9 @@ OUTSIDE_PRIVATES = {
     # tiktoken's Rust core: its encode_to_tiktoken_buffer returns ids without Python lists.
     ("input_server/data/tokenizers/tiktoken.py", "self.model()._core_bpe"),
     ("input_server/data/tokenizers/tiktoken.py", "enc._core_bpe"),
+    # etils' lazy `__import__`, the function its `lazy_imports` puts in `builtins` for every
+    # thread: `warm._lazy_here` puts it there for Grain's loading thread alone (issue 50).
+    ("input_server/serving/warm.py", "sys.modules[epy.lazy_imports.__module__]._lazy_import"),
     # The one way to read other threads' stacks from inside a process (where py-spy cannot
     # reach it: gVisor).
     ("scripts/bench/sampled.py", "sys._current_frames"),
