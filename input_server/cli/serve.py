@@ -164,10 +164,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         configure(args.log_format)
         try:
-            server = Server(config_of(args))
+            config = config_of(args)
+            if config.standby:  # its Server waits, loaded, for the socket files' server to end
+                warm.load()  # said loaded: Grain too
+                taken = " ".join(config.listen) or "the default socket"
+                print(
+                    f"input-server: standby: taking over {taken} once its server ends", flush=True
+                )
+            server = Server(config)
         except (InputServerError, OSError, ValueError) as e:
             print(f"input-server: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # a standby stopped while it waited
+            return 130
         return _serve_until_stopped(server)
     finally:
         # Grain, if it still loads behind the socket, imports what it imports as `serve` let it

@@ -168,6 +168,13 @@ class ServerConfig:
     )
     # How long `stop()` lets streams end after telling them to.
     grace_s: float = _setting(5.0, doc="drain time on SIGTERM")
+    # `socket_lock.py`: the server holding a socket file holds its lock; the standby waits.
+    standby: bool = _setting(
+        False,
+        doc="start as a loaded spare: wait until the server on the same socket files has "
+        "ended (SIGKILL too), then take them over at once; its clients resume there. Socket "
+        "files only (unix:///PATH.sock or the default); run it beside the sidecar's server",
+    )
     # `coalesce.MESSAGE_TOKENS`; a batch this big or bigger goes alone.
     message_tokens: int = _setting(
         MESSAGE_TOKENS,
@@ -218,12 +225,22 @@ class ServerConfig:
                 f"--health-port {self.health_port}: out of range (0 to 65535; 0 picks a free port)."
             )
         self._check_metrics()
+        self._check_standby()
         if self.socket_group is not None and not any(a.startswith("unix:") for a in self.listen):
             # The default socket's folder is 0700: the group could not reach the socket.
             raise ValueError(
                 f"--socket-group {self.socket_group!r} applies to socket files: "
                 f"add --listen unix:///PATH.sock in a folder the group can enter "
                 f"(the default socket's folder is private to you)."
+            )
+
+    def _check_standby(self) -> None:
+        """--standby: every address a socket file, whose lock says which server holds it."""
+        other = [a for a in self.listen if not a.startswith("unix:")]
+        if self.standby and other:
+            raise ValueError(
+                f"--standby takes over socket files only (unix:///PATH.sock, or the default "
+                f"socket), not --listen {other[0]}."
             )
 
     def _check_metrics(self) -> None:

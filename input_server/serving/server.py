@@ -38,6 +38,7 @@ from input_server.serving.listen import (  # noqa: F401
     tcp_refused,
 )
 from input_server.serving.service import InputServicer, add_to_server
+from input_server.serving.socket_lock import SocketLock
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Server:
 
     def __init__(self, config: ServerConfig | None = None, *, start: bool = True):
         self.config = c = config or ServerConfig()
+        self._locks: list[SocketLock] = []  # the socket files' (`_lock_socket_files`)
         addresses = self._addresses()
         # Descriptors: the soft limit raised to the hard one, and the share readers keep.
         configure_open_files(c.max_open_files)
@@ -130,6 +132,7 @@ class Server:
         self.targets: list[str] = []
         self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         credentials = self.certificates and self.certificates.credentials()
+        self._locks = self._lock_socket_files(addresses)
         for a in addresses:
             self._listen_on(a, credentials, gid)
         self._check: probes.SelfCheck | None = None
@@ -147,6 +150,39 @@ class Server:
                 raise
         if start:
             self.start()
+
+    def _lock_socket_files(self, addresses: list[Address]) -> list[SocketLock]:
+        """Each socket file's lock (`socket_lock`), taken before its path is claimed: a standby
+        (`config.standby`), everything loaded, waits for the server holding them to end; a
+        server refuses a path whose lock another holds. Where the lock cannot be made (no
+        abstract Unix namespace) a server goes on without it; a standby cannot."""
+        locks = [SocketLock(socket_path(a.bind)) for a in addresses if a.kind == "file"]
+        try:
+            if self.config.standby:
+                warm.load()  # nothing answers here yet: Grain's import swaps no call's imports
+                log.info(
+                    "standby for %s: waiting for its server to end",
+                    ", ".join(lock.path for lock in locks),
+                )
+                for lock in locks:
+                    lock.wait()
+                return locks
+            for lock in locks:
+                if not lock.take():
+                    raise OSError(
+                        f"--listen unix://{lock.path}: in use by a running server, or a standby "
+                        f"taking it over (`input-server info unix://{lock.path}` asks it); stop "
+                        f"it first or listen on another path."
+                    )
+        except OSError as e:
+            for lock in locks:
+                lock.release()
+            if self.config.standby or e.errno is None:
+                self._unbind()
+                raise
+            log.debug("socket files unlocked: %s", e)
+            return []
+        return locks
 
     def _addresses(self) -> list[Address]:
         """The addresses to listen on, refused where their exposure lacks TLS or a token."""
@@ -317,6 +353,8 @@ class Server:
         if self._metrics is not None:
             self._metrics.stop()
         self._remove_own_sockets()
+        for lock in self._locks:
+            lock.release()
 
     def start(self) -> None:
         if not warm.load_behind():  # Grain, which every stream needs, behind the socket;
@@ -366,6 +404,8 @@ class Server:
         if self._metrics is not None:
             self._metrics.stop()
         self._remove_own_sockets()
+        for lock in self._locks:  # a standby takes over from here
+            lock.release()
         self._stopped.set()
 
     def remove_sockets(self) -> None:

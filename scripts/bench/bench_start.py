@@ -20,7 +20,10 @@ workers 0 processes x 1 thread (what "auto" picked on the TPU host; `--workers a
 - `next_stream_first_batch_s`: the same server's next stream;
 - `kill_restart_to_next_batch_s`: a loop taking batches (prefetch 2) from a server that is
   SIGKILLed and started again at once on the same socket and cache: from the kill to the first
-  batch the loop had to wait for (the prefetched ones go first), and the loop's stall.
+  batch the loop had to wait for (the prefetched ones go first), and the loop's stall (timed
+  from the restarted server's "serving on", which the loop waits for);
+- `kill_to_standby_next_batch_s`: the same with a loaded standby beside the server (`serve
+  --standby`, this tree only) and no restart, the loop asking throughout, and its stall.
 With `--workers auto`, the same two with the tune cache kept (`serve --tune-cache`), after a
 stream that ran until its search settled (at most SETTLE_S): `first_batch_remembered_s` and
 `kill_restart_remembered_loop_stall_s`, the choice it opened at in `remembered`.
@@ -90,6 +93,7 @@ class Serve:
         roots: list[str],
         tree: str | None = None,
         tune_cache: str = "off",
+        standby: bool = False,
     ):
         self.started = time.perf_counter()
         env = dict(os.environ)
@@ -100,6 +104,8 @@ class Serve:
         args = ["--listen", f"unix://{sock}", "--tokenizer-cache", keep, "--tune-cache", tune_cache]
         for root in roots:
             args += ["--data-root", root]
+        if standby:  # said once loaded, before it takes the socket over
+            args.append("--standby")
         self.p = subprocess.Popen(
             cli_argv("serve", *args),
             stdout=subprocess.PIPE,
@@ -112,7 +118,7 @@ class Serve:
             or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         line = self.p.stdout.readline()
-        if "serving on" not in line:
+        if ("standby:" if standby else "serving on") not in line:
             self.p.kill()
             said = self.p.stderr.read()[-2000:]
             raise RuntimeError(f"serve did not start: {line!r}; it said: {said}")
@@ -222,6 +228,33 @@ def kill_and_restart(
         server.kill()
 
 
+def kill_to_standby(sock: str, keep: str, roots: list[str], spec: PipelineSpec) -> dict:
+    """A loop taking batches from a server SIGKILLed beside a loaded standby (`serve
+    --standby` on the same socket), which takes the socket over; the loop asks on throughout,
+    as a training loop does."""
+    server = Serve(sock, keep, roots)
+    standby = Serve(sock, keep, roots, standby=True)
+    try:
+        with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
+            for _ in range(6):
+                next(it)
+            time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
+            killed = time.perf_counter()
+            server.kill()
+            stall = 0.0
+            while True:
+                asked = time.perf_counter()
+                next(it)
+                waited = time.perf_counter() - asked
+                if waited > 0.05:  # the first batch the loop had to wait for
+                    stall = waited
+                    break
+            return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": stall}
+    finally:
+        server.kill()
+        standby.kill()
+
+
 def workers_of(text: str) -> dict:
     """`--workers`: "auto", or PROCESSES x THREADS ("0x1")."""
     if text == "auto":
@@ -267,6 +300,10 @@ def one_round(
     restart = kill_and_restart(os.fspath(work / "r.sock"), os.fspath(keep), roots, spec, tree)
     out["kill_restart_to_next_batch_s"] = restart["to_next_batch_s"]
     out["kill_restart_loop_stall_s"] = restart["loop_stall_s"]
+    if tree is None:  # `--standby`: this tree's
+        taken = kill_to_standby(os.fspath(work / "t.sock"), os.fspath(keep), roots, spec)
+        out["kill_to_standby_next_batch_s"] = taken["to_next_batch_s"]
+        out["kill_to_standby_loop_stall_s"] = taken["loop_stall_s"]
     if workers == "auto":
         out.update(remembered(work, os.fspath(keep), roots, spec, tree))
     return out
