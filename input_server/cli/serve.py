@@ -164,18 +164,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         configure(args.log_format)
         try:
-            config = config_of(args)
-            if config.standby:  # its Server waits, loaded, for the socket files' server to end
-                warm.load()  # said loaded: Grain too
-                taken = " ".join(config.listen) or "the default socket"
-                print(
-                    f"input-server: standby: taking over {taken} once its server ends", flush=True
-                )
-            server = Server(config)
+            server = Server(config_of(args), waiting=_say_standby)
         except (InputServerError, OSError, ValueError) as e:
             print(f"input-server: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # a standby stopped while it waited
+        except KeyboardInterrupt:  # stopped while it started, a standby while it waited
             return 130
         return _serve_until_stopped(server)
     finally:
@@ -184,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
         warm.wait_loaded(UNDO_WAIT_S)
         undo()
         undo_platforms()
+
+
+def _say_standby(names: list[str]) -> None:
+    """A standby's line once it is loaded and waits (`Server(waiting=)`)."""
+    print(f"input-server: standby: taking over {', '.join(names)} once its server ends")
+    sys.stdout.flush()
 
 
 def keep_off_the_chip() -> Callable[[], None]:

@@ -131,19 +131,7 @@ def claim_socket_path(path: str, said: str) -> None:
     Raises:
       OSError: one line with the way out.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):  # checked here: gRPC's core would log its bind failure
-        if os.path.lexists(folder):
-            raise OSError(f"{said}: {folder} is not a folder; choose another path.")
-        raise OSError(
-            f"{said}: the folder {folder} does not exist; create it (mkdir -p {folder}) or "
-            f"choose another path."
-        )
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OSError(
-            f"{said}: you may not create files in {folder} (permission denied); choose a "
-            f"folder of yours, or leave out --listen for the default socket ({default_socket()})."
-        )
+    check_socket_folder(path, said)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -291,3 +279,25 @@ def connection_options(
             ("grpc.max_connection_age_grace_ms", int(age_grace_s * 1000)),
         ]
     return options
+
+
+def check_socket_folder(path: str, said: str) -> None:
+    """The folder of socket file `path`: there, and ours to create files in (the socket and its
+    lock, `socket_lock`); `said` names the address.
+
+    Raises:
+      OSError: one line with the way out.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # checked here: gRPC's core would log its bind failure
+        if os.path.lexists(folder):
+            raise OSError(f"{said}: {folder} is not a folder; choose another path.")
+        raise OSError(
+            f"{said}: the folder {folder} does not exist; create it (mkdir -p {folder}) or "
+            f"choose another path."
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(
+            f"{said}: you may not create files in {folder} (permission denied); choose a "
+            f"folder of yours, or leave out --listen for the default socket ({default_socket()})."
+        )

@@ -8,6 +8,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -24,7 +25,7 @@ from input_server.data.records import configure_open_files
 from input_server.data.roots import DataAccess
 from input_server.data.tokenizers.keep import keep_in
 from input_server.errors import InvalidSpecError
-from input_server.serving import auth, probes, tls, warm
+from input_server.serving import auth, probes, socket_lock, tls, warm
 from input_server.serving.auth import default_socket
 from input_server.serving.call_limits import CallLimits
 from input_server.serving.config import ServerConfig
@@ -32,6 +33,7 @@ from input_server.serving.limits import Limits, check_workers
 from input_server.serving.listen import (  # noqa: F401
     Address,
     add_port,
+    check_socket_folder,
     claim_socket_path,
     connection_options,
     parse_address,
@@ -84,9 +86,17 @@ class Server:
     with UNAVAILABLE so clients can resume elsewhere) and then stops.
     """
 
-    def __init__(self, config: ServerConfig | None = None, *, start: bool = True):
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        start: bool = True,
+        waiting: Callable[[list[str]], None] | None = None,
+    ):
         self.config = c = config or ServerConfig()
         self._locks: list[SocketLock] = []  # the socket files' (`_lock_socket_files`)
+        self.targets: list[str] = []
+        self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         addresses = self._addresses()
         # Descriptors: the soft limit raised to the hard one, and the share readers keep.
         configure_open_files(c.max_open_files)
@@ -124,15 +134,14 @@ class Server:
         policies = policy.split() if apart else (policy,)
         self._server, *others = self._make_grpc_servers(policies)
         self._abstract_server = others[0] if others else None
+        self._metrics = None  # bound after the locks: a standby shares its server's port
+        self._locks = self._lock_socket_files(addresses, waiting)
         self._metrics = self._metrics_endpoint()
         self._probes: grpc.Server | None = None
         self.health_port: int | None = None  # bound, on every interface, when configured
         # The metrics page's port, bound (`--metrics-port`; 0 picks one).
         self.metrics_port = self._metrics.port if self._metrics else None
-        self.targets: list[str] = []
-        self._unix_sockets: list[tuple[str, tuple[int, int]]] = []  # path, (device, inode)
         credentials = self.certificates and self.certificates.credentials()
-        self._locks = self._lock_socket_files(addresses)
         for a in addresses:
             self._listen_on(a, credentials, gid)
         self._check: probes.SelfCheck | None = None
@@ -151,37 +160,50 @@ class Server:
         if start:
             self.start()
 
-    def _lock_socket_files(self, addresses: list[Address]) -> list[SocketLock]:
+    def _lock_socket_files(
+        self, addresses: list[Address], waiting: Callable[[list[str]], None] | None
+    ) -> list[SocketLock]:
         """Each socket file's lock (`socket_lock`), taken before its path is claimed: a standby
-        (`config.standby`), everything loaded, waits for the server holding them to end; a
-        server refuses a path whose lock another holds. Where the lock cannot be made (no
-        abstract Unix namespace) a server goes on without it; a standby cannot."""
-        locks = [SocketLock(socket_path(a.bind)) for a in addresses if a.kind == "file"]
+        (`config.standby`), everything loaded, tells `waiting` the addresses, then waits until
+        it can take their locks all at once; a server refuses a path whose lock another
+        process holds."""
+        said = {}
+        for a in addresses:
+            if a.kind != "file":
+                continue
+            lock = SocketLock(socket_path(a.bind))
+            name = f"--listen {a.bind}" if self.config.listen else f"the default socket {a.bind}"
+            if lock.file in said:
+                self._unbind()
+                raise OSError(
+                    f"{name}: the same socket file as {said[lock.file][1]}; give it once."
+                )
+            said[lock.file] = (lock, name)
+        locks = [lock for lock, _ in said.values()]
         try:
+            for lock, name in said.values():
+                check_socket_folder(lock.path, name)  # before its lock file is made there
             if self.config.standby:
                 warm.load()  # nothing answers here yet: Grain's import swaps no call's imports
-                log.info(
-                    "standby for %s: waiting for its server to end",
-                    ", ".join(lock.path for lock in locks),
-                )
-                for lock in locks:
-                    lock.wait()
+                names = [name for _, name in said.values()]
+                log.info("standby: waiting for its server to end (%s)", ", ".join(names))
+                if waiting is not None:
+                    waiting(names)
+                while not _take_all(locks):
+                    time.sleep(socket_lock.POLL_S)
                 return locks
-            for lock in locks:
-                if not lock.take():
-                    raise OSError(
-                        f"--listen unix://{lock.path}: in use by a running server, or a standby "
-                        f"taking it over (`input-server info unix://{lock.path}` asks it); stop "
-                        f"it first or listen on another path."
-                    )
-        except OSError as e:
+            held = next((name for lock, name in said.values() if not lock.take()), None)
+        except OSError:
+            self._unbind()
+            raise
+        if held is not None:
             for lock in locks:
                 lock.release()
-            if self.config.standby or e.errno is None:
-                self._unbind()
-                raise
-            log.debug("socket files unlocked: %s", e)
-            return []
+            self._unbind()
+            raise OSError(
+                f"{held}: in use by a running server, or a standby taking it over; stop it "
+                f"first, listen on another path, or add --standby to wait as its spare."
+            )
         return locks
 
     def _addresses(self) -> list[Address]:
@@ -433,3 +455,14 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _take_all(locks: list[SocketLock]) -> bool:
+    """Takes every lock of `locks`, or none (those taken given back): two standbys that list
+    the same socket files in other orders cannot each hold one."""
+    for i, lock in enumerate(locks):
+        if not lock.take():
+            for taken in locks[:i]:
+                taken.release()
+            return False
+    return True

@@ -1,20 +1,32 @@
-"""Which process serves a socket file: the one that holds its lock, a name in the abstract Unix
-socket namespace derived from the file's path. The kernel frees the name when its process
-ends, however it ends (SIGKILL too), and nothing is left in the socket's folder; a standby
-server (`serve --standby`) waits for the name and takes the socket over the moment the
-server holding it is gone."""
+"""Which process serves a socket file: the one that holds its lock, an `flock` on the file
+`PATH.lock` beside it. The kernel drops the lock when its process ends, however it ends
+(SIGKILL too); a standby server (`serve --standby`) waits for it and takes the socket over the
+moment the server holding it is gone. The lock file is keyed by its inode, so it holds across
+network and mount namespaces and is guarded by the folder's own permissions; it is never
+removed (a waiter would hold a lock on a file nobody else opens)."""
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import fcntl
 import os
-import socket
 import time
+import weakref
 
 # How often a standby tries for the lock: a takeover starts within this after the server
 # holding it died.
 POLL_S = 0.02
+
+# Locks held in this process: a child it forks (not `serve`'s own worker processes, which are
+# spawned) closes its copies, or it would hold them after this process ends.
+_HELD: weakref.WeakSet[SocketLock] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for lock in list(_HELD):
+        lock.release()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class SocketLock:
@@ -23,32 +35,35 @@ class SocketLock:
 
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
-        digest = hashlib.sha256(os.path.realpath(self.path).encode()).hexdigest()[:40]
-        self.name = f"\0input-server-socket:{digest}"
-        self._sock: socket.socket | None = None
+        self.file = self.path + ".lock"
+        self._fd: int | None = None
 
     @property
     def held(self) -> bool:
-        return self._sock is not None
+        return self._fd is not None
 
     def take(self) -> bool:
         """Takes the lock if it is free; whether this process holds it now.
 
         Raises:
-          OSError: the abstract namespace is not there (not Linux), or another failure.
+          OSError: the lock file cannot be opened (the message names it).
         """
-        if self._sock is not None:
+        if self._fd is not None:
             return True
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            s.bind(self.name)
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as e:
-            s.close()
-            if e.errno == errno.EADDRINUSE:
-                return False
+            raise OSError(f"cannot open the socket's lock file {self.file} ({e.strerror}).") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
             raise
-        os.set_inheritable(s.fileno(), False)  # a worker process must not hold it on
-        self._sock = s
+        self._fd = fd
+        _HELD.add(self)
         return True
 
     def wait(self, poll_s: float = POLL_S) -> None:
@@ -57,6 +72,7 @@ class SocketLock:
             time.sleep(poll_s)
 
     def release(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            _HELD.discard(self)

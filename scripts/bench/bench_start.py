@@ -242,13 +242,15 @@ def kill_to_standby(sock: str, keep: str, roots: list[str], spec: PipelineSpec) 
             killed = time.perf_counter()
             server.kill()
             stall = 0.0
-            while True:
+            for _ in range(10_000):  # bounded: a standby that never serves ends the bench
                 asked = time.perf_counter()
                 next(it)
                 waited = time.perf_counter() - asked
                 if waited > 0.05:  # the first batch the loop had to wait for
                     stall = waited
                     break
+            else:
+                raise RuntimeError("the loop never waited after the kill: was the server killed?")
             return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": stall}
     finally:
         server.kill()

@@ -16,6 +16,7 @@ from tests.support import (
     ServerProcess,
     assert_same_batches,
     cli_argv,
+    free_port,
     run_pipeline,
 )
 
@@ -34,8 +35,11 @@ def _said(path, text: str, timeout_s: float = 60.0) -> str:
 def test_a_standby_takes_over_a_killed_servers_socket_and_the_stream_goes_on(short_tmp, make_spec):
     spec = make_spec(batch={"seq_len": 512, "size": 4}, order={"epochs": 0})
     address = f"unix://{short_tmp}/s.sock"
-    primary = ServerProcess(address, str(short_tmp / "primary.log"))
-    standby = ServerProcess(address, str(short_tmp / "standby.log"), args=["--standby"])
+    # The same metrics port, as copies of one sidecar's command: the standby binds it only
+    # once it takes over.
+    metrics = ["--metrics-port", str(free_port())]
+    primary = ServerProcess(address, str(short_tmp / "primary.log"), args=metrics)
+    standby = ServerProcess(address, str(short_tmp / "standby.log"), args=["--standby", *metrics])
     primary.start()
     try:
         _said(short_tmp / "primary.log", "serving on")
@@ -50,6 +54,7 @@ def test_a_standby_takes_over_a_killed_servers_socket_and_the_stream_goes_on(sho
             for _ in range(20):
                 got.append(next(it))
             assert "serving on" not in (short_tmp / "standby.log").read_text()
+            assert standby.child.p.poll() is None, (short_tmp / "standby.log").read_text()
             primary.kill()
             while it.reconnects == 0 or len(got) < 40:
                 got.append(next(it))
