@@ -197,6 +197,25 @@ def remembered(
     }
 
 
+def _killed_under(it, kill) -> dict:
+    """A loop with a full prefetch (six batches taken, then a pause, as a loop slower than its
+    input) whose server `kill()` ends (and starts another, or leaves it to a standby): from
+    the kill to the first batch the loop had to wait for (the prefetched ones go first), and
+    that wait, the loop's stall."""
+    for _ in range(6):
+        next(it)
+    time.sleep(0.5)
+    killed = time.perf_counter()
+    kill()
+    for _ in range(10_000):  # bounded: a server that never comes back ends the bench
+        asked = time.perf_counter()
+        next(it)
+        waited = time.perf_counter() - asked
+        if waited > 0.05:
+            return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": waited}
+    raise RuntimeError("the loop never waited after the kill: was the server killed?")
+
+
 def kill_and_restart(
     sock: str,
     keep: str,
@@ -205,27 +224,19 @@ def kill_and_restart(
     tree: str | None,
     tune_cache: str = "off",
 ) -> dict:
-    """A loop taking batches from a server SIGKILLed and started again at once."""
-    server = Serve(sock, keep, roots, tree, tune_cache)
+    """A loop taking batches from a server SIGKILLed and started again at once (the loop asks
+    again once the new one says "serving on")."""
+    servers = [Serve(sock, keep, roots, tree, tune_cache)]
+
+    def restart() -> None:
+        servers[0].kill()
+        servers[0] = Serve(sock, keep, roots, tree, tune_cache)
+
     try:
-        with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
-            for _ in range(6):
-                next(it)
-            time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
-            killed = time.perf_counter()
-            server.kill()
-            server = Serve(sock, keep, roots, tree, tune_cache)
-            stall = 0.0
-            while True:
-                asked = time.perf_counter()
-                next(it)
-                waited = time.perf_counter() - asked
-                if waited > 0.05:  # the first batch the loop had to wait for
-                    stall = waited
-                    break
-            return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": stall}
+        with InputClient(servers[0].target) as client, client.batches(spec, prefetch=2) as it:
+            return _killed_under(it, restart)
     finally:
-        server.kill()
+        servers[0].kill()
 
 
 def kill_to_standby(sock: str, keep: str, roots: list[str], spec: PipelineSpec) -> dict:
@@ -236,22 +247,7 @@ def kill_to_standby(sock: str, keep: str, roots: list[str], spec: PipelineSpec) 
     standby = Serve(sock, keep, roots, standby=True)
     try:
         with InputClient(server.target) as client, client.batches(spec, prefetch=2) as it:
-            for _ in range(6):
-                next(it)
-            time.sleep(0.5)  # the prefetch is full, as in a loop slower than its input
-            killed = time.perf_counter()
-            server.kill()
-            stall = 0.0
-            for _ in range(10_000):  # bounded: a standby that never serves ends the bench
-                asked = time.perf_counter()
-                next(it)
-                waited = time.perf_counter() - asked
-                if waited > 0.05:  # the first batch the loop had to wait for
-                    stall = waited
-                    break
-            else:
-                raise RuntimeError("the loop never waited after the kill: was the server killed?")
-            return {"to_next_batch_s": time.perf_counter() - killed, "loop_stall_s": stall}
+            return _killed_under(it, server.kill)
     finally:
         server.kill()
         standby.kill()
