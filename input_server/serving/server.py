@@ -189,8 +189,7 @@ class Server:
                 log.info("standby: waiting for its server to end (%s)", ", ".join(names))
                 if waiting is not None:
                     waiting(names)
-                while not _take_all(locks):
-                    time.sleep(socket_lock.POLL_S)
+                socket_lock.wait_for_all(locks)
                 return locks
             held = next((name for lock, name in said.values() if not lock.take()), None)
         except OSError:
@@ -455,14 +454,3 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _take_all(locks: list[SocketLock]) -> bool:
-    """Takes every lock of `locks`, or none (those taken given back): two standbys that list
-    the same socket files in other orders cannot each hold one."""
-    for i, lock in enumerate(locks):
-        if not lock.take():
-            for taken in locks[:i]:
-                taken.release()
-            return False
-    return True

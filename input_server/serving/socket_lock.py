@@ -30,7 +30,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class SocketLock:
-    """The lock of the socket file at `path` (`take`, `wait`); held until `release` or the
+    """The lock of the socket file at `path` (`take`); held until `release` or the
     process ends."""
 
     def __init__(self, path: str):
@@ -66,13 +66,25 @@ class SocketLock:
         _HELD.add(self)
         return True
 
-    def wait(self, poll_s: float = POLL_S) -> None:
-        """Takes the lock once it is free (the server holding it has ended), however long."""
-        while not self.take():
-            time.sleep(poll_s)
-
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
             _HELD.discard(self)
+
+
+def take_all(locks: list[SocketLock]) -> bool:
+    """Takes every lock of `locks`, or none (those taken given back): two standbys that list
+    the same socket files in other orders cannot each hold one."""
+    for i, lock in enumerate(locks):
+        if not lock.take():
+            for taken in locks[:i]:
+                taken.release()
+            return False
+    return True
+
+
+def wait_for_all(locks: list[SocketLock], poll_s: float = POLL_S) -> None:
+    """Takes every lock of `locks` once all are free (their servers have ended), however long."""
+    while not take_all(locks):
+        time.sleep(poll_s)

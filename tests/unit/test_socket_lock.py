@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 
-from input_server.serving.server import _take_all
-from input_server.serving.socket_lock import SocketLock
+from input_server.serving.socket_lock import SocketLock, take_all
 
 
 def test_one_holder_whatever_the_spelling(tmp_path, monkeypatch):
@@ -48,7 +47,7 @@ def test_a_standby_takes_every_lock_or_none(tmp_path):
     a, b = (SocketLock(str(tmp_path / n)) for n in ("a.sock", "b.sock"))
     other = SocketLock(str(tmp_path / "b.sock"))
     assert other.take()
-    assert not _take_all([a, b])
+    assert not take_all([a, b])
     assert not a.held  # given back: another standby listing b first may take both
     other.release()
-    assert _take_all([a, b]) and a.held and b.held
+    assert take_all([a, b]) and a.held and b.held
